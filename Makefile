@@ -1,0 +1,39 @@
+# labkit's two commands (README "Quick start"). Both create or reuse the virtual environment
+# .venv, installing what pyproject.toml lists; they reinstall when pyproject.toml changes.
+#
+#   make workbook   execute every notebook into runs/<timestamp>_<profile>/   (command 1)
+#   make test       run the test suite                                       (command 2)
+#
+# TORCH_SPEC picks the torch to install into a new .venv. The default, torch==2.13.0, is a local
+# CPU build on the project's CPU machines; elsewhere it may pull the CUDA packages (gigabytes).
+# On a GPU node, create .venv with the torch you want first, or use scripts/gpu_tier.sh.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.labkit-installed
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: workbook test lab doctor clean
+
+workbook: $(STAMP)
+	$(BIN)/labkit run $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+doctor: $(STAMP)
+	$(BIN)/labkit doctor
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,57 @@
+"""The start-here lab's measurement: the Triton copy kernel against ``torch.Tensor.copy_``.
+
+A copy reads and writes every byte once, so its speed is memory bandwidth: GB/s here counts
+bytes read plus bytes written (2 x size). Small sizes fit in L2 (50 MB on an H100, 60 MB on an
+H200) and measure the cache and launch overhead rather than HBM; the plot marks that region.
+"""
+from __future__ import annotations
+
+import torch
+from tqdm.auto import tqdm
+
+from labkit import bench, tier
+from labkit.kernels import copy
+
+#: Sizes in bytes for each profile: small under the interpreter, up to 1 GiB on a GPU.
+SIZES = {
+    "cpu": [1 << 14, 1 << 16, 1 << 18, 1 << 20],
+    "gpu": [1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28, 1 << 30],
+}
+REQUIRED = ("impl", "bytes", "us", "us_p25", "us_p75", "GBps", "ratio_vs_torch", "correct", "method")
+IMPLS = ("torch.copy_", "triton copy")
+
+
+def copy_sweep(sizes_bytes: list[int], reps: int = 30, warmup: int = 5, progress: bool = True) -> list[dict]:
+    """Check then time both copies at each size (float32); one record per (impl, size)."""
+    if not sizes_bytes:
+        raise ValueError("sizes_bytes: expected at least one size")
+    for s in sizes_bytes:
+        if not (isinstance(s, int) and s >= 4 and s % 4 == 0):
+            raise ValueError(f"sizes_bytes: {s!r} is not a positive multiple of 4 bytes (float32)")
+    dev = tier.kernel_device()
+    cuda = dev.type == "cuda"
+    records = []
+    for nbytes in tqdm(sizes_bytes, desc="copy sweep", unit="size", disable=not progress):
+        x = torch.randn(nbytes // 4, device=dev)
+        ref_out, out = torch.empty_like(x), torch.full_like(x, float("nan"))  # poisoned
+        copy(x, out)
+        correct = bool(torch.equal(out, x))
+        # Enough back-to-back calls per sample that a sample lasts well past launch overhead.
+        inner = max(1, min(100, (1 << 26) // nbytes)) if cuda else 1
+        cmp = bench.compare({"torch.copy_": lambda: ref_out.copy_(x), "triton copy": lambda: copy(x, out)},
+                            baseline="torch.copy_", device=dev if cuda else None,
+                            warmup=warmup, reps=reps, inner=inner)
+        for impl in IMPLS:
+            t = cmp.timings[impl]
+            records.append({"impl": impl, "bytes": nbytes, **t.as_dict(),
+                            "GBps": bench.gbps(2 * nbytes, t.median_us),
+                            "ratio_vs_torch": cmp.ratio(impl),
+                            "correct": correct if impl == "triton copy" else True})
+        del x, ref_out, out
+    return records
+
+
+def benchmark(profile: str) -> list[dict]:
+    """Entry point of ``labkit bench workbench``."""
+    reps = 50 if profile == "gpu" else 5
+    return copy_sweep(SIZES[profile], reps=reps)

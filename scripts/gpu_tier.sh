@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU tier: the same tests and notebooks as CI, at full size, plus the reference benchmarks.
+# Run it on a GPU node from the repository root:
+#
+#   bash scripts/gpu_tier.sh --out DIR [--wheels WHEELDIR] [--python PY]
+#
+# --wheels: a folder of wheels made beforehand by scripts/prepare_wheels.sh on a machine with a
+#           package registry, for nodes that lack papermill/nbclient/ipykernel/ipywidgets. They are
+#           installed into DIR's own site folder (nothing on the node is changed).
+# Writes into DIR: doctor.txt, pytest.log + pytest.xml, runs/ (executed notebooks, summary,
+# index), reference/<machine>/<lab>.json (to be committed), and gpu_tier.json (each step's
+# exit code and duration). Every step runs even if an earlier one failed; the exit code is
+# non-zero if any step failed.
+set -uo pipefail
+out="" wheels="" py=${PYTHON:-python3}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=$2; shift 2 ;;
+    --wheels) wheels=$2; shift 2 ;;
+    --python) py=$2; shift 2 ;;
+    *) echo "gpu_tier.sh: unknown argument $1 (expected --out DIR [--wheels DIR] [--python PY])" >&2; exit 2 ;;
+  esac
+done
+[ -n "$out" ] || { echo "gpu_tier.sh: --out DIR is required" >&2; exit 2; }
+root=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+cd "$root"
+# Multicast stays off on shared multi-GPU hosts (labkit sets these too; children inherit them).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+unset TRITON_INTERPRET
+if [ -n "$wheels" ]; then
+  site="$out/.site"
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl \
+    || { echo "gpu_tier.sh: installing wheels from $wheels failed" >&2; exit 1; }
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"  # labkit without installing it
+
+steps=()
+step() {  # step NAME COMMAND...: run, log, and remember exit code and seconds
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "=== gpu_tier: $name: $*"
+  "$@"
+  local rc=$?
+  steps+=("{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $((SECONDS - t0))}")
+  echo "=== gpu_tier: $name: exit $rc after $((SECONDS - t0)) s"
+}
+step doctor bash -c "'$py' -m labkit doctor | tee '$out/doctor.txt'"
+step tests bash -c "'$py' -m pytest -ra -p no:cacheprovider --junitxml='$out/pytest.xml' 2>&1 | tee '$out/pytest.log'"
+step notebooks "$py" -m labkit run --profile gpu --runs-dir "$out/runs" --no-progress
+step bench-doctor "$py" -m labkit bench doctor --profile gpu --reference --out "$out/reference"
+step bench-workbench "$py" -m labkit bench workbench --profile gpu --reference --out "$out/reference"
+rm -rf "$out/.site"
+(IFS=,; echo "{\"steps\": [${steps[*]}]}") > "$out/gpu_tier.json"
+cat "$out/gpu_tier.json"
+grep -q '"rc": [1-9]' "$out/gpu_tier.json" && exit 1
+exit 0

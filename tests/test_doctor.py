@@ -1,0 +1,55 @@
+"""The doctor reports this machine truthfully, as text, JSON (CLI) and a widget."""
+import json
+import subprocess
+import sys
+
+import torch
+
+from labkit import doctor, labs
+
+
+def test_report_matches_this_machine():
+    rep = doctor.collect()
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert rep["gpu_count"] == n == len(rep["gpus"])
+    assert len(rep["peer_access"]) == n and all(len(row) == n for row in rep["peer_access"])
+    assert all(rep["peer_access"][i][i] is False for i in range(n))
+    assert torch.__version__.startswith(rep["versions"]["torch"].split("+")[0])
+    assert rep["multicast_env"] == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                                    "NVSHMEM_DISABLE_NVLS": "1"}
+    assert [c["lab"] for c in rep["labs"]] == [lab.id for lab in labs.LABS]
+    if n == 0:
+        assert rep["machine"] == "cpu" and rep["tier"] == "interpreter"
+
+
+def test_text_report_names_every_lab_and_gpu():
+    rep = doctor.collect()
+    text = doctor.format_text(rep)
+    assert text.startswith(f"labkit doctor: {rep['machine']}")
+    for lab in labs.LABS:
+        assert lab.id in text
+    for g in rep["gpus"]:
+        assert g["name"] in text
+
+
+def test_cli_json_is_valid_and_complete():
+    p = subprocess.run([sys.executable, "-m", "labkit", "doctor", "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert {"machine", "versions", "gpu_count", "gpus", "peer_access", "nvlink_topology", "labs", "tier"} <= set(rep)
+
+
+def test_widget_renders_on_demand():
+    panel = doctor.widget(render_now=False)
+    button, html = panel.children
+    assert html.value == ""
+    button.click()
+    assert "labkit doctor" in html.value
+
+
+def test_peer_matrix_text_for_two_gpus():
+    rep = doctor.collect()
+    rep.update(gpu_count=2, gpus=[{"name": "NVIDIA H200", "capability": [9, 0], "memory_gib": 140.0,
+                                   "multiprocessors": 132}] * 2, peer_access=[[False, True], [True, False]])
+    text = doctor.format_text(rep)
+    assert "peer access (row can reach column):" in text and "yes" in text

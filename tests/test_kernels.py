@@ -1,0 +1,90 @@
+"""labkit's kernels: exact against torch on fresh random inputs, guarded, inputs checked.
+
+The multi-GPU test applies the wrong-current-device regression to EVERY launcher in
+labkit.kernels.LAUNCHERS: data on cuda:1 while the current device is cuda:0."""
+import pytest
+import torch
+
+import labkit
+from labkit.guard import common_device, on_device_of
+from labkit.kernels import LAUNCHERS, copy
+
+DEV = labkit.tier.kernel_device()
+
+
+def _random(n, dtype, device=DEV):
+    if dtype.is_floating_point:
+        return torch.randn(n, device=device).to(dtype)
+    hi = 255 if dtype == torch.uint8 else 2**30
+    return torch.randint(0, hi, (n,), device=device, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.uint8])
+@pytest.mark.parametrize("n", [1, 1000, 65_537, 200_003])
+def test_copy_is_exact(dtype, n):
+    x = _random(n, dtype)
+    out = torch.full_like(x, 7) if not dtype.is_floating_point else torch.full_like(x, float("nan"))
+    assert copy(x, out) is out
+    assert torch.equal(out, x)
+
+
+def test_copy_keeps_shape_and_allocates_on_the_input_device():
+    x = torch.randn(3, 5, 7, device=DEV)
+    y = copy(x)
+    assert y.shape == x.shape and y.device == x.device and torch.equal(x, y)
+    assert copy(torch.empty(0, device=DEV)).numel() == 0
+
+
+@pytest.mark.parametrize("make,exc,match", [
+    (lambda: copy([1, 2, 3]), TypeError, "src: expected a torch.Tensor, got list"),
+    (lambda: copy(torch.randn(4, dtype=torch.float64, device=DEV)), TypeError, "src: dtype float64 is not supported"),
+    (lambda: copy(torch.randn(4, 4, device=DEV).t()), ValueError, "src: expected a contiguous tensor"),
+    (lambda: copy(torch.randn(4, device=DEV), torch.empty(5, device=DEV)), ValueError, r"out: shape \(5,\) differs"),
+    (lambda: copy(torch.randn(4, device=DEV), torch.empty(4, dtype=torch.float16, device=DEV)), TypeError,
+     "out: dtype torch.float16 differs"),
+])
+def test_copy_refuses_bad_input(make, exc, match):
+    with pytest.raises(exc, match=match):
+        make()
+
+
+def test_mixed_devices_are_named():
+    cpu, meta = torch.empty(2), torch.empty(2, device="meta")
+    with pytest.raises(ValueError, match="tensors must share one device: src on cpu, out on meta"):
+        common_device(src=cpu, out=meta)
+    assert common_device(a=cpu, b=None) == torch.device("cpu")
+    with pytest.raises(ValueError, match="no tensors"):
+        common_device(a=None)
+
+
+def test_guard_on_cpu_is_a_no_op():
+    with on_device_of(x=torch.empty(1)) as dev:
+        assert dev == torch.device("cpu")
+
+
+@pytest.mark.gpu
+def test_cpu_tensor_to_gpu_kernel_is_refused():
+    with pytest.raises(ValueError, match="src: is on cpu; labkit's Triton kernels take CUDA tensors"):
+        copy(torch.randn(4))
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("name", sorted(LAUNCHERS))
+def test_every_launcher_runs_on_its_inputs_device(name):
+    """The story's regression: data on cuda:1, current device cuda:0."""
+    launch = LAUNCHERS[name]
+    torch.cuda.set_device(0)
+    x0 = torch.randn(1 << 20, device="cuda:0")
+    x1 = x0.to("cuda:1")
+    ref = launch(x0)
+    out = launch(x1)
+    torch.cuda.synchronize(1)
+    assert out.device == torch.device("cuda:1")
+    assert torch.cuda.current_device() == 0
+    assert torch.equal(out.cpu(), ref.cpu())
+
+
+@pytest.mark.multigpu
+def test_copy_refuses_tensors_on_two_gpus():
+    with pytest.raises(ValueError, match="src on cuda:0, out on cuda:1"):
+        copy(torch.randn(4, device="cuda:0"), torch.empty(4, device="cuda:1"))

@@ -1,0 +1,58 @@
+"""The project's own promises: environment.yml == pyproject.toml, the README's table and
+commands match the code, and every notebook is a lab of the catalogue."""
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+from labkit import labs
+from labkit.runner import notebooks as nbs
+
+ROOT = Path(__file__).resolve().parents[1]
+CONDA_TO_PYPI = {"pytorch": "torch"}  # conda-forge names that differ from PyPI's
+
+
+def _split(req: str) -> tuple[str, str]:
+    m = re.fullmatch(r"([A-Za-z0-9_.\-]+)\s*(.*)", req.strip())
+    return m.group(1).lower().replace("_", "-"), m.group(2).replace(" ", "")
+
+
+def test_environment_yml_lists_the_same_packages_as_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pip_side = dict(_split(r) for r in project["dependencies"] + project["optional-dependencies"]["test"])
+    conda = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
+    conda_side = {}
+    for item in conda:
+        assert isinstance(item, str), f"environment.yml: unexpected entry {item!r}"
+        name, spec = _split(item)
+        if name in ("python", "pip"):
+            continue
+        conda_side[CONDA_TO_PYPI.get(name, name)] = spec
+    assert conda_side == pip_side
+
+
+def test_python_floor_agrees():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    conda = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
+    assert f"python{project['requires-python']}" in conda
+
+
+def test_readme_lab_table_is_the_catalogue():
+    assert labs.markdown_table() in (ROOT / "README.md").read_text()
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in readme and "make workbook" in readme
+    assert re.search(r"^\s*make test\b", ci, re.M), ".ci/run must run the README's test command"
+
+
+def test_every_notebook_is_a_ready_lab_and_every_ready_lab_has_a_notebook():
+    notebooks = set(nbs.discover())
+    ready = {lab.id for lab in labs.LABS if lab.status == "ready"}
+    assert notebooks == ready
+    for lab in labs.LABS:
+        if lab.seed.endswith(".txt"):
+            assert lab.issue >= 0 and lab.parts, lab.id

@@ -1,0 +1,54 @@
+"""Plot helpers (byte axes, captions naming machine and versions) and the notebook widgets."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+
+from labkit import env, plot, results, widgets  # noqa: E402
+
+
+@pytest.mark.parametrize("n,text", [(1, "1 B"), (1024, "1 KiB"), (1536, "1.5 KiB"), (3 << 20, "3 MiB"),
+                                    (1 << 30, "1 GiB"), (256 << 30, "256 GiB"), (1 << 42, "4 TiB")])
+def test_format_bytes(n, text):
+    assert plot.format_bytes(n) == text
+
+
+def test_bytes_axis_labels_ticks_in_binary_units():
+    fig, (ax,) = plot.new_figure()
+    ax.plot([4096, 1 << 20, 1 << 28], [1, 2, 3])
+    plot.bytes_axis(ax)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert "1 MiB" in labels and "4 KiB" in labels
+
+
+def test_caption_names_machine_versions_and_references(tmp_path):
+    fig, (ax,) = plot.new_figure()
+    st = env.stamp()
+    ref_path = results.write_results(tmp_path / "h200x2" / "lab.json", "lab", [{"v": 1}], generator="t")
+    rs = results.load_results(ref_path)
+    rs.env.update(machine="h200x2", gpus=[{"name": "NVIDIA H200"}] * 2, interpreter=False)
+    text = plot.caption(fig, yours=st, refs={"h200x2": rs})
+    assert f"your run: {st['machine']}" in text and f"torch {st['versions']['torch']}" in text
+    assert "reference h200x2: h200x2 (2x NVIDIA H200)" in text
+    path = plot.save(fig, "demo", tmp_path)
+    assert path.exists() and path.stat().st_size > 1000
+
+
+def test_crash_explorer_runs_the_chosen_experiment():
+    panel = widgets.crash_explorer(timeout_s=30)
+    (pick, timeout, button), out = panel.children[0].children, panel.children[1]
+    pick.value = "Python exception"
+    button.click()
+    assert "Python exception: exception: builtins.ValueError" in out.value
+    with pytest.raises(ValueError, match="experiment"):
+        widgets.crash_report("no such experiment", 5)
+
+
+def test_copy_explorer_measures_one_size():
+    panel = widgets.copy_explorer(default_log2_bytes=12, max_log2_bytes=16)
+    (size, reps, button), out = panel.children[0].children, panel.children[1]
+    reps.value = 2
+    button.click()
+    assert "torch.copy_" in out.value and "triton copy" in out.value and "GB/s" in out.value

@@ -1,0 +1,176 @@
+"""labkit run: validation before anything runs, one child per notebook, summary and index."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import fixture_workbook, make_notebook
+from labkit import results
+from labkit.runner import RunError, run
+from labkit.runner import notebooks as nbs
+from labkit.runner import profiles
+from labkit.runner.execute import plan
+
+pytestmark = pytest.mark.notebook
+
+
+@pytest.fixture
+def workbook(tmp_path):
+    return fixture_workbook(tmp_path / "notebooks")
+
+
+def test_parameters_cell_is_read_with_types_and_help(workbook):
+    folder, _ = workbook
+    p = nbs.parameters(folder / "ok.ipynb")
+    assert list(p) == ["N", "NAME", "SCALE", "FLAG"]
+    assert (p["N"].default, p["N"].type, p["N"].help) == (3, "int", "an int")
+    assert p["SCALE"].type == "float" and p["FLAG"].type == "bool" and p["NAME"].type == "str"
+
+
+def test_untagged_parameters_cell_is_refused(tmp_path):
+    path = make_notebook(tmp_path / "untagged.ipynb", "N = 1", tag_parameters=False)
+    with pytest.raises(RunError, match="not tagged 'parameters'"):
+        nbs.parameters(path)
+
+
+def test_unknown_notebook_is_refused(workbook):
+    folder, prof = workbook
+    with pytest.raises(RunError, match="unknown notebook 'nope'; known: fails, needs_4_gpus, ok, sleeps"):
+        plan(only=["nope"], profile="cpu", notebooks_dir=folder, profiles_file=prof)
+
+
+def test_unknown_parameter_is_refused_naming_what_exists(workbook):
+    folder, prof = workbook
+    with pytest.raises(RunError, match=r"notebook ok has no parameter 'M'; its parameters cell defines: N, NAME, SCALE, FLAG"):
+        plan(only=["ok"], profile="cpu", sets=["ok.M=1"], notebooks_dir=folder, profiles_file=prof)
+
+
+@pytest.mark.parametrize("assignment,expected", [
+    ("ok.N=2.5", "parameter N expects int"),
+    ("ok.N=true", "parameter N expects int"),
+    ("ok.FLAG=1", "parameter FLAG expects bool"),
+    ("ok.NAME=3", "parameter NAME expects str"),
+])
+def test_wrong_value_type_is_refused(workbook, assignment, expected):
+    folder, prof = workbook
+    with pytest.raises(RunError, match=expected):
+        plan(only=["ok"], profile="cpu", sets=[assignment], notebooks_dir=folder, profiles_file=prof)
+
+
+def test_int_is_accepted_for_float(workbook):
+    folder, prof = workbook
+    _, jobs = plan(only=["ok"], profile="cpu", sets=["ok.SCALE=2"], notebooks_dir=folder, profiles_file=prof)
+    assert jobs[0][2] == {"N": 7, "SCALE": 2}
+
+
+def test_params_file_for_unknown_notebook_is_refused(workbook, tmp_path):
+    folder, prof = workbook
+    f = tmp_path / "mine.yml"
+    f.write_text("typo_notebook:\n  N: 1\n")
+    with pytest.raises(RunError, match="unknown notebook 'typo_notebook'"):
+        plan(profile="cpu", params_file=f, notebooks_dir=folder, profiles_file=prof)
+
+
+def test_profile_file_with_unknown_parameter_is_refused(workbook):
+    folder, prof = workbook
+    prof.write_text("cpu:\n  timeout_s: 10\n  notebooks:\n    ok:\n      parameters: {NOPE: 1}\n")
+    with pytest.raises(RunError, match="has no parameter 'NOPE'"):
+        plan(only=["ok"], profile="cpu", notebooks_dir=folder, profiles_file=prof)
+
+
+@pytest.mark.parametrize("item", ["N=1", "ok.N", "=1"])
+def test_malformed_set_is_refused(item):
+    with pytest.raises(RunError, match="expected NOTEBOOK.NAME=VALUE"):
+        profiles.parse_set(item)
+
+
+def test_unknown_profile_is_refused(workbook):
+    folder, prof = workbook
+    with pytest.raises(RunError, match="--profile 'fast'"):
+        plan(profile="fast", notebooks_dir=folder, profiles_file=prof)
+
+
+def test_gpu_profile_refused_without_gpu(workbook):
+    from labkit import hardware
+
+    if hardware.snapshot().gpu_count:
+        pytest.skip("this machine has a GPU, so --profile gpu is allowed here")
+    folder, prof = workbook
+    with pytest.raises(RunError, match="--profile gpu needs a CUDA GPU"):
+        plan(profile="gpu", notebooks_dir=folder, profiles_file=prof)
+
+
+def test_run_executes_reports_and_never_overwrites(workbook, tmp_path):
+    folder, prof = workbook
+    runs = tmp_path / "runs"
+    rep = run(only=["ok", "fails", "needs_4_gpus"], profile="cpu", sets=["ok.NAME=injected"],
+              runs_dir=runs, notebooks_dir=folder, profiles_file=prof, progress=False)
+    by = {r.name: r for r in rep.results}
+    # ok: ran, parameters from the profile (N=7) and from --set reached the kernel
+    assert by["ok"].status == "ran", by["ok"].detail
+    written = json.loads((rep.run_dir / "ok" / "params.json").read_text())
+    assert written == {"N": 7, "NAME": "injected", "SCALE": 1.5}
+    assert by["ok"].skipped_parts == [{"part": "the 64-GPU part",
+                                       "reason": by["ok"].skipped_parts[0]["reason"]}]
+    assert "needs 64 CUDA GPUs" in by["ok"].skipped_parts[0]["reason"]
+    assert (rep.run_dir / "ok" / "ok.ipynb").exists()
+    # fails: the failing cell and the error are named
+    assert by["fails"].status == "failed"
+    assert "RuntimeError: planted failure" in by["fails"].detail and "cell 3" in by["fails"].detail
+    # needs_4_gpus: skipped with the reason, never executed
+    assert by["needs_4_gpus"].status == "skipped"
+    assert "needs 4096 CUDA GPUs" in by["needs_4_gpus"].detail
+    assert rep.exit_code == 1
+    summary = json.loads((rep.run_dir / "summary.json").read_text())
+    assert [r["status"] for r in summary["results"]] == ["ran", "failed", "skipped"]
+    index = (rep.run_dir / "index.md").read_text()
+    assert "[ok](ok/ok.ipynb)" in index and "planted failure" in index
+    assert "<a href='ok/ok.ipynb'>" in (rep.run_dir / "index.html").read_text()
+    table = rep.table()
+    assert "1 ran, 1 skipped, 1 failed" in table
+    # a second run gets a new folder; the first is untouched
+    rep2 = run(only=["ok"], profile="cpu", runs_dir=runs, notebooks_dir=folder, profiles_file=prof, progress=False)
+    assert rep2.run_dir != rep.run_dir and rep.run_dir.exists()
+    assert rep2.exit_code == 0
+    assert len(list(runs.iterdir())) == 2
+
+
+def test_notebook_timeout_is_a_failure_not_a_hang(workbook, tmp_path):
+    folder, prof = workbook
+    rep = run(only=["sleeps"], profile="cpu", runs_dir=tmp_path / "runs", notebooks_dir=folder,
+              profiles_file=prof, timeout_s=3, progress=False)
+    (r,) = rep.results
+    assert r.status == "failed"
+    assert "Timeout" in r.detail or "timed out" in r.detail, r.detail
+    assert r.seconds < 120
+
+
+def test_new_run_dir_is_unique_for_the_same_second(tmp_path):
+    import datetime as dt
+
+    now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    a = results.new_run_dir("cpu", tmp_path, now=now)
+    b = results.new_run_dir("cpu", tmp_path, now=now)
+    assert a.name == "2026-01-02T03-04-05Z_cpu" and b.name == "2026-01-02T03-04-05Z_cpu-1"
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "labkit", *args], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run", "--only", "no_such_notebook"], "unknown notebook 'no_such_notebook'"),
+    (["run", "--set", "00_start_here.NO_SUCH=1"], "has no parameter 'NO_SUCH'"),
+    (["run", "--set", "00_start_here.REPS=fast"], "parameter REPS expects int"),
+    (["run", "--profile", "fast"], "--profile 'fast'"),
+    (["bench", "no_such_lab"], "no benchmark for lab 'no_such_lab'"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(args, message):
+    p = _cli(*args)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], p.stderr
+    assert "Traceback" not in p.stderr

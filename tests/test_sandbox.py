@@ -1,0 +1,139 @@
+"""The sandbox: each failure kind is classified, the parent survives, hangs become timeouts."""
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import labkit
+from labkit import sandbox
+from labkit.sandbox import SandboxError, classify, run_isolated
+
+
+def test_returns_value_from_child():
+    res = run_isolated(os.getpid)
+    assert res.status == "ok" and res.ok
+    assert isinstance(res.value, int) and res.value != os.getpid()
+
+
+def test_python_exception_is_classified_with_type_and_message():
+    res = run_isolated("labkit.experiments:raises_python_error")
+    assert res.status == "exception"
+    assert res.error_type == "builtins.ValueError"
+    assert "raised on purpose" in res.message
+    assert "raises_python_error" in res.traceback
+    with pytest.raises(RuntimeError, match="raised on purpose"):
+        res.unwrap()
+
+
+def test_abort_is_a_signal_and_parent_survives():
+    res = run_isolated(os.abort)
+    assert res.status == "signal"
+    assert res.signal == "SIGABRT"
+    assert res.returncode == -signal.SIGABRT
+    assert torch.ones(3).sum().item() == 3.0  # the parent still computes
+
+
+def test_hang_becomes_timeout_and_group_is_killed():
+    t0 = time.monotonic()
+    res = run_isolated("labkit.experiments:spin_forever", timeout=2)
+    assert res.status == "timeout"
+    assert 2 <= time.monotonic() - t0 < 30
+    assert "hung" in res.summary()
+
+
+def test_out_of_bounds_kernel_store_is_contained():
+    """The real faulting kernel: SIGSEGV under the interpreter, illegal memory access on a GPU."""
+    res = run_isolated("labkit.kernels.fault:write_out_of_bounds", timeout=120)
+    if labkit.tier.interpreted():
+        assert res.status == "signal" and res.signal == "SIGSEGV", res.summary()
+        assert "write_out_of_bounds" in res.stderr  # faulthandler's stack of the child
+    else:
+        assert res.status == "illegal_memory_access", res.summary() + res.stderr[-2000:]
+    # the parent's own kernel launches still work
+    from labkit.kernels import copy
+
+    x = torch.randn(1000, device=labkit.tier.kernel_device())
+    assert torch.equal(copy(x), x)
+
+
+def test_fault_kernel_checks_its_argument():
+    from labkit.kernels import write_out_of_bounds
+
+    with pytest.raises(ValueError, match="elements_past_end"):
+        write_out_of_bounds(-1)
+
+
+def test_environment_reaches_the_child_and_multicast_stays_off():
+    assert run_isolated("os:getenv", "LABKIT_TEST_VAR", env={"LABKIT_TEST_VAR": "42"}).value == "42"
+    for k, v in labkit.MULTICAST_OFF.items():
+        assert run_isolated("os:getenv", k, env={k: "1" if v == "0" else "0"}).value == v
+
+
+def test_refuses_what_a_child_cannot_import():
+    def nested():
+        return 1
+
+    with pytest.raises(SandboxError, match="nested"):
+        run_isolated(nested)
+    with pytest.raises(SandboxError, match="lambda"):
+        run_isolated(lambda: 1)
+    with pytest.raises(SandboxError, match="module:function"):
+        run_isolated("no_colon_here")
+    with pytest.raises(SandboxError, match="timeout"):
+        run_isolated(os.getpid, timeout=0)
+
+
+def test_refuses_functions_defined_in_main(monkeypatch):
+    def f():
+        return 1
+
+    f.__module__ = "__main__"
+    f.__qualname__ = "f"
+    with pytest.raises(SandboxError, match="__main__"):
+        run_isolated(f)
+
+
+def test_unimportable_target_is_reported_as_exception():
+    res = run_isolated("labkit.no_such_module:f")
+    assert res.status == "exception" and "ModuleNotFoundError" in res.error_type
+
+
+@pytest.mark.parametrize("payload,stderr,rc,expected", [
+    ({"status": "exception", "type": "torch.AcceleratorError",
+      "message": "CUDA error: an illegal memory access was encountered"}, "", 1, "illegal_memory_access"),
+    ({"status": "exception", "type": "RuntimeError", "message": "CUDA error: invalid device ordinal"}, "", 1, "cuda_error"),
+    ({"status": "exception", "type": "ValueError", "message": "Pointer argument (at 0) cannot be accessed from Triton"},
+     "", 1, "exception"),
+    (None, "terminate called after throwing ... CUDA error: an illegal memory access was encountered", -6,
+     "illegal_memory_access"),
+    (None, "NCCL error in: ... unhandled cuda error", -6, "cuda_error"),
+    (None, "Fatal Python error: Segmentation fault", -11, "signal"),
+    (None, "", 3, "exit"),
+])
+def test_classify(payload, stderr, rc, expected):
+    assert classify(rc, payload, stderr, timed_out=False)["status"] == expected
+
+
+def test_classify_timeout_wins():
+    assert classify(None, {"status": "ok"}, "", timed_out=True)["status"] == "timeout"
+
+
+@pytest.mark.gpu
+def test_parent_cuda_context_healthy_after_child_illegal_access():
+    before = torch.arange(10, device="cuda").sum().item()
+    res = run_isolated("labkit.kernels.fault:write_out_of_bounds", timeout=120)
+    assert res.status == "illegal_memory_access", res.summary()
+    assert torch.arange(10, device="cuda").sum().item() == before == 45
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_launch_blocking_reports_fault_at_the_launch():
+    """With CUDA_LAUNCH_BLOCKING=1 the error surfaces at the faulting launch, not at a later sync."""
+    res = run_isolated("labkit.kernels.fault:write_out_of_bounds_no_sync", timeout=120,
+                       env={"CUDA_LAUNCH_BLOCKING": "1"})
+    assert res.status == "illegal_memory_access", res.summary()
+    # no synchronize is called on this path, so the error must come from the launch line itself
+    assert "_store_at_kernel[(1,)]" in res.traceback, res.traceback
