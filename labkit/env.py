@@ -31,6 +31,10 @@ def versions() -> dict:
     """Versions of Python, the tracked packages, and CUDA / NCCL as torch was built with them."""
     v = {"python": platform.python_version()}
     v.update({name: package_version(name) for name in TRACKED_PACKAGES})
+    if v["labkit"] is None:  # run from a checkout on PYTHONPATH, not installed
+        import labkit
+
+        v["labkit"] = labkit.__version__
     v["cuda"] = torch.version.cuda
     v["nccl"] = None
     if torch.cuda.is_available():

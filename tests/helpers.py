@@ -40,6 +40,7 @@ def fixture_workbook(folder: Path) -> tuple[Path, Path]:
     make_notebook(folder / "needs_4_gpus.ipynb", "N = 1", "print('should not run here')",
                   requires={"gpus": 4096})
     make_notebook(folder / "sleeps.ipynb", "SECONDS = 600.0", "import time\ntime.sleep(SECONDS)")
+    make_notebook(folder / "dies.ipynb", "N = 1", "x = 1", "import os\nos.abort()")
     profiles = folder / "profiles.yml"
     profiles.write_text("cpu:\n  timeout_s: 300\n  notebooks:\n    ok:\n      parameters:\n        N: 7\n"
                         "gpu:\n  timeout_s: 300\n  notebooks: {}\n")

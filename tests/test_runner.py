@@ -37,7 +37,7 @@ def test_untagged_parameters_cell_is_refused(tmp_path):
 
 def test_unknown_notebook_is_refused(workbook):
     folder, prof = workbook
-    with pytest.raises(RunError, match="unknown notebook 'nope'; known: fails, needs_4_gpus, ok, sleeps"):
+    with pytest.raises(RunError, match="unknown notebook 'nope'; known: dies, fails, needs_4_gpus, ok, sleeps"):
         plan(only=["nope"], profile="cpu", notebooks_dir=folder, profiles_file=prof)
 
 
@@ -143,8 +143,18 @@ def test_notebook_timeout_is_a_failure_not_a_hang(workbook, tmp_path):
               profiles_file=prof, timeout_s=3, progress=False)
     (r,) = rep.results
     assert r.status == "failed"
-    assert "Timeout" in r.detail or "timed out" in r.detail, r.detail
+    assert r.detail == "cell 2 timed out after 3 s", r.detail  # 0 markdown, 1 parameters, 2 sleep
     assert r.seconds < 120
+
+
+def test_dead_kernel_is_reported_with_its_cell(workbook, tmp_path):
+    folder, prof = workbook
+    rep = run(only=["dies", "ok"], profile="cpu", runs_dir=tmp_path / "runs", notebooks_dir=folder,
+              profiles_file=prof, progress=False)
+    dies, ok = rep.results
+    assert dies.status == "failed" and dies.detail.startswith("cell 3 killed the notebook's kernel"), dies.detail
+    assert ok.status == "ran"  # the next notebook is not affected
+    assert rep.exit_code == 1
 
 
 def test_new_run_dir_is_unique_for_the_same_second(tmp_path):

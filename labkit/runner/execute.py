@@ -64,8 +64,10 @@ class RunReport:
 
 
 def _execute(input_path: str, output_path: str, parameters: dict, cwd: str, timeout_s: float) -> dict:
-    """Runs in the child: papermill with labkit's kernel; returns outcome as plain data."""
+    """Runs in the child: papermill with labkit's kernel; returns the outcome as plain data."""
+    import nbformat
     import papermill as pm
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     try:
         pm.execute_notebook(input_path, output_path, parameters=parameters, kernel_name="python3",
@@ -73,7 +75,27 @@ def _execute(input_path: str, output_path: str, parameters: dict, cwd: str, time
     except pm.PapermillExecutionError as e:
         first = str(e.evalue).strip().splitlines()[0] if str(e.evalue).strip() else ""
         return {"status": "failed", "detail": f"cell {e.cell_index} (In [{e.exec_count}]) raised {e.ename}: {first}"}
+    except (CellTimeoutError, DeadKernelError) as e:
+        # papermill saved the notebook up to the cell that was running: name that cell.
+        cell = _running_cell(nbformat, output_path)
+        what = (f"timed out after {timeout_s:.0f} s" if isinstance(e, CellTimeoutError)
+                else "killed the notebook's kernel (a crash: segfault, abort, illegal memory access?)")
+        return {"status": "failed", "detail": f"cell {cell} {what}" if cell is not None else what}
     return {"status": "ran"}
+
+
+def _running_cell(nbformat, path: str) -> int | None:
+    """Index of the cell that was executing when papermill stopped: the last one it started.
+
+    After a timeout or a dead kernel papermill marks that cell "completed" (not "failed") in the
+    saved notebook; the cells after it stay "pending"."""
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception:  # noqa: BLE001 - no saved notebook: the cell is unknown
+        return None
+    started = [i for i, c in enumerate(nb.cells)
+               if c.get("metadata", {}).get("papermill", {}).get("status") not in (None, "pending")]
+    return started[-1] if started else None
 
 
 def choose_profile(profile: str) -> str:
