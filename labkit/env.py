@@ -47,15 +47,16 @@ def versions() -> dict:
 
 
 def git_commit() -> str | None:
+    """The checkout's commit; LABKIT_GIT_COMMIT where the tree was copied without .git."""
     root = Path(__file__).resolve().parent.parent
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    return out.stdout.strip() or None
+        pass
+    return os.environ.get("LABKIT_GIT_COMMIT") or None
 
 
 def stamp(command: str | None = None) -> dict:

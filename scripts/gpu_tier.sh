@@ -9,7 +9,8 @@
 #           installed into DIR's own site folder (nothing on the node is changed).
 # Writes into DIR: doctor.txt, pytest.log + pytest.xml, runs/ (executed notebooks, summary,
 # index), reference/<machine>/<lab>.json (to be committed), and gpu_tier.json (each step's
-# exit code and duration). Every step runs even if an earlier one failed; the exit code is
+# exit code and duration). Where the tree was copied without .git, set LABKIT_GIT_COMMIT so
+# the results still name the commit they were made from. Every step runs even if an earlier one failed; the exit code is
 # non-zero if any step failed.
 set -uo pipefail
 out="" wheels="" py=${PYTHON:-python3}
