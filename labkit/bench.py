@@ -14,6 +14,7 @@ interquartile range. Benchmarks are not tests: correctness is checked separately
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
@@ -160,7 +161,7 @@ def compare(candidates: dict[str, Callable[[], object]], *, baseline: str, devic
         raise ValueError(f"baseline: {baseline!r} is not one of the candidates {list(candidates)}")
     _check_counts(warmup, reps, inner)
     method = _resolve_method(method, device)
-    ctx = torch.cuda.device(device) if method != "cpu_clock" else _null()
+    ctx = torch.cuda.device(device) if method != "cpu_clock" else contextlib.nullcontext()
     with ctx:
         for fn in candidates.values():  # warm-up: compilation, autotuning, caches, clocks
             for _ in range(warmup):
@@ -177,14 +178,6 @@ def compare(candidates: dict[str, Callable[[], object]], *, baseline: str, devic
     base = timings[baseline].samples_us
     paired = {name: [a / b for a, b in zip(t.samples_us, base)] for name, t in timings.items()}
     return Comparison(baseline, timings, paired)
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def gbps(nbytes: float, us: float) -> float:

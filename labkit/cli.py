@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--params", metavar="FILE", help="YAML {notebook: {NAME: value}} overrides")
     r.add_argument("--set", dest="sets", action="append", default=[], metavar="NB.NAME=VALUE",
                    help="one override, value read as YAML; may be repeated")
-    r.add_argument("--timeout", type=float, metavar="SECONDS", help="per-notebook timeout (default: the profile's)")
+    r.add_argument("--timeout", type=float, metavar="SECONDS", help="limit per notebook in seconds, whole notebook (default: the profile's timeout_s)")
     r.add_argument("--runs-dir", metavar="DIR", help="where run folders go (default: runs/)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     b = sub.add_parser("bench", help="run a lab's benchmark and write its results JSON")

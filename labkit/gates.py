@@ -66,13 +66,13 @@ def requires(gpus: int = 0, capability: tuple[int, int] | None = None, peer_acce
     """
     hw = hardware.snapshot() if hw is None else hw
     have = hw.gpu_count
-    if gpus and have < gpus:
-        noun = "GPU" if gpus == 1 else "GPUs"
-        return Gate(False, f"needs {gpus} CUDA {noun}; this machine has {have}")
-    n = max(gpus, 1 if (capability or memory_gib) else 0)
-    if compiled and (have == 0 or tier.interpreted()):
-        why = "TRITON_INTERPRET=1 is set" if have else "this machine has no CUDA GPU"
-        return Gate(False, f"needs kernels compiled for a GPU; {why}")
+    # A capability, memory or compiled-kernel need implies at least one GPU.
+    n = max(gpus, 1 if (capability or memory_gib or compiled) else 0)
+    if have < n:
+        noun = "GPU" if n == 1 else "GPUs"
+        return Gate(False, f"needs {n} CUDA {noun}; this machine has {have}")
+    if compiled and tier.interpreted():
+        return Gate(False, "needs kernels compiled for a GPU; TRITON_INTERPRET=1 is set")
     if capability:
         for g in hw.gpus[:n]:
             if tuple(g.capability) < tuple(capability):
@@ -87,6 +87,9 @@ def requires(gpus: int = 0, capability: tuple[int, int] | None = None, peer_acce
         return Gate(False, f"needs peer access between GPUs; missing for {', '.join(pairs)}")
     return Gate(True)
 
+
+#: The keyword arguments requires() takes from data (notebook metadata, the lab catalogue).
+REQUIRES_KEYS = ("gpus", "capability", "peer_access", "memory_gib", "compiled")
 
 SKIPS_FILE = "skips.jsonl"
 

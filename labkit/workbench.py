@@ -58,3 +58,20 @@ def benchmark(profile: str) -> list[dict]:
     """Entry point of ``labkit bench workbench``."""
     reps = 50 if profile == "gpu" else 5
     return copy_sweep(SIZES[profile], reps=reps)
+
+
+def graph_vs_events(records: list[dict]) -> list[dict]:
+    """Per (impl, size): median time under CUDA-graph replay over median time with events.
+
+    Below 1: the graph removed launch overhead. Above 1: the captured work itself ran slower
+    than the eager launches, i.e. capture changed *how* the work runs, not just how it is launched.
+    """
+    by = {(r["impl"], r["bytes"], r["method"]): r for r in records}
+    out = []
+    for (impl, nbytes, method), r in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1])):
+        if method != "cuda_events" or (impl, nbytes, "cuda_graph") not in by:
+            continue
+        g = by[(impl, nbytes, "cuda_graph")]
+        out.append({"impl": impl, "bytes": nbytes, "events_us": r["us"], "graph_us": g["us"],
+                    "graph_over_events": g["us"] / r["us"]})
+    return out

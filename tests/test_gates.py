@@ -34,9 +34,10 @@ def test_one_way_peer_access_is_reported_per_direction():
     assert gates.requires(gpus=2, peer_access=True, hw=hw).reason.endswith("missing for 1->0")
 
 
-def test_compiled_needs_a_gpu():
-    g = gates.requires(compiled=True, hw=Hardware.fake(0))
-    assert not g.ok and "compiled for a GPU" in g.reason
+@pytest.mark.parametrize("needs", [{"compiled": True}, {"capability": (9, 0)}, {"memory_gib": 1}])
+def test_needs_that_imply_a_gpu_fail_without_one(needs):
+    g = gates.requires(hw=Hardware.fake(0), **needs)
+    assert not g.ok and g.reason == "needs 1 CUDA GPU; this machine has 0"
 
 
 def test_announce_prints_one_line_and_records_the_skip(output_dir, capsys):

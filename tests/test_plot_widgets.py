@@ -52,3 +52,17 @@ def test_copy_explorer_measures_one_size():
     reps.value = 2
     button.click()
     assert "torch.copy_" in out.value and "triton copy" in out.value and "GB/s" in out.value
+
+
+def test_graph_vs_events_pairs_methods_per_size():
+    from labkit.workbench import graph_vs_events
+
+    recs = [{"impl": "a", "bytes": 8, "method": "cuda_events", "us": 10.0},
+            {"impl": "a", "bytes": 8, "method": "cuda_graph", "us": 2.0},
+            {"impl": "a", "bytes": 16, "method": "cuda_events", "us": 4.0},   # no graph twin: left out
+            {"impl": "b", "bytes": 8, "method": "cuda_graph", "us": 6.0},
+            {"impl": "b", "bytes": 8, "method": "cuda_events", "us": 3.0}]
+    assert graph_vs_events(recs) == [
+        {"impl": "a", "bytes": 8, "events_us": 10.0, "graph_us": 2.0, "graph_over_events": 0.2},
+        {"impl": "b", "bytes": 8, "events_us": 3.0, "graph_us": 6.0, "graph_over_events": 2.0}]
+    assert graph_vs_events([{"impl": "a", "bytes": 8, "method": "cpu_clock", "us": 1.0}]) == []

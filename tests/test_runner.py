@@ -184,3 +184,43 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, message):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_params_file_errors_name_the_file(tmp_path, workbook):
+    folder, prof = workbook
+    with pytest.raises(RunError, match="--params: no file at"):
+        plan(profile="cpu", params_file=tmp_path / "missing.yml", notebooks_dir=folder, profiles_file=prof)
+    bad = tmp_path / "bad.yml"
+    bad.write_text("ok: [unclosed\n")
+    with pytest.raises(RunError, match="--params: .*bad.yml is not valid YAML"):
+        plan(profile="cpu", params_file=bad, notebooks_dir=folder, profiles_file=prof)
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(RunError, match="must map notebook names"):
+        plan(profile="cpu", params_file=bad, notebooks_dir=folder, profiles_file=prof)
+
+
+def test_whole_notebook_limit_stops_many_short_cells(tmp_path, monkeypatch):
+    """Each cell is short, together they exceed the limit: the notebook is stopped, not each cell."""
+    from labkit.runner import execute
+
+    folder = tmp_path / "nb"
+    folder.mkdir()
+    make_notebook(folder / "many.ipynb", "N = 20", *["import time\ntime.sleep(1)"] * 20)
+    prof = folder / "profiles.yml"
+    prof.write_text("cpu:\n  timeout_s: 300\n")
+    monkeypatch.setattr(execute, "KERNEL_GRACE_S", 2)
+    rep = run(profile="cpu", runs_dir=tmp_path / "runs", notebooks_dir=folder, profiles_file=prof,
+              timeout_s=4, progress=False)
+    (r,) = rep.results
+    assert r.status == "failed" and r.detail.startswith("notebook stopped at its 4 s limit in cell"), r.detail
+    assert r.seconds < 30
+
+
+def test_bad_requires_metadata_is_refused(tmp_path):
+    folder = tmp_path / "nb"
+    folder.mkdir()
+    make_notebook(folder / "odd.ipynb", "N = 1", requires={"gpu": 2})
+    prof = folder / "profiles.yml"
+    prof.write_text("cpu:\n  timeout_s: 300\n")
+    with pytest.raises(RunError, match="notebook odd: metadata.labkit.requires must be a mapping with keys from gpus"):
+        plan(profile="cpu", notebooks_dir=folder, profiles_file=prof)

@@ -20,6 +20,9 @@ from labkit.runner import notebooks as nbs
 from labkit.runner import profiles
 from labkit.runner.notebooks import RunError
 
+#: Seconds beyond a notebook's timeout for its kernel to start and shut down.
+KERNEL_GRACE_S = 30
+
 
 @dataclasses.dataclass
 class NotebookResult:
@@ -110,8 +113,11 @@ def choose_profile(profile: str) -> str:
 
 
 def plan(only=None, profile="auto", params_file=None, sets=(), notebooks_dir=None, profiles_file=None,
-         timeout_s=None) -> tuple[str, list[tuple[str, Path, dict, float, object]]]:
-    """Resolve and validate everything before running anything: (profile, [(name, path, params, timeout, nb)])."""
+         timeout_s=None) -> tuple[str, list[tuple[str, Path, dict, float, dict]]]:
+    """Resolve and validate everything before running anything.
+
+    Returns (profile, [(name, path, parameters, timeout_s, hardware needs)]).
+    """
     profile = choose_profile(profile)
     found = nbs.discover(notebooks_dir)
     if not found:
@@ -146,7 +152,7 @@ def plan(only=None, profile="auto", params_file=None, sets=(), notebooks_dir=Non
         nbs.validate(name, params, declared)
         entry = (prof.get("notebooks") or {}).get(name, {})
         t = timeout_s or entry.get("timeout_s") or prof["timeout_s"]
-        jobs.append((name, found[name], params, float(t), nb))
+        jobs.append((name, found[name], params, float(t), nbs.requirements(nb, name)))
     return profile, jobs
 
 
@@ -159,21 +165,28 @@ def run(only=None, profile="auto", params_file=None, sets=(), runs_dir=None, not
     tier_env = {"TRITON_INTERPRET": "1" if profile == "cpu" else "0"}
     report = RunReport(run_dir, profile, [])
     bar = tqdm(jobs, desc="notebooks", unit="nb", disable=not progress)
-    for name, path, params, timeout, nb in bar:
+    for name, path, params, timeout, needs in bar:
         bar.set_postfix_str(name)
         out_dir = run_dir / name
         out_dir.mkdir()
-        gate = gates.requires(**nbs.requirements(nb))
+        gate = gates.requires(**needs)
         if not gate.ok:
             report.results.append(NotebookResult(name, "skipped", gate.reason, parameters=params))
             continue
         output = out_dir / f"{name}.ipynb"
+        # timeout bounds the whole notebook; papermill gets it per cell too, so a single hung
+        # cell is reported by name. KERNEL_GRACE_S covers the kernel's start and shutdown.
         res = sandbox.run_isolated(_execute, str(path), str(output), params, str(path.parent), timeout,
-                                   timeout=timeout + 60, env={**tier_env, results.OUTPUT_ENV: str(out_dir)})
+                                   timeout=timeout + KERNEL_GRACE_S,
+                                   env={**tier_env, results.OUTPUT_ENV: str(out_dir)})
         if res.ok:
             outcome = res.value
         elif res.status == "timeout":
-            outcome = {"status": "failed", "detail": f"timed out after {timeout + 60:.0f} s (notebook timeout {timeout:.0f} s)"}
+            import nbformat
+
+            cell = _running_cell(nbformat, str(output))
+            where = f" in cell {cell}" if cell is not None else ""
+            outcome = {"status": "failed", "detail": f"notebook stopped at its {timeout:.0f} s limit{where}"}
         else:
             outcome = {"status": "failed", "detail": f"runner {res.summary()}"}
         report.results.append(NotebookResult(

@@ -104,6 +104,12 @@ def validate(notebook: str, params: dict, declared: dict[str, Parameter]) -> Non
         check_value(notebook, declared[name], value)
 
 
-def requirements(nb) -> dict:
+def requirements(nb, name: str = "notebook") -> dict:
     """Hardware the whole notebook needs (``metadata.labkit.requires``), as gates.requires kwargs."""
-    return dict(nb.metadata.get("labkit", {}).get("requires", {}))
+    from labkit.gates import REQUIRES_KEYS
+
+    req = nb.metadata.get("labkit", {}).get("requires", {})
+    if not isinstance(req, dict) or set(req) - set(REQUIRES_KEYS):
+        raise RunError(f"notebook {name}: metadata.labkit.requires must be a mapping with keys from "
+                       f"{', '.join(REQUIRES_KEYS)}; got {req!r}")
+    return dict(req)

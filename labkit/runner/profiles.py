@@ -17,14 +17,19 @@ PROFILES_FILE = NOTEBOOKS_DIR / "profiles.yml"
 PROFILES = ("cpu", "gpu")
 
 
+def _read_yaml(path: Path, what: str):
+    """Parsed YAML, or a RunError that names the file and says what is wrong with it."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise RunError(f"{what}: no file at {path}") from None
+    except yaml.YAMLError as e:
+        raise RunError(f"{what}: {path} is not valid YAML: {e}") from None
+
+
 def load(path: str | Path | None = None) -> dict:
     path = Path(path) if path else PROFILES_FILE
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise RunError(f"no profiles file at {path}") from None
-    except yaml.YAMLError as e:
-        raise RunError(f"{path} is not valid YAML: {e}") from None
+    doc = _read_yaml(path, "profiles")
     if not isinstance(doc, dict) or set(doc) - set(PROFILES):
         raise RunError(f"{path}: top level must be the profiles {PROFILES}, got {list(doc or [])}")
     for name, prof in doc.items():
@@ -39,12 +44,7 @@ def load(path: str | Path | None = None) -> dict:
 
 def read_params_file(path: str | Path) -> dict:
     path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise RunError(f"--params: no file at {path}") from None
-    except yaml.YAMLError as e:
-        raise RunError(f"--params: {path} is not valid YAML: {e}") from None
+    doc = _read_yaml(path, "--params")
     if doc is None:
         return {}
     if not isinstance(doc, dict) or not all(isinstance(v, dict) for v in doc.values()):
