@@ -93,4 +93,6 @@ def nvlink_topology() -> str | None:
         out = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    if out.returncode != 0:
+        return None
+    return re.sub(r"\x1b\[[0-9;]*m", "", out.stdout).strip()  # nvidia-smi underlines its header

@@ -48,8 +48,8 @@ step() {  # step NAME COMMAND...: run, log, and remember exit code and seconds
   steps+=("{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $((SECONDS - t0))}")
   echo "=== gpu_tier: $name: exit $rc after $((SECONDS - t0)) s"
 }
-step doctor bash -c "'$py' -m labkit doctor | tee '$out/doctor.txt'"
-step tests bash -c "'$py' -m pytest -ra -p no:cacheprovider --junitxml='$out/pytest.xml' 2>&1 | tee '$out/pytest.log'"
+step doctor bash -o pipefail -c "'$py' -m labkit doctor | tee '$out/doctor.txt'"
+step tests bash -o pipefail -c "'$py' -m pytest -ra -p no:cacheprovider --junitxml='$out/pytest.xml' 2>&1 | tee '$out/pytest.log'"
 step notebooks "$py" -m labkit run --profile gpu --runs-dir "$out/runs" --no-progress
 step bench-doctor "$py" -m labkit bench doctor --profile gpu --reference --out "$out/reference"
 step bench-workbench "$py" -m labkit bench workbench --profile gpu --reference --out "$out/reference"

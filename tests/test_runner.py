@@ -201,19 +201,22 @@ def test_params_file_errors_name_the_file(tmp_path, workbook):
 
 def test_whole_notebook_limit_stops_many_short_cells(tmp_path, monkeypatch):
     """Each cell is short, together they exceed the limit: the notebook is stopped, not each cell."""
+    import re
+
     from labkit.runner import execute
 
     folder = tmp_path / "nb"
     folder.mkdir()
-    make_notebook(folder / "many.ipynb", "N = 20", *["import time\ntime.sleep(1)"] * 20)
+    make_notebook(folder / "many.ipynb", "N = 60", *["import time\ntime.sleep(1)"] * 60)
     prof = folder / "profiles.yml"
     prof.write_text("cpu:\n  timeout_s: 300\n")
     monkeypatch.setattr(execute, "KERNEL_GRACE_S", 2)
     rep = run(profile="cpu", runs_dir=tmp_path / "runs", notebooks_dir=folder, profiles_file=prof,
-              timeout_s=4, progress=False)
+              timeout_s=12, progress=False)
     (r,) = rep.results
-    assert r.status == "failed" and r.detail.startswith("notebook stopped at its 4 s limit in cell"), r.detail
-    assert r.seconds < 30
+    # The cell is named when the kernel got as far as starting one (it may not on a slow start).
+    assert r.status == "failed" and re.fullmatch(r"notebook stopped at its 12 s limit( in cell \d+)?", r.detail), r.detail
+    assert r.seconds < 40
 
 
 def test_bad_requires_metadata_is_refused(tmp_path):
