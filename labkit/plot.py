@@ -32,7 +32,7 @@ def bytes_axis(ax, axis: str = "x") -> None:
     set_scale = ax.set_xscale if axis == "x" else ax.set_yscale
     target = ax.xaxis if axis == "x" else ax.yaxis
     set_scale("log", base=2)
-    target.set_major_locator(LogLocator(base=4))
+    target.set_major_locator(LogLocator(base=4, numticks=7))  # at most ~7 labels: they stay legible
     target.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
 
 

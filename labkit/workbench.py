@@ -75,3 +75,40 @@ def graph_vs_events(records: list[dict]) -> list[dict]:
         out.append({"impl": impl, "bytes": nbytes, "events_us": r["us"], "graph_us": g["us"],
                     "graph_over_events": g["us"] / r["us"]})
     return out
+
+
+_PANELS = (("launched from Python", ("cuda_events", "cpu_clock")), ("CUDA-graph replay", ("cuda_graph",)))
+_STYLE = {"torch.copy_": ("o", "--"), "triton copy": ("s", "-")}
+
+
+def plot_copy_bandwidth(records: list[dict], yours: dict, refs: dict):
+    """Two panels (eager launches | graph replays): GB/s against size, your run beside references.
+
+    records: your copy_sweep records; yours: their environment stamp; refs: {machine: ResultSet}.
+    Colour tells the source (your run, each reference machine), marker and line the implementation.
+    """
+    from labkit import plot
+
+    fig, axes = plot.new_figure(ncols=2, width=5.6, height=4.4)
+    sources = [("your run", records, "black")] + [
+        (f"reference {m}", rs.records, c) for (m, rs), c in zip(sorted(refs.items()), ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:red"))]
+    for ax, (title, methods) in zip(axes, _PANELS):
+        for label, recs, color in sources:
+            for impl, (marker, style) in _STYLE.items():
+                pts = sorted((r["bytes"], r["GBps"]) for r in recs if r["impl"] == impl and r["method"] in methods)
+                if pts:
+                    ax.plot(*zip(*pts), marker=marker, linestyle=style, color=color, alpha=1 if label == "your run" else 0.7,
+                            label=f"{label}: {impl}")
+        plot.bytes_axis(ax, "x")
+        ax.set_yscale("log")
+        ax.set_xlabel("tensor size")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=6.5, loc="lower right")
+        else:
+            ax.text(0.5, 0.5, "no graph timings\n(CPU tier, no reference)", ha="center", va="center", transform=ax.transAxes)
+    axes[0].set_ylabel("GB/s (bytes read + written)")
+    fig.suptitle("Copy bandwidth: Triton kernel vs torch.copy_ (median of samples)")
+    plot.caption(fig, yours=yours, refs=refs)
+    return fig

@@ -66,3 +66,18 @@ def test_graph_vs_events_pairs_methods_per_size():
         {"impl": "a", "bytes": 8, "events_us": 10.0, "graph_us": 2.0, "graph_over_events": 0.2},
         {"impl": "b", "bytes": 8, "events_us": 3.0, "graph_us": 6.0, "graph_over_events": 2.0}]
     assert graph_vs_events([{"impl": "a", "bytes": 8, "method": "cpu_clock", "us": 1.0}]) == []
+
+
+def test_copy_bandwidth_plot_has_your_run_and_references(tmp_path):
+    from labkit import workbench
+
+    mine = workbench.copy_sweep([1 << 12, 1 << 14], reps=2, progress=False)
+    ref_recs = [dict(r, method=m, GBps=r["GBps"] * 1000) for r in mine for m in ("cuda_events", "cuda_graph")]
+    path = results.write_results(tmp_path / "h200x2" / "workbench.json", "workbench", ref_recs, generator="t")
+    refs = {"h200x2": results.load_results(path)}
+    fig = workbench.plot_copy_bandwidth(mine, env.stamp(), refs)
+    eager, graph = fig.axes[:2]
+    labels = [line.get_label() for line in eager.lines]
+    assert "your run: triton copy" in labels and "reference h200x2: torch.copy_" in labels
+    assert [line.get_label() for line in graph.lines] == ["reference h200x2: torch.copy_", "reference h200x2: triton copy"]
+    assert "reference h200x2" in fig.texts[-1].get_text()
