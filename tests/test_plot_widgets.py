@@ -71,13 +71,19 @@ def test_graph_vs_events_pairs_methods_per_size():
 def test_copy_bandwidth_plot_has_your_run_and_references(tmp_path):
     from labkit import workbench
 
-    mine = workbench.copy_sweep([1 << 12, 1 << 14], reps=2, progress=False)
-    ref_recs = [dict(r, method=m, GBps=r["GBps"] * 1000) for r in mine for m in ("cuda_events", "cuda_graph")]
+    def rec(impl, method, nbytes, gbps):
+        return {"impl": impl, "method": method, "bytes": nbytes, "GBps": gbps}
+
+    mine = [rec(i, "cpu_clock", b, 1.0) for i in workbench.IMPLS for b in (4096, 16384)]
+    ref_recs = [rec(i, m, b, 1e3) for i in workbench.IMPLS for m in ("cuda_events", "cuda_graph") for b in (4096, 16384)]
     path = results.write_results(tmp_path / "h200x2" / "workbench.json", "workbench", ref_recs, generator="t")
     refs = {"h200x2": results.load_results(path)}
     fig = workbench.plot_copy_bandwidth(mine, env.stamp(), refs)
     eager, graph = fig.axes[:2]
-    labels = [line.get_label() for line in eager.lines]
-    assert "your run: triton copy" in labels and "reference h200x2: torch.copy_" in labels
+    assert [line.get_label() for line in eager.lines] == [
+        "your run: torch.copy_", "your run: triton copy", "reference h200x2: torch.copy_", "reference h200x2: triton copy"]
+    # the CPU clock run has no graph replays; the reference has
     assert [line.get_label() for line in graph.lines] == ["reference h200x2: torch.copy_", "reference h200x2: triton copy"]
     assert "reference h200x2" in fig.texts[-1].get_text()
+    fig_empty = workbench.plot_copy_bandwidth(mine, env.stamp(), {})
+    assert not fig_empty.axes[1].lines and "no graph timings" in fig_empty.axes[1].texts[0].get_text()
