@@ -80,4 +80,6 @@ def test_output_dir_follows_the_runner(monkeypatch, tmp_path):
     monkeypatch.setenv(results.OUTPUT_ENV, str(tmp_path / "nb"))
     assert results.output_dir() == tmp_path / "nb" and (tmp_path / "nb").is_dir()
     monkeypatch.delenv(results.OUTPUT_ENV)
-    assert results.output_dir("lab") == results.RUNS_DIR / "interactive" / "lab"
+    monkeypatch.setattr(results, "RUNS_DIR", tmp_path / "runs")  # never write into the checkout
+    assert results.output_dir("lab") == tmp_path / "runs" / "interactive" / "lab"
+    assert (tmp_path / "runs" / "interactive" / "lab").is_dir()
