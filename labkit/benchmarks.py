@@ -15,6 +15,8 @@ from labkit.errors import UsageError
 BENCHMARKS = {
     "doctor": ("labkit.doctor", "benchmark", "REQUIRED"),
     "workbench": ("labkit.workbench", "benchmark", "REQUIRED"),
+    "sc_kernel": ("labkit.sc.bench", "benchmark", "REQUIRED"),
+    "device_guard": ("labkit.wrong_device", "benchmark", "REQUIRED"),
 }
 
 

@@ -53,6 +53,8 @@ step tests bash -o pipefail -c "'$py' -m pytest -ra -p no:cacheprovider --junitx
 step notebooks "$py" -m labkit run --profile gpu --runs-dir "$out/runs" --no-progress
 step bench-doctor "$py" -m labkit bench doctor --profile gpu --reference --out "$out/reference"
 step bench-workbench "$py" -m labkit bench workbench --profile gpu --reference --out "$out/reference"
+step bench-sc-kernel "$py" -m labkit bench sc_kernel --profile gpu --reference --out "$out/reference"
+step bench-device-guard "$py" -m labkit bench device_guard --profile gpu --reference --out "$out/reference"
 rm -rf "$out/.site"
 (IFS=,; echo "{\"steps\": [${steps[*]}]}") > "$out/gpu_tier.json"
 cat "$out/gpu_tier.json"

@@ -71,13 +71,12 @@ def test_cpu_tensor_to_gpu_kernel_is_refused():
 @pytest.mark.multigpu
 @pytest.mark.parametrize("name", sorted(LAUNCHERS))
 def test_every_launcher_runs_on_its_inputs_device(name):
-    """The story's regression: data on cuda:1, current device cuda:0."""
-    launch = LAUNCHERS[name]
+    """The story's regression for every kernel: data on cuda:1, current device cuda:0."""
+    launch, make_inputs = LAUNCHERS[name]
+    inputs = make_inputs(torch.Generator().manual_seed(torch.seed() % 2**31))
     torch.cuda.set_device(0)
-    x0 = torch.randn(1 << 20, device="cuda:0")
-    x1 = x0.to("cuda:1")
-    ref = launch(x0)
-    out = launch(x1)
+    ref = launch(*[t.to("cuda:0") for t in inputs])
+    out = launch(*[t.to("cuda:1") for t in inputs])
     torch.cuda.synchronize(1)
     assert out.device == torch.device("cuda:1")
     assert torch.cuda.current_device() == 0

@@ -1,10 +1,18 @@
-"""labkit's Triton kernels. Each module holds a kernel, its guarded and checked launcher, and a
-reference; tests import every launcher from here (``LAUNCHERS``) to apply shared checks, such as
-the wrong-current-device regression, to all of them."""
+"""labkit's Triton kernels. Each launcher is guarded (runs on its inputs' device) and checks its
+inputs. ``LAUNCHERS`` lists every public launcher with a maker of small CPU example inputs, so
+tests can apply one check to all of them, such as the wrong-current-device regression."""
+import torch
+
 from labkit.kernels.copy import copy
 from labkit.kernels.fault import write_out_of_bounds
+from labkit.sc import sc_matmul
+from labkit.wrong_device import add_one
 
-#: Every public kernel launcher, for tests that apply one check to all of them.
-LAUNCHERS = {"copy": copy}
+#: name -> (launcher, make_inputs(generator) -> tuple of CPU tensors)
+LAUNCHERS = {
+    "copy": (copy, lambda g: (torch.randn(1 << 20, generator=g),)),
+    "add_one": (add_one, lambda g: (torch.randn(1 << 20, generator=g),)),
+    "sc_matmul": (sc_matmul, lambda g: (torch.randn(48, 256, generator=g), torch.randn(256, 80, generator=g))),
+}
 
-__all__ = ["copy", "write_out_of_bounds", "LAUNCHERS"]
+__all__ = ["copy", "add_one", "sc_matmul", "write_out_of_bounds", "LAUNCHERS"]

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from labkit import tier
 from labkit.checks import check_tensor
-from labkit.guard import on_device_of
+from labkit.guard import common_device, on_device_of
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8)
 
@@ -41,6 +41,8 @@ def copy(src: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     check_tensor("src", src, dtypes=SUPPORTED_DTYPES)
     if out is None:
         out = torch.empty_like(src)  # on src's device, whatever the current device is
+    elif isinstance(out, torch.Tensor):
+        common_device(src=src, out=out)  # mixed devices first: the most telling message  # on src's device, whatever the current device is
     check_tensor("out", out, dtypes=SUPPORTED_DTYPES)
     if out.dtype != src.dtype:
         raise TypeError(f"out: dtype {out.dtype} differs from src dtype {src.dtype}")

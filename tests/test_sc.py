@@ -1,0 +1,164 @@
+"""The SC matmul: the kernel's integer counts equal the literal bitstream emulation exactly, on
+fresh random inputs, for every option; bad input is refused; the story's multi-GPU regression."""
+import pytest
+import torch
+
+import labkit
+from labkit.sc import encoding, sc_counts, sc_matmul, sc_matmul_reference
+
+DEV = labkit.tier.kernel_device()
+
+# (shape of a, shape of b, options): the story's five configurations first, then the others.
+CASES = [
+    ((6, 96), (96, 10), dict(granularity="per_tensor")),
+    ((6, 96), (96, 10), dict(granularity="per_row")),
+    ((6, 300), (300, 10), dict(granularity="per_row", chunk_d=128)),      # chunked, ragged last chunk
+    ((3, 5, 64), (3, 64, 7), dict(granularity="per_row")),
+    ((3, 5, 64), (3, 64, 7), dict(granularity="per_head")),
+    ((1, 40), (40, 3), dict(halve=True)),
+    ((4, 33), (33, 5), dict(a_seq="counter", b_seq="bitrev", sc_prec=4, stoc_len=64)),
+    ((3, 41), (41, 6), dict(b_seq="counter")),
+    ((3, 41), (41, 6), dict(a_seq="counter_alt", b_seq="bitrev", chunk_d=7)),  # odd chunks: parity is global k
+    ((2, 3, 70), (2, 70, 4), dict(granularity="per_tensor", chunk_d=16, halve=True, stoc_len=32, sc_prec=6)),
+]
+
+
+def _fresh(shape_a, shape_b, dtype=torch.float32):
+    seed = torch.seed() % 2**31  # a new draw every run; printed on failure
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.randn(shape_a, generator=g) * 3).to(dtype).to(DEV)
+    b = torch.randn(shape_b, generator=g).to(dtype).to(DEV)
+    return a, b, seed
+
+
+@pytest.mark.parametrize("shape_a,shape_b,opts", CASES)
+def test_kernel_counts_equal_literal_bitstreams(shape_a, shape_b, opts):
+    a, b, seed = _fresh(shape_a, shape_b)
+    kernel = sc_counts(a, b, **opts)
+    literal = sc_counts(a, b, impl="reference", **opts)
+    assert kernel.dtype == literal.dtype == torch.int64
+    assert torch.equal(kernel.cpu(), literal.cpu()), f"seed {seed}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape_a,shape_b,opts", CASES[:5])
+def test_output_matches_reference(shape_a, shape_b, opts, dtype):
+    a, b, seed = _fresh(shape_a, shape_b, dtype)
+    out = sc_matmul(a, b, **opts)
+    ref = sc_matmul_reference(a, b, **opts)
+    assert out.dtype == dtype and out.shape == ref.shape and out.device == a.device
+    # Same integer counts and the same fp32 steps; a GPU may fuse a multiply-add (one rounding).
+    tol = 1e-5 * ref.float().abs().max().item() + (0 if dtype == torch.float32 else 1e-2 * ref.float().abs().max().item())
+    assert (out.float() - ref.float()).abs().max().item() <= tol, f"seed {seed}"
+
+
+def test_same_inputs_same_bits():
+    a, b, _ = _fresh((7, 128), (128, 9))
+    assert torch.equal(sc_matmul(a, b), sc_matmul(a, b))
+
+
+def test_count_table_against_streams():
+    L, Q = 64, encoding.qmax(5)
+    T = encoding.count_table(5, L, "bitrev", "counter", False)[0]
+    assert encoding.count_table(5, L, "bitrev", "counter", False).shape == (1, 2 * Q + 1, 2 * Q + 1)
+    assert encoding.count_table(5, L, "bitrev", "counter_alt", False).shape == (2, 2 * Q + 1, 2 * Q + 1)
+    assert T[2 * Q, 2 * Q] == L and T[0, 0] == L and T[0, 2 * Q] == -L  # +1*+1, -1*-1, -1*+1
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    for qa, qb in torch.randint(-Q, Q + 1, (20, 2), generator=g).tolist():
+        sa = encoding.bitstreams(torch.tensor(qa), 5, L, "bitrev", False)
+        sb = encoding.bitstreams(torch.tensor(qb), 5, L, "counter", False)
+        assert T[qa + Q, qb + Q] == 2 * int((sa == sb).sum()) - L
+
+
+def test_sequences():
+    assert encoding.threshold_sequence("bitrev", 8).tolist() == [0, 4, 2, 6, 1, 5, 3, 7]
+    assert encoding.threshold_sequence("counter_alt", 4, k_parity=1).tolist() == [3, 2, 1, 0]
+    assert sorted(encoding.threshold_sequence("bitrev", 256).tolist()) == list(range(256))
+    assert encoding.threshold_sequence("counter", 4).tolist() == [0, 1, 2, 3]
+
+
+def test_sc_approximates_the_product_for_extreme_values():
+    """All entries at +-amax: every stream is all ones or all zeros, so SC is exact up to scales."""
+    a = torch.tensor([[1.0, -1.0, 1.0]], device=DEV)
+    b = torch.tensor([[2.0], [-2.0], [-2.0]], device=DEV)
+    assert torch.allclose(sc_matmul(a, b, granularity="per_tensor"), a @ b, rtol=1e-6)
+
+
+def test_default_sequences_keep_long_dot_products_accurate():
+    """Measured property behind the default b_seq: error stays small over a long K (and the plain
+    counter's does not). Relative to the exact fp32 product, over fresh random data."""
+    a, b, seed = _fresh((4, 1024), (1024, 8))
+    exact = a.float() @ b.float()
+    rel = lambda out: ((out.float() - exact).norm() / exact.norm()).item()  # noqa: E731
+    assert rel(sc_matmul(a, b)) < 0.3, f"seed {seed}"
+    assert rel(sc_matmul(a, b, b_seq="counter")) > 1.0, f"seed {seed}"
+
+
+def test_empty_dimensions():
+    assert sc_matmul(torch.empty(0, 5, device=DEV), torch.randn(5, 3, device=DEV)).shape == (0, 3)
+    assert torch.equal(sc_matmul(torch.empty(2, 0, device=DEV), torch.empty(0, 3, device=DEV)),
+                       torch.zeros(2, 3, device=DEV))
+
+
+@pytest.mark.parametrize("call,exc,match", [
+    (lambda a, b: sc_matmul(a.double(), b.double()), TypeError, "a: dtype float64 is not supported"),
+    (lambda a, b: sc_matmul(a, b.half()), TypeError, "dtypes differ"),
+    (lambda a, b: sc_matmul(a, b[:-1]), ValueError, "K mismatch: a has K=16"),
+    (lambda a, b: sc_matmul(a, b, granularity="per_head"), ValueError, "per_head' needs 3-D inputs"),
+    (lambda a, b: sc_matmul(a, b, granularity="per_col"), ValueError, "granularity: 'per_col'"),
+    (lambda a, b: sc_matmul(a, b, stoc_len=100), ValueError, "stoc_len: expected a power of two"),
+    (lambda a, b: sc_matmul(a, b, stoc_len=8192), ValueError, "stoc_len"),
+    (lambda a, b: sc_matmul(a, b, sc_prec=9), ValueError, "sc_prec: expected an int from 2 to 8"),
+    (lambda a, b: sc_matmul(a, b, sc_prec=1), ValueError, "sc_prec"),
+    (lambda a, b: sc_matmul(a, b, chunk_d=-1), ValueError, "chunk_d"),
+    (lambda a, b: sc_matmul(a, b, a_seq="random"), ValueError, "a_seq: 'random'"),
+    (lambda a, b: sc_matmul(a[None], b), ValueError, "both 2-D"),
+    (lambda a, b: sc_matmul(a[None].expand(2, 4, 16), b[None]), ValueError, "head counts differ"),
+    (lambda a, b: sc_matmul(a, b.to("meta")), ValueError, "a on .*, b on meta"),
+    (lambda a, b: sc_counts(a, b, impl="fast"), ValueError, "impl: 'fast'"),
+])
+def test_bad_input_is_refused(call, exc, match):
+    a, b = torch.randn(4, 16, device=DEV), torch.randn(16, 3, device=DEV)
+    with pytest.raises(exc, match=match):
+        call(a, b)
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("shape_a,shape_b,opts", CASES[:5], ids=["per_tensor-2d", "per_row-2d",
+                         "per_row-chunk128-2d", "per_row-3d", "per_head-3d"])
+def test_story_regression_on_cuda1_with_current_device_cuda0(shape_a, shape_b, opts):
+    """The seed PR's test: no fault, output on the input GPU, device restored, bit-identical."""
+    a, b, seed = _fresh(shape_a, shape_b, torch.bfloat16)
+    a, b = a.cpu(), b.cpu()
+    torch.cuda.set_device(0)
+    ref = sc_matmul(a.to("cuda:0"), b.to("cuda:0"), **opts)
+    out = sc_matmul(a.to("cuda:1"), b.to("cuda:1"), **opts)
+    torch.cuda.synchronize(1)
+    assert out.device == torch.device("cuda:1")
+    assert torch.cuda.current_device() == 0
+    assert torch.equal(out.cpu(), ref.cpu()), f"seed {seed}"
+
+
+def test_prepared_b_gives_the_same_bits_and_checks_its_input():
+    from labkit.sc import prepare_b, sc_matmul_prepared
+
+    a, b, seed = _fresh((5, 96), (96, 12))
+    w = prepare_b(b, chunk_d=32)
+    assert torch.equal(sc_matmul_prepared(a, w), sc_matmul(a, b, chunk_d=32)), f"seed {seed}"
+    assert w.shape == (96, 12)
+    with pytest.raises(ValueError, match=r"does not fit the prepared b of shape \(96, 12\)"):
+        sc_matmul_prepared(a[:, :90], w)
+    with pytest.raises(TypeError, match="PreparedB"):
+        sc_matmul_prepared(a, b)
+
+
+def test_kernel_benchmark_records(tmp_path):
+    from labkit import benchmarks, results
+
+    path = benchmarks.run("sc_kernel", "cpu", out_dir=tmp_path)
+    rs = results.load_results(path)
+    assert rs.generator == "labkit.sc.bench.benchmark"
+    assert {r["impl"] for r in rs.records} == {"bf16 matmul", "sc_matmul"}
+    assert len(rs.records) == 2 * 2 * 2  # impls x layers x M
+    for r in rs.records:
+        assert r["us"] > 0 and 0 <= r["rel_err_vs_fp32"] < 1.0

@@ -1,0 +1,61 @@
+"""The wrong-current-device lab: the add-one launcher, outcome classification, and on 2 GPUs the
+matrix's guarded cells, which must all be correct whatever the unguarded ones do."""
+import pytest
+import torch
+
+import labkit
+from labkit import wrong_device as wd
+from labkit.sandbox import SandboxResult
+
+DEV = labkit.tier.kernel_device()
+
+
+@pytest.mark.parametrize("n", [1, 4097, 300_001])
+def test_add_one_is_exact(n):
+    x = torch.randn(n, device=DEV)
+    assert torch.equal(wd.add_one(x), x + 1)
+    assert torch.equal(wd.add_one(x, guarded=False), x + 1)  # same device: the bug cannot show
+
+
+def test_add_one_refuses_bad_input():
+    with pytest.raises(TypeError, match="x: dtype float16 is not supported"):
+        wd.add_one(torch.randn(4, device=DEV).half())
+    with pytest.raises(ValueError, match=r"out: shape \(3,\) differs"):
+        wd.add_one(torch.randn(4, device=DEV), torch.empty(3, device=DEV))
+    with pytest.raises(ValueError, match="x on cpu, out on meta"):
+        wd.add_one(torch.randn(4), torch.empty(4, device="meta"))
+
+
+@pytest.mark.parametrize("res,outcome", [
+    (SandboxResult("ok", value={"correct": True, "out_device": "cuda:1", "GBps": 1.0}), "correct"),
+    (SandboxResult("ok", value={"correct": False, "out_device": "cuda:1", "GBps": 1.0}), "wrong result"),
+    (SandboxResult("ok", value={"correct": True, "out_device": "cuda:0", "GBps": 1.0}), "wrong device"),
+    (SandboxResult("exception", error_type="builtins.ValueError",
+                   message="Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)"), "exception"),
+    (SandboxResult("illegal_memory_access", error_type="torch.AcceleratorError", message="illegal memory access"),
+     "illegal memory access"),
+    (SandboxResult("timeout", seconds=120), "hang"),
+])
+def test_classify_cell(res, outcome):
+    got, detail = wd.classify_cell(res)
+    assert got == outcome and detail
+
+
+def test_run_cell_checks_its_arguments():
+    with pytest.raises(ValueError, match="pattern: 'nope'"):
+        wd.run_cell("nope", False, True)
+
+
+@pytest.mark.multigpu
+def test_guarded_cells_are_correct_for_every_pattern():
+    records = wd.device_matrix(nbytes=16 << 20, guarded=(True,))  # the unguarded half: labkit bench
+    assert len(records) == 2 * len(wd.PATTERNS)
+    for r in records:
+        assert r["outcome"] == "correct", r
+
+
+@pytest.mark.gpu
+def test_guard_overhead_is_measured():
+    recs = wd.guard_overhead(reps=2000)
+    assert [r["detail"] for r in recs] == ["no guard", "on_device_of"]
+    assert all(r["us_per_launch"] > 0 for r in recs)
