@@ -33,7 +33,8 @@ from labkit.guard import common_device, on_device_of
 
 PATTERNS = ("triton_launch", "scratch_current_device", "stream_current_device", "graph_wrong_device")
 OUTCOMES = ("correct", "wrong result", "wrong device", "exception", "illegal memory access", "hang")
-REQUIRED = ("pattern", "peer_access", "guarded", "outcome", "GBps", "detail")
+REQUIRED = ("pattern", "peer_access", "guarded", "outcome", "GBps", "detail", "peer_enabled")
+_PEER_LINE = "labkit: peer access cuda:0 -> cuda:1 enabled: "
 
 
 @triton.jit
@@ -117,6 +118,33 @@ class _GraphLauncher:
         return self.out
 
 
+def copy_across_like_accelerate() -> None:
+    """Cross-device copies both ways, as accelerate's hooks make when they move activations from
+    layer to layer. PyTorch enables peer access lazily inside such a copy, for its direction."""
+    a = torch.ones(1 << 18, device="cuda:0")
+    a.to("cuda:1").to("cuda:0")
+    for d in (0, 1):
+        torch.cuda.synchronize(d)
+
+
+def peer_enabled(dev: int, peer: int) -> bool | None:
+    """Whether dev's context may access peer's memory now (None where CuPy is missing to ask).
+
+    CUDA has no query for "enabled"; cudaDeviceEnablePeerAccess answers "already enabled" (704)
+    when it is, and otherwise enables it, which this undoes at once."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    with cupy.cuda.Device(dev):
+        try:
+            cupy.cuda.runtime.deviceEnablePeerAccess(peer)
+        except cupy.cuda.runtime.CUDARuntimeError as e:
+            return e.status == 704
+        cupy.cuda.runtime.deviceDisablePeerAccess(peer)
+        return False
+
+
 def run_cell(pattern: str, peer_access: bool, guarded: bool, nbytes: int = 64 << 20,
              delay_cycles: int = 200_000_000, reps: int = 10) -> dict:
     """One cell of the matrix; meant to run in a child process (labkit.sandbox.run_isolated)."""
@@ -125,8 +153,10 @@ def run_cell(pattern: str, peer_access: bool, guarded: bool, nbytes: int = 64 <<
     if torch.cuda.device_count() < 2:
         raise RuntimeError("run_cell needs 2 CUDA GPUs")
     torch.cuda.set_device(0)
-    if peer_access:  # what an accelerate hook's activation copy does as a side effect
-        torch.ones(1, device="cuda:1").to("cuda:0")
+    if peer_access:
+        copy_across_like_accelerate()
+    enabled = peer_enabled(0, 1)  # checked, not assumed: the record says what really held
+    print(f"{_PEER_LINE}{enabled}", flush=True)  # reaches the parent even if the launch then fails
     torch.cuda.synchronize(0)
     torch.cuda.synchronize(1)
     x = torch.empty(nbytes // 4, device="cuda:1")
@@ -156,7 +186,14 @@ def run_cell(pattern: str, peer_access: bool, guarded: bool, nbytes: int = 64 <<
         torch.cuda.synchronize(d)
     seconds = (time.perf_counter() - t0) / reps
     return {"correct": correct, "out_device": str(out.device), "GBps": 2 * nbytes / seconds / 1e9,
-            "us": seconds * 1e6}
+            "us": seconds * 1e6, "peer_enabled": enabled}
+
+
+def _parse_peer_line(stdout: str) -> bool | None:
+    for line in stdout.splitlines():
+        if line.startswith(_PEER_LINE):
+            return {"True": True, "False": False}.get(line[len(_PEER_LINE):].strip())
+    return None
 
 
 def classify_cell(res: sandbox.SandboxResult) -> tuple[str, str]:
@@ -185,6 +222,7 @@ def device_matrix(patterns=PATTERNS, nbytes: int = 64 << 20, timeout_s: float = 
         outcome, detail = classify_cell(res)
         records.append({"pattern": pattern, "peer_access": peer, "guarded": guarded, "outcome": outcome,
                         "GBps": res.value["GBps"] if res.ok else None, "detail": detail,
+                        "peer_enabled": _parse_peer_line(res.stdout),
                         "seconds": res.seconds, "nbytes": nbytes})
     return records
 
@@ -212,5 +250,6 @@ def guard_overhead(reps: int = 20_000) -> list[dict]:
                 pass
         us = (time.perf_counter() - t0) / reps * 1e6
         records.append({"pattern": "guard overhead", "peer_access": None, "guarded": label == "on_device_of",
-                        "outcome": "measured", "GBps": None, "detail": label, "us_per_launch": us})
+                        "outcome": "measured", "GBps": None, "detail": label, "peer_enabled": None,
+                        "us_per_launch": us})
     return records

@@ -41,6 +41,12 @@ def test_classify_cell(res, outcome):
     assert got == outcome and detail
 
 
+def test_peer_line_round_trip():
+    assert wd._parse_peer_line(f"noise\n{wd._PEER_LINE}True\nmore") is True
+    assert wd._parse_peer_line(f"{wd._PEER_LINE}False") is False
+    assert wd._parse_peer_line(f"{wd._PEER_LINE}None") is None and wd._parse_peer_line("") is None
+
+
 def test_run_cell_checks_its_arguments():
     with pytest.raises(ValueError, match="pattern: 'nope'"):
         wd.run_cell("nope", False, True)
