@@ -17,6 +17,7 @@ BENCHMARKS = {
     "workbench": ("labkit.workbench", "benchmark", "REQUIRED"),
     "sc_kernel": ("labkit.sc.bench", "benchmark", "REQUIRED"),
     "device_guard": ("labkit.wrong_device", "benchmark", "REQUIRED"),
+    "sc_model": ("labkit.model", "benchmark", "REQUIRED"),
 }
 
 

@@ -20,6 +20,7 @@ integer or exact IEEE arithmetic, so the same inputs give the same bits on any G
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 
@@ -172,8 +173,11 @@ def sc_matmul(a: torch.Tensor, b: torch.Tensor, *, sc_prec: int = 8, stoc_len: i
     return sc_matmul_prepared(a, prepare_b(b, **dataclasses.asdict(cfg)))
 
 
-def sc_matmul_prepared(a: torch.Tensor, w: PreparedB) -> torch.Tensor:
-    """SC product of a with an already quantised b (see prepare_b)."""
+def sc_matmul_prepared(a: torch.Tensor, w: PreparedB, *, guarded: bool = True) -> torch.Tensor:
+    """SC product of a with an already quantised b (see prepare_b).
+
+    guarded=False launches on whatever device is current, without labkit's device guard: the
+    seed story's bug, kept only for the wrong-device experiments."""
     if not isinstance(w, PreparedB):
         raise TypeError(f"w: expected a PreparedB from labkit.sc.prepare_b, got {type(w).__name__}")
     check_tensor("a", a, dtypes=DTYPES, contiguous=False)
@@ -182,7 +186,8 @@ def sc_matmul_prepared(a: torch.Tensor, w: PreparedB) -> torch.Tensor:
         raise ValueError(f"a: shape {tuple(a.shape)} does not fit the prepared b of shape {w.shape}"
                          " (K must match; 3-D needs the same number of heads)")
     a3 = a[None] if w.squeeze else a
-    with on_device_of(a=a, w=w.qb) as dev:
+    guard = on_device_of(a=a, w=w.qb) if guarded else contextlib.nullcontext(a.device)
+    with guard as dev:
         H, M, K = a3.shape
         N = w.qb.shape[2]
         if M == 0 or N == 0 or K == 0:

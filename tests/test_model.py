@@ -1,0 +1,64 @@
+"""The Llama-shaped decoder: KV-cache decode equals a full forward, SC linears plug in, accelerate
+dispatch keeps the logits, and on 2 GPUs the guarded SC model runs sharded (the story's fix)."""
+import pytest
+import torch
+
+from labkit import model as M
+from labkit import sandbox
+
+
+def test_cached_decode_equals_full_forward():
+    m = M.build(M.TINY, seed=3, dtype=torch.float32)
+    prompt = torch.tensor([1, 5, 9, 2])
+    toks, logits, _ = M.greedy_decode(m, prompt, 5)
+    full = m(torch.tensor([prompt.tolist() + toks[:-1]]), 0)[0, len(prompt) - 1:]
+    assert torch.allclose(full, logits, atol=1e-4), (full - logits).abs().max()
+
+
+def test_same_seed_same_weights_and_config_shapes():
+    a, b = M.build(M.TINY, seed=7), M.build(M.TINY, seed=7)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    c = M.LLAMA_8B_LAYERS
+    assert (c.hidden, c.intermediate, c.n_heads, c.n_kv_heads, c.head_dim) == (4096, 14336, 32, 8, 128)
+
+
+def test_sc_linears_replace_every_layer_linear_and_agree_roughly():
+    ref = M.build(M.TINY, seed=1, dtype=torch.float32)
+    sc = M.use_sc(M.build(M.TINY, seed=1, dtype=torch.float32), down_chunk_d=32)
+    assert all(isinstance(getattr(layer, n), M.SCLinear) for layer in sc.layers for n in M.LINEARS)
+    assert sc.layers[0].down_proj.sc_options["chunk_d"] == 32
+    prompt = torch.arange(4)
+    toks, ref_logits, _ = M.greedy_decode(ref, prompt, 3)
+    _, logits, _ = M.greedy_decode(sc, prompt, 3, forced=toks)
+    agree = M.agreement(ref_logits, logits)
+    assert agree["cosine"] > 0.9, agree
+
+
+def test_accelerate_dispatch_on_cpu_keeps_logits():
+    m = M.build(M.TINY, seed=2, dtype=torch.float32)
+    prompt = torch.arange(6)
+    _, ref, _ = M.greedy_decode(m, prompt, 3)
+    d, device_map = M.shard(M.build(M.TINY, seed=2, dtype=torch.float32), {"cpu": 10**9})
+    assert set(device_map.values()) == {"cpu"}
+    _, got, _ = M.greedy_decode(d, prompt, 3)
+    assert torch.equal(ref, got)
+
+
+def test_sc_model_benchmark_records_on_cpu(tmp_path):
+    from labkit import benchmarks, results
+
+    rs = results.load_results(benchmarks.run("sc_model", "cpu", out_dir=tmp_path))
+    assert [r["config"] for r in rs.records] == ["bf16"] + list(M.SC_CONFIGS)
+    assert all(r["ms_per_token"] > 0 and 0 <= r["top1_agreement"] <= 1 for r in rs.records)
+
+
+def test_bad_sc_options_are_refused():
+    with pytest.raises(ValueError, match="stoc_len"):
+        M.use_sc(M.build(M.TINY), stoc_len=3)
+
+
+@pytest.mark.multigpu
+def test_sharded_sc_model_runs_guarded_and_layers_really_span_two_gpus():
+    res = sandbox.run_isolated(M.unguarded_decode, M.TINY, True, timeout=300)
+    assert res.ok, res.summary() + res.stderr[-2000:]
+    assert res.value["layers_on"] == ["0", "1"] and res.value["finite"]
