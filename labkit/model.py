@@ -187,9 +187,12 @@ def shard(model: Decoder, max_memory: dict):
 
 
 def half_per_gpu(model: Decoder, gpus: int = 2) -> dict:
-    """A max_memory that splits the model's weights about evenly over the first ``gpus`` GPUs."""
+    """A max_memory that fills the first GPUs with about 1/gpus of the weights each and leaves the
+    last one room for the rest: accelerate keeps headroom on each device (the largest layer), so
+    an even split to the byte would push the last modules off the GPUs."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
-    return {i: int(total / gpus * 1.1) for i in range(gpus)} | {"cpu": 0}
+    mm = {i: int(total / gpus * 1.05) for i in range(gpus - 1)}
+    return mm | {gpus - 1: 2 * total, "cpu": 0}
 
 
 @torch.no_grad()
@@ -244,7 +247,9 @@ def decode_benchmark(cfg: DecoderConfig = LLAMA_8B_LAYERS, gpus: int = 2, new_to
 
     The SC runs are teacher-forced with the bf16 run's tokens, so logits compare on equal contexts.
     """
-    model = build(cfg, seed=seed, device="cuda:0" if gpus else "cpu")
+    from labkit.tier import kernel_device
+
+    model = build(cfg, seed=seed, device="cuda:0" if gpus else kernel_device())
     if gpus:
         model, device_map = shard(model, half_per_gpu(model, gpus))
         torch.cuda.set_device(0)

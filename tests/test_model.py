@@ -3,8 +3,11 @@ dispatch keeps the logits, and on 2 GPUs the guarded SC model runs sharded (the 
 import pytest
 import torch
 
+import labkit
 from labkit import model as M
 from labkit import sandbox
+
+DEV = labkit.tier.kernel_device()
 
 
 def test_cached_decode_equals_full_forward():
@@ -23,8 +26,8 @@ def test_same_seed_same_weights_and_config_shapes():
 
 
 def test_sc_linears_replace_every_layer_linear_and_agree_roughly():
-    ref = M.build(M.TINY, seed=1, dtype=torch.float32)
-    sc = M.use_sc(M.build(M.TINY, seed=1, dtype=torch.float32), down_chunk_d=32)
+    ref = M.build(M.TINY, seed=1, dtype=torch.float32, device=DEV)
+    sc = M.use_sc(M.build(M.TINY, seed=1, dtype=torch.float32, device=DEV), down_chunk_d=32)
     assert all(isinstance(getattr(layer, n), M.SCLinear) for layer in sc.layers for n in M.LINEARS)
     assert sc.layers[0].down_proj.sc_options["chunk_d"] == 32
     prompt = torch.arange(4)
