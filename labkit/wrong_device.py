@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from tqdm.auto import tqdm
 
-from labkit import sandbox
+from labkit import sandbox, tier
 from labkit.checks import check_tensor
 from labkit.guard import common_device, on_device_of
 
@@ -60,20 +60,19 @@ def add_one(x: torch.Tensor, out: torch.Tensor | None = None, *, guarded: bool =
     check_tensor("out", out, dtypes=(torch.float32,))
     if out.shape != x.shape:
         raise ValueError(f"out: shape {tuple(out.shape)} differs from x shape {tuple(x.shape)}")
-    n = x.numel()
-    if n == 0:
+    if x.numel() == 0:
         return out
-    block = 1 << 16 if not x.is_cuda else 4096
     ctx = on_device_of(x=x, out=out) if guarded else contextlib.nullcontext()
     with ctx:
-        _add_one_kernel[(triton.cdiv(n, block),)](x, out, n, BLOCK=block, num_warps=8)
+        _raw_launch(x, out)
     return out
 
 
 def _raw_launch(x: torch.Tensor, out: torch.Tensor) -> None:
     """The kernel launched with no checks and no guard, as the story's launcher did."""
     n = x.numel()
-    _add_one_kernel[(triton.cdiv(n, 4096),)](x, out, n, BLOCK=4096, num_warps=8)
+    block = 1 << 16 if tier.interpreted() else 4096  # the interpreter pays per program
+    _add_one_kernel[(triton.cdiv(n, block),)](x, out, n, BLOCK=block, num_warps=8)
 
 
 def _scratch_launcher(x: torch.Tensor, guarded: bool) -> torch.Tensor:

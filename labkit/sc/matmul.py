@@ -147,12 +147,10 @@ def _launch(qa, qb, table, sa, sb, chunk, C, cfg: SCConfig, counts_only: bool) -
         out = torch.empty(H * C, M, N, dtype=torch.int32, device=qa.device)
     else:
         out = torch.empty(H, M, N, dtype=torch.float32, device=qa.device)
-    if tier.interpreted():  # few, large programs: the interpreter pays per program
-        bm, bn, bk = max(2, min(16, triton.next_power_of_2(M))), 64, 16
-    else:
-        bm = max(2, min(16, triton.next_power_of_2(M)))
-        bn = 64
-        bk = max(4, 8192 // (bm * bn))
+    bm, bn = max(2, min(16, triton.next_power_of_2(M))), 64
+    # Compiled: about 8192 lookups in flight per program. Interpreted: smaller 3-D blocks, since
+    # the interpreter materialises every one of them in numpy.
+    bk = 16 if tier.interpreted() else max(4, 8192 // (bm * bn))
     grid = (triton.cdiv(M, bm), triton.cdiv(N, bn), H)
     sc_kernel[grid](qa, qb, table, sa, sb, out, M, N, K, chunk, C,
                     *qa.stride(), *qb.stride(), *out.stride(),
@@ -231,8 +229,10 @@ def sc_matmul_reference(a: torch.Tensor, b: torch.Tensor, **options) -> torch.Te
     """The same product from the literal bitstreams, with the kernel's float steps (for tests)."""
     cfg = SCConfig(**options)
     _check_inputs(a, b, cfg)
+    from labkit.sc.reference import chunk_counts
+
     qa, sa, qb, sb, chunk, C = _quantized(a, b, cfg)
-    S = sc_counts(a, b, impl="reference", **options)                     # [H, C, M, N]
+    S = chunk_counts(qa, qb, chunk, cfg.sc_prec, cfg.stoc_len, cfg.a_seq, cfg.b_seq, cfg.halve)  # [H, C, M, N]
     out = torch.zeros(S.shape[0], S.shape[2], S.shape[3], dtype=torch.float32, device=a.device)
     for c in range(C):
         out += S[:, c].float() * (sa[:, c, :, None] * sb[:, c, None, :])
