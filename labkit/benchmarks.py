@@ -16,6 +16,7 @@ BENCHMARKS = {
     "doctor": ("labkit.doctor", "benchmark", "REQUIRED"),
     "workbench": ("labkit.workbench", "benchmark", "REQUIRED"),
     "sc_kernel": ("labkit.sc.bench", "benchmark", "REQUIRED"),
+    "sc_launch": ("labkit.sc.bench", "launch_sweep", "SWEEP_REQUIRED"),
     "device_guard": ("labkit.wrong_device", "benchmark", "REQUIRED"),
     "sc_model": ("labkit.model", "benchmark", "REQUIRED"),
 }

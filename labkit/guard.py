@@ -14,8 +14,6 @@ The guard restores the previous current device on exit, and does nothing for CPU
 """
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 
@@ -34,12 +32,24 @@ def common_device(**tensors) -> torch.device:
     return next(iter(devices.values()))
 
 
-@contextlib.contextmanager
-def on_device_of(**tensors):
-    """Enter the (single) CUDA device of the given tensors for the duration of a launch."""
-    dev = common_device(**tensors)
-    if dev.type == "cuda":
-        with torch.cuda.device(dev):
-            yield dev
-    else:
-        yield dev
+class on_device_of:
+    """Enter the (single) CUDA device of the given tensors for the duration of a launch.
+
+    A small class rather than a generator context manager, and one exchange of the current
+    device each way (what ``torch.cuda.device`` does too): this sits on every launch, so its
+    cost is measured (``labkit.wrong_device.guard_overhead``)."""
+
+    __slots__ = ("device", "_previous")
+
+    def __init__(self, **tensors):
+        self.device = common_device(**tensors)
+        self._previous = -1
+
+    def __enter__(self) -> torch.device:
+        if self.device.type == "cuda":
+            self._previous = torch.cuda._exchange_device(self.device.index)
+        return self.device
+
+    def __exit__(self, *exc) -> None:
+        if self._previous >= 0:
+            torch.cuda._maybe_exchange_device(self._previous)

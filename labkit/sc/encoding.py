@@ -87,7 +87,9 @@ def count_table(sc_prec: int, stoc_len: int, a_seq: str, b_seq: str, halve: bool
 def scales(x: torch.Tensor, reduce_dims: tuple[int, ...], sc_prec: int) -> torch.Tensor:
     """amax / Q over ``reduce_dims`` (kept), in fp32; 1 where the group is all zeros."""
     amax = x.detach().abs().float().amax(dim=reduce_dims, keepdim=True)
-    s = amax / qmax(sc_prec)
+    # A tensor divisor, not a Python number: CUDA torch turns "tensor / scalar" into a multiply
+    # by the rounded reciprocal, which is not the IEEE quotient the Triton kernels compute.
+    s = amax / torch.full_like(amax, qmax(sc_prec))
     return torch.where(amax > 0, s, torch.ones_like(s))
 
 

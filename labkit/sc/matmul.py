@@ -31,7 +31,7 @@ from labkit import tier
 from labkit.checks import check_tensor
 from labkit.guard import common_device, on_device_of
 from labkit.sc import encoding
-from labkit.sc.kernel import sc_kernel
+from labkit.sc.kernel import quantize_rows_kernel, sc_finalize_kernel, sc_kernel
 
 GRANULARITIES = ("per_tensor", "per_row", "per_head")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -66,7 +66,13 @@ class SCConfig:
 
 @functools.lru_cache(maxsize=64)
 def _table(cfg: SCConfig, device: torch.device) -> torch.Tensor:
-    return encoding.count_table(cfg.sc_prec, cfg.stoc_len, cfg.a_seq, cfg.b_seq, cfg.halve).to(device)
+    """The kernel's table: count_table as int16 [phases * (2Q+1), WP], rows zero-padded to a power
+    of two (tl.arange and tl.gather need one). |2C - L| <= L <= 4096 fits int16."""
+    t = encoding.count_table(cfg.sc_prec, cfg.stoc_len, cfg.a_seq, cfg.b_seq, cfg.halve)
+    P, W, _ = t.shape
+    padded = torch.zeros(P * W, triton.next_power_of_2(W), dtype=torch.int16)
+    padded[:, :W] = t.reshape(P * W, W)
+    return padded.to(device)
 
 
 def _check_inputs(a, b, cfg: SCConfig) -> None:
@@ -94,8 +100,9 @@ def _chunking(K: int, cfg: SCConfig) -> tuple[int, int]:
     return chunk, -(-K // chunk)
 
 
-def quantize_a(a3: torch.Tensor, cfg: SCConfig):
-    """(qa [H,M,K] int8, sa [H,C,M] fp32 times Q*Q/L): a's scale groups are rows, heads or all."""
+def quantize_a_torch(a3: torch.Tensor, cfg: SCConfig):
+    """(qa [H,M,K] int8, sa [H,C,M] fp32 times Q*Q/L) in plain torch: a's scale groups are rows,
+    heads or all. The definition; ``quantize_a`` runs a fused kernel for per_row."""
     H, M, K = a3.shape
     chunk, C = _chunking(K, cfg)
     # Zero padding never raises an amax; the padded part is cut off again after quantising.
@@ -105,6 +112,22 @@ def quantize_a(a3: torch.Tensor, cfg: SCConfig):
     qa = encoding.quantize(av, s, cfg.sc_prec).view(H, M, C * chunk)[:, :, :K].contiguous()
     Q = encoding.qmax(cfg.sc_prec)
     sa = (s * (Q * Q / cfg.stoc_len)).expand(H, M, C, 1)[..., 0].permute(0, 2, 1).contiguous()
+    return qa, sa
+
+
+def quantize_a(a3: torch.Tensor, cfg: SCConfig):
+    """Like ``quantize_a_torch`` (bit-identical, tested); per_row runs as one fused Triton launch
+    instead of about ten torch ops, which is most of an SC linear's cost at decode (M = 1)."""
+    if cfg.granularity != "per_row":
+        return quantize_a_torch(a3, cfg)
+    H, M, K = a3.shape
+    chunk, C = _chunking(K, cfg)
+    Q = encoding.qmax(cfg.sc_prec)
+    qa = torch.empty(H, M, K, dtype=torch.int8, device=a3.device)
+    sa = torch.empty(H, C, M, dtype=torch.float32, device=a3.device)
+    block = min(1024, triton.next_power_of_2(chunk))
+    quantize_rows_kernel[(H * M,)](a3, qa, sa, M, K, chunk, C, *a3.stride(), Q * Q / cfg.stoc_len,
+                                   QMAX=Q, BLOCK=block, num_warps=4)
     return qa, sa
 
 
@@ -140,22 +163,77 @@ def prepare_b(b: torch.Tensor, **options) -> PreparedB:
     return PreparedB(qb, sb, cfg, b.dim() == 2)
 
 
-def _launch(qa, qb, table, sa, sb, chunk, C, cfg: SCConfig, counts_only: bool) -> torch.Tensor:
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    """How sc_kernel is launched. Chosen from the shapes alone (never from the GPU), so the same
+    inputs take the same path, and give the same bits, on any GPU."""
+    gather: int        # 0 global lookups, 1 table rows + tl.gather (see labkit.sc.kernel)
+    block_m: int
+    block_n: int
+    block_k: int
+    splits: int        # programs along K per head; > 1 means atomic counts + finalize kernel
+    num_warps: int = 4
+
+
+# Enough programs to fill a GPU of ~132 SMs a few times over: below this, K is split.
+TARGET_PROGRAMS = 528
+# Never spend more than this on the int32 counts buffer of the split path.
+MAX_COUNTS_BYTES = 256 << 20
+
+
+def launch_config(H: int, M: int, N: int, K: int, C: int) -> LaunchConfig:
+    if tier.interpreted():
+        # The interpreter materialises every block in numpy: small blocks, and both code paths
+        # (split and not) stay exercised by the CPU tier through M.
+        bm = max(1, min(4, triton.next_power_of_2(M)))
+        return LaunchConfig(gather=1, block_m=bm, block_n=16, block_k=8, splits=2 if M == 1 else 1)
+    if M <= 4:   # decode: one row per program, table rows gathered, K split across programs
+        cfg = LaunchConfig(gather=1, block_m=triton.next_power_of_2(M), block_n=128, block_k=16, splits=1)
+    else:
+        cfg = LaunchConfig(gather=1, block_m=4, block_n=128, block_k=8, splits=1)
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n) * H
+    if tiles < TARGET_PROGRAMS and H * C * M * N * 4 <= MAX_COUNTS_BYTES:
+        splits = min(triton.cdiv(TARGET_PROGRAMS, tiles), max(1, K // (4 * cfg.block_k)))
+        cfg = dataclasses.replace(cfg, splits=splits)
+    return cfg
+
+
+def _as_stored(out: torch.Tensor) -> torch.Tensor:
+    """The kernels write bf16 results as rounded int16 bit patterns (see kernel._store_output)."""
+    return out.view(torch.int16) if out.dtype == torch.bfloat16 else out
+
+
+def _launch(qa, qb, table, sa, sb, chunk, C, cfg: SCConfig, out_dtype, counts_only: bool = False,
+            config: LaunchConfig | None = None) -> torch.Tensor:
+    """Counts [H*C, M, N] int32 (counts_only) or the scaled product [H, M, N] in out_dtype."""
     H, M, K = qa.shape
     N = qb.shape[2]
+    lc = config or launch_config(H, M, N, K, C)
+    Q = encoding.qmax(cfg.sc_prec)
+    const = dict(QMAX=Q, WP=table.shape[1], BLOCK_M=lc.block_m, BLOCK_N=lc.block_n, BLOCK_K=lc.block_k,
+                 PHASES=encoding.phases(cfg.a_seq, cfg.b_seq), GATHER=lc.gather, num_warps=lc.num_warps,
+                 enable_fp_fusion=False)
+    grid_mn = (triton.cdiv(M, lc.block_m), triton.cdiv(N, lc.block_n))
+    if lc.splits == 1 and not counts_only:
+        out = torch.empty(H, M, N, dtype=out_dtype, device=qa.device)
+        sc_kernel[grid_mn + (H,)](qa, qb, table, sa, sb, _as_stored(out), M, N, K, chunk, C, K, 1,
+                                  *qa.stride(), *qb.stride(), *out.stride(), MODE=0,
+                                  BF16_BITS=out_dtype == torch.bfloat16, **const)
+        return out
+    counts = torch.zeros(H * C, M, N, dtype=torch.int32, device=qa.device)
+    split_len = triton.cdiv(triton.cdiv(K, lc.splits), lc.block_k) * lc.block_k
+    splits = triton.cdiv(K, split_len)
+    sc_kernel[grid_mn + (H * splits,)](qa, qb, table, sa, sb, counts, M, N, K, chunk, C, split_len, splits,
+                                       *qa.stride(), *qb.stride(), *counts.stride(), MODE=1,
+                                       BF16_BITS=False, **const)
     if counts_only:
-        out = torch.empty(H * C, M, N, dtype=torch.int32, device=qa.device)
-    else:
-        out = torch.empty(H, M, N, dtype=torch.float32, device=qa.device)
-    bm, bn = max(2, min(16, triton.next_power_of_2(M))), 64
-    # Compiled: about 8192 lookups in flight per program. Interpreted: smaller 3-D blocks, since
-    # the interpreter materialises every one of them in numpy.
-    bk = 16 if tier.interpreted() else max(4, 8192 // (bm * bn))
-    grid = (triton.cdiv(M, bm), triton.cdiv(N, bn), H)
-    sc_kernel[grid](qa, qb, table, sa, sb, out, M, N, K, chunk, C,
-                    *qa.stride(), *qb.stride(), *out.stride(),
-                    QMAX=encoding.qmax(cfg.sc_prec), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                    COUNTS_ONLY=counts_only, PHASES=encoding.phases(cfg.a_seq, cfg.b_seq), num_warps=4)
+        return counts
+    out = torch.empty(H, M, N, dtype=out_dtype, device=qa.device)
+    bm, bn = min(16, triton.next_power_of_2(M)), 128
+    sc_finalize_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn), H)](
+        counts, sa, sb, _as_stored(out), M, N, C, *out.stride(), BLOCK_M=bm, BLOCK_N=bn,
+        BF16_BITS=out_dtype == torch.bfloat16, num_warps=4,
+        enable_fp_fusion=False)
     return out
 
 
@@ -171,11 +249,13 @@ def sc_matmul(a: torch.Tensor, b: torch.Tensor, *, sc_prec: int = 8, stoc_len: i
     return sc_matmul_prepared(a, prepare_b(b, **dataclasses.asdict(cfg)))
 
 
-def sc_matmul_prepared(a: torch.Tensor, w: PreparedB, *, guarded: bool = True) -> torch.Tensor:
+def sc_matmul_prepared(a: torch.Tensor, w: PreparedB, *, guarded: bool = True,
+                       config: LaunchConfig | None = None) -> torch.Tensor:
     """SC product of a with an already quantised b (see prepare_b).
 
     guarded=False launches on whatever device is current, without labkit's device guard: the
-    seed story's bug, kept only for the wrong-device experiments."""
+    seed story's bug, kept only for the wrong-device experiments. config: force a launch
+    configuration (tuning and tests); by default ``launch_config`` picks one from the shapes."""
     if not isinstance(w, PreparedB):
         raise TypeError(f"w: expected a PreparedB from labkit.sc.prepare_b, got {type(w).__name__}")
     check_tensor("a", a, dtypes=DTYPES, contiguous=False)
@@ -193,19 +273,20 @@ def sc_matmul_prepared(a: torch.Tensor, w: PreparedB, *, guarded: bool = True) -
         else:
             qa, sa = quantize_a(a3, w.cfg)
             chunk, C = _chunking(K, w.cfg)
-            out = _launch(qa, w.qb, _table(w.cfg, dev), sa, w.sb, chunk, C, w.cfg, counts_only=False).to(a.dtype)
+            out = _launch(qa, w.qb, _table(w.cfg, dev), sa, w.sb, chunk, C, w.cfg, a.dtype, config=config)
     return out[0] if w.squeeze else out
 
 
-def _quantized(a, b, cfg: SCConfig):
+def _quantized(a, b, cfg: SCConfig, fused: bool = True):
     a3 = a[None] if a.dim() == 2 else a
     w = prepare_b(b, **dataclasses.asdict(cfg))
-    qa, sa = quantize_a(a3, cfg)
+    qa, sa = (quantize_a if fused else quantize_a_torch)(a3, cfg)
     chunk, C = _chunking(a3.shape[2], cfg)
     return qa, sa, w.qb, w.sb, chunk, C
 
 
-def sc_counts(a: torch.Tensor, b: torch.Tensor, *, impl: str = "triton", **options) -> torch.Tensor:
+def sc_counts(a: torch.Tensor, b: torch.Tensor, *, impl: str = "triton", config: LaunchConfig | None = None,
+              **options) -> torch.Tensor:
     """The exact integer sums S[h, c, m, n] per chunk, from the kernel or the literal reference.
 
     For tests and teaching: the two must be identical on any input.
@@ -221,7 +302,8 @@ def sc_counts(a: torch.Tensor, b: torch.Tensor, *, impl: str = "triton", **optio
         if impl == "reference":
             return chunk_counts(qa, qb, chunk, cfg.sc_prec, cfg.stoc_len, cfg.a_seq, cfg.b_seq, cfg.halve)
         H, M, K = qa.shape
-        return _launch(qa, qb, _table(cfg, dev), sa, sb, chunk, C, cfg, counts_only=True).view(
+        return _launch(qa, qb, _table(cfg, dev), sa, sb, chunk, C, cfg, torch.float32, counts_only=True,
+                       config=config).view(
             H, C, M, qb.shape[2]).to(torch.int64)
 
 
@@ -231,7 +313,7 @@ def sc_matmul_reference(a: torch.Tensor, b: torch.Tensor, **options) -> torch.Te
     _check_inputs(a, b, cfg)
     from labkit.sc.reference import chunk_counts
 
-    qa, sa, qb, sb, chunk, C = _quantized(a, b, cfg)
+    qa, sa, qb, sb, chunk, C = _quantized(a, b, cfg, fused=False)
     S = chunk_counts(qa, qb, chunk, cfg.sc_prec, cfg.stoc_len, cfg.a_seq, cfg.b_seq, cfg.halve)  # [H, C, M, N]
     out = torch.zeros(S.shape[0], S.shape[2], S.shape[3], dtype=torch.float32, device=a.device)
     for c in range(C):
