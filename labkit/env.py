@@ -47,7 +47,10 @@ def versions() -> dict:
 
 
 def git_commit() -> str | None:
-    """The checkout's commit; LABKIT_GIT_COMMIT where the tree was copied without .git."""
+    """The checkout's commit. LABKIT_GIT_COMMIT wins when set: a copied tree may carry a .git
+    that is not the commit it was copied from (seen on the device machines)."""
+    if os.environ.get("LABKIT_GIT_COMMIT"):
+        return os.environ["LABKIT_GIT_COMMIT"]
     root = Path(__file__).resolve().parent.parent
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
@@ -56,7 +59,7 @@ def git_commit() -> str | None:
             return out.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         pass
-    return os.environ.get("LABKIT_GIT_COMMIT") or None
+    return None
 
 
 def stamp(command: str | None = None) -> dict:

@@ -46,10 +46,13 @@ LABS: tuple[Lab, ...] = (
         "Triton launches on the current device, not the tensors' device: illegal memory access "
         "or a silent cross-GPU run under device_map='auto'",
         "sc-matmul-multi-gpu-device-guard-pr.txt", "2 (peer access for half the matrix)",
-        "the SC matmul kernel bit-exact against its reference; the recorded device matrix",
-        "planned", 3,
-        (Part("live device-confusion matrix", {"gpus": 2}),
-         Part("sharded model decode", {"gpus": 2, "compiled": True}))),
+        "the SC matmul bit-exact against its literal bitstream reference, the tiny model's "
+        "agreement; the recorded matrix, timings and model table",
+        "ready", 3,
+        (Part("the live device-confusion matrix", {"gpus": 2, "compiled": True}),
+         Part("CUDA_LAUNCH_BLOCKING demonstration", {"gpus": 1, "compiled": True}),
+         Part("the unguarded SC kernel inside a sharded model", {"gpus": 2, "compiled": True}),
+         Part("decode benchmark at Llama-3.1-8B layer shapes", {"gpus": 2, "compiled": True}))),
     Lab("02_collectives", "Collectives are kernels",
         "memory ordering in hand-written all-reduce / reduce-scatter / all-gather over "
         "symmetric memory; a barrier without acquire/release",

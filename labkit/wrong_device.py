@@ -212,11 +212,15 @@ def classify_cell(res: sandbox.SandboxResult) -> tuple[str, str]:
 
 
 def device_matrix(patterns=PATTERNS, nbytes: int = 64 << 20, timeout_s: float = 120.0,
-                  env: dict | None = None, guarded=(False, True)) -> list[dict]:
+                  env: dict | None = None, guarded=(False, True), peers=(False, True),
+                  progress: bool = True) -> list[dict]:
     """Run every (pattern, peer access, guarded) cell in its own child process; one record each."""
+    for p in patterns:
+        if p not in PATTERNS:
+            raise ValueError(f"patterns: {p!r} is not one of {PATTERNS}")
     records = []
-    cells = [(p, peer, g) for p in patterns for peer in (False, True) for g in guarded]
-    for pattern, peer, guarded in tqdm(cells, desc="device matrix", unit="cell"):
+    cells = [(p, peer, g) for p in patterns for peer in peers for g in guarded]
+    for pattern, peer, guarded in tqdm(cells, desc="device matrix", unit="cell", disable=not progress):
         res = sandbox.run_isolated(run_cell, pattern, peer, guarded, nbytes, timeout=timeout_s, env=env)
         outcome, detail = classify_cell(res)
         records.append({"pattern": pattern, "peer_access": peer, "guarded": guarded, "outcome": outcome,
@@ -234,10 +238,14 @@ def benchmark(profile: str) -> list[dict]:
     return device_matrix() + guard_overhead()
 
 
-def guard_overhead(reps: int = 20_000) -> list[dict]:
-    """Microseconds the guard adds per launch: entering and leaving it around nothing, host time."""
-    dev = torch.device("cuda:1" if torch.cuda.device_count() > 1 else "cuda:0")
-    x = torch.empty(16, device=dev)
+def guard_overhead(reps: int = 20_000, device: str | None = None) -> list[dict]:
+    """Microseconds the guard adds per launch: entering and leaving it around nothing, host time.
+
+    device: where the tensor lives (default cuda:1 with 2 GPUs, else cuda:0, else cpu). On the
+    CPU the guard only checks devices, so this shows what it costs the interpreter tier."""
+    if device is None:
+        device = "cuda:1" if torch.cuda.device_count() > 1 else ("cuda:0" if torch.cuda.is_available() else "cpu")
+    x = torch.empty(16, device=device)
     records = []
     for label, ctx in (("no guard", lambda: contextlib.nullcontext()), ("on_device_of", lambda: on_device_of(x=x))):
         for _ in range(1000):
@@ -249,6 +257,67 @@ def guard_overhead(reps: int = 20_000) -> list[dict]:
                 pass
         us = (time.perf_counter() - t0) / reps * 1e6
         records.append({"pattern": "guard overhead", "peer_access": None, "guarded": label == "on_device_of",
-                        "outcome": "measured", "GBps": None, "detail": label, "peer_enabled": None,
-                        "us_per_launch": us})
+                        "outcome": "measured", "GBps": None, "detail": f"{label}, tensor on {device}",
+                        "peer_enabled": None, "us_per_launch": us})
     return records
+
+
+def _reported_at(traceback_text: str | None) -> str:
+    """The innermost source line of labkit code in a child's traceback: where the error surfaced."""
+    lines = (traceback_text or "").splitlines()
+    site = ""
+    for i, line in enumerate(lines):
+        if line.strip().startswith('File "') and "labkit" in line and i + 1 < len(lines):
+            site = f"{line.strip().split(', in ')[-1]}: {lines[i + 1].strip()}"
+    return site or "(no labkit frame in the traceback)"
+
+
+def launch_blocking_demo(timeout_s: float = 120.0) -> list[dict]:
+    """Run ``fault_then_later_work`` in a child twice: without and with CUDA_LAUNCH_BLOCKING=1.
+
+    One record each: how the child ended and the line that reported the error. Needs 1 GPU."""
+    records = []
+    for blocking in ("0", "1"):
+        res = sandbox.run_isolated("labkit.kernels.fault:fault_then_later_work", timeout=timeout_s,
+                                   env={"CUDA_LAUNCH_BLOCKING": blocking})
+        records.append({"CUDA_LAUNCH_BLOCKING": blocking, "status": res.status, "summary": res.summary(),
+                        "reported_at": _reported_at(res.traceback)})
+    return records
+
+
+#: outcome -> colour of its cell in ``plot_matrix`` (green good; orange silent; red loud)
+OUTCOME_COLOURS = {"correct": "#4caf50", "wrong result": "#ff9800", "wrong device": "#ffc107",
+                   "exception": "#e53935", "illegal memory access": "#8e24aa", "hang": "#424242"}
+
+
+def plot_matrix(records: list[dict], ax, title: str = "") -> None:
+    """The device-confusion matrix as a coloured table: rows are patterns, columns are
+    (peer access, guarded); each cell names its outcome and, where it ran, its GB/s."""
+    from matplotlib.patches import Patch, Rectangle
+
+    cells = [r for r in records if r.get("pattern") in PATTERNS]
+    cols = [(peer, g) for peer in (False, True) for g in (False, True)]
+    patterns = [p for p in PATTERNS if any(r["pattern"] == p for r in cells)]
+    for i, p in enumerate(patterns):
+        for j, (peer, g) in enumerate(cols):
+            match = [r for r in cells if r["pattern"] == p and r["peer_access"] == peer and r["guarded"] == g]
+            if not match:
+                continue
+            r = match[0]
+            ax.add_patch(Rectangle((j, i), 1, 1, facecolor=OUTCOME_COLOURS.get(r["outcome"], "white"),
+                                   edgecolor="white", lw=2))
+            text = r["outcome"] + (f"\n{r['GBps']:.0f} GB/s" if r.get("GBps") else "")
+            if peer and r.get("peer_enabled") is False:
+                text += "\n(peer NOT enabled)"
+            ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=8, color="white")
+    ax.set_xlim(0, len(cols))
+    ax.set_ylim(len(patterns), 0)
+    ax.set_xticks([j + 0.5 for j in range(len(cols))],
+                  [f"peer {'on' if peer else 'off'}\n{'guarded' if g else 'unguarded'}" for peer, g in cols])
+    ax.set_yticks([i + 0.5 for i in range(len(patterns))], [p.replace("_", " ") for p in patterns])
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.legend(handles=[Patch(color=c, label=o) for o, c in OUTCOME_COLOURS.items()], fontsize=7,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(title, fontsize=10)

@@ -54,6 +54,7 @@ step notebooks "$py" -m labkit run --profile gpu --runs-dir "$out/runs" --no-pro
 step bench-doctor "$py" -m labkit bench doctor --profile gpu --reference --out "$out/reference"
 step bench-workbench "$py" -m labkit bench workbench --profile gpu --reference --out "$out/reference"
 step bench-sc-kernel "$py" -m labkit bench sc_kernel --profile gpu --reference --out "$out/reference"
+step bench-sc-launch "$py" -m labkit bench sc_launch --profile gpu --reference --out "$out/reference"
 step bench-device-guard "$py" -m labkit bench device_guard --profile gpu --reference --out "$out/reference"
 step bench-sc-model "$py" -m labkit bench sc_model --profile gpu --reference --out "$out/reference"
 rm -rf "$out/.site"

@@ -203,3 +203,27 @@ def test_every_launch_path_gives_the_same_counts_and_bits(opts):
         outs.append(sc_matmul_prepared(a, w, config=lc))
     for lc, out in zip(configs, outs):
         assert torch.equal(out, outs[0]), f"{lc} differs from {configs[0]}, seed {seed}"
+
+
+def test_sc_report_and_plots():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit import widgets
+    from labkit.sc import plots
+
+    for gran in ("per_tensor", "per_row", "per_head"):
+        text = widgets.sc_report(gran, 64, 16, False)
+        assert "kernel counts == literal bitstream counts: True" in text
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3)
+    shown = plots.plot_streams(ax1, 3, -5, sc_prec=4, stoc_len=32)
+    assert shown["count"] == int(encoding.count_table(4, 32, "bitrev", "counter_alt", False)[0, 3 + 7, -5 + 7] + 32) // 2
+    with pytest.raises(ValueError, match="q_a: expected a value in"):
+        plots.plot_streams(ax1, 9, 0, sc_prec=4)
+    plots.plot_table_error(ax2, sc_prec=4, stoc_len=32)
+    recs = [{"layer": "down", "M": 1, "impl": "sc_matmul", "ratio_vs_bf16": 7.0, "method": "cuda_graph"}]
+    plots.plot_speed(ax3, {"a": recs, "b": recs})
+    assert len(ax3.patches) == 2
+    plt.close(fig)

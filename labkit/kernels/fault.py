@@ -45,3 +45,15 @@ def write_out_of_bounds_no_sync() -> str:
     so the error surfaces at whatever CUDA call comes next (or, with CUDA_LAUNCH_BLOCKING=1,
     at this launch)."""
     return write_out_of_bounds(sync=False)
+
+
+def fault_then_later_work() -> str:
+    """The seed story's shape: a bad launch, then unrelated work, then a sync point.
+
+    Without CUDA_LAUNCH_BLOCKING the error is reported by a later CUDA call (here the
+    ``.item()`` of an innocent reduction), far from the kernel that caused it; with
+    CUDA_LAUNCH_BLOCKING=1 every launch waits for its kernel, so the launch line reports it."""
+    write_out_of_bounds(sync=False)
+    innocent = torch.arange(1 << 20, device=kernel_device(), dtype=torch.float32)
+    total = innocent.sum().item()  # a later sync point
+    return f"no fault reported (sum {total})"

@@ -182,17 +182,21 @@ MAX_COUNTS_BYTES = 256 << 20
 
 
 def launch_config(H: int, M: int, N: int, K: int, C: int) -> LaunchConfig:
+    """Defaults from the sweep in reference/h200x2/sc_launch.json (``labkit bench sc_launch``):
+    global lookups beat gathered rows at every shape measured there (tl.gather stages the rows
+    through shared memory on every call, three memory operations per lookup instead of one),
+    and a decode step needs K split across programs to fill the GPU."""
     if tier.interpreted():
-        # The interpreter materialises every block in numpy: small blocks, and both code paths
-        # (split and not) stay exercised by the CPU tier through M.
+        # The interpreter materialises every block in numpy: small blocks, and the split path
+        # (atomic counts + finalize) stays exercised by the CPU tier through M = 1.
         bm = max(1, min(4, triton.next_power_of_2(M)))
-        return LaunchConfig(gather=1, block_m=bm, block_n=16, block_k=8, splits=2 if M == 1 else 1)
-    if M <= 4:   # decode: one row per program, table rows gathered, K split across programs
-        cfg = LaunchConfig(gather=1, block_m=triton.next_power_of_2(M), block_n=128, block_k=16, splits=1)
+        return LaunchConfig(gather=0, block_m=bm, block_n=16, block_k=8, splits=2 if M == 1 else 1)
+    if M <= 4:   # decode: one row block per program, K split across programs
+        cfg = LaunchConfig(gather=0, block_m=triton.next_power_of_2(M), block_n=256, block_k=8, splits=1)
     else:
-        cfg = LaunchConfig(gather=1, block_m=4, block_n=128, block_k=8, splits=1)
+        cfg = LaunchConfig(gather=0, block_m=4, block_n=256, block_k=4, splits=1)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n) * H
-    if tiles < TARGET_PROGRAMS and H * C * M * N * 4 <= MAX_COUNTS_BYTES:
+    if M <= 4 and tiles < TARGET_PROGRAMS and H * C * M * N * 4 <= MAX_COUNTS_BYTES:
         splits = min(triton.cdiv(TARGET_PROGRAMS, tiles), max(1, K // (4 * cfg.block_k)))
         cfg = dataclasses.replace(cfg, splits=splits)
     return cfg
