@@ -167,6 +167,10 @@ def run_cell(pattern: str, peer_access: bool, guarded: bool, nbytes: int = 64 <<
               "scratch_current_device": lambda: _scratch_launcher(x, guarded),
               "stream_current_device": lambda: _stream_launcher(x, guarded)}[pattern]
         launch = fn
+    # Warm-up outside the race: the first call compiles the kernel and has the allocator fetch
+    # fresh memory; both can take longer than the race's sleep, or synchronise (cudaMalloc),
+    # and then hide it. A launch that fails outright fails here already.
+    launch()
     for d in (0, 1):
         torch.cuda.synchronize(d)
     # The race: cuda:1's stream sleeps, then writes x = 1. A launch ordered after it reads 1s.
