@@ -237,8 +237,10 @@ SC_CONFIGS = {
     "sc (sc_prec=8, stoc_len=256, per_row)": dict(sc_prec=8, stoc_len=256, granularity="per_row"),
     "sc halve + bitrev, down chunk_d=128": dict(sc_prec=8, stoc_len=256, granularity="per_row", halve=True,
                                                a_seq="bitrev", down_chunk_d=128),
+    "sc per_row, chunk_d=128 on every linear": dict(sc_prec=8, stoc_len=256, granularity="per_row", chunk_d=128),
 }
-REQUIRED = ("config", "ms_per_token", "ratio_vs_bf16", "top1_agreement", "cosine", "layers_on", "new_tokens")
+REQUIRED = ("config", "ms_per_token", "ratio_vs_bf16", "top1_agreement", "cosine", "layers_on", "new_tokens",
+            "first_pass_ms_per_token")
 
 
 def decode_benchmark(cfg: DecoderConfig = LLAMA_8B_LAYERS, gpus: int = 2, new_tokens: int = 16,
@@ -257,21 +259,26 @@ def decode_benchmark(cfg: DecoderConfig = LLAMA_8B_LAYERS, gpus: int = 2, new_to
         device_map = {"": "cpu"}
     on = sorted({str(d) for d in device_map.values()})
     prompt = torch.randint(0, cfg.vocab, (prompt_len,), generator=torch.Generator().manual_seed(seed))
-    greedy_decode(model, prompt, 2)  # warm-up
+    median_ms = lambda times: 1e3 * sorted(times)[len(times) // 2]  # noqa: E731
+    # Warm-up over exactly the sequence lengths that are timed: on the H200 machine the first
+    # pass over new KV lengths measured several times slower than later passes (the profile
+    # points at the attention call; the cause is not established). Its time is recorded too.
+    _, _, first = greedy_decode(model, prompt, new_tokens)
     toks, ref_logits, times = greedy_decode(model, prompt, new_tokens)
-    bf16_ms = 1e3 * sorted(times)[len(times) // 2]
+    bf16_ms = median_ms(times)
     records = [{"config": "bf16", "ms_per_token": bf16_ms, "ratio_vs_bf16": 1.0, "top1_agreement": 1.0,
-                "cosine": 1.0, "layers_on": on, "new_tokens": new_tokens}]
+                "cosine": 1.0, "layers_on": on, "new_tokens": new_tokens, "first_pass_ms_per_token": median_ms(first)}]
     dense = {(i, n): getattr(layer, n) for i, layer in enumerate(model.layers) for n in LINEARS}
     for name, opts in SC_CONFIGS.items():
         for (i, n), lin in dense.items():       # back to the dense linears, then swap again
             setattr(model.layers[i], n, lin)
         use_sc(model, **dict(opts))
-        greedy_decode(model, prompt, 2, forced=toks)  # warm-up: compile, quantise the weights
+        _, _, first = greedy_decode(model, prompt, new_tokens, forced=toks)  # compiles, quantises weights
         _, logits, times = greedy_decode(model, prompt, new_tokens, forced=toks)
-        ms = 1e3 * sorted(times)[len(times) // 2]
+        ms = median_ms(times)
         records.append({"config": name, "ms_per_token": ms, "ratio_vs_bf16": ms / bf16_ms,
-                        **agreement(ref_logits, logits), "layers_on": on, "new_tokens": new_tokens})
+                        **agreement(ref_logits, logits), "layers_on": on, "new_tokens": new_tokens,
+                        "first_pass_ms_per_token": median_ms(first)})
     return records
 
 
