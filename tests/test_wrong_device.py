@@ -70,7 +70,9 @@ def test_guard_overhead_is_measured():
 def test_launch_blocking_moves_the_reported_line_to_the_launch():
     before, blocking = wd.launch_blocking_demo()
     assert before["status"] == blocking["status"] == "illegal_memory_access", (before, blocking)
-    assert ".item()" in before["reported_at"], before          # the later sync point
+    # Without blocking: a later, innocent line of the same function (the next CUDA call).
+    assert before["reported_at"].startswith("fault_then_later_work: "), before
+    assert "_store_at_kernel" not in before["reported_at"], before
     assert "_store_at_kernel[(1,)]" in blocking["reported_at"], blocking   # the launch itself
 
 

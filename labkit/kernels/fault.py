@@ -50,8 +50,8 @@ def write_out_of_bounds_no_sync() -> str:
 def fault_then_later_work() -> str:
     """The seed story's shape: a bad launch, then unrelated work, then a sync point.
 
-    Without CUDA_LAUNCH_BLOCKING the error is reported by a later CUDA call (here the
-    ``.item()`` of an innocent reduction), far from the kernel that caused it; with
+    Without CUDA_LAUNCH_BLOCKING the error is reported by a later CUDA call (on the H200
+    machine: the next launch, the innocent ``arange``), away from the kernel that caused it; with
     CUDA_LAUNCH_BLOCKING=1 every launch waits for its kernel, so the launch line reports it."""
     write_out_of_bounds(sync=False)
     innocent = torch.arange(1 << 20, device=kernel_device(), dtype=torch.float32)
