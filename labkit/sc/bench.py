@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from labkit import bench, tier
-from labkit.sc.matmul import TARGET_PROGRAMS, LaunchConfig, launch_config, prepare_b, sc_matmul_prepared
+from labkit.sc.matmul import LaunchConfig, launch_config, prepare_b, sc_matmul_prepared, split_k
 
 # layer: (K, N, chunk_d). gate_up is the fused gate and up projection (N = 2 x 14336); the down
 # projection uses the story's chunked path (chunk_d=128).
@@ -65,8 +65,7 @@ def candidate_configs(M: int, H: int, N: int, K: int, C: int) -> dict[str, Launc
     out = {"auto": launch_config(H, M, N, K, C)}
     if M <= 4:
         for bn, bk in [(64, 16), (128, 8), (128, 16), (128, 32), (256, 8), (256, 16)]:
-            tiles = -(-N // bn) * H
-            auto = max(1, min(-(-TARGET_PROGRAMS // tiles), K // (4 * bk)))
+            auto = split_k(-(-N // bn) * H, K, bk)
             for gather, splits, warps in [(0, auto, 4), (1, 1, 4), (1, auto, 4), (1, 4 * auto, 4), (1, auto, 8)]:
                 lc = LaunchConfig(gather=gather, block_m=1, block_n=bn, block_k=bk, splits=splits, num_warps=warps)
                 out[f"g{gather} m1 n{bn} k{bk} s{splits} w{warps}"] = lc

@@ -181,6 +181,12 @@ TARGET_PROGRAMS = 528
 MAX_COUNTS_BYTES = 256 << 20
 
 
+def split_k(tiles: int, K: int, block_k: int) -> int:
+    """How many programs share K when ``tiles`` output tiles alone would leave the GPU idle:
+    enough for TARGET_PROGRAMS in all, keeping at least 4 K-blocks per program."""
+    return max(1, min(triton.cdiv(TARGET_PROGRAMS, tiles), K // (4 * block_k)))
+
+
 def launch_config(H: int, M: int, N: int, K: int, C: int) -> LaunchConfig:
     """Defaults from the sweep in reference/h200x2/sc_launch.json (``labkit bench sc_launch``):
     global lookups beat gathered rows at every shape measured there (tl.gather stages the rows
@@ -197,8 +203,7 @@ def launch_config(H: int, M: int, N: int, K: int, C: int) -> LaunchConfig:
         cfg = LaunchConfig(gather=0, block_m=4, block_n=256, block_k=4, splits=1)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n) * H
     if M <= 4 and tiles < TARGET_PROGRAMS and H * C * M * N * 4 <= MAX_COUNTS_BYTES:
-        splits = min(triton.cdiv(TARGET_PROGRAMS, tiles), max(1, K // (4 * cfg.block_k)))
-        cfg = dataclasses.replace(cfg, splits=splits)
+        cfg = dataclasses.replace(cfg, splits=split_k(tiles, K, cfg.block_k))
     return cfg
 
 
