@@ -19,6 +19,7 @@ BENCHMARKS = {
     "sc_launch": ("labkit.sc.bench", "launch_sweep", "SWEEP_REQUIRED"),
     "device_guard": ("labkit.wrong_device", "benchmark", "REQUIRED"),
     "sc_model": ("labkit.model", "benchmark", "REQUIRED"),
+    "streams": ("labkit.stream_race", "benchmark", "REQUIRED"),
 }
 
 

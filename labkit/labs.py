@@ -64,9 +64,11 @@ LABS: tuple[Lab, ...] = (
         "raw-pointer tensors skip the caching allocator's stream tracking: a side stream writes "
         "into memory that was freed and reused",
         "te-grouped-wgrad-tensor-views-pr.txt", "1",
-        "the allocation helpers and alignment report; the recorded race",
-        "planned", 5,
-        (Part("live stream race", {"gpus": 1, "compiled": True}),)),
+        "the allocation helpers, the alignment arithmetic and report, the Triton GEMM at "
+        "misaligned offsets; the recorded race, sanitizer, timeline and timings",
+        "ready", 5,
+        (Part("the live race, sanitizer and allocator timeline", {"gpus": 1, "compiled": True}),
+         Part("allocation and misaligned-GEMM timings", {"gpus": 1, "compiled": True}))),
     Lab("04_grouped_gemm", "Token counts that stay on the device",
         "a grouped GEMM that reads per-expert counts on the device (no host sync, graph-safe), "
         "and a race on a global pinned-buffer index",

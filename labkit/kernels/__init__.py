@@ -5,6 +5,7 @@ import torch
 
 from labkit.kernels.copy import copy
 from labkit.kernels.fault import write_out_of_bounds
+from labkit.kernels.matmul import matmul as triton_matmul  # the module keeps the name `matmul`
 from labkit.sc import sc_matmul
 from labkit.wrong_device import add_one
 
@@ -12,7 +13,8 @@ from labkit.wrong_device import add_one
 LAUNCHERS = {
     "copy": (copy, lambda g: (torch.randn(1 << 20, generator=g),)),
     "add_one": (add_one, lambda g: (torch.randn(1 << 20, generator=g),)),
+    "matmul": (triton_matmul, lambda g: (torch.randn(96, 64, generator=g), torch.randn(64, 80, generator=g))),
     "sc_matmul": (sc_matmul, lambda g: (torch.randn(48, 256, generator=g), torch.randn(256, 80, generator=g))),
 }
 
-__all__ = ["copy", "add_one", "sc_matmul", "write_out_of_bounds", "LAUNCHERS"]
+__all__ = ["copy", "add_one", "triton_matmul", "sc_matmul", "write_out_of_bounds", "LAUNCHERS"]
