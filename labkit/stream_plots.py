@@ -39,19 +39,19 @@ def race_markdown(records: list[dict], kind: str = "race") -> str:
 def plot_race(records: list[dict], ax, title: str, kind: str = "race") -> None:
     """Share of the fresh tensor's elements overwritten by the side stream, against the delay."""
     rows = race_summary(records, kind)
-    for allocator in sorted({r["allocator"] for r in rows}):
+    for j, allocator in enumerate(sorted({r["allocator"] for r in rows})):
         rs = [r for r in rows if r["allocator"] == allocator]
         xs = [max(r["sleep_ms"], 1e-3) for r in rs]  # 0 drawn at 1 µs on the log axis
         ax.plot(xs, [100 * r["mean_corrupted_fraction"] for r in rs], "o-", label=allocator,
                 color=COLORS.get(allocator))
         for x, r in zip(xs, rs):
             ax.annotate(f"{r['corrupted_trials']}/{r['trials']}", (x, 100 * r["mean_corrupted_fraction"]),
-                        textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7,
+                        textcoords="offset points", xytext=(0, 6 + 9 * j), ha="center", fontsize=7,
                         color=COLORS.get(allocator))
     ax.set_xscale("log")
     ax.set_xlabel("side stream busy before its write (ms; 0 drawn at 0.001)")
     ax.set_ylabel("fresh tensor corrupted (% of elements)")
-    ax.set_ylim(-5, 105)
+    ax.set_ylim(-5, 125)
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -62,35 +62,51 @@ def _plausible_times(events: list[dict]) -> bool:
     return bool(ts) and len(ts) == len(events) and all(-1e6 < t < 1e7 for t in ts)
 
 
-def plot_timeline(tl: dict, ax, title: str) -> None:
-    """One trial: allocator events (main stream and side stream lanes) against when the side
-    stream's write really ran on the GPU. Times are µs since the trial began."""
+def timeline_spans(tl: dict) -> dict:
+    """Times (ms since the trial began) of what the timeline draws, from the allocator's own trace
+    where it carries host times, else from labkit's host marks."""
     marks, events = tl["marks_us"], tl["events"]
-    w0, w1 = marks["side write starts (GPU)"], marks["side write ends (GPU)"]
-    ax.broken_barh([(w0, max(w1 - w0, 1.0))], (0.6, 0.8), color="tab:purple", alpha=0.8)
-    ax.annotate("side stream writes the owner's block", (w0, 1.45), fontsize=8, color="tab:purple")
     timed = _plausible_times(events)
-    lanes = {tl["streams"]["main"]: 3, tl["streams"]["side"]: 2}
-    colors = {"alloc": "tab:blue", "free_requested": "tab:red", "free_completed": "black",
-              "segment_alloc": "tab:gray", "segment_free": "tab:gray"}
-    for i, e in enumerate(events):
-        if timed:
-            x = e["t_us"]
-        else:  # no host times in this trace: place the events at the host marks, in order
-            x = i * (w1 / max(len(events), 1))
-        same = "owner block" if e["addr"] == tl["owner_addr"] else "other block"
-        y = lanes.get(e["stream"], 3)
-        ax.plot([x], [y], "v", color=colors.get(e["action"], "k"), markersize=9)
-        ax.annotate(f"{e['action']}\n({same})", (x, y), textcoords="offset points", xytext=(0, 8),
-                    ha="center", fontsize=7)
-    for name in ("owner allocated (host)", "owner freed (host)", "fresh allocated (host)"):
-        ax.axvline(marks[name], color="tab:blue", ls=":", lw=1)
-        ax.annotate(name, (marks[name], 0.2), rotation=90, fontsize=7, color="tab:blue", va="bottom")
-    ax.set_yticks([1, 2, 3], ["GPU: side-stream kernel", "allocator: side stream", "allocator: main stream"])
-    ax.set_ylim(0, 4.2)
-    ax.set_xscale("symlog", linthresh=100)
-    ax.set_xlabel("µs since the trial began (symlog)" + ("" if timed else "; allocator events in order only"))
-    verdict = (f"block reused: {tl['block_reused']}, corrupted: {tl['corrupted_elems']:,} of {tl['numel']:,}")
+
+    def first(action, addr, default):
+        for e in events:
+            if e["action"] == action and e["addr"] == addr and timed:
+                return e["t_us"] / 1e3
+        return default / 1e3
+
+    fresh_allocs = [e for e in events if e["action"] == "alloc" and e["addr"] == tl["fresh_addr"]]
+    fresh_t = fresh_allocs[-1]["t_us"] / 1e3 if (timed and fresh_allocs) else marks["fresh allocated (host)"] / 1e3
+    return {"owner_alloc": first("alloc", tl["owner_addr"], marks["owner allocated (host)"]),
+            "owner_free_requested": first("free_requested", tl["owner_addr"], marks["owner freed (host)"]),
+            "owner_free_completed": first("free_completed", tl["owner_addr"], marks["owner freed (host)"]),
+            "fresh_alloc": fresh_t, "end": marks["synchronized (host)"] / 1e3,
+            "write": (marks["side write starts (GPU)"] / 1e3, marks["side write ends (GPU)"] / 1e3),
+            "from_allocator_trace": timed}
+
+
+def plot_timeline(tl: dict, ax, title: str) -> None:
+    """One trial on one clock (ms since it began): how long the allocator kept the owner's block
+    for it, which block the fresh tensor got and for how long, and when the side stream's write
+    really ran on the GPU. A red fresh bar under the write is the race."""
+    sp = timeline_spans(tl)
+    same = tl["block_reused"]
+    owner_end = max(sp["owner_free_completed"], sp["owner_free_requested"])
+    ax.broken_barh([(sp["owner_alloc"], owner_end - sp["owner_alloc"])], (2.6, 0.8), color="tab:blue", alpha=0.7)
+    ax.broken_barh([(sp["fresh_alloc"], sp["end"] - sp["fresh_alloc"])], (1.6, 0.8),
+                   color="tab:red" if same else "tab:green", alpha=0.7)
+    w0, w1 = sp["write"]
+    ax.broken_barh([(w0, max(w1 - w0, 0.02))], (0.6, 0.8), color="tab:purple")
+    ax.plot([sp["owner_free_requested"]], [3.0], "kx", markersize=9, label="owner freed (free_requested)")
+    ax.annotate(f"write {w0:.2f}-{w1:.2f} ms", (w0, 1.45), fontsize=8, color="tab:purple", ha="right")
+    ax.set_yticks([1, 2, 3], ["side stream writes\nthe owner's block (GPU)",
+                              "fresh tensor's block:\n" + ("SAME block" if same else "another block"),
+                              "owner's block held\nfor the owner (allocator)"], fontsize=8)
+    ax.set_ylim(0.3, 3.7)
+    ax.set_xlim(0, sp["end"] * 1.05)
+    src = "the allocator's trace" if sp["from_allocator_trace"] else "host marks (no times in the trace)"
+    ax.set_xlabel(f"ms since the trial began\n(blocks: {src}; write: CUDA events)", fontsize=8)
+    ax.legend(fontsize=7, loc="upper right")
+    verdict = f"corrupted: {tl['corrupted_elems']:,} of {tl['numel']:,} elements"
     ax.set_title(f"{title}\n{verdict}", fontsize=9)
     ax.grid(alpha=0.3, axis="x")
 

@@ -1,0 +1,94 @@
+"""Lab 03's widgets and plots, driven directly (papermill renders widgets static): the alignment
+panel on real pointers of this machine, the race panel on records, the plots on records of the
+shape ``labkit bench streams`` writes."""
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from labkit import stream_plots, widgets  # noqa: E402
+
+
+def _race_records():
+    recs = []
+    for allocator, corrupted in (("raw", 8), ("views", 8), ("views+record_stream", 0)):
+        for sleep in (0.0, 5.0):
+            for t in range(3):
+                c = corrupted if sleep > 0 else 0
+                recs.append({"kind": "race", "allocator": allocator, "trial": t, "sleep_ms": sleep, "numel": 8,
+                             "block_reused": allocator != "views+record_stream", "corrupted_elems": c,
+                             "corrupted_fraction": c / 8, "offset_bytes": None, "tflops": None})
+    return recs
+
+
+def test_alignment_panel_reports_real_pointers():
+    panel = widgets.alignment_explorer()
+    (rows, cols, dtype), (groups, pad, button) = panel.children[0].children, panel.children[1].children
+    out = panel.children[2]
+    rows.value, cols.value, dtype.value, groups.value = 4095, 3, "bfloat16", 4
+    button.click()
+    assert "promises: 2-byte alignment" in out.value and "worst 2 bytes" in out.value
+    pad.value = True
+    button.click()
+    assert "promises: 256-byte alignment" in out.value and "worst 256 bytes" in out.value
+
+
+def test_race_panel_reads_the_reference_when_not_live():
+    panel = widgets.race_explorer(_race_records(), live=False)
+    allocator, (delay, trials, button), out = panel.children[0], panel.children[1].children, panel.children[2]
+    assert list(delay.options) == [0.0, 5.0]
+    allocator.value, delay.value = "raw", 5.0
+    button.click()
+    assert "RECORDED reference" in out.value and "corrupted in 3 of 3 trials" in out.value
+    allocator.value = "views+record_stream"
+    button.click()
+    assert "corrupted in 0 of 3 trials" in out.value
+    assert "no recorded race" in widgets.race_report("raw", 99.0, 1, _race_records(), live=False)
+
+
+def test_race_plot_and_table():
+    recs = _race_records()
+    fig, ax = plt.subplots()
+    stream_plots.plot_race(recs, ax, "t")
+    assert {line.get_label() for line in ax.get_lines()} == {"raw", "views", "views+record_stream"}
+    assert "| raw | 5 | 3 of 3 | 3 of 3 | 100.0% |" in stream_plots.race_markdown(recs)
+    plt.close(fig)
+
+
+@pytest.mark.parametrize("with_times", [True, False])
+def test_timeline_uses_the_allocator_trace_when_it_has_times(with_times):
+    def ev(action, addr, t):
+        return {"action": action, "addr": addr, "size": 64, "stream": 0, "t_us": t if with_times else None}
+
+    tl = {"kind": "timeline", "allocator": "raw", "numel": 16, "owner_addr": 1024, "fresh_addr": 1024,
+          "block_reused": True, "corrupted_elems": 16, "streams": {"main": 0, "side": 5},
+          "marks_us": {"owner allocated (host)": 60.0, "owner freed (host)": 210.0, "fresh allocated (host)": 260.0,
+                       "synchronized (host)": 5300.0, "side write starts (GPU)": 5200.0, "side write ends (GPU)": 5210.0},
+          "events": [ev("alloc", 1024, 50.0), ev("free_requested", 1024, 200.0), ev("free_completed", 1024, 201.0),
+                     ev("alloc", 1024, 250.0)]}
+    sp = stream_plots.timeline_spans(tl)
+    assert sp["from_allocator_trace"] is with_times
+    assert sp["owner_alloc"] == (0.05 if with_times else 0.06)
+    assert sp["fresh_alloc"] == (0.25 if with_times else 0.26)
+    assert sp["write"] == (5.2, 5.21)
+    fig, ax = plt.subplots()
+    stream_plots.plot_timeline(tl, ax, "t")
+    assert "SAME block" in [t.get_text() for t in ax.get_yticklabels()][1]
+    plt.close(fig)
+
+
+def test_gemm_and_sanitizer_tables():
+    gemm = [{"kind": "gemm_alignment", "impl": "torch", "operands": "all", "offset_bytes": o, "tflops": tf,
+             "time_vs_aligned": r, "max_rel_err": 1e-3, "m": 8, "n": 8, "k": 8, "dtype": "bfloat16"}
+            for o, tf, r in ((0, 800.0, 1.0), (2, 130.0, 6.0))]
+    assert "| torch | all | +2 B | 130 | 6.00x |" in stream_plots.gemm_markdown(gemm)
+    fig, ax = plt.subplots()
+    stream_plots.plot_gemm_alignment(gemm, ax, "t")
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["+0 B", "+2 B"]
+    plt.close(fig)
+    san = [{"kind": "sanitizer", "allocator": "raw", "reported": False, "corrupted_elems": 5, "report": None},
+           {"kind": "sanitizer", "allocator": "missing wait_stream (control)", "reported": True,
+            "corrupted_elems": None, "wrong_sum": None, "report": "detected 1 errors"}]
+    table = stream_plots.sanitizer_markdown(san)
+    assert "| raw | 1 | 0 | 1 |" in table and "| missing wait_stream (control) | 1 | 1 | 0 | detected 1 errors |" in table
