@@ -84,6 +84,17 @@ def _sleep_ms(ms: float, device: torch.device) -> None:
         torch.cuda._sleep(int(ms * sleep_cycles_per_ms(device.index)))
 
 
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device, kept for the process: libraries set up per-stream state on
+    first use (cuBLAS allocates a workspace per stream), which must not land inside a trial."""
+    if device.index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device.index] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device.index]
+
+
 def _release(allocator: str, tensors: list[torch.Tensor], side: torch.cuda.Stream) -> None:
     """What the owner does before dropping its buffers: correct code calls record_stream."""
     if allocator in ("raw", "views+record_stream"):
@@ -107,7 +118,7 @@ def race_trial(allocator: str, *, numel: int = 1 << 22, sleep_ms: float = 25.0, 
     device = _cuda_device(device)
     with torch.cuda.device(device):
         main = torch.cuda.current_stream()
-        side = torch.cuda.Stream()
+        side = side_stream(device)
         torch.cuda.synchronize()
         bulk = alloc.allocate(_style(allocator), [(numel,)], torch.float32, device)
         buf = bulk.tensors[0]
@@ -138,10 +149,13 @@ def wgrad_trial(allocator: str, *, groups: int = 8, tokens: int = 2048, in_featu
     device = _cuda_device(device)
     with torch.cuda.device(device):
         main = torch.cuda.current_stream()
-        side = torch.cuda.Stream()
+        side = side_stream(device)
         g = torch.Generator(device=device).manual_seed(trial)
         x = torch.randn(groups, tokens, in_features, device=device, dtype=torch.bfloat16, generator=g)
         dy = torch.randn(groups, tokens, out_features, device=device, dtype=torch.bfloat16, generator=g)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):  # warm-up outside the race window: cuBLAS's per-stream setup
+            torch.matmul(dy[0].t(), x[0])
         torch.cuda.synchronize()
         bulk = alloc.allocate(_style(allocator), [(out_features, in_features)] * groups,
                               torch.bfloat16, device)
@@ -182,7 +196,7 @@ def missing_wait_trial(numel: int = 1 << 20, sleep_ms: float = 5.0, device=None)
     device = _cuda_device(device)
     with torch.cuda.device(device):
         main = torch.cuda.current_stream()
-        side = torch.cuda.Stream()
+        side = side_stream(device)
         buf = torch.zeros(numel, device=device)
         side.wait_stream(main)
         with torch.cuda.stream(side):
@@ -245,7 +259,7 @@ def timeline_trial(allocator: str, *, numel: int = 1 << 22, sleep_ms: float = 5.
     with torch.cuda.device(device):
         _sleep_ms(0.01, device)  # calibrate before recording: it allocates nothing, but runs kernels
         main = torch.cuda.current_stream()
-        side = torch.cuda.Stream()
+        side = side_stream(device)
         ev0, w0, w1 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         torch.cuda.synchronize()
         _record_history(True)
