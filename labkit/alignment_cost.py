@@ -22,10 +22,19 @@ OFFSETS = (0, 2, 16, 64, 128)
 OPERANDS = ("out", "all")  # only the output (a wgrad view) misaligned, or A, B and C
 
 
+def allocation_timing_isolated(groups: int = 64, timeout: float = 300.0, **kwargs) -> list[dict]:
+    """``allocation_timing`` in a fresh child process: host-time microbenchmarks of the allocator
+    depend on its state, and a notebook's earlier cells leave plenty of it."""
+    from labkit import sandbox
+
+    return sandbox.run_isolated(allocation_timing, groups, timeout=timeout, isolated=True, **kwargs).unwrap()
+
+
 def allocation_timing(groups: int = 64, shape=(4096, 1024), dtype=torch.bfloat16, device=None,
-                      reps: int = 50, warmup: int = 10) -> list[dict]:
-    """Host time to hand out ``groups`` buffers of ``shape``, four ways, in interleaved rounds.
-    The caching allocator is warm (the same block is reused each round), as in a training step."""
+                      reps: int = 50, warmup: int = 10, isolated: bool = False) -> list[dict]:
+    """Host time to hand out ``groups`` buffers of ``shape``, five ways, in interleaved rounds.
+    The caching allocator is warm (the same blocks are reused each round), as in a training step.
+    isolated: only recorded (True when ``allocation_timing_isolated`` runs it in a child)."""
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     shapes = [tuple(shape)] * groups
     candidates = {
@@ -36,13 +45,19 @@ def allocation_timing(groups: int = 64, shape=(4096, 1024), dtype=torch.bfloat16
         f"{groups} x torch.empty": lambda: [torch.empty(shape, dtype=dtype, device=device) for _ in range(groups)],
         "raw pointers (labkit, Python)": lambda: alloc.allocate_raw(shapes, dtype, device),
     }
+    segments = lambda: torch.cuda.memory_stats(device).get("segment.all.allocated", 0)  # noqa: E731
+    before = segments()
     cmp = bench.compare(candidates, baseline="raw pointers (labkit, Python)", device=device,
                         warmup=warmup, reps=reps, method="cpu_clock")
+    # cudaMalloc calls during the whole comparison (warm-up included): 0 after the first round
+    # means every timed call was served from the cache, as the comparison intends
+    new_segments = segments() - before
     rows = []
     for name, timing in cmp.timings.items():
         rows.append({"kind": "alloc_time", "allocator": name, "groups": groups, "shape": list(shape),
                      "dtype": str(dtype).replace("torch.", ""), **timing.as_dict(),
-                     "vs_raw": cmp.ratio(name), "trial": None, "corrupted_elems": None,
+                     "vs_raw": cmp.ratio(name), "new_segments_during_timing": new_segments,
+                     "isolated": isolated, "trial": None, "corrupted_elems": None,
                      "offset_bytes": None, "tflops": None})
     return rows
 

@@ -374,7 +374,7 @@ def benchmark(profile: str) -> list[dict]:
                 for t in range(p["wgrad_trials"])]
     records += sanitizer_run(p["sanitizer_trials"], numel=p["numel"])
     records += [timeline_trial(a, numel=p["numel"]) for a in ALLOCATORS]
-    records += alignment_cost.allocation_timing()
+    records += alignment_cost.allocation_timing_isolated()
     m, n, k = p["gemm"]
     records += alignment_cost.gemm_alignment(m, n, k)
     return [_blank(r) for r in records]
