@@ -20,6 +20,7 @@ BENCHMARKS = {
     "device_guard": ("labkit.wrong_device", "benchmark", "REQUIRED"),
     "sc_model": ("labkit.model", "benchmark", "REQUIRED"),
     "streams": ("labkit.stream_race", "benchmark", "REQUIRED"),
+    "collectives": ("labkit.dist.bench", "benchmark", "REQUIRED"),
 }
 
 

@@ -1,0 +1,231 @@
+"""Sweeps of lab 02: NCCL, PyTorch's symmetric-memory ops and labkit's kernels, every size, in one
+run per world size (``labkit bench collectives``).
+
+Definitions (nccl-tests, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
+algbw = bytes / time; busbw = algbw x 2 (W-1)/W for all-reduce, x (W-1)/W for reduce-scatter
+and all-gather, where bytes is the all-reduce message, the reduce-scatter input or the
+all-gather output. busbw is comparable with the link's bandwidth whatever W is.
+
+Two latencies per point: ``us`` is the median over rounds of back-to-back calls (what a Python
+caller sees, launch overhead included); ``graph_us`` replays the same calls captured in a CUDA
+graph (what the GPU spends). Every implementation's result is checked against NCCL's on the
+same inputs before it is timed; ``correct`` records the outcome.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from labkit.dist import collectives as C
+from labkit.dist import symm
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
+REQUIRED = ("impl", "op", "world_size", "bytes", "dtype", "us", "busbw_GBps", "correct")
+BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "reduce_scatter": lambda w: (w - 1) / w,
+              "all_gather": lambda w: (w - 1) / w}
+
+
+def _time(fn, iters: int, reps: int, graph: bool) -> float:
+    """Median µs per call: ``reps`` rounds of ``iters`` back-to-back calls (or one graph replay
+    of them), ranks lined up by a barrier before every round."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    g = None
+    if graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()  # warm-up on the capture stream
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                for _ in range(iters):
+                    fn()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(reps):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start.record()
+        if g is not None:
+            g.replay()
+        else:
+            for _ in range(iters):
+                fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / iters)
+    return statistics.median(samples)
+
+
+def _iters(nbytes: int) -> int:
+    return 50 if nbytes <= (1 << 20) else (20 if nbytes <= (16 << 20) else 5)
+
+
+def _cases(ctx, n: int, dtype, x: torch.Tensor, ref: torch.Tensor) -> dict:
+    """(impl, op) -> (call, check): ``call`` is what gets timed; ``check`` runs once on the
+    fresh inputs and says whether this rank's result is right. For every point, the
+    all-reduce message, the reduce-scatter input and the all-gather output are n elements."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    w, dev, rank = ctx.world_size, ctx.device, ctx.rank
+    s = n // w
+    group = dist.group.WORLD.group_name
+    mine = ref[rank * s:(rank + 1) * s]
+    gathered = torch.empty(n, dtype=dtype, device=dev)
+    dist.all_gather_into_tensor(gathered, x[:s].contiguous())  # NCCL's answer for all-gather
+    cases = {}
+
+    t = x.clone()
+    cases[("nccl", "all_reduce")] = (lambda: dist.all_reduce(t),
+                                     lambda: (t.copy_(x), dist.all_reduce(t), _close(t, ref, w))[-1])
+    rs_out = torch.empty(s, dtype=dtype, device=dev)
+    cases[("nccl", "reduce_scatter")] = (lambda: dist.reduce_scatter_tensor(rs_out, x),
+                                         lambda: (dist.reduce_scatter_tensor(rs_out, x), _close(rs_out, mine, w))[-1])
+    ag_in, ag_out = x[:s].contiguous(), torch.empty(n, dtype=dtype, device=dev)
+    cases[("nccl", "all_gather")] = (lambda: dist.all_gather_into_tensor(ag_out, ag_in),
+                                     lambda: (dist.all_gather_into_tensor(ag_out, ag_in), torch.equal(ag_out, gathered))[-1])
+
+    st = symm_mem.empty(n, dtype=dtype, device=dev)
+    symm_mem.rendezvous(st, group)
+    one = getattr(torch.ops.symm_mem, "one_shot_all_reduce", None)
+    if one is not None:
+        cases[("torch_one_shot", "all_reduce")] = (lambda: one(st, "sum", group),
+                                                   lambda: (st.copy_(x), _close(one(st, "sum", group), ref, w))[-1])
+    two = getattr(torch.ops.symm_mem, "two_shot_all_reduce_", None)
+    if two is not None:  # in place: the result replaces the input
+        cases[("torch_two_shot", "all_reduce")] = (lambda: two(st, "sum", group),
+                                                   lambda: (st.copy_(x), two(st, "sum", group), _close(st, ref, w))[-1])
+
+    buf = symm.empty(n, dtype, device=dev)
+    out = torch.empty(n, dtype=dtype, device=dev)
+    for alg in C.ALGORITHMS:
+        cases[(f"labkit_{alg}", "all_reduce")] = (
+            lambda alg=alg: C.all_reduce(buf, out, algorithm=alg),
+            lambda alg=alg: (buf.tensor.copy_(x), _close(C.all_reduce(buf, out, algorithm=alg), ref, w))[-1])
+    rs_lk = torch.empty(s, dtype=dtype, device=dev)
+    cases[("labkit", "reduce_scatter")] = (lambda: C.reduce_scatter(buf, rs_lk),
+                                           lambda: (buf.tensor.copy_(x), _close(C.reduce_scatter(buf, rs_lk), mine, w))[-1])
+    ag_buf = symm.empty(s, dtype, device=dev)
+    ag_lk = torch.empty(n, dtype=dtype, device=dev)
+    cases[("labkit", "all_gather")] = (lambda: C.all_gather(ag_buf, ag_lk),
+                                       lambda: (ag_buf.tensor.copy_(x[:s]), torch.equal(C.all_gather(ag_buf, ag_lk), gathered))[-1])
+    return cases
+
+
+def _everywhere(ok: bool, device) -> bool:
+    flag = torch.tensor([1 if ok else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _close(y, ref, w) -> bool:
+    # a sum of W bf16 values rounded once to bf16: within 1 % of the fp32 reference (bf16 has
+    # 8 significant bits), plus an absolute floor for sums that cancel to near zero
+    return bool(((y.float() - ref).abs() <= 1e-2 * ref.abs() + 1e-2 * w).all())
+
+
+def sweep(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 7, graphs: bool = True,
+          progress: bool = True) -> list[dict]:
+    """One rank's part of the sweep (``run_ranks`` runs it on every rank); rank 0's records are
+    the result. An implementation a torch build lacks is absent from the records."""
+    from tqdm.auto import tqdm
+
+    dtype = getattr(torch, dtype_name)
+    w = ctx.world_size
+    records = []
+    for nbytes in tqdm(sizes, desc=f"sweep W={w}", disable=not progress or ctx.rank != 0):
+        n = nbytes // dtype.itemsize
+        n -= n % w
+        g = torch.Generator(device=ctx.device).manual_seed(1000 * ctx.rank + len(records))
+        x = torch.randn(n, device=ctx.device, generator=g).to(dtype)
+        ref = x.float()
+        dist.all_reduce(ref)
+        for (impl, op), (call, check) in _cases(ctx, n, dtype, x, ref).items():
+            rec = {"impl": impl, "op": op, "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name}
+            try:
+                rec["correct"] = _everywhere(bool(check()), ctx.device)
+                rec["us"] = _time(call, _iters(nbytes), reps, graph=False)
+                rec["graph_us"] = _time(call, _iters(nbytes), reps, graph=True) if graphs else None
+            except Exception as e:  # recorded, not hidden: e.g. an op that cannot be captured
+                rec.setdefault("correct", False)
+                rec.setdefault("us", None)
+                rec.setdefault("graph_us", None)
+                rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            factor = BUS_FACTOR[op](w)
+            for key, bw in (("us", "busbw_GBps"), ("graph_us", "graph_busbw_GBps")):
+                rec[bw] = rec["bytes"] / rec[key] / 1e3 * factor if rec.get(key) else None
+            records.append(rec)
+        torch.cuda.synchronize()
+        dist.barrier()
+    return records
+
+
+def crossover_bytes(records: list[dict], world_size: int, key: str = "us") -> int | None:
+    """The largest message size at which labkit's one-shot all-reduce is still at least as fast
+    as its two-shot, above which two-shot wins at every measured size (None: one-shot always)."""
+    def at(impl):
+        return {r["bytes"]: r.get(key) for r in records if r.get("impl") == impl and r.get("op") == "all_reduce"
+                and r.get("world_size") == world_size and r.get(key)}
+    one, two = at("labkit_one_shot"), at("labkit_two_shot")
+    sizes = sorted(set(one) & set(two))
+    if not sizes:
+        return None
+    limit = None
+    for i, b in enumerate(sizes):
+        if all(two[c] < one[c] for c in sizes[i:]):
+            return sizes[i - 1] if i > 0 else 0
+    return limit
+
+
+def _broken_records(w: int, trials: int, n: int) -> list[dict]:
+    from labkit.dist import experiments
+    from labkit.dist.ranks import run_ranks
+
+    rows = []
+    for variant in ("correct", "relaxed", "no_end_barrier"):
+        for alg in ("one_shot", "two_shot"):
+            res = run_ranks(experiments.broken_trials, w, variant, alg, trials, n, timeout=300)
+            per_rank = res.values if res.ok else None
+            wrong = sum(r["wrong"] for r in per_rank) if per_rank else None
+            rows.append({"kind": "broken", "impl": f"labkit_{alg}", "op": "all_reduce", "variant": variant,
+                         "world_size": w, "bytes": n * 2, "dtype": "bfloat16", "us": None, "busbw_GBps": None,
+                         "trials": trials, "wrong_results": wrong, "ranks_x_trials": trials * w,
+                         "correct": (wrong == 0) if wrong is not None else False,
+                         "outcome": res.summary() if not res.ok else f"{wrong} wrong of {trials * w}"})
+    return rows
+
+
+def _crash_record(w: int) -> dict:
+    from labkit.dist import experiments
+    from labkit.dist.ranks import run_ranks
+
+    res = run_ranks(experiments.unguarded_leaf, w, timeout=120)
+    return {"kind": "crash", "impl": "labkit_tree", "op": "all_reduce", "variant": "unguarded_leaf",
+            "world_size": w, "bytes": 4096 * 4, "dtype": "float32", "us": None, "busbw_GBps": None,
+            "correct": bool(res.ok and all(res.values)),
+            "statuses": [r.status for r in res.results], "outcome": res.summary()}
+
+
+def benchmark(profile: str) -> list[dict]:
+    """Entry point of ``labkit bench collectives``: the sweep on every GPU of this machine (one
+    world), then the broken variants under load and the unguarded-leaf crash."""
+    import torch
+
+    from labkit import gates
+    from labkit.dist.ranks import run_ranks
+
+    gates.requires(gpus=2, peer_access=True, compiled=True).check()
+    w = torch.cuda.device_count()
+    records = [dict(r, kind="sweep") for r in run_ranks(sweep, w, timeout=560).unwrap()[0]]
+    records += _broken_records(w, trials=60, n=1 << 18)
+    records.append(_crash_record(w))
+    for key in ("us", "graph_us"):
+        records.append({"kind": "crossover", "impl": "labkit", "op": "all_reduce", "world_size": w,
+                        "bytes": crossover_bytes(records, w, key), "dtype": "bfloat16", "timing": key,
+                        "us": None, "busbw_GBps": None, "correct": None})
+    return records

@@ -1,0 +1,179 @@
+"""labkit's collectives over symmetric memory: the public, checked, guarded entry points.
+
+Usage on every rank (inside ``labkit.dist.ranks.run_ranks`` or torchrun):
+
+    buf = symm.empty(n, torch.bfloat16)       # collective: same n and dtype everywhere
+    buf.tensor.copy_(x)                       # this rank's input, written in stream order
+    y = collectives.all_reduce(buf)           # y = sum over ranks, on every rank
+
+The input lives in the symmetric buffer (the kernels read peers' buffers directly); outputs are
+ordinary local tensors. Accumulation is fp32 whatever the dtype. Every launch runs on the
+buffer's device and its current stream.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+from labkit import tier
+from labkit.dist import one_shot, scatter_gather, tree, two_shot
+from labkit.dist.signals import SEM_ACQ_REL, SEM_RELAXED, barrier_kernel
+from labkit.dist.symm import SymmBuffer, check_buffer
+from labkit.errors import UsageError
+from labkit.guard import on_device_of
+
+ALGORITHMS = ("one_shot", "two_shot", "tree")
+#: deliberately broken variants, for the lab: (what changes, which algorithms have it)
+VARIANTS = {
+    "correct": "the kernels as they should be",
+    "relaxed": "barrier atomics relaxed instead of release/acquire: time is synchronised, memory is not",
+    "no_end_barrier": "no barrier at the end: a fast rank's next input overwrites a buffer a peer still reads",
+    "unguarded_leaf": "tree only: a leaf reads its missing child through pointer-table entry -1",
+}
+#: one-shot up to this many bytes, two-shot above, per world size: measured crossovers
+#: (reference/<machine>/collectives.json, ``crossover_bytes``); this default until measured.
+DEFAULT_CROSSOVER_BYTES = {2: 256 << 10, 3: 128 << 10, 4: 128 << 10}
+
+
+def _block(elem_size: int) -> int:
+    """Elements per program step: 16-byte vectors x 32 lanes x 8 warps on GPUs; the interpreter
+    pays per program step, so it takes big steps."""
+    return 4096 if tier.interpreted() else (16 // elem_size) * 32 * 8
+
+
+def _programs(steps: int, buf: SymmBuffer, blocks: int | None, even: bool = False) -> int:
+    if blocks is not None:
+        if not isinstance(blocks, int) or blocks < 1:
+            raise ValueError(f"blocks: expected a positive int, got {blocks!r}")
+        if blocks > buf.max_blocks:
+            raise ValueError(f"blocks: {blocks} programs, but the signal pad of this buffer has rows "
+                             f"for {buf.max_blocks}; allocate with symm.empty(..., max_blocks={blocks})")
+        p = blocks
+    else:
+        cap = 4 if tier.interpreted() else buf.max_blocks
+        p = max(1, min(cap, steps))
+    if even:
+        p = max(2, p - p % 2)
+        if p > buf.max_blocks:
+            raise ValueError(f"the tree needs an even number of programs, at least 2; this buffer allows {buf.max_blocks}")
+    return p
+
+
+def _sem_end(variant: str, algorithm: str) -> tuple[int, bool, bool]:
+    if variant not in VARIANTS:
+        raise UsageError(f"variant: {variant!r} is not one of {list(VARIANTS)}")
+    if variant == "unguarded_leaf" and algorithm != "tree":
+        raise UsageError("variant 'unguarded_leaf' exists only for algorithm='tree'")
+    return (SEM_RELAXED if variant == "relaxed" else SEM_ACQ_REL, variant != "no_end_barrier",
+            variant != "unguarded_leaf")
+
+
+def _out(name: str, out, shape: tuple, like: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(out).__name__}")
+    if out.device != like.device:
+        raise ValueError(f"{name}: is on {out.device}; the buffer is on {like.device}")
+    if out.dtype != like.dtype:
+        raise TypeError(f"{name}: dtype {out.dtype} differs from the buffer's {like.dtype}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name}: shape {tuple(out.shape)}, expected {tuple(shape)}")
+    if not out.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+    return out
+
+
+def choose(nbytes: int, world_size: int, crossovers: dict | None = None) -> str:
+    """The all-reduce algorithm for a message size: one-shot (latency) up to the crossover,
+    two-shot (bandwidth) above it."""
+    table = crossovers or DEFAULT_CROSSOVER_BYTES
+    limit = table.get(world_size, table[max(k for k in table if k <= max(world_size, min(table)))])
+    return "one_shot" if nbytes <= limit else "two_shot"
+
+
+def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: str = "auto",
+               blocks: int | None = None, variant: str = "correct") -> torch.Tensor:
+    """Sum of ``buf.tensor`` over all ranks, into ``out`` (made if None) on every rank.
+
+    algorithm: "one_shot", "two_shot", "tree" or "auto" (``choose``); blocks: programs to
+    launch (default: as many as useful, within the buffer's signal pad); variant: "correct" or a
+    broken one (``VARIANTS``), for the lab."""
+    buf = check_buffer("buf", buf)
+    x = buf.tensor
+    out = _out("out", out, tuple(x.shape), x)
+    n = x.numel()
+    if algorithm == "auto":
+        algorithm = choose(n * x.element_size(), buf.world_size)
+    if algorithm not in ALGORITHMS:
+        raise UsageError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS} or 'auto'")
+    sem, end, guard_leaf = _sem_end(variant, algorithm)
+    block = _block(x.element_size())
+    common = dict(WORLD=buf.world_size, MAX_BLOCKS=buf.max_blocks, BLOCK=block, SEM=sem, END_BARRIER=end)
+    with on_device_of(buf=x, out=out):
+        if algorithm == "one_shot":
+            p = _programs(triton.cdiv(n, block), buf, blocks)
+            one_shot.one_shot_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, buf.rank,
+                                                      num_warps=8, **common)
+        elif algorithm == "two_shot":
+            shard = triton.cdiv(triton.cdiv(n, buf.world_size), block) * block
+            p = _programs(triton.cdiv(shard, block), buf, blocks)
+            two_shot.two_shot_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, shard, buf.rank,
+                                                      num_warps=8, **common)
+        else:
+            half = triton.cdiv(triton.cdiv(n, 2), block) * block
+            p = _programs(2 * triton.cdiv(half, block), buf, blocks, even=True)
+            links = tree.tree_links(buf.rank, buf.world_size)
+            tree.tree_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, half, buf.rank, *links,
+                                              GUARD_LEAF=guard_leaf, num_warps=8, **common)
+    return out
+
+
+def reduce_scatter(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
+                   variant: str = "correct") -> torch.Tensor:
+    """Rank r gets the sum over ranks of shard r of ``buf.tensor`` (W equal shards of dim 0)."""
+    buf = check_buffer("buf", buf)
+    x = buf.tensor
+    w = buf.world_size
+    if x.shape[0] % w:
+        raise ValueError(f"buf: dim 0 of shape {tuple(x.shape)} does not split into {w} equal shards "
+                         f"({x.shape[0]} % {w} = {x.shape[0] % w})")
+    shape = (x.shape[0] // w,) + tuple(x.shape[1:])
+    out = _out("out", out, shape, x)
+    shard = x.numel() // w
+    sem, end, _ = _sem_end(variant, "reduce_scatter")
+    block = _block(x.element_size())
+    p = _programs(triton.cdiv(shard, block), buf, blocks)
+    with on_device_of(buf=x, out=out):
+        scatter_gather.reduce_scatter_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, shard, buf.rank, WORLD=w,
+                                                   MAX_BLOCKS=buf.max_blocks, BLOCK=block, SEM=sem,
+                                                   END_BARRIER=end, num_warps=8)
+    return out
+
+
+def all_gather(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
+               variant: str = "correct") -> torch.Tensor:
+    """Every rank gets all ranks' ``buf.tensor`` concatenated along dim 0."""
+    buf = check_buffer("buf", buf)
+    x = buf.tensor
+    w = buf.world_size
+    shape = (x.shape[0] * w,) + tuple(x.shape[1:])
+    out = _out("out", out, shape, x)
+    shard = x.numel()
+    sem, end, _ = _sem_end(variant, "all_gather")
+    block = _block(x.element_size())
+    p = _programs(triton.cdiv(shard, block), buf, blocks)
+    with on_device_of(buf=x, out=out):
+        scatter_gather.all_gather_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, shard, buf.rank, WORLD=w,
+                                               MAX_BLOCKS=buf.max_blocks, BLOCK=block, SEM=sem,
+                                               END_BARRIER=end, num_warps=8)
+    return out
+
+
+def barrier(buf: SymmBuffer, blocks: int = 1, variant: str = "correct") -> None:
+    """Only the block barrier, ``blocks`` programs: tests check it leaves every pad at zero."""
+    buf = check_buffer("buf", buf)
+    sem, _, _ = _sem_end(variant, "barrier")
+    p = _programs(blocks, buf, blocks)
+    with on_device_of(buf=buf.tensor):
+        barrier_kernel[(p,)](buf.pad_ptrs, buf.rank, WORLD=buf.world_size, MAX_BLOCKS=buf.max_blocks, SEM=sem)

@@ -1,0 +1,127 @@
+"""Lab 02's experiments that run on every rank (``run_ranks``), including the ones that break.
+
+* ``check_algorithms``: every algorithm and op against an fp64 reference on fresh inputs, and
+  the signal pads back at zero afterwards: what the tests and the notebook's correctness table run.
+* ``broken_trials``: the deliberately broken variants under load. Many collectives are queued
+  back to back, each on new inputs, with one rank made late before some of them (a GPU sleep, or
+  a host sleep in the emulated world), so a rank that skips a barrier can run ahead into the next
+  call while a peer still reads. Counts results that differ from the reference; "0 wrong in N
+  trials" is reported as exactly that.
+* ``unguarded_leaf``: the tree variant that reads pointer-table entry -1; expected to crash, so
+  the notebook runs it through ``run_ranks`` with a timeout, which reports how each rank ended.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from labkit.dist import collectives as C
+from labkit.dist import symm
+
+
+def _inputs(ctx, n: int, dtype, seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """This rank's input, and every rank's (the emulated world and the GPU tier alike build the
+    fp64 reference from all of them, so no collective is trusted to check a collective)."""
+    xs = []
+    for r in range(ctx.world_size):
+        g = torch.Generator().manual_seed(seed * 1009 + r)
+        xs.append(torch.randn(n, generator=g).to(dtype))
+    return xs[ctx.rank].to(ctx.device), xs
+
+
+def _tolerance(dtype, w: int) -> tuple[float, float]:
+    # the fp32 sum is rounded once to the output dtype: half a bf16 ulp (2^-8 relative) when
+    # compiled; the interpreter's fp32->bf16 cast truncates, a whole ulp (2^-7). Plus fp32 noise.
+    return (2 ** -7 if dtype == torch.bfloat16 else 1e-6), 1e-6 * w
+
+
+def _close(y: torch.Tensor, ref: torch.Tensor, dtype, w: int) -> bool:
+    rel, ab = _tolerance(dtype, w)
+    return bool(((y.double().cpu() - ref).abs() <= rel * ref.abs() + ab).all())
+
+
+def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, trials: int = 1) -> list[dict]:
+    """Every all-reduce algorithm, reduce-scatter and all-gather on fresh random inputs
+    (``trials`` per op), against an fp64 reference; pads checked to be zero after each call."""
+    dtype = getattr(torch, dtype_name)
+    w = ctx.world_size
+    rows = []
+    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    s = n // w
+    gbuf = symm.empty(max(s, 1), dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    for t in range(trials):
+        x, xs = _inputs(ctx, n, dtype, seed + t)
+        ref = sum(v.double() for v in xs)
+        for alg in C.ALGORITHMS:
+            buf.tensor.copy_(x)
+            y = C.all_reduce(buf, algorithm=alg)
+            rows.append({"op": "all_reduce", "algorithm": alg, "trial": t, "n": n, "dtype": dtype_name,
+                         "world_size": w, "correct": _close(y, ref, dtype, w), "pads_zero": buf.pads_are_zero()})
+        if n % w == 0:
+            buf.tensor.copy_(x)
+            y = C.reduce_scatter(buf)
+            rows.append({"op": "reduce_scatter", "algorithm": "direct", "trial": t, "n": n, "dtype": dtype_name,
+                         "world_size": w, "correct": _close(y, ref[ctx.rank * s:(ctx.rank + 1) * s], dtype, w),
+                         "pads_zero": buf.pads_are_zero()})
+            gbuf.tensor.copy_(x[:s])
+            y = C.all_gather(gbuf)
+            expect = torch.cat([v[:s] for v in xs])
+            rows.append({"op": "all_gather", "algorithm": "direct", "trial": t, "n": n, "dtype": dtype_name,
+                         "world_size": w, "correct": bool(torch.equal(y.cpu(), expect)),
+                         "pads_zero": gbuf.pads_are_zero()})
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        ctx.barrier()
+    return rows
+
+
+def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 50, n: int = 1 << 16,
+                  dtype_name: str = "bfloat16", late_us: float = 200.0, seed: int = 0) -> dict:
+    """``trials`` all-reduces queued back to back with ``variant``; before every third one a
+    rank chosen in turn is made late by ``late_us``. Returns how many results were wrong."""
+    dtype = getattr(torch, dtype_name)
+    w = ctx.world_size
+    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    inputs, refs = [], []
+    for t in range(trials):
+        x, xs = _inputs(ctx, n, dtype, seed * 100_000 + t)
+        inputs.append(x)
+        refs.append(sum(v.double() for v in xs))
+    outs = [torch.empty(n, dtype=dtype, device=ctx.device) for _ in range(trials)]
+    on_gpu = ctx.device.type == "cuda"
+    cycles = 0
+    if on_gpu:
+        from labkit.stream_race import sleep_cycles_per_ms
+        cycles = int(late_us / 1e3 * sleep_cycles_per_ms(ctx.device.index))
+        torch.cuda.synchronize(ctx.device)
+    ctx.barrier()
+    start = time.perf_counter()
+    for t in range(trials):
+        if t % 3 == 0 and (t // 3) % w == ctx.rank:  # this rank is late for this call
+            if on_gpu:
+                torch.cuda._sleep(cycles)
+            else:
+                time.sleep(late_us / 1e6)
+        buf.tensor.copy_(inputs[t])  # the next input overwrites the buffer, in stream order
+        C.all_reduce(buf, outs[t], algorithm=algorithm, variant=variant)
+    if on_gpu:
+        torch.cuda.synchronize(ctx.device)
+    seconds = time.perf_counter() - start
+    wrong = [t for t in range(trials) if not _close(outs[t], refs[t], dtype, w)]
+    return {"variant": variant, "algorithm": algorithm, "trials": trials, "n": n, "dtype": dtype_name,
+            "world_size": w, "rank": ctx.rank, "late_us": late_us, "wrong": len(wrong),
+            "first_wrong": wrong[:5], "seconds": seconds, "pads_zero": buf.pads_are_zero()}
+
+
+def unguarded_leaf(ctx, n: int = 4096) -> bool:
+    """The broken tree: on most machines this never returns (a crash); if it does, says whether
+    the result was right anyway."""
+    x, xs = _inputs(ctx, n, torch.float32, 7)
+    buf = symm.empty(n, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    buf.tensor.copy_(x)
+    y = C.all_reduce(buf, algorithm="tree", variant="unguarded_leaf")
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    return _close(y, sum(v.double() for v in xs), torch.float32, ctx.world_size)

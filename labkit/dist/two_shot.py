@@ -1,0 +1,65 @@
+"""Two-shot all-reduce = reduce-scatter then all-gather, in one kernel.
+
+Rank r owns shard r (``shard`` elements; the last shard may be short). Shot one: rank r reads
+shard r from every peer, sums, and writes the sum into shard r of its OWN buffer (in place:
+no peer reads shard r of rank r's buffer in this phase, each reads only its own shard). Shot
+two: rank r copies shard s from rank s's buffer, for every s, into its output.
+
+Data movement per rank: reads 2 (W-1)/W x N elements over NVLink instead of one-shot's (W-1) x N:
+the bandwidth choice for large messages. Three barriers:
+* start: every rank's input is in its buffer (as one-shot);
+* middle: every rank has written its reduced shard (program b waits for program b of every
+  rank: the same grid and the same chunking on every rank make chunk ownership identical);
+* end: nobody overwrites its buffer while a peer may still copy a reduced shard out of it.
+"""
+import triton
+import triton.language as tl
+
+from labkit.dist.one_shot import peer_ptr, sum_peers
+from labkit.dist.signals import block_barrier
+
+
+@triton.jit
+def two_shot_all_reduce_kernel(
+    data_ptrs,                  # int64 [W]: every rank's symmetric buffer (N elements each)
+    pad_ptrs,                   # int64 [W]: every rank's signal pad
+    out_ptr,                    # *T [N]: this rank's result (local memory)
+    n,                          # N: elements per rank
+    shard,                      # elements per shard, a multiple of BLOCK; ranks past N own nothing
+    rank,                       # this rank
+    WORLD: tl.constexpr,
+    MAX_BLOCKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SEM: tl.constexpr,
+    END_BARRIER: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    ELEM = out_ptr.dtype.element_ty
+    mine = peer_ptr(data_ptrs, rank, ELEM)
+    block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+    lo = rank * shard
+    hi = tl.minimum(lo + shard, n)
+    for start in range(lo + pid * BLOCK, hi, nprog * BLOCK):  # shot one: reduce my shard
+        offs = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+        if start + BLOCK <= hi:
+            acc = sum_peers(data_ptrs, offs, None, WORLD, ELEM, BLOCK, False)
+            tl.store(mine + offs, acc.to(ELEM))
+        else:
+            mask = offs < hi
+            acc = sum_peers(data_ptrs, offs, mask, WORLD, ELEM, BLOCK, True)
+            tl.store(mine + offs, acc.to(ELEM), mask=mask)
+    block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+    for s in tl.static_range(WORLD):  # shot two: gather every reduced shard
+        src = peer_ptr(data_ptrs, s, ELEM)
+        s_lo = s * shard
+        s_hi = tl.minimum(s_lo + shard, n)
+        for start in range(s_lo + pid * BLOCK, s_hi, nprog * BLOCK):
+            offs = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+            if start + BLOCK <= s_hi:
+                tl.store(out_ptr + offs, tl.load(src + offs))
+            else:
+                mask = offs < s_hi
+                tl.store(out_ptr + offs, tl.load(src + offs, mask=mask), mask=mask)
+    if END_BARRIER:
+        block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
