@@ -109,7 +109,7 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
         raise UsageError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS} or 'auto'")
     sem, end, guard_leaf = _sem_end(variant, algorithm)
     block = _block(x.element_size())
-    common = dict(WORLD=buf.world_size, MAX_BLOCKS=buf.max_blocks, BLOCK=block, SEM=sem, END_BARRIER=end)
+    common = {"WORLD": buf.world_size, "MAX_BLOCKS": buf.max_blocks, "BLOCK": block, "SEM": sem, "END_BARRIER": end}
     with on_device_of(buf=x, out=out):
         if algorithm == "one_shot":
             p = _programs(triton.cdiv(n, block), buf, blocks)

@@ -38,6 +38,7 @@ import importlib
 import inspect
 import multiprocessing
 import multiprocessing.connection
+import numbers
 import os
 import pickle
 import shutil
@@ -113,12 +114,12 @@ class RankResult:
     value: Any = None
     error_type: str | None = None
     message: str | None = None
-    traceback: str | None = None
+    traceback: str | None = dataclasses.field(default=None, repr=False)
     seconds: float = 0.0       # from the launch until the rank exited or was killed
     signal: str | None = None  # "SIGSEGV", ... when status is "signal"
     returncode: int | None = None
-    stdout: str = ""
-    stderr: str = ""
+    stdout: str = dataclasses.field(default="", repr=False)  # tails of what the rank printed
+    stderr: str = dataclasses.field(default="", repr=False)
 
     @property
     def ok(self) -> bool:
@@ -195,8 +196,9 @@ def run_ranks(fn: Callable | str, world_size: int, *args, timeout: float = 120.0
                 variables take precedence.
     If one rank fails, the others are killed at once and marked "aborted".
     """
-    module, qualname = _check_fn(fn)
     _check_arguments(world_size, timeout, env)
+    module, qualname = _check_fn(fn)
+    world_size = int(world_size)
     backend, device_type = _choose_backend(backend, world_size)
     try:
         call_args = pickle.dumps((args, kwargs))
@@ -249,7 +251,7 @@ def _check_fn(fn: Callable | str) -> tuple[str, str]:
 
 
 def _check_arguments(world_size, timeout, env) -> None:
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
         raise UsageError(f"world_size={world_size!r}: expected an int >= 1 (the number of ranks)")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
         raise UsageError(f"timeout={timeout!r}: expected a positive number of seconds")
