@@ -142,3 +142,46 @@ def unguarded_leaf(ctx, n: int = 4096) -> bool:
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     return _close(y, xs, torch.float32, ctx.world_size)
+
+
+def lonely_barrier(ctx, blocks: int = 1) -> None:
+    """Only rank 0 enters the barrier; the others return. Rank 0 spins forever on signals that
+    never come: the hang ``run_ranks`` turns into a timeout."""
+    buf = symm.empty(16, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    if ctx.rank == 0:
+        C.barrier(buf, blocks)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+
+
+def misuse_errors(ctx) -> dict:
+    """Each misuse the lab names, tried on every rank; returns the error each one raised
+    (type and message), or "no error" (which a test treats as a failure)."""
+    def attempt(fn):
+        try:
+            fn()
+        except (TypeError, ValueError) as e:
+            return f"{type(e).__name__}: {e}"
+        return "no error"
+
+    dev = ctx.device
+    found = {"plain tensor": attempt(lambda: C.all_reduce(torch.zeros(8, device=dev))),
+             "unsupported dtype": attempt(lambda: symm.empty(8, torch.float16, device=dev, scratch_dir=ctx.scratch_dir))}
+    # sizes differing across ranks: rank r asks for 8 + r elements (every rank reaches the check)
+    found["sizes differ"] = attempt(lambda: symm.empty(8 + ctx.rank, torch.float32, device=dev,
+                                                       scratch_dir=ctx.scratch_dir))
+    buf = symm.empty(64, torch.float32, device=dev, max_blocks=2, scratch_dir=ctx.scratch_dir)
+    found["more blocks than the pad"] = attempt(lambda: C.all_reduce(buf, blocks=3))
+    found["uneven reduce-scatter"] = attempt(lambda: C.reduce_scatter(
+        symm.empty(ctx.world_size * 4 + 1, torch.float32, device=dev, scratch_dir=ctx.scratch_dir)))
+    found["wrong out shape"] = attempt(lambda: C.all_reduce(buf, torch.empty(63, device=dev)))
+    return found
+
+
+def one_rank(ctx) -> str:
+    """World size 1: what symm.empty says."""
+    try:
+        symm.empty(8, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    except ValueError as e:
+        return f"ValueError: {e}"
+    return "no error"

@@ -18,11 +18,21 @@ program (the release is cumulative over what the CTA barrier made it observe).
 ``SEM`` is constexpr: 0 is the correct acquire/release pair; 1 is the deliberately broken
 variant with ``relaxed`` atomics, which still synchronises *time* but no longer orders memory.
 """
+import os
+
 import triton
 import triton.language as tl
 
+from labkit import tier
+
 SEM_ACQ_REL = 0
 SEM_RELAXED = 1
+#: Signal all peers at once with one vector compare-and-swap (one lane per peer) on GPUs. The
+#: Triton interpreter's vector atomic_cas on int32 writes wrong addresses (measured: lanes 1..7
+#: land at the wrong offsets), so the interpreter takes the scalar loop, one peer at a time;
+#: the protocol is the same, the GPU tier's tests check the vector form.
+#: LABKIT_SCALAR_SIGNALS=1 forces the scalar loop on GPUs too (to compare the two).
+VECTOR_SIGNALS = tl.constexpr(not tier.interpreted() and os.environ.get("LABKIT_SCALAR_SIGNALS") != "1")
 
 
 @triton.jit
@@ -57,12 +67,41 @@ def block_barrier(pad_ptrs, rank, block, WORLD: tl.constexpr, MAX_BLOCKS: tl.con
     """Program ``block`` of every rank meets here. Entering: everything this program wrote is
     released to the peers. Leaving: everything the peers' programs ``block`` wrote before
     entering is visible. It synchronises one program per rank, not whole kernels: collectives
-    that read data written by program b of a peer must have program b of this rank read it."""
+    that read data written by program b of a peer must have program b of this rank read it.
+
+    All W signals go out at once, one lane per peer (8 lanes: the largest world), so a barrier
+    costs one round trip over the links, not W. A lane that is done (or has no peer) keeps
+    issuing a compare-and-swap that cannot match (compare with -1), which writes nothing:
+    ``atomic_cas`` takes no mask."""
     tl.debug_barrier()
-    for peer in tl.static_range(WORLD):
-        send(pad_slot(pad_ptrs, peer, 0, block, rank, WORLD, MAX_BLOCKS), SEM)
-    for peer in tl.static_range(WORLD):
-        wait(pad_slot(pad_ptrs, rank, 0, block, peer, WORLD, MAX_BLOCKS), SEM)
+    if not VECTOR_SIGNALS:
+        for p in tl.static_range(WORLD):
+            send(pad_slot(pad_ptrs, p, 0, block, rank, WORLD, MAX_BLOCKS), SEM)
+        for p in tl.static_range(WORLD):
+            wait(pad_slot(pad_ptrs, rank, 0, block, p, WORLD, MAX_BLOCKS), SEM)
+        tl.debug_barrier()
+        return
+    lanes = tl.arange(0, 8)
+    valid = lanes < WORLD
+    peer = tl.where(valid, lanes, rank)
+    remote = tl.load(pad_ptrs + peer).to(tl.pointer_type(tl.int32))
+    send_at = remote + block * WORLD + rank           # channel 0, slot (block, me) on each peer
+    done = lanes >= WORLD
+    while tl.sum((done == 0).to(tl.int32), axis=0) > 0:
+        if SEM == 0:
+            old = tl.atomic_cas(send_at, tl.where(done, -1, 0), 1, sem="release", scope="sys")
+        else:
+            old = tl.atomic_cas(send_at, tl.where(done, -1, 0), 1, sem="relaxed", scope="sys")
+        done = done | (old == 0)
+    local = tl.load(pad_ptrs + rank).to(tl.pointer_type(tl.int32))
+    wait_at = local + block * WORLD + peer            # channel 0, slot (block, peer) on mine
+    done = lanes >= WORLD
+    while tl.sum((done == 0).to(tl.int32), axis=0) > 0:
+        if SEM == 0:
+            old = tl.atomic_cas(wait_at, tl.where(done, -1, 1), 0, sem="acquire", scope="sys")
+        else:
+            old = tl.atomic_cas(wait_at, tl.where(done, -1, 1), 0, sem="relaxed", scope="sys")
+        done = done | (old == 1)
     tl.debug_barrier()
 
 

@@ -1,0 +1,148 @@
+"""Lab 02's pictures: symmetric memory, each algorithm's data movement, and the sweep plots
+(latency log-log, busbw against size, the one-shot/two-shot crossover)."""
+from __future__ import annotations
+
+from labkit.plot import bytes_axis
+
+STYLE = {"nccl": ("black", "-"), "torch_one_shot": ("tab:gray", "--"), "torch_two_shot": ("tab:gray", "-"),
+         "labkit_one_shot": ("tab:blue", "-"), "labkit_two_shot": ("tab:orange", "-"),
+         "labkit_tree": ("tab:green", "-"), "labkit": ("tab:blue", "-")}
+
+
+def plot_symmetric_memory(ax, world: int = 4) -> None:
+    """W ranks, each with a data buffer and a signal pad at the same place in its heap; every
+    rank holds a table of W pointers to them (PyTorch maps the peers' memory over NVLink)."""
+    for r in range(world):
+        x = r * 2.2
+        ax.add_patch(_box(x, 2.0, 1.8, 1.0, "tab:blue"))
+        ax.text(x + 0.9, 2.5, f"rank {r}\ndata buffer", ha="center", va="center", fontsize=8)
+        ax.add_patch(_box(x, 1.2, 1.8, 0.6, "tab:orange"))
+        ax.text(x + 0.9, 1.5, "signal pad", ha="center", va="center", fontsize=8)
+        ax.add_patch(_box(x, 0.0, 1.8, 0.8, "tab:gray"))
+        ax.text(x + 0.9, 0.4, f"data_ptrs[0..{world - 1}]\npad_ptrs[0..{world - 1}]", ha="center", va="center", fontsize=7)
+    for r in range(1, world):  # rank 0's pointer table reaches every peer's buffer
+        ax.annotate("", xy=(r * 2.2 + 0.9, 2.0), xytext=(0.9, 0.8),
+                    arrowprops={"arrowstyle": "->", "color": "tab:blue", "alpha": 0.6})
+    ax.set_xlim(-0.2, world * 2.2)
+    ax.set_ylim(-0.2, 3.3)
+    ax.axis("off")
+    ax.set_title("symmetric memory: same-shaped buffers and pads on every rank; rank 0's pointer table shown", fontsize=9)
+
+
+def _box(x, y, w, h, color):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((x, y), w, h, facecolor=color, alpha=0.25, edgecolor=color)
+
+
+def plot_data_movement(ax, algorithm: str, world: int = 4) -> None:
+    """Who reads what from whom, for one rank's point of view (rank 0) or the whole tree."""
+    from labkit.dist.tree import tree_links
+
+    ys = {r: world - 1 - r for r in range(world)}
+    for r in range(world):
+        ax.text(0, ys[r], f"rank {r}", ha="right", va="center", fontsize=8)
+    if algorithm == "one_shot":
+        for r in range(world):
+            ax.annotate("", xy=(1, ys[0]), xytext=(0.1, ys[r]), arrowprops={"arrowstyle": "->", "color": "tab:blue"})
+        text = "rank 0 reads ALL of every buffer: (W-1)N over the links, one step"
+    elif algorithm == "two_shot":
+        for r in range(world):
+            ax.annotate("", xy=(1, ys[0]), xytext=(0.1, ys[r]), arrowprops={"arrowstyle": "->", "color": "tab:orange"})
+            ax.annotate("", xy=(2, ys[r]), xytext=(1.1, ys[0]), arrowprops={"arrowstyle": "->", "color": "tab:green"})
+        ax.text(1, -0.8, "shot 1: shard 0 from everyone", fontsize=7, ha="center")
+        ax.text(2, -0.8, "shot 2: everyone copies shard 0", fontsize=7, ha="center")
+        text = "each rank reduces its 1/W shard, then all gather: 2(W-1)N/W per rank"
+    elif algorithm == "tree":
+        for r in range(world):
+            parent = tree_links(r, world)[0]
+            if parent >= 0:
+                ax.annotate("", xy=(1, ys[parent]), xytext=(0.1, ys[r]),
+                            arrowprops={"arrowstyle": "->", "color": "tab:green", "connectionstyle": "arc3,rad=0.2"})
+        text = "tree A shown (tree B mirrors it): partial sums go up, the result comes down"
+    elif algorithm == "reduce_scatter":
+        for r in range(world):
+            ax.annotate("", xy=(1, ys[0]), xytext=(0.1, ys[r]), arrowprops={"arrowstyle": "->", "color": "tab:purple"})
+        text = "rank 0 reads shard 0 of every buffer and sums: (W-1)N/W"
+    else:
+        for r in range(world):
+            ax.annotate("", xy=(1, ys[0]), xytext=(0.1, ys[r]), arrowprops={"arrowstyle": "->", "color": "tab:red"})
+        text = "rank 0 copies every rank's shard: (W-1)N/W"
+    ax.set_xlim(-0.8, 2.4)
+    ax.set_ylim(-1.2, world)
+    ax.axis("off")
+    ax.set_title(f"{algorithm}: {text}", fontsize=8)
+
+
+def _series(records, op, key):
+    out = {}
+    for r in records:
+        if r.get("kind", "sweep") == "sweep" and r.get("op") == op and r.get(key):
+            out.setdefault(r["impl"], []).append((r["bytes"], r[key]))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def plot_latency(records: list[dict], ax, title: str, op: str = "all_reduce", key: str = "us") -> None:
+    for impl, pts in sorted(_series(records, op, key).items()):
+        color, ls = STYLE.get(impl, (None, "-"))
+        ax.plot([b for b, _ in pts], [v for _, v in pts], marker="o", ms=3, ls=ls, color=color, label=impl)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    bytes_axis(ax, "x")
+    ax.set_ylabel("µs per call (median)" + (", CUDA-graph replay" if key == "graph_us" else ", back to back"))
+    ax.set_title(f"{title}\n{op}", fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+
+
+def plot_busbw(records: list[dict], ax, title: str, op: str = "all_reduce", key: str = "busbw_GBps",
+               crossover: int | None = None) -> None:
+    for impl, pts in sorted(_series(records, op, key).items()):
+        color, ls = STYLE.get(impl, (None, "-"))
+        ax.plot([b for b, _ in pts], [v for _, v in pts], marker="o", ms=3, ls=ls, color=color, label=impl)
+    if crossover:
+        ax.axvline(crossover, color="tab:red", ls=":", lw=1)
+        ax.annotate("one-shot | two-shot", (crossover, ax.get_ylim()[1] * 0.9), fontsize=7, color="tab:red")
+    ax.set_xscale("log", base=2)
+    bytes_axis(ax, "x")
+    ax.set_ylabel("bus bandwidth (GB/s, nccl-tests definition)")
+    ax.set_title(f"{title}\n{op}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def targets_markdown(records: list[dict]) -> str:
+    """The issue's targets against a sweep: measured numbers, met or not."""
+    sw = [r for r in records if r.get("kind", "sweep") == "sweep"]
+    if not sw:
+        return "(no sweep records)"
+    w = sw[0]["world_size"]
+
+    def get(impl, op, b, key):
+        r = next((x for x in sw if x["impl"] == impl and x["op"] == op and x["bytes"] == b), None)
+        return None if r is None else r.get(key)
+
+    def best_labkit(op, b, key):
+        impls = ["labkit_one_shot", "labkit_two_shot", "labkit_tree"] if op == "all_reduce" else ["labkit"]
+        vals = [v for v in (get(i, op, b, key) for i in impls) if v]
+        return (min if key.endswith("us") else max)(vals) if vals else None
+
+    rows = ["| target | measured (back to back / graph) | met? |", "|---|---|---|"]
+    small = [b for b in sorted({r["bytes"] for r in sw}) if b <= 64 << 10]
+    worst = max((best_labkit("all_reduce", b, "us") or 1e9) for b in small)
+    worst_g = max((best_labkit("all_reduce", b, "graph_us") or 1e9) for b in small)
+    rows.append(f"| all-reduce bf16 <= 64 KiB: <= 8 µs | worst {worst:.1f} / {worst_g:.1f} µs | "
+                f"{'yes' if min(worst, worst_g) <= 8 else 'no'} |")
+    one = (best_labkit("all_reduce", 1 << 20, "us"), best_labkit("all_reduce", 1 << 20, "graph_us"))
+    if one[0]:
+        rows.append(f"| all-reduce bf16 1 MiB: <= 11 µs | {one[0]:.1f} / {one[1]:.1f} µs | {'yes' if min(one) <= 11 else 'no'} |")
+    big = max(r["bytes"] for r in sw)
+    bw = (best_labkit("all_reduce", big, "busbw_GBps"), best_labkit("all_reduce", big, "graph_busbw_GBps"))
+    rows.append(f"| all-reduce bf16 {big >> 20} MiB: >= 340 GB/s busbw | {bw[0]:.0f} / {bw[1]:.0f} GB/s | "
+                f"{'yes' if max(bw) >= 340 else 'no'} |")
+    for op in ("reduce_scatter", "all_gather"):
+        mine, nccl = get("labkit", op, big, "busbw_GBps"), get("nccl", op, big, "busbw_GBps")
+        if mine and nccl:
+            rows.append(f"| {op} {big >> 20} MiB: >= NCCL busbw | {mine:.0f} vs NCCL {nccl:.0f} GB/s | "
+                        f"{'yes' if mine >= nccl else 'no'} |")
+    return f"W = {w}\n\n" + "\n".join(rows)

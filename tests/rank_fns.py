@@ -1,0 +1,59 @@
+"""Rank functions for tests/test_ranks.py.
+
+They live in a module of their own because every rank imports its function by name: spawned
+ranks get the launcher's sys.path, where pytest has put tests/ (as for ``helpers``).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def inputs(seed: int, rank: int, n: int) -> torch.Tensor:
+    """Rank ``rank``'s input: fresh random numbers, reproducible by the test from the seed."""
+    g = torch.Generator().manual_seed(seed + rank)
+    return torch.randn(n, generator=g, dtype=torch.float32)
+
+
+def report(ctx, seed: int, n: int) -> dict:
+    """Who this rank is, an all_reduce of its random inputs, and a file passed through scratch."""
+    import labkit
+
+    x = inputs(seed, ctx.rank, n).to(ctx.device)
+    total = x.clone()
+    dist.all_reduce(total)  # sum over ranks
+    shared = os.path.join(ctx.scratch_dir, "from_rank0.txt")
+    if ctx.rank == 0:
+        with open(shared, "w") as f:
+            f.write(f"written by pid {os.getpid()}")
+    ctx.barrier()  # rank 0 has written the file before anyone reads it
+    with open(shared) as f:
+        seen = f.read()
+    return {"rank": ctx.rank, "world_size": ctx.world_size, "device": str(ctx.device),
+            "backend": ctx.backend, "dist_rank": dist.get_rank(),
+            "dist_world_size": dist.get_world_size(), "sum": total.cpu(), "seen": seen,
+            "scratch_dir": ctx.scratch_dir, "pid": os.getpid(), "tier": labkit.TIER,
+            "env": {k: os.environ.get(k) for k in
+                    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NCCL_NVLS_ENABLE", "LABKIT_RANKS_PROBE")}}
+
+
+def raise_on_rank(ctx, bad_rank: int, sleep_s: float) -> int:
+    """Rank ``bad_rank`` raises; the others sleep, as if waiting in a collective for it."""
+    if ctx.rank == bad_rank:
+        raise ValueError(f"planted failure on rank {ctx.rank}")
+    time.sleep(sleep_s)
+    return ctx.rank
+
+
+def spin_on_missing_peer(ctx, seconds: float) -> str:
+    """Rank 0 returns at once; the others spin on a flag file that rank 0 never writes."""
+    if ctx.rank == 0:
+        return "rank 0 done"
+    flag = os.path.join(ctx.scratch_dir, "rank0_arrived")
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return "peer arrived" if os.path.exists(flag) else "gave up"

@@ -1,0 +1,118 @@
+"""labkit.dist collectives over symmetric memory: every algorithm against an fp64 sum on fresh
+random inputs, for every world size this machine allows (the CPU tier emulates ranks as
+processes over shared memory, so CI checks W = 2, 3, 4 and 8), odd sizes, both dtypes; pads
+back at zero; hangs and misuse turned into clear errors."""
+import secrets
+
+import pytest
+import torch
+
+import labkit  # noqa: F401  (picks the tier first)
+from labkit import tier
+from labkit.dist import collectives as C
+from labkit.dist import experiments
+from labkit.dist.ranks import RankFailure, run_ranks
+from labkit.dist.tree import tree_links
+
+
+def _world_sizes():
+    if tier.interpreted() or not torch.cuda.is_available():
+        return [2, 3, 4]
+    return [w for w in (2, 3, 4, 8) if w <= torch.cuda.device_count()]
+
+
+def _check(w, n, dtype, trials=1):
+    seed = secrets.randbelow(2**20)  # fresh inputs every run; printed on failure
+    res = run_ranks(experiments.check_algorithms, w, n, dtype, seed, trials, timeout=300)
+    rows = [r for per_rank in res.unwrap() for r in per_rank]
+    bad = [r for r in rows if not (r["correct"] and r["pads_zero"])]
+    assert not bad, f"seed {seed}: {bad}"
+    return rows
+
+
+@pytest.mark.parametrize("w", _world_sizes())
+def test_every_algorithm_sums_right_with_odd_sizes(w):
+    n = 4096 * 2 + 3 * w + 1 if tier.interpreted() else (1 << 20) + 7
+    rows = _check(w, n, "bfloat16")
+    assert {r["algorithm"] for r in rows if r["op"] == "all_reduce"} == {"one_shot", "two_shot", "tree"}
+
+
+@pytest.mark.parametrize("w", _world_sizes())
+def test_fp32_and_scatter_gather(w):
+    n = 1000 * w if tier.interpreted() else (1 << 22) * w
+    rows = _check(w, n, "float32")
+    assert {r["op"] for r in rows} == {"all_reduce", "reduce_scatter", "all_gather"}
+
+
+@pytest.mark.skipif(not tier.interpreted(), reason="8 emulated ranks: the CPU tier's check of W=8")
+def test_eight_emulated_ranks():
+    rows = _check(8, 8 * 131, "float32")
+    assert len(rows) == 8 * 5
+
+
+def test_tree_links_are_consistent():
+    for w in range(2, 9):
+        links = [tree_links(r, w) for r in range(w)]
+        for tree in (0, 1):
+            roots = [r for r in range(w) if links[r][3 * tree] == -1]
+            assert len(roots) == 1
+            for r in range(w):
+                parent, c0, c1 = links[r][3 * tree: 3 * tree + 3]
+                for c in (c0, c1):
+                    if c >= 0:
+                        assert links[c][3 * tree] == r  # my child names me as its parent
+                if parent >= 0:
+                    assert r in links[parent][3 * tree + 1: 3 * tree + 3]
+
+
+def test_a_lonely_barrier_times_out_instead_of_hanging():
+    res = run_ranks(experiments.lonely_barrier, 2, timeout=20)
+    assert res.results[0].status == "timeout"
+    with pytest.raises(RankFailure, match="rank 0"):
+        res.unwrap()
+
+
+def test_misuse_is_refused_with_clear_errors():
+    per_rank = run_ranks(experiments.misuse_errors, 2, timeout=120).unwrap()
+    for found in per_rank:
+        assert found["plain tensor"].startswith("TypeError: buf: a plain tensor is not in symmetric memory")
+        assert found["unsupported dtype"].startswith("TypeError: dtype: torch.float16 is not supported")
+        assert "differs across ranks" in found["sizes differ"] and "rank 1: shape (9,)" in found["sizes differ"]
+        assert "blocks: 3 programs" in found["more blocks than the pad"]
+        assert "does not split into 2 equal shards" in found["uneven reduce-scatter"]
+        assert found["wrong out shape"].startswith("ValueError: out: shape (63,)")
+
+
+def test_world_size_one_is_refused():
+    (msg,) = run_ranks(experiments.one_rank, 1, timeout=60).unwrap()
+    assert msg.startswith("ValueError: world size 1")
+
+
+def test_the_unguarded_leaf_crashes_and_is_reported():
+    res = run_ranks(experiments.unguarded_leaf, 2, timeout=60)
+    assert not res.ok
+    crashed = [r for r in res.results if r.status in ("signal", "illegal_memory_access", "cuda_error", "exception")]
+    assert crashed, res.summary()
+
+
+def test_no_end_barrier_goes_wrong_under_load():
+    """The variant without the end barrier, with one rank made late in turn: it must produce
+    wrong results (measured on the CPU emulation and the GPUs alike); the correct kernel none."""
+    w = 2
+    bad = run_ranks(experiments.broken_trials, w, "no_end_barrier", "one_shot", 6, 4096, "float32",
+                    5000.0 if tier.interpreted() else 200.0, timeout=300).unwrap()
+    good = run_ranks(experiments.broken_trials, w, "correct", "one_shot", 6, 4096, "float32",
+                     5000.0 if tier.interpreted() else 200.0, timeout=300).unwrap()
+    assert sum(r["wrong"] for r in bad) > 0, bad
+    assert sum(r["wrong"] for r in good) == 0 and all(r["pads_zero"] for r in good), good
+
+
+def test_chooser_uses_crossovers():
+    assert C.choose(1024, 2, {2: 4096}) == "one_shot"
+    assert C.choose(8192, 2, {2: 4096}) == "two_shot"
+    from labkit.errors import UsageError
+
+    with pytest.raises(UsageError, match="variant"):
+        C._sem_end("bogus", "one_shot")
+    with pytest.raises(UsageError, match="only for algorithm='tree'"):
+        C._sem_end("unguarded_leaf", "two_shot")

@@ -1,0 +1,145 @@
+"""run_ranks: W spawned ranks with torch.distributed up; values, failures and hangs per rank.
+
+Each launch spawns W fresh interpreters that import torch (seconds each), so the CPU tests share
+a few launches: one W=4 run that several tests inspect, one failing run and one hung run.
+"""
+import os
+import secrets
+import time
+
+import pytest
+import rank_fns
+import torch
+
+import labkit  # noqa: F401  (picks the tier first)
+from labkit.dist.ranks import RankFailure, RanksResult, run_ranks
+from labkit.errors import UsageError
+from labkit.gates import HardwareUnavailable
+
+N = 1000  # numbers per rank in the all_reduce
+
+
+def reference_sum(seed: int, world_size: int) -> torch.Tensor:
+    return sum(rank_fns.inputs(seed, r, N).double() for r in range(world_size))
+
+
+@pytest.fixture(scope="module")
+def four_ranks():
+    """One W=4 gloo run of rank_fns.report, with fresh random inputs."""
+    seed = secrets.randbelow(2**31)
+    # TRITON_INTERPRET=0 proves `env` is set before the rank imports labkit (which reads it).
+    res = run_ranks(rank_fns.report, 4, seed, N, backend="gloo", timeout=60,
+                    env={"LABKIT_RANKS_PROBE": 42, "TRITON_INTERPRET": "0"})
+    return seed, res
+
+
+def test_values_come_back_in_rank_order_with_each_ranks_context(four_ranks):
+    _, res = four_ranks
+    assert res.ok, res.summary() + "".join(r.stderr for r in res.results)
+    values = res.unwrap()
+    assert values == res.values and len(values) == 4 == res.world_size
+    assert res.backend == "gloo"
+    assert len({v["pid"] for v in values} | {os.getpid()}) == 5  # four processes of their own
+    for rank, v in enumerate(values):
+        assert (v["rank"], v["dist_rank"]) == (rank, rank)
+        assert v["world_size"] == v["dist_world_size"] == 4
+        assert (v["device"], v["backend"]) == ("cpu", "gloo")
+        assert v["env"] == {"RANK": str(rank), "WORLD_SIZE": "4", "LOCAL_RANK": str(rank),
+                            "NCCL_NVLS_ENABLE": "0", "LABKIT_RANKS_PROBE": "42"}
+        assert v["tier"] == ("gpu" if torch.cuda.is_available() else "cpu")
+    assert res.summary().splitlines() == [r.summary() for r in res.results]
+    assert res.summary().startswith("rank 0 ok (")
+
+
+def test_all_reduce_in_the_ranks_matches_a_float64_reference(four_ranks):
+    seed, res = four_ranks
+    ref = reference_sum(seed, 4)
+    for v in res.values:
+        assert v["sum"].dtype == torch.float32
+        torch.testing.assert_close(v["sum"].double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_scratch_dir_is_shared_by_the_ranks_and_removed_afterwards(four_ranks):
+    _, res = four_ranks
+    writer = res.values[0]["pid"]
+    assert {v["scratch_dir"] for v in res.values} == {res.values[0]["scratch_dir"]}
+    assert all(v["seen"] == f"written by pid {writer}" for v in res.values)
+    assert not os.path.exists(res.values[0]["scratch_dir"])
+    assert not os.path.exists(os.path.dirname(res.values[0]["scratch_dir"]))
+
+
+def test_a_rank_that_raises_is_reported_and_the_others_are_aborted_at_once():
+    t0 = time.monotonic()
+    res = run_ranks(rank_fns.raise_on_rank, 2, 1, 60.0, timeout=60)
+    assert time.monotonic() - t0 < 30  # rank 0 was killed, not waited for (it sleeps 60 s)
+    bad, other = res.results[1], res.results[0]
+    assert bad.status == "exception"
+    assert bad.error_type == "builtins.ValueError"
+    assert bad.message == "planted failure on rank 1"
+    assert "raise_on_rank" in bad.traceback and "ValueError" in bad.traceback
+    assert other.status in ("ok", "aborted")
+    if other.status == "aborted":
+        assert "rank 1" in other.message
+    assert not res.ok and res.values[1] is None
+    with pytest.raises(RankFailure, match=r"rank 1 exception: builtins.ValueError: planted") as e:
+        res.unwrap()
+    assert "planted failure on rank 1" in str(e.value)  # with the rank's traceback
+    assert e.value.result is res and isinstance(e.value, RuntimeError)
+
+
+def test_a_hung_rank_becomes_a_timeout_and_the_run_ends_soon_after():
+    t0 = time.monotonic()
+    res = run_ranks(rank_fns.spin_on_missing_peer, 2, 60.0, timeout=8)
+    took = time.monotonic() - t0
+    assert 8 <= took < 30, took
+    assert res.results[0].status == "ok" and res.values[0] == "rank 0 done"
+    hung = res.results[1]
+    assert hung.status == "timeout" and hung.value is None
+    assert "did not finish within 8 s" in hung.summary()
+    with pytest.raises(RankFailure, match=r"rank 1 did not finish within 8 s \(hung\?"):
+        res.unwrap()
+
+
+@pytest.mark.parametrize("bad, name", [
+    ({"world_size": 0}, "world_size"),
+    ({"world_size": "2"}, "world_size"),
+    ({"world_size": 1.5}, "world_size"),
+    ({"world_size": True}, "world_size"),
+    ({"timeout": 0}, "timeout"),
+    ({"timeout": -1.0}, "timeout"),
+    ({"backend": "mpi"}, "backend"),
+    ({"env": ["X=1"]}, "env"),
+    ({"fn": lambda ctx: 1}, "lambda"),
+    ({"fn": "rank_fns"}, "module:function"),
+    ({"fn": "rank_fns:no_such_function"}, "no_such_function"),
+])
+def test_bad_input_is_refused_before_any_process_starts(monkeypatch, bad, name):
+    def no_spawn(*a, **k):
+        raise AssertionError("a process was about to start")
+
+    monkeypatch.setattr(torch.multiprocessing, "get_context", no_spawn)
+    call = {"fn": rank_fns.report, "world_size": 2, **bad}
+    fn, world_size = call.pop("fn"), call.pop("world_size")
+    with pytest.raises(UsageError, match=name):
+        run_ranks(fn, world_size, 0, N, **call)
+
+
+def test_unpicklable_arguments_and_too_few_gpus_are_refused(monkeypatch):
+    monkeypatch.setattr(torch.multiprocessing, "get_context", None)
+    with pytest.raises(UsageError, match="cannot be pickled"):
+        run_ranks(rank_fns.report, 2, lambda: 0, N)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(HardwareUnavailable, match=f"world_size={gpus + 1}, this machine has {gpus}"):
+        run_ranks(rank_fns.report, gpus + 1, 0, N, backend="nccl")
+
+
+@pytest.mark.multigpu
+def test_two_gpu_ranks_all_reduce_over_nccl():
+    seed = secrets.randbelow(2**31)
+    res = run_ranks(rank_fns.report, 2, seed, N, timeout=120)
+    assert isinstance(res, RanksResult) and res.backend == "nccl"
+    values = res.unwrap()
+    assert [v["device"] for v in values] == ["cuda:0", "cuda:1"]
+    ref = reference_sum(seed, 2)
+    for v in values:
+        torch.testing.assert_close(v["sum"].double(), ref, rtol=1e-5, atol=1e-5)
