@@ -86,21 +86,24 @@ def block_barrier(pad_ptrs, rank, block, WORLD: tl.constexpr, MAX_BLOCKS: tl.con
     peer = tl.where(valid, lanes, rank)
     remote = tl.load(pad_ptrs + peer).to(tl.pointer_type(tl.int32))
     send_at = remote + block * WORLD + rank           # channel 0, slot (block, me) on each peer
+    one = tl.full([8], 1, tl.int32)
+    zero = tl.full([8], 0, tl.int32)
+    never = tl.full([8], -1, tl.int32)  # a compare value no slot ever holds
     done = lanes >= WORLD
     while tl.sum((done == 0).to(tl.int32), axis=0) > 0:
         if SEM == 0:
-            old = tl.atomic_cas(send_at, tl.where(done, -1, 0), 1, sem="release", scope="sys")
+            old = tl.atomic_cas(send_at, tl.where(done, never, zero), one, sem="release", scope="sys")
         else:
-            old = tl.atomic_cas(send_at, tl.where(done, -1, 0), 1, sem="relaxed", scope="sys")
+            old = tl.atomic_cas(send_at, tl.where(done, never, zero), one, sem="relaxed", scope="sys")
         done = done | (old == 0)
     local = tl.load(pad_ptrs + rank).to(tl.pointer_type(tl.int32))
     wait_at = local + block * WORLD + peer            # channel 0, slot (block, peer) on mine
     done = lanes >= WORLD
     while tl.sum((done == 0).to(tl.int32), axis=0) > 0:
         if SEM == 0:
-            old = tl.atomic_cas(wait_at, tl.where(done, -1, 1), 0, sem="acquire", scope="sys")
+            old = tl.atomic_cas(wait_at, tl.where(done, never, one), zero, sem="acquire", scope="sys")
         else:
-            old = tl.atomic_cas(wait_at, tl.where(done, -1, 1), 0, sem="relaxed", scope="sys")
+            old = tl.atomic_cas(wait_at, tl.where(done, never, one), zero, sem="relaxed", scope="sys")
         done = done | (old == 1)
     tl.debug_barrier()
 
