@@ -6,7 +6,8 @@ from labkit.plot import bytes_axis
 
 STYLE = {"nccl": ("black", "-"), "torch_one_shot": ("tab:gray", "--"), "torch_two_shot": ("tab:gray", "-"),
          "labkit_one_shot": ("tab:blue", "-"), "labkit_two_shot": ("tab:orange", "-"),
-         "labkit_tree": ("tab:green", "-"), "labkit": ("tab:blue", "-")}
+         "labkit_tree": ("tab:green", "-"), "labkit": ("tab:blue", "-"),
+         "labkit_one_shot_graphed": ("tab:cyan", ":")}
 
 
 def plot_symmetric_memory(ax, world: int = 4) -> None:
@@ -123,7 +124,8 @@ def targets_markdown(records: list[dict]) -> str:
         return None if r is None else r.get(key)
 
     def best_labkit(op, b, key):
-        impls = ["labkit_one_shot", "labkit_two_shot", "labkit_tree"] if op == "all_reduce" else ["labkit"]
+        impls = (["labkit_one_shot", "labkit_two_shot", "labkit_tree", "labkit_one_shot_graphed"]
+                 if op == "all_reduce" else ["labkit"])
         vals = [v for v in (get(i, op, b, key) for i in impls) if v]
         return (min if key.endswith("us") else max)(vals) if vals else None
 
