@@ -2,7 +2,8 @@
 
 This catalogue is the single source for the README's lab table (``labkit labs --markdown``,
 checked by a test), for ``labkit doctor``'s "what can each lab do here", and for the start-here
-notebook. A lab whose notebook is not written yet is listed with ``status="planned"``.
+notebook. A lab whose notebook is not written yet is listed with ``status="planned"``; one whose
+notebook runs but whose issue is still open (parts or reference data missing) is ``"draft"``.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class Lab:
     seed: str          # file name in shared/seeds/
     gpus: str          # what the full lab needs, in words
     cpu_tier: str      # what the CPU tier shows
-    status: str        # "ready" or "planned"
+    status: str        # "ready", "draft" (notebook runs, issue open) or "planned"
     issue: int
     parts: tuple[Part, ...] = ()
 
@@ -57,9 +58,11 @@ LABS: tuple[Lab, ...] = (
         "memory ordering in hand-written all-reduce / reduce-scatter / all-gather over "
         "symmetric memory; a barrier without acquire/release",
         "nccl-mode-triton-collectives-talk.txt", "2 to 8 with peer access",
-        "every algorithm on an emulated world of ranks, checked against a reference sum",
-        "planned", 4,
-        (Part("symmetric-memory collectives on GPUs", {"gpus": 2, "peer_access": True, "compiled": True}),)),
+        "every algorithm on an emulated world of 2-4 ranks (processes over shared memory) against an "
+        "fp64 sum; the broken variants, the crash and the hang; the recorded sweeps",
+        "draft", 4,
+        (Part("symmetric-memory collectives on GPUs", {"gpus": 2, "peer_access": True, "compiled": True}),
+         Part("the sweep against NCCL and torch symm_mem", {"gpus": 2, "peer_access": True, "compiled": True}))),
     Lab("03_stream_races", "Buffers that escape the allocator",
         "raw-pointer tensors skip the caching allocator's stream tracking: a side stream writes "
         "into memory that was freed and reused",
@@ -94,7 +97,7 @@ def get(lab_id: str) -> Lab:
 
 def capability(lab: Lab, hw: hardware.Hardware | None = None) -> dict:
     """What the lab can do on this machine: 'full', 'partial' (with the parts skipped), 'planned'."""
-    if lab.status != "ready":
+    if lab.status not in ("ready", "draft"):
         where = f"issue {lab.issue}" if lab.issue else "no issue yet"
         return {"lab": lab.id, "can": "planned", "detail": f"not written yet ({where})", "skipped": []}
     skipped = []
@@ -112,7 +115,8 @@ def markdown_table() -> str:
     rows = ["| notebook | the bug | seed story | GPUs | CPU tier shows | status |",
             "|---|---|---|---|---|---|"]
     for lab in LABS:
-        status = "ready" if lab.status == "ready" else (f"planned (issue {lab.issue})" if lab.issue else "planned")
+        status = {"ready": "ready", "draft": f"draft (issue {lab.issue} open)"}.get(
+            lab.status, f"planned (issue {lab.issue})" if lab.issue else "planned")
         rows.append(f"| `{lab.notebook}` | {lab.bug} | `{lab.seed}` | {lab.gpus} | {lab.cpu_tier} | {status} |"
                     if lab.seed.endswith(".txt") else
                     f"| `{lab.notebook}` | {lab.bug} | {lab.seed} | {lab.gpus} | {lab.cpu_tier} | {status} |")

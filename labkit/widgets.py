@@ -226,3 +226,53 @@ def alignment_explorer():
 
     run.on_click(on_run)
     return w.VBox([w.HBox([rows, cols, dtype]), w.HBox([groups, pad, run]), out])
+
+
+def collective_report(algorithm: str, n: int, world_size: int, reference: list[dict], live_world: bool) -> str:
+    """Lab 02: run one all-reduce algorithm on ``world_size`` ranks (GPUs, or emulated ranks on
+    the CPU tier) on fresh inputs, and read the recorded latency of the nearest measured size."""
+    import secrets
+
+    from labkit.dist import experiments
+    from labkit.dist.ranks import run_ranks
+
+    lines = []
+    if live_world:
+        res = run_ranks(experiments.check_algorithms, world_size, n, "bfloat16", secrets.randbelow(2**20), 1,
+                        [algorithm], timeout=300)
+        if res.ok:
+            rows = [r for per in res.values for r in per]
+            lines.append(f"{algorithm} on {world_size} ranks, {n:,} bf16 elements: "
+                         f"correct on {sum(r['correct'] for r in rows)} of {len(rows)} ranks, "
+                         f"pads back at zero on {sum(r['pads_zero'] for r in rows)} of {len(rows)}")
+        else:
+            lines.append(f"run failed:\n{res.summary()}")
+    else:
+        lines.append(f"{world_size} ranks is more than this machine runs here; nothing run")
+    nbytes = 2 * n
+    recs = [r for r in reference if r.get("impl") == f"labkit_{algorithm}" and r.get("op") == "all_reduce"
+            and r.get("kind", "sweep") == "sweep" and r.get("us")]
+    if recs:
+        near = min(recs, key=lambda r: (abs(r["world_size"] - world_size), abs(r["bytes"] - nbytes)))
+        lines.append(f"RECORDED ({near['world_size']} GPUs, {near['bytes']:,} bytes): {near['us']:.1f} µs back to back, "
+                     f"{near.get('graph_us') or float('nan'):.1f} µs graph replay, busbw {near['busbw_GBps']:.0f} GB/s")
+    return "\n".join(lines)
+
+
+def collective_explorer(reference: list[dict], max_world: int):
+    """Pick an algorithm, a size and a world size; run it and see the recorded timing."""
+    from labkit.dist import collectives as C
+
+    algorithm = w.ToggleButtons(options=list(C.ALGORITHMS), description="algorithm")
+    size = w.SelectionSlider(options=[1 << k for k in range(8, 15)], value=1 << 12, description="elements")
+    world = w.IntSlider(value=2, min=2, max=8, description="ranks")
+    run = w.Button(description="Run", icon="play")
+    out = w.HTML()
+
+    def on_run(_=None):
+        out.value = _pre("running ...")
+        out.value = _pre(collective_report(algorithm.value, size.value, world.value, reference,
+                                           world.value <= max_world))
+
+    run.on_click(on_run)
+    return w.VBox([algorithm, w.HBox([size, world, run]), out])

@@ -110,6 +110,10 @@ def test_no_end_barrier_goes_wrong_under_load():
 def test_chooser_uses_crossovers():
     assert C.choose(1024, 2, {2: 4096}) == "one_shot"
     assert C.choose(8192, 2, {2: 4096}) == "two_shot"
+    assert C.choose(8192, 4, {2: 4096}) == "one_shot" and C.choose(1 << 20, 4, {}) == "two_shot"
+    # the committed 2-GPU sweep measured one-shot at least as fast at every size
+    assert C.measured_crossovers().get(2) == C.ALWAYS
+    assert C.choose(256 << 20, 2) == "one_shot"
     from labkit.errors import UsageError
 
     with pytest.raises(UsageError, match="variant"):

@@ -182,7 +182,21 @@ def sweep(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 7, graphs:
             records.append(rec)
         torch.cuda.synchronize()
         dist.barrier()
+        _progress(ctx, {"bytes": n * dtype.itemsize, "records": len(records)})
     return records
+
+
+def _progress(ctx, line: dict) -> None:
+    """Rank 0 appends one JSON line per finished size to $LABKIT_PROGRESS_FILE, if set: a sweep
+    cut short by a time limit still shows how far it got (the ranks' stdout is not streamed)."""
+    import json
+    import os
+    import time
+
+    path = os.environ.get("LABKIT_PROGRESS_FILE")
+    if path and ctx.rank == 0:
+        with open(path, "a") as f:
+            f.write(json.dumps({"time": time.time(), "world_size": ctx.world_size, **line}) + "\n")
 
 
 def crossover_bytes(records: list[dict], world_size: int, key: str = "us") -> int | None:
@@ -231,6 +245,12 @@ def _crash_record(w: int) -> dict:
             "statuses": [r.status for r in res.results], "outcome": res.summary()}
 
 
+def _progress_main(line: dict) -> None:
+    import types
+
+    _progress(types.SimpleNamespace(rank=0, world_size=None), line)
+
+
 def benchmark(profile: str) -> list[dict]:
     """Entry point of ``labkit bench collectives``: the sweep on every GPU of this machine (one
     world), then the broken variants under load and the unguarded-leaf crash."""
@@ -241,8 +261,10 @@ def benchmark(profile: str) -> list[dict]:
 
     gates.requires(gpus=2, peer_access=True, compiled=True).check()
     w = torch.cuda.device_count()
-    records = [dict(r, kind="sweep") for r in run_ranks(sweep, w, timeout=560).unwrap()[0]]
+    records = [dict(r, kind="sweep") for r in run_ranks(sweep, w, timeout=900).unwrap()[0]]
+    _progress_main({"phase": "sweep done"})
     records += _broken_records(w, trials=60, n=1 << 18)
+    _progress_main({"phase": "broken variants done"})
     records.append(_crash_record(w))
     for key in ("us", "graph_us"):
         records.append({"kind": "crossover", "impl": "labkit", "op": "all_reduce", "world_size": w,

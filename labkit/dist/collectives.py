@@ -30,10 +30,14 @@ VARIANTS = {
     "no_end_barrier": "no barrier at the end: a fast rank's next input overwrites a buffer a peer still reads",
     "unguarded_leaf": "tree only: a leaf reads its missing child through pointer-table entry -1",
 }
-#: one-shot up to this many bytes, two-shot above, per world size: measured crossovers
-#: (reference/<machine>/collectives.json, ``crossover_bytes``); this default until measured.
-DEFAULT_CROSSOVER_BYTES = {2: 256 << 10, 3: 128 << 10, 4: 128 << 10}
-
+#: Until a crossover is measured for a world size (``labkit bench collectives`` records it in
+#: reference/<machine>/collectives.json): with 2 ranks one-shot and two-shot read the same N
+#: bytes per rank and one-shot has one barrier fewer, so one-shot always; with more ranks,
+#: one-shot reads (W-1)N against two-shot's 2(W-1)N/W, so two-shot above a size this default
+#: guesses (256 KiB) and a measurement replaces.
+ALWAYS = float("inf")
+DEFAULT_CROSSOVER_BYTES = {2: ALWAYS}
+DEFAULT_CROSSOVER_ABOVE_2 = 256 << 10
 
 def _block(elem_size: int) -> int:
     """Elements per program step: 16-byte vectors x 32 lanes x 8 warps on GPUs; the interpreter
@@ -84,11 +88,25 @@ def _out(name: str, out, shape: tuple, like: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def measured_crossovers(reference_dir=None) -> dict:
+    """World size -> bytes up to which one-shot is chosen, from the committed reference sweeps
+    (their ``crossover`` records, CUDA-graph timing: the kernels' own speed)."""
+    from labkit import results
+
+    table = {}
+    for rs in results.load_references("collectives", reference_dir).values():
+        for r in rs.select(kind="crossover", timing="graph_us"):
+            table[r["world_size"]] = ALWAYS if r["bytes"] is None else r["bytes"]
+    return table
+
+
 def choose(nbytes: int, world_size: int, crossovers: dict | None = None) -> str:
-    """The all-reduce algorithm for a message size: one-shot (latency) up to the crossover,
-    two-shot (bandwidth) above it."""
-    table = crossovers or DEFAULT_CROSSOVER_BYTES
-    limit = table.get(world_size, table[max(k for k in table if k <= max(world_size, min(table)))])
+    """The all-reduce algorithm for a message size: one-shot (latency) up to the crossover for
+    this world size, two-shot (bandwidth) above it. ``crossovers``: world size -> bytes (default:
+    measured ones, else ``DEFAULT_CROSSOVER_BYTES``, else 256 KiB)."""
+    if crossovers is None:
+        crossovers = {**DEFAULT_CROSSOVER_BYTES, **measured_crossovers()}
+    limit = crossovers.get(world_size, DEFAULT_CROSSOVER_ABOVE_2)
     return "one_shot" if nbytes <= limit else "two_shot"
 
 

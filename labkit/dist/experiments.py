@@ -59,7 +59,8 @@ def _quiet_pads_zero(ctx, buf) -> bool:
     return zero
 
 
-def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, trials: int = 1) -> list[dict]:
+def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, trials: int = 1,
+                     algorithms=None) -> list[dict]:
     """Every all-reduce algorithm, reduce-scatter and all-gather on fresh random inputs
     (``trials`` per op), against an fp64 reference; pads checked to be zero after each call."""
     dtype = getattr(torch, dtype_name)
@@ -70,12 +71,12 @@ def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, tr
     gbuf = symm.empty(max(s, 1), dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
     for t in range(trials):
         x, xs = _inputs(ctx, n, dtype, seed + t)
-        for alg in C.ALGORITHMS:
+        for alg in algorithms or C.ALGORITHMS:
             buf.tensor.copy_(x)
             y = C.all_reduce(buf, algorithm=alg)
             rows.append({"op": "all_reduce", "algorithm": alg, "trial": t, "n": n, "dtype": dtype_name,
                          "world_size": w, "correct": _close(y, xs, dtype, w), "pads_zero": _quiet_pads_zero(ctx, buf)})
-        if n % w == 0:
+        if n % w == 0 and algorithms is None:
             buf.tensor.copy_(x)
             y = C.reduce_scatter(buf)
             rows.append({"op": "reduce_scatter", "algorithm": "direct", "trial": t, "n": n, "dtype": dtype_name,
