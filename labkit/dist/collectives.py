@@ -147,6 +147,18 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
     return out
 
 
+def _launch_shards(kernel, buf: SymmBuffer, out: torch.Tensor, shard: int, blocks, variant: str) -> torch.Tensor:
+    """Reduce-scatter and all-gather share a launch: ``shard`` elements per rank, start and end
+    barriers, the same programs."""
+    sem, end, _ = _sem_end(variant, "shards")
+    block = _block(buf.tensor.element_size())
+    p = _programs(triton.cdiv(shard, block), buf, blocks)
+    with on_device_of(buf=buf.tensor, out=out):
+        kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, shard, buf.rank, WORLD=buf.world_size,
+                     MAX_BLOCKS=buf.max_blocks, BLOCK=block, SEM=sem, END_BARRIER=end, num_warps=8)
+    return out
+
+
 def reduce_scatter(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
                    variant: str = "correct") -> torch.Tensor:
     """Rank r gets the sum over ranks of shard r of ``buf.tensor`` (W equal shards of dim 0)."""
@@ -158,15 +170,7 @@ def reduce_scatter(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: 
                          f"({x.shape[0]} % {w} = {x.shape[0] % w})")
     shape = (x.shape[0] // w,) + tuple(x.shape[1:])
     out = _out("out", out, shape, x)
-    shard = x.numel() // w
-    sem, end, _ = _sem_end(variant, "reduce_scatter")
-    block = _block(x.element_size())
-    p = _programs(triton.cdiv(shard, block), buf, blocks)
-    with on_device_of(buf=x, out=out):
-        scatter_gather.reduce_scatter_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, shard, buf.rank, WORLD=w,
-                                                   MAX_BLOCKS=buf.max_blocks, BLOCK=block, SEM=sem,
-                                                   END_BARRIER=end, num_warps=8)
-    return out
+    return _launch_shards(scatter_gather.reduce_scatter_kernel, buf, out, x.numel() // w, blocks, variant)
 
 
 def all_gather(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
@@ -177,15 +181,7 @@ def all_gather(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int 
     w = buf.world_size
     shape = (x.shape[0] * w,) + tuple(x.shape[1:])
     out = _out("out", out, shape, x)
-    shard = x.numel()
-    sem, end, _ = _sem_end(variant, "all_gather")
-    block = _block(x.element_size())
-    p = _programs(triton.cdiv(shard, block), buf, blocks)
-    with on_device_of(buf=x, out=out):
-        scatter_gather.all_gather_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, shard, buf.rank, WORLD=w,
-                                               MAX_BLOCKS=buf.max_blocks, BLOCK=block, SEM=sem,
-                                               END_BARRIER=end, num_warps=8)
-    return out
+    return _launch_shards(scatter_gather.all_gather_kernel, buf, out, x.numel(), blocks, variant)
 
 
 def barrier(buf: SymmBuffer, blocks: int = 1, variant: str = "correct") -> None:
