@@ -140,3 +140,17 @@ def test_gpu_code_uses_the_atomics_the_docs_promise():
             # divisible by 16 at launch, which this signature-only compile does not model; the
             # tree's loads are all masked)
             assert r["vector_loads"], r
+
+
+def test_crossover_is_where_two_shot_starts_winning_for_good():
+    from labkit.dist.bench import crossover_bytes
+
+    def recs(times):
+        return [{"impl": f"labkit_{impl}", "op": "all_reduce", "world_size": 4, "bytes": b, "us": us}
+                for b, (one, two) in times.items() for impl, us in (("one_shot", one), ("two_shot", two))]
+
+    # two-shot wins at 1024 once, loses at 2048, then wins from 4096 on: the crossover is 2048
+    assert crossover_bytes(recs({512: (1, 2), 1024: (3, 2), 2048: (2, 3), 4096: (5, 4), 8192: (9, 6)}), 4) == 2048
+    assert crossover_bytes(recs({512: (1, 2), 1024: (1, 2)}), 4) is None  # one-shot always
+    assert crossover_bytes(recs({512: (3, 2)}), 4) == 0                   # two-shot always
+    assert crossover_bytes([], 4) is None

@@ -207,13 +207,10 @@ def crossover_bytes(records: list[dict], world_size: int, key: str = "us") -> in
                 and r.get("world_size") == world_size and r.get(key)}
     one, two = at("labkit_one_shot"), at("labkit_two_shot")
     sizes = sorted(set(one) & set(two))
-    if not sizes:
-        return None
-    limit = None
-    for i, b in enumerate(sizes):
+    for i in range(len(sizes)):
         if all(two[c] < one[c] for c in sizes[i:]):
             return sizes[i - 1] if i > 0 else 0
-    return limit
+    return None
 
 
 def _broken_records(w: int, trials: int, n: int) -> list[dict]:
