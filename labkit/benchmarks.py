@@ -21,6 +21,7 @@ BENCHMARKS = {
     "sc_model": ("labkit.model", "benchmark", "REQUIRED"),
     "streams": ("labkit.stream_race", "benchmark", "REQUIRED"),
     "collectives": ("labkit.dist.bench", "benchmark", "REQUIRED"),
+    "collectives_tune": ("labkit.dist.bench", "tune_benchmark", "REQUIRED"),
 }
 
 

@@ -21,9 +21,9 @@ def _world_sizes():
     return [w for w in (2, 3, 4, 8) if w <= torch.cuda.device_count()]
 
 
-def _check(w, n, dtype, trials=1):
+def _check(w, n, dtype, trials=1, config=None):
     seed = secrets.randbelow(2**20)  # fresh inputs every run; printed on failure
-    res = run_ranks(experiments.check_algorithms, w, n, dtype, seed, trials, timeout=300)
+    res = run_ranks(experiments.check_algorithms, w, n, dtype, seed, trials, None, config, timeout=300)
     rows = [r for per_rank in res.unwrap() for r in per_rank]
     bad = [r for r in rows if not (r["correct"] and r["pads_zero"])]
     assert not bad, f"seed {seed}: {bad}"
@@ -42,6 +42,43 @@ def test_fp32_and_scatter_gather(w):
     n = 1000 * w if tier.interpreted() else (1 << 22) * w
     rows = _check(w, n, "float32")
     assert {r["op"] for r in rows} == {"all_reduce", "reduce_scatter", "all_gather"}
+
+
+@pytest.mark.skipif(tier.interpreted() or not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="launch configs change only compiled kernels: needs 2 GPUs")
+@pytest.mark.parametrize("config", [{"vectors": 4, "num_warps": 4, "programs": 3},
+                                    {"vectors": 2, "num_warps": 16, "programs": 264}])
+def test_other_launch_configs_sum_right(config):
+    """Another block shape and grid: more vectors per thread, odd program counts, a grid larger
+    than the pad allows (capped by it), all with a tail."""
+    w = torch.cuda.device_count()
+    rows = _check(w, (1 << 20) + 8 * w, "bfloat16", config=config)
+    assert {r["op"] for r in rows} == {"all_reduce", "reduce_scatter", "all_gather"}
+
+
+def test_launch_config_is_checked():
+    with pytest.raises(ValueError, match="config.vectors"):
+        C.LaunchConfig(vectors=3)
+    with pytest.raises(ValueError, match="config.num_warps"):
+        C.LaunchConfig(num_warps=6)
+    with pytest.raises(ValueError, match="config.programs"):
+        C.LaunchConfig(programs=0)
+    with pytest.raises(TypeError, match="config: expected a labkit.dist.collectives.LaunchConfig"):
+        C._config({"vectors": 2})
+    assert C._config(None) is C.DEFAULT_CONFIG
+
+
+def test_best_configs_reports_the_fastest_correct_one():
+    from labkit.dist.bench import best_configs
+
+    d = C.DEFAULT_CONFIG
+    base = {"kind": "tune", "impl": "labkit_one_shot", "op": "all_reduce", "world_size": 2, "bytes": 1 << 20}
+    recs = [dict(base, vectors=d.vectors, num_warps=d.num_warps, programs=d.programs, us=10.0, busbw_GBps=1.0, correct=True),
+            dict(base, vectors=4, num_warps=4, programs=64, us=5.0, busbw_GBps=2.0, correct=False),  # wrong: ignored
+            dict(base, vectors=2, num_warps=8, programs=64, us=7.0, busbw_GBps=1.5, correct=True)]
+    (row,) = best_configs(recs)
+    assert row["best"] == {"vectors": 2, "num_warps": 8, "programs": 64, "us": 7.0, "busbw_GBps": 1.5}
+    assert row["default_us"] == 10.0
 
 
 @pytest.mark.skipif(not tier.interpreted(), reason="8 emulated ranks: the CPU tier's check of W=8")

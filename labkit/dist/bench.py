@@ -66,28 +66,27 @@ def _iters(nbytes: int) -> int:
     return 50 if nbytes <= (1 << 20) else (20 if nbytes <= (16 << 20) else 5)
 
 
-def _cases(ctx, n: int, dtype, x: torch.Tensor, ref: torch.Tensor) -> dict:
+def _cases(ctx, n: int, dtype, x: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -> dict:
     """(impl, op) -> (call, check): ``call`` is what gets timed; ``check`` runs once on the
-    fresh inputs and says whether this rank's result is right. For every point, the
+    fresh inputs and says whether this rank's result is right (``scale``: sum over ranks of
+    |x_r|, what the rounding tolerance is relative to). For every point, the
     all-reduce message, the reduce-scatter input and the all-gather output are n elements."""
     import torch.distributed._symmetric_memory as symm_mem
 
     w, dev, rank = ctx.world_size, ctx.device, ctx.rank
     s = n // w
     group = dist.group.WORLD.group_name
-    mine = ref[rank * s:(rank + 1) * s]
-    if id(ref) in _SCALE:
-        _SCALE[id(mine)] = _SCALE[id(ref)][rank * s:(rank + 1) * s]
+    mine, mine_scale = ref[rank * s:(rank + 1) * s], scale[rank * s:(rank + 1) * s]
     gathered = torch.empty(n, dtype=dtype, device=dev)
     dist.all_gather_into_tensor(gathered, x[:s].contiguous())  # NCCL's answer for all-gather
     cases = {}
 
     t = x.clone()
     cases[("nccl", "all_reduce")] = (lambda: dist.all_reduce(t),
-                                     lambda: (t.copy_(x), dist.all_reduce(t), _close(t, ref, w))[-1])
+                                     lambda: (t.copy_(x), dist.all_reduce(t), _close(t, ref, w, scale))[-1])
     rs_out = torch.empty(s, dtype=dtype, device=dev)
     cases[("nccl", "reduce_scatter")] = (lambda: dist.reduce_scatter_tensor(rs_out, x),
-                                         lambda: (dist.reduce_scatter_tensor(rs_out, x), _close(rs_out, mine, w))[-1])
+                                         lambda: (dist.reduce_scatter_tensor(rs_out, x), _close(rs_out, mine, w, mine_scale))[-1])
     ag_in, ag_out = x[:s].contiguous(), torch.empty(n, dtype=dtype, device=dev)
     cases[("nccl", "all_gather")] = (lambda: dist.all_gather_into_tensor(ag_out, ag_in),
                                      lambda: (dist.all_gather_into_tensor(ag_out, ag_in), torch.equal(ag_out, gathered))[-1])
@@ -97,25 +96,25 @@ def _cases(ctx, n: int, dtype, x: torch.Tensor, ref: torch.Tensor) -> dict:
     one = getattr(torch.ops.symm_mem, "one_shot_all_reduce", None)
     if one is not None:
         cases[("torch_one_shot", "all_reduce")] = (lambda: one(st, "sum", group),
-                                                   lambda: (st.copy_(x), _close(one(st, "sum", group), ref, w))[-1])
+                                                   lambda: (st.copy_(x), _close(one(st, "sum", group), ref, w, scale))[-1])
     two = getattr(torch.ops.symm_mem, "two_shot_all_reduce_", None)
     if two is not None:  # in place: the result replaces the input
         cases[("torch_two_shot", "all_reduce")] = (lambda: two(st, "sum", group),
-                                                   lambda: (st.copy_(x), two(st, "sum", group), _close(st, ref, w))[-1])
+                                                   lambda: (st.copy_(x), two(st, "sum", group), _close(st, ref, w, scale))[-1])
 
     buf = symm.empty(n, dtype, device=dev)
     out = torch.empty(n, dtype=dtype, device=dev)
     for alg in C.ALGORITHMS:
         cases[(f"labkit_{alg}", "all_reduce")] = (
             lambda alg=alg: C.all_reduce(buf, out, algorithm=alg),
-            lambda alg=alg: (buf.tensor.copy_(x), _close(C.all_reduce(buf, out, algorithm=alg), ref, w))[-1])
+            lambda alg=alg: (buf.tensor.copy_(x), _close(C.all_reduce(buf, out, algorithm=alg), ref, w, scale))[-1])
     # the same one-shot kernel, launched by replaying a one-call CUDA graph (no Python per call)
     replay = C.Graphed(C.all_reduce, buf, out, algorithm="one_shot")
     cases[("labkit_one_shot_graphed", "all_reduce")] = (
-        replay, lambda: (buf.tensor.copy_(x), _close(replay(), ref, w))[-1])
+        replay, lambda: (buf.tensor.copy_(x), _close(replay(), ref, w, scale))[-1])
     rs_lk = torch.empty(s, dtype=dtype, device=dev)
     cases[("labkit", "reduce_scatter")] = (lambda: C.reduce_scatter(buf, rs_lk),
-                                           lambda: (buf.tensor.copy_(x), _close(C.reduce_scatter(buf, rs_lk), mine, w))[-1])
+                                           lambda: (buf.tensor.copy_(x), _close(C.reduce_scatter(buf, rs_lk), mine, w, mine_scale))[-1])
     ag_buf = symm.empty(s, dtype, device=dev)
     ag_lk = torch.empty(n, dtype=dtype, device=dev)
     cases[("labkit", "all_gather")] = (lambda: C.all_gather(ag_buf, ag_lk),
@@ -129,16 +128,12 @@ def _everywhere(ok: bool, device) -> bool:
     return bool(flag.item())
 
 
-_SCALE: dict = {}  # id(ref) -> sum over ranks of |x_r|, the scale of the rounding errors
-
-
-def _close(y, ref, w) -> bool:
+def _close(y, ref, w, scale) -> bool:
     """Within the rounding a bf16 all-reduce may do (labkit.dist.experiments._tolerance: up to
-    log2(W) + 1 roundings of 2^-7 for the tree) of the fp32 reference, relative to sum |x_r|."""
+    log2(W) + 1 roundings of 2^-7 for the tree) of the fp32 reference, relative to ``scale``,
+    the sum over ranks of |x_r| (the scale rounding errors have, even where the sum cancels)."""
     from labkit.dist.experiments import _tolerance
 
-    scale = _SCALE.get(id(ref))
-    scale = ref.abs() if scale is None else scale
     return bool(((y.float() - ref).abs() <= _tolerance(torch.bfloat16, w) * scale + 1e-6).all())
 
 
@@ -160,9 +155,7 @@ def sweep(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 7, graphs:
         dist.all_reduce(ref)
         scale = x.float().abs()
         dist.all_reduce(scale)
-        _SCALE.clear()
-        _SCALE[id(ref)] = scale
-        cases = _cases(ctx, n, dtype, x, ref)
+        cases = _cases(ctx, n, dtype, x, ref, scale)
         for (impl, op), (call, check) in cases.items():
             rec = {"impl": impl, "op": op, "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name}
             try:
@@ -211,6 +204,112 @@ def crossover_bytes(records: list[dict], world_size: int, key: str = "us") -> in
         if all(two[c] < one[c] for c in sizes[i:]):
             return sizes[i - 1] if i > 0 else 0
     return None
+
+
+#: The grid of launch configurations ``tune`` measures: vectors per thread x warps x programs.
+TUNE_SIZES = [64 << 10, 1 << 20, 16 << 20, 256 << 20]
+TUNE_GRID = {"vectors": (1, 2, 4), "num_warps": (4, 8, 16), "programs": (32, 64, 128, 264)}
+
+
+def tune(ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: int = 5,
+         progress: bool = True) -> list[dict]:
+    """One rank's part of the launch-configuration search: every config of ``grid`` for
+    labkit's one-shot and two-shot all-reduce, reduce-scatter and all-gather at ``sizes``,
+    timed by CUDA-graph replay (the kernel's own time, no Python), each checked first. Every
+    rank runs the same configs in the same order: a collective's grid must match across ranks
+    (which is also why per-rank ``triton.autotune`` cannot be used on these kernels: each rank
+    would time and pick on its own, and ranks that picked different grids would wait forever
+    for programs that do not exist)."""
+    import itertools
+
+    from tqdm.auto import tqdm
+
+    grid = grid or TUNE_GRID
+    dtype = getattr(torch, dtype_name)
+    w, dev = ctx.world_size, ctx.device
+    configs = [C.LaunchConfig(v, nw, p) for v, nw, p in
+               itertools.product(grid["vectors"], grid["num_warps"], grid["programs"])]
+    most = max(c.programs for c in configs)
+    records = []
+    bar = tqdm(total=len(sizes) * len(configs), desc=f"tune W={w}", disable=not progress or ctx.rank != 0)
+    for nbytes in sizes:
+        n = nbytes // dtype.itemsize
+        n -= n % w
+        s = n // w
+        g = torch.Generator(device=dev).manual_seed(7 + ctx.rank)
+        x = torch.randn(n, device=dev, generator=g).to(dtype)
+        ref = x.float()
+        dist.all_reduce(ref)
+        scale = x.float().abs()
+        dist.all_reduce(scale)
+        gathered = torch.empty(n, dtype=dtype, device=dev)
+        dist.all_gather_into_tensor(gathered, x[:s].contiguous())
+        buf = symm.empty(n, dtype, device=dev, max_blocks=most)
+        ag_buf = symm.empty(s, dtype, device=dev, max_blocks=most)
+        out, rs_out, ag_out = (torch.empty(k, dtype=dtype, device=dev) for k in (n, s, n))
+        mine = slice(ctx.rank * s, (ctx.rank + 1) * s)
+        for cfg in configs:
+            ops = {
+                "one_shot": (lambda cfg=cfg: C.all_reduce(buf, out, algorithm="one_shot", config=cfg),
+                             lambda y: _close(y, ref, w, scale)),
+                "two_shot": (lambda cfg=cfg: C.all_reduce(buf, out, algorithm="two_shot", config=cfg),
+                             lambda y: _close(y, ref, w, scale)),
+                "reduce_scatter": (lambda cfg=cfg: C.reduce_scatter(buf, rs_out, config=cfg),
+                                   lambda y: _close(y, ref[mine], w, scale[mine])),
+                "all_gather": (lambda cfg=cfg: C.all_gather(ag_buf, ag_out, config=cfg),
+                               lambda y: torch.equal(y, gathered)),
+            }
+            for name, (call, check) in ops.items():
+                op = "all_reduce" if name.endswith("_shot") else name
+                rec = {"kind": "tune", "impl": f"labkit_{name}" if op == "all_reduce" else "labkit", "op": op,
+                       "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name, "timing": "graph_us",
+                       "vectors": cfg.vectors, "num_warps": cfg.num_warps, "programs": cfg.programs}
+                buf.tensor.copy_(x)
+                ag_buf.tensor.copy_(x[:s])
+                rec["correct"] = _everywhere(bool(check(call())), dev)
+                rec["us"] = _time(call, _iters(nbytes), reps, graph=True)
+                rec["busbw_GBps"] = rec["bytes"] / rec["us"] / 1e3 * BUS_FACTOR[op](w)
+                records.append(rec)
+            bar.update()
+        _progress(ctx, {"phase": "tune", "bytes": n * dtype.itemsize, "records": len(records)})
+        del buf, ag_buf
+        torch.cuda.synchronize()
+        dist.barrier()
+    bar.close()
+    return records
+
+
+def best_configs(records: list[dict]) -> list[dict]:
+    """For each (impl, op, world size, bytes) of ``tune`` records: the fastest correct config,
+    beside the default's time (the evidence for ``DEFAULT_CONFIG`` or against it)."""
+    d = C.DEFAULT_CONFIG
+    groups: dict = {}
+    for r in records:
+        if r.get("kind") == "tune" and r.get("correct") and r.get("us"):
+            groups.setdefault((r["impl"], r["op"], r["world_size"], r["bytes"]), []).append(r)
+    rows = []
+    for key, rs in sorted(groups.items()):
+        best = min(rs, key=lambda r: r["us"])
+        default = [r for r in rs if (r["vectors"], r["num_warps"], r["programs"]) == (d.vectors, d.num_warps, d.programs)]
+        rows.append({"impl": key[0], "op": key[1], "world_size": key[2], "bytes": key[3],
+                     "best": {k: best[k] for k in ("vectors", "num_warps", "programs", "us", "busbw_GBps")},
+                     "default_us": default[0]["us"] if default else None})
+    return rows
+
+
+def tune_benchmark(profile: str) -> list[dict]:
+    """Entry point of ``labkit bench collectives_tune``: ``tune`` on 2 ranks and, where the
+    machine has more GPUs, on all of them."""
+    from labkit import gates
+    from labkit.dist.ranks import run_ranks
+
+    gates.requires(gpus=2, peer_access=True, compiled=True).check()
+    n = torch.cuda.device_count()
+    records = []
+    for w in sorted({2, n}):
+        records += run_ranks(tune, w, timeout=900).unwrap()[0]
+        _progress_main({"phase": f"tune W={w} done"})
+    return records
 
 
 def _broken_records(w: int, trials: int, n: int) -> list[dict]:

@@ -12,6 +12,9 @@ buffer's device and its current stream.
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 import triton
 
@@ -39,13 +42,47 @@ ALWAYS = float("inf")
 DEFAULT_CROSSOVER_BYTES = {2: ALWAYS}
 DEFAULT_CROSSOVER_ABOVE_2 = 256 << 10
 
-def _block(elem_size: int) -> int:
-    """Elements per program step: 16-byte vectors x 32 lanes x 8 warps on GPUs; the interpreter
-    pays per program step, so it takes big steps."""
-    return 4096 if tier.interpreted() else (16 // elem_size) * 32 * 8
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How a collective's kernel is launched on GPUs (the interpreter ignores it: there, a step
+    costs about a millisecond whatever its size, so it takes 4096-element steps).
+
+    vectors:   16-byte vectors each thread moves per program step. A remote load waits a
+               round trip over NVLink (microseconds); more independent loads per thread keep
+               more bytes in flight per SM, which is what bandwidth over a long link needs.
+    num_warps: warps per program.
+    programs:  most programs per launch (also capped by the buffer's signal-pad rows); fewer
+               when the message has fewer steps.
+    """
+    vectors: int = 1
+    num_warps: int = 8
+    programs: int = 128
+
+    def __post_init__(self):
+        for name, allowed in (("vectors", (1, 2, 4, 8)), ("num_warps", (1, 2, 4, 8, 16, 32))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"config.{name}: expected one of {allowed}, got {getattr(self, name)!r}")
+        if not isinstance(self.programs, int) or self.programs < 1:
+            raise ValueError(f"config.programs: expected a positive int, got {self.programs!r}")
+
+    def block(self, elem_size: int) -> int:
+        """Elements per program step."""
+        return 4096 if tier.interpreted() else self.vectors * (16 // elem_size) * 32 * self.num_warps
 
 
-def _programs(steps: int, buf: SymmBuffer, blocks: int | None, even: bool = False) -> int:
+#: The launch every collective uses unless told otherwise (see ``labkit bench collectives_tune``).
+DEFAULT_CONFIG = LaunchConfig()
+
+
+def _config(config) -> LaunchConfig:
+    if config is None:
+        return DEFAULT_CONFIG
+    if not isinstance(config, LaunchConfig):
+        raise TypeError(f"config: expected a labkit.dist.collectives.LaunchConfig, got {type(config).__name__}")
+    return config
+
+
+def _programs(steps: int, buf: SymmBuffer, blocks: int | None, config: LaunchConfig, even: bool = False) -> int:
     if blocks is not None:
         if not isinstance(blocks, int) or blocks < 1:
             raise ValueError(f"blocks: expected a positive int, got {blocks!r}")
@@ -54,7 +91,7 @@ def _programs(steps: int, buf: SymmBuffer, blocks: int | None, even: bool = Fals
                              f"for {buf.max_blocks}; allocate with symm.empty(..., max_blocks={blocks})")
         p = blocks
     else:
-        cap = 4 if tier.interpreted() else buf.max_blocks
+        cap = 4 if tier.interpreted() else min(buf.max_blocks, config.programs)
         p = max(1, min(cap, steps))
     if even:
         p = max(2, p - p % 2)
@@ -88,9 +125,12 @@ def _out(name: str, out, shape: tuple, like: torch.Tensor) -> torch.Tensor:
     return out
 
 
+@functools.lru_cache(maxsize=8)
 def measured_crossovers(reference_dir=None) -> dict:
     """World size -> bytes up to which one-shot is chosen, from the committed reference sweeps
-    (their ``crossover`` records, CUDA-graph timing: the kernels' own speed)."""
+    (their ``crossover`` records, CUDA-graph timing: the kernels' own speed). Read once per
+    process and cached: ``choose`` runs on every ``algorithm="auto"`` call, inside the latency
+    it would otherwise add to. Callers must not modify the returned dict."""
     from labkit import results
 
     table = {}
@@ -111,12 +151,15 @@ def choose(nbytes: int, world_size: int, crossovers: dict | None = None) -> str:
 
 
 def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: str = "auto",
-               blocks: int | None = None, variant: str = "correct") -> torch.Tensor:
+               blocks: int | None = None, variant: str = "correct",
+               config: LaunchConfig | None = None) -> torch.Tensor:
     """Sum of ``buf.tensor`` over all ranks, into ``out`` (made if None) on every rank.
 
     algorithm: "one_shot", "two_shot", "tree" or "auto" (``choose``); blocks: programs to
-    launch (default: as many as useful, within the buffer's signal pad); variant: "correct" or a
-    broken one (``VARIANTS``), for the lab."""
+    launch (default: as many as useful, up to ``config.programs`` and the buffer's signal pad);
+    variant: "correct" or a broken one (``VARIANTS``), for the lab; config: ``LaunchConfig``
+    (default ``DEFAULT_CONFIG``). Every rank must pass the same algorithm, blocks and config:
+    program b meets program b of every peer, so the grids must match."""
     buf = check_buffer("buf", buf)
     x = buf.tensor
     out = _out("out", out, tuple(x.shape), x)
@@ -126,41 +169,44 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
     if algorithm not in ALGORITHMS:
         raise UsageError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS} or 'auto'")
     sem, end, guard_leaf = _sem_end(variant, algorithm)
-    block = _block(x.element_size())
-    common = {"WORLD": buf.world_size, "MAX_BLOCKS": buf.max_blocks, "BLOCK": block, "SEM": sem, "END_BARRIER": end}
+    config = _config(config)
+    block = config.block(x.element_size())
+    common = {"WORLD": buf.world_size, "MAX_BLOCKS": buf.max_blocks, "BLOCK": block, "SEM": sem, "END_BARRIER": end,
+              "num_warps": config.num_warps}
     with on_device_of(buf=x, out=out):
         if algorithm == "one_shot":
-            p = _programs(triton.cdiv(n, block), buf, blocks)
-            one_shot.one_shot_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, buf.rank,
-                                                      num_warps=8, **common)
+            p = _programs(triton.cdiv(n, block), buf, blocks, config)
+            one_shot.one_shot_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, buf.rank, **common)
         elif algorithm == "two_shot":
             shard = triton.cdiv(triton.cdiv(n, buf.world_size), block) * block
-            p = _programs(triton.cdiv(shard, block), buf, blocks)
-            two_shot.two_shot_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, shard, buf.rank,
-                                                      num_warps=8, **common)
+            p = _programs(triton.cdiv(shard, block), buf, blocks, config)
+            two_shot.two_shot_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, shard, buf.rank, **common)
         else:
             half = triton.cdiv(triton.cdiv(n, 2), block) * block
-            p = _programs(2 * triton.cdiv(half, block), buf, blocks, even=True)
+            p = _programs(2 * triton.cdiv(half, block), buf, blocks, config, even=True)
             links = tree.tree_links(buf.rank, buf.world_size)
             tree.tree_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, half, buf.rank, *links,
-                                              GUARD_LEAF=guard_leaf, num_warps=8, **common)
+                                              GUARD_LEAF=guard_leaf, **common)
     return out
 
 
-def _launch_shards(kernel, buf: SymmBuffer, out: torch.Tensor, shard: int, blocks, variant: str) -> torch.Tensor:
+def _launch_shards(kernel, buf: SymmBuffer, out: torch.Tensor, shard: int, blocks, variant: str,
+                   config) -> torch.Tensor:
     """Reduce-scatter and all-gather share a launch: ``shard`` elements per rank, start and end
     barriers, the same programs."""
     sem, end, _ = _sem_end(variant, "shards")
-    block = _block(buf.tensor.element_size())
-    p = _programs(triton.cdiv(shard, block), buf, blocks)
+    config = _config(config)
+    block = config.block(buf.tensor.element_size())
+    p = _programs(triton.cdiv(shard, block), buf, blocks, config)
     with on_device_of(buf=buf.tensor, out=out):
         kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, shard, buf.rank, WORLD=buf.world_size,
-                     MAX_BLOCKS=buf.max_blocks, BLOCK=block, SEM=sem, END_BARRIER=end, num_warps=8)
+                     MAX_BLOCKS=buf.max_blocks, BLOCK=block, SEM=sem, END_BARRIER=end,
+                     num_warps=config.num_warps)
     return out
 
 
 def reduce_scatter(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
-                   variant: str = "correct") -> torch.Tensor:
+                   variant: str = "correct", config: LaunchConfig | None = None) -> torch.Tensor:
     """Rank r gets the sum over ranks of shard r of ``buf.tensor`` (W equal shards of dim 0)."""
     buf = check_buffer("buf", buf)
     x = buf.tensor
@@ -170,25 +216,26 @@ def reduce_scatter(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: 
                          f"({x.shape[0]} % {w} = {x.shape[0] % w})")
     shape = (x.shape[0] // w,) + tuple(x.shape[1:])
     out = _out("out", out, shape, x)
-    return _launch_shards(scatter_gather.reduce_scatter_kernel, buf, out, x.numel() // w, blocks, variant)
+    return _launch_shards(scatter_gather.reduce_scatter_kernel, buf, out, x.numel() // w, blocks, variant,
+                          config)
 
 
 def all_gather(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
-               variant: str = "correct") -> torch.Tensor:
+               variant: str = "correct", config: LaunchConfig | None = None) -> torch.Tensor:
     """Every rank gets all ranks' ``buf.tensor`` concatenated along dim 0."""
     buf = check_buffer("buf", buf)
     x = buf.tensor
     w = buf.world_size
     shape = (x.shape[0] * w,) + tuple(x.shape[1:])
     out = _out("out", out, shape, x)
-    return _launch_shards(scatter_gather.all_gather_kernel, buf, out, x.numel(), blocks, variant)
+    return _launch_shards(scatter_gather.all_gather_kernel, buf, out, x.numel(), blocks, variant, config)
 
 
 def barrier(buf: SymmBuffer, blocks: int = 1, variant: str = "correct") -> None:
     """Only the block barrier, ``blocks`` programs: tests check it leaves every pad at zero."""
     buf = check_buffer("buf", buf)
     sem, _, _ = _sem_end(variant, "barrier")
-    p = _programs(blocks, buf, blocks)
+    p = _programs(blocks, buf, blocks, DEFAULT_CONFIG)
     with on_device_of(buf=buf.tensor):
         barrier_kernel[(p,)](buf.pad_ptrs, buf.rank, WORLD=buf.world_size, MAX_BLOCKS=buf.max_blocks, SEM=sem)
 

@@ -60,10 +60,12 @@ def _quiet_pads_zero(ctx, buf) -> bool:
 
 
 def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, trials: int = 1,
-                     algorithms=None) -> list[dict]:
+                     algorithms=None, config: dict | None = None) -> list[dict]:
     """Every all-reduce algorithm, reduce-scatter and all-gather on fresh random inputs
-    (``trials`` per op), against an fp64 reference; pads checked to be zero after each call."""
+    (``trials`` per op), against an fp64 reference; pads checked to be zero after each call.
+    config: ``LaunchConfig`` fields (default: the default launch)."""
     dtype = getattr(torch, dtype_name)
+    cfg = C.LaunchConfig(**config) if config else None
     w = ctx.world_size
     rows = []
     buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
@@ -73,17 +75,17 @@ def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, tr
         x, xs = _inputs(ctx, n, dtype, seed + t)
         for alg in algorithms or C.ALGORITHMS:
             buf.tensor.copy_(x)
-            y = C.all_reduce(buf, algorithm=alg)
+            y = C.all_reduce(buf, algorithm=alg, config=cfg)
             rows.append({"op": "all_reduce", "algorithm": alg, "trial": t, "n": n, "dtype": dtype_name,
                          "world_size": w, "correct": _close(y, xs, dtype, w), "pads_zero": _quiet_pads_zero(ctx, buf)})
         if n % w == 0 and algorithms is None:
             buf.tensor.copy_(x)
-            y = C.reduce_scatter(buf)
+            y = C.reduce_scatter(buf, config=cfg)
             rows.append({"op": "reduce_scatter", "algorithm": "direct", "trial": t, "n": n, "dtype": dtype_name,
                          "world_size": w, "correct": _close(y, [v[ctx.rank * s:(ctx.rank + 1) * s] for v in xs], dtype, w),
                          "pads_zero": _quiet_pads_zero(ctx, buf)})
             gbuf.tensor.copy_(x[:s])
-            y = C.all_gather(gbuf)
+            y = C.all_gather(gbuf, config=cfg)
             expect = torch.cat([v[:s] for v in xs])
             rows.append({"op": "all_gather", "algorithm": "direct", "trial": t, "n": n, "dtype": dtype_name,
                          "world_size": w, "correct": bool(torch.equal(y.cpu(), expect)),
