@@ -64,16 +64,15 @@ def test_launch_config_is_checked():
     with pytest.raises(ValueError, match="config.programs"):
         C.LaunchConfig(programs=0)
     with pytest.raises(TypeError, match="config: expected a labkit.dist.collectives.LaunchConfig"):
-        C._config({"vectors": 2})
-    assert C._config(None) is C.DEFAULT_CONFIG
+        C._config({"vectors": 2}, 1024, 2, torch.device("cpu"))
+    assert C._config(None, 1024, 2, torch.device("cpu")) is C.DEFAULT_CONFIG
 
 
 def test_best_configs_reports_the_fastest_correct_one():
     from labkit.dist.bench import best_configs
 
-    d = C.DEFAULT_CONFIG
     base = {"kind": "tune", "impl": "labkit_one_shot", "op": "all_reduce", "world_size": 2, "bytes": 1 << 20}
-    recs = [dict(base, vectors=d.vectors, num_warps=d.num_warps, programs=d.programs, us=10.0, busbw_GBps=1.0, correct=True),
+    recs = [dict(base, vectors=1, num_warps=16, programs=132, us=10.0, busbw_GBps=1.0, correct=True, default=True),
             dict(base, vectors=4, num_warps=4, programs=64, us=5.0, busbw_GBps=2.0, correct=False),  # wrong: ignored
             dict(base, vectors=2, num_warps=8, programs=64, us=7.0, busbw_GBps=1.5, correct=True)]
     (row,) = best_configs(recs)
@@ -191,3 +190,13 @@ def test_crossover_is_where_two_shot_starts_winning_for_good():
     assert crossover_bytes(recs({512: (1, 2), 1024: (1, 2)}), 4) is None  # one-shot always
     assert crossover_bytes(recs({512: (3, 2)}), 4) == 0                   # two-shot always
     assert crossover_bytes([], 4) is None
+
+
+def test_default_launch_follows_the_measured_rule(monkeypatch):
+    monkeypatch.setattr(C, "_multiprocessors", lambda index: 132)
+    gpu = torch.device("cuda", 0)
+    small, large = C.LARGE_BYTES - 2, C.LARGE_BYTES
+    assert C.default_config(small, 2, gpu) == C.LaunchConfig(vectors=1, num_warps=16, programs=132)
+    # about 8 loads in flight per thread: vectors x peers read per step
+    assert [C.default_config(large, w, gpu).vectors for w in (2, 3, 4, 5, 8)] == [4, 2, 2, 1, 1]
+    assert C.default_config(large, 2, torch.device("cpu")) is C.DEFAULT_CONFIG

@@ -208,7 +208,8 @@ def crossover_bytes(records: list[dict], world_size: int, key: str = "us") -> in
 
 #: The grid of launch configurations ``tune`` measures: vectors per thread x warps x programs.
 TUNE_SIZES = [64 << 10, 1 << 20, 16 << 20, 256 << 20]
-TUNE_GRID = {"vectors": (1, 2, 4), "num_warps": (4, 8, 16), "programs": (32, 64, 128, 264)}
+#: "programs" in units of the GPU's SM count: a quarter, a half, one and two per SM.
+TUNE_GRID = {"vectors": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (0.25, 0.5, 1, 2)}
 
 
 def tune(ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: int = 5,
@@ -227,8 +228,9 @@ def tune(ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: i
     grid = grid or TUNE_GRID
     dtype = getattr(torch, dtype_name)
     w, dev = ctx.world_size, ctx.device
-    configs = [C.LaunchConfig(v, nw, p) for v, nw, p in
-               itertools.product(grid["vectors"], grid["num_warps"], grid["programs"])]
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    configs = [C.LaunchConfig(v, nw, max(1, round(p * sms))) for v, nw, p in
+               itertools.product(grid["vectors"], grid["num_warps"], grid["programs_per_sm"])]
     most = max(c.programs for c in configs)
     records = []
     bar = tqdm(total=len(sizes) * len(configs), desc=f"tune W={w}", disable=not progress or ctx.rank != 0)
@@ -263,7 +265,8 @@ def tune(ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: i
                 op = "all_reduce" if name.endswith("_shot") else name
                 rec = {"kind": "tune", "impl": f"labkit_{name}" if op == "all_reduce" else "labkit", "op": op,
                        "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name, "timing": "graph_us",
-                       "vectors": cfg.vectors, "num_warps": cfg.num_warps, "programs": cfg.programs}
+                       "vectors": cfg.vectors, "num_warps": cfg.num_warps, "programs": cfg.programs,
+                       "multiprocessors": sms, "default": cfg == C.default_config(n * dtype.itemsize, w, dev)}
                 buf.tensor.copy_(x)
                 ag_buf.tensor.copy_(x[:s])
                 rec["correct"] = _everywhere(bool(check(call())), dev)
@@ -281,8 +284,7 @@ def tune(ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: i
 
 def best_configs(records: list[dict]) -> list[dict]:
     """For each (impl, op, world size, bytes) of ``tune`` records: the fastest correct config,
-    beside the default's time (the evidence for ``DEFAULT_CONFIG`` or against it)."""
-    d = C.DEFAULT_CONFIG
+    beside the time of ``default_config``'s choice (the evidence for the rule, or against it)."""
     groups: dict = {}
     for r in records:
         if r.get("kind") == "tune" and r.get("correct") and r.get("us"):
@@ -290,7 +292,7 @@ def best_configs(records: list[dict]) -> list[dict]:
     rows = []
     for key, rs in sorted(groups.items()):
         best = min(rs, key=lambda r: r["us"])
-        default = [r for r in rs if (r["vectors"], r["num_warps"], r["programs"]) == (d.vectors, d.num_warps, d.programs)]
+        default = [r for r in rs if r.get("default")]
         rows.append({"impl": key[0], "op": key[1], "world_size": key[2], "bytes": key[3],
                      "best": {k: best[k] for k in ("vectors", "num_warps", "programs", "us", "busbw_GBps")},
                      "default_us": default[0]["us"] if default else None})
@@ -298,15 +300,18 @@ def best_configs(records: list[dict]) -> list[dict]:
 
 
 def tune_benchmark(profile: str) -> list[dict]:
-    """Entry point of ``labkit bench collectives_tune``: ``tune`` on 2 ranks and, where the
-    machine has more GPUs, on all of them."""
+    """Entry point of ``labkit bench collectives_tune``: the link probe (``labkit.dist.link``)
+    and ``tune`` on 2 ranks and, where the machine has more GPUs, on all of them."""
     from labkit import gates
     from labkit.dist.ranks import run_ranks
 
     gates.requires(gpus=2, peer_access=True, compiled=True).check()
+    from labkit.dist import link
+
     n = torch.cuda.device_count()
     records = []
     for w in sorted({2, n}):
+        records += run_ranks(link.probe, w, timeout=300).unwrap()[0]
         records += run_ranks(tune, w, timeout=900).unwrap()[0]
         _progress_main({"phase": f"tune W={w} done"})
     return records

@@ -70,13 +70,41 @@ class LaunchConfig:
         return 4096 if tier.interpreted() else self.vectors * (16 // elem_size) * 32 * self.num_warps
 
 
-#: The launch every collective uses unless told otherwise (see ``labkit bench collectives_tune``).
+#: Messages from this size on take the bandwidth launch of ``default_config``.
+LARGE_BYTES = 4 << 20
+#: The launch when nothing is known about the device (the CPU tier, where it is ignored).
 DEFAULT_CONFIG = LaunchConfig()
 
 
-def _config(config) -> LaunchConfig:
-    if config is None:
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def default_config(nbytes: int, world_size: int, device: torch.device) -> LaunchConfig:
+    """The launch a collective takes when the caller names none; the rule comes from
+    ``labkit bench collectives_tune`` (reference/h200x4/collectives_tune.json: every op, 2 and 4
+    ranks, 64 KiB to 256 MiB, 36 configs each).
+
+    * One program per SM (``programs``): all of them resident at once, so no program ever spins
+      in a barrier waiting for a peer's program that has not been scheduled. (Two per SM was at
+      most 5% faster at 256 MiB in the search; not worth giving up that guarantee.)
+    * 16 warps.
+    * ``vectors``: 1 below ``LARGE_BYTES``, where messages have few steps to spread over the
+      programs; above, 8 / W (at least 1): each thread keeps about 8 independent 16-byte loads in
+      flight however many peers a step reads (a one-shot or reduce-scatter step loads from W
+      buffers), enough to cover an NVLink round trip, few enough not to run out of registers.
+    """
+    if device.type != "cuda":
         return DEFAULT_CONFIG
+    sms = _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
+    vectors = 1 if nbytes < LARGE_BYTES else max(v for v in (1, 2, 4, 8) if v <= max(1, 8 // world_size))
+    return LaunchConfig(vectors=vectors, num_warps=16, programs=sms)
+
+
+def _config(config, nbytes: int, world_size: int, device: torch.device) -> LaunchConfig:
+    if config is None:
+        return default_config(nbytes, world_size, device)
     if not isinstance(config, LaunchConfig):
         raise TypeError(f"config: expected a labkit.dist.collectives.LaunchConfig, got {type(config).__name__}")
     return config
@@ -158,7 +186,7 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
     algorithm: "one_shot", "two_shot", "tree" or "auto" (``choose``); blocks: programs to
     launch (default: as many as useful, up to ``config.programs`` and the buffer's signal pad);
     variant: "correct" or a broken one (``VARIANTS``), for the lab; config: ``LaunchConfig``
-    (default ``DEFAULT_CONFIG``). Every rank must pass the same algorithm, blocks and config:
+    (default: ``default_config`` for this size). Every rank must pass the same algorithm, blocks and config:
     program b meets program b of every peer, so the grids must match."""
     buf = check_buffer("buf", buf)
     x = buf.tensor
@@ -169,7 +197,7 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
     if algorithm not in ALGORITHMS:
         raise UsageError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS} or 'auto'")
     sem, end, guard_leaf = _sem_end(variant, algorithm)
-    config = _config(config)
+    config = _config(config, n * x.element_size(), buf.world_size, x.device)
     block = config.block(x.element_size())
     common = {"WORLD": buf.world_size, "MAX_BLOCKS": buf.max_blocks, "BLOCK": block, "SEM": sem, "END_BARRIER": end,
               "num_warps": config.num_warps}
@@ -180,7 +208,8 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
         elif algorithm == "two_shot":
             shard = triton.cdiv(triton.cdiv(n, buf.world_size), block) * block
             p = _programs(triton.cdiv(shard, block), buf, blocks, config)
-            two_shot.two_shot_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, shard, buf.rank, **common)
+            two_shot.two_shot_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, shard // block, buf.rank,
+                                                      **common)
         else:
             half = triton.cdiv(triton.cdiv(n, 2), block) * block
             p = _programs(2 * triton.cdiv(half, block), buf, blocks, config, even=True)
@@ -193,9 +222,10 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
 def _launch_shards(kernel, buf: SymmBuffer, out: torch.Tensor, shard: int, blocks, variant: str,
                    config) -> torch.Tensor:
     """Reduce-scatter and all-gather share a launch: ``shard`` elements per rank, start and end
-    barriers, the same programs."""
+    barriers, the same programs. The message size that picks the default launch is W x shard
+    (the reduce-scatter input, the all-gather output)."""
     sem, end, _ = _sem_end(variant, "shards")
-    config = _config(config)
+    config = _config(config, shard * buf.world_size * out.element_size(), buf.world_size, out.device)
     block = config.block(buf.tensor.element_size())
     p = _programs(triton.cdiv(shard, block), buf, blocks, config)
     with on_device_of(buf=buf.tensor, out=out):

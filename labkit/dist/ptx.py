@@ -6,7 +6,7 @@ from __future__ import annotations
 
 SIGNATURES = {
     "one_shot": ("labkit.dist.one_shot", "one_shot_all_reduce_kernel", ("n", "rank")),
-    "two_shot": ("labkit.dist.two_shot", "two_shot_all_reduce_kernel", ("n", "shard", "rank")),
+    "two_shot": ("labkit.dist.two_shot", "two_shot_all_reduce_kernel", ("n", "shard_blocks", "rank")),
     "reduce_scatter": ("labkit.dist.scatter_gather", "reduce_scatter_kernel", ("shard", "rank")),
     "all_gather": ("labkit.dist.scatter_gather", "all_gather_kernel", ("shard", "rank")),
     "tree": ("labkit.dist.tree", "tree_all_reduce_kernel",

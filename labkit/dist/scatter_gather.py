@@ -3,7 +3,7 @@
 reduce-scatter: every rank's buffer holds W x S elements; rank r's output is the sum over ranks
 of elements [r S, (r+1) S). Reads (W-1) x S over NVLink.
 all-gather: every rank's buffer holds S elements; every output is the W buffers concatenated.
-Reads (W-1) x S over NVLink.
+Reads (W-1) x S over NVLink, one peer after another, each rank starting at a different peer.
 
 Both: a start barrier (inputs written) and an end barrier (no buffer reused while a peer reads).
 """
@@ -62,7 +62,11 @@ def all_gather_kernel(
     nprog = tl.num_programs(0)
     ELEM = out_ptr.dtype.element_ty
     block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
-    for s in tl.static_range(WORLD):
+    for k in tl.static_range(WORLD):
+        # rank r starts with its own shard, then r+1, ...: at any moment every GPU is read by
+        # one peer. In the order 0, 1, ... all W ranks would read GPU 0 first, GPU 1 next: one
+        # GPU's links busy, the others idle.
+        s = (rank + k) % WORLD
         src = peer_ptr(data_ptrs, s, ELEM)
         for start in range(pid * BLOCK, shard, nprog * BLOCK):
             offs = start + tl.arange(0, BLOCK)

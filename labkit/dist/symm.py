@@ -31,7 +31,7 @@ from labkit.errors import UsageError
 
 #: signal-pad channels: 0 block barriers, 1 tree "partial sum ready" (up), 2 tree "result ready" (down)
 CHANNELS = 3
-DEFAULT_MAX_BLOCKS = 128
+DEFAULT_MAX_BLOCKS = 256  # at least one program per SM on every current GPU (H100/H200: 132)
 DTYPES = (torch.float32, torch.bfloat16)
 #: pointer alignment every buffer must have: what 16-byte vector loads need
 ALIGNMENT = 16

@@ -25,7 +25,7 @@ def two_shot_all_reduce_kernel(
     pad_ptrs,                   # int64 [W]: every rank's signal pad
     out_ptr,                    # *T [N]: this rank's result (local memory)
     n,                          # N: elements per rank
-    shard,                      # elements per shard, a multiple of BLOCK; ranks past N own nothing
+    shard_blocks,               # shard size in BLOCKs (elements per shard / BLOCK); ranks past N own nothing
     rank,                       # this rank
     WORLD: tl.constexpr,
     MAX_BLOCKS: tl.constexpr,
@@ -37,6 +37,10 @@ def two_shot_all_reduce_kernel(
     nprog = tl.num_programs(0)
     ELEM = out_ptr.dtype.element_ty
     mine = peer_ptr(data_ptrs, rank, ELEM)
+    # shard is passed in BLOCKs: the compiler then knows every offset below is a multiple of
+    # BLOCK (16-byte vector loads) whatever the rank, the peer or the size (measured: with the
+    # shard passed in elements and a tl.multiple_of hint, the PTX had only 2-byte loads)
+    shard = shard_blocks * BLOCK
     block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
     lo = rank * shard
     hi = tl.minimum(lo + shard, n)
@@ -50,7 +54,8 @@ def two_shot_all_reduce_kernel(
             acc = sum_peers(data_ptrs, offs, mask, WORLD, ELEM, BLOCK, True)
             tl.store(mine + offs, acc.to(ELEM), mask=mask)
     block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
-    for s in tl.static_range(WORLD):  # shot two: gather every reduced shard
+    for k in tl.static_range(WORLD):  # shot two: gather every reduced shard
+        s = (rank + k) % WORLD  # each rank starts at a different peer (see all_gather_kernel)
         src = peer_ptr(data_ptrs, s, ELEM)
         s_lo = s * shard
         s_hi = tl.minimum(s_lo + shard, n)
