@@ -169,6 +169,8 @@ def sweep(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 7, graphs:
                 rec.setdefault("us", None)
                 rec.setdefault("graph_us", None)
                 rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            _progress(ctx, {"impl": impl, "op": op, "bytes": rec["bytes"], "us": rec.get("us"),
+                            "graph_us": rec.get("graph_us"), "correct": rec.get("correct")})
             factor = BUS_FACTOR[op](w)
             for key, bw in (("us", "busbw_GBps"), ("graph_us", "graph_busbw_GBps")):
                 rec[bw] = rec["bytes"] / rec[key] / 1e3 * factor if rec.get(key) else None
@@ -311,8 +313,8 @@ def tune_benchmark(profile: str) -> list[dict]:
     n = torch.cuda.device_count()
     records = []
     for w in sorted({2, n}):
-        records += run_ranks(link.probe, w, timeout=300).unwrap()[0]
         records += run_ranks(tune, w, timeout=900).unwrap()[0]
+        records += run_ranks(link.probe, w, timeout=300).unwrap()[0]
         _progress_main({"phase": f"tune W={w} done"})
     return records
 
@@ -321,17 +323,17 @@ def _broken_records(w: int, trials: int, n: int) -> list[dict]:
     from labkit.dist import experiments
     from labkit.dist.ranks import run_ranks
 
+    variants, algorithms = ("correct", "relaxed", "no_end_barrier"), ("one_shot", "two_shot")
+    res = run_ranks(experiments.broken_matrix, w, variants, algorithms, trials, n, timeout=600)
     rows = []
-    for variant in ("correct", "relaxed", "no_end_barrier"):
-        for alg in ("one_shot", "two_shot"):
-            res = run_ranks(experiments.broken_trials, w, variant, alg, trials, n, timeout=300)
-            per_rank = res.values if res.ok else None
-            wrong = sum(r["wrong"] for r in per_rank) if per_rank else None
-            rows.append({"kind": "broken", "impl": f"labkit_{alg}", "op": "all_reduce", "variant": variant,
-                         "world_size": w, "bytes": n * 2, "dtype": "bfloat16", "us": None, "busbw_GBps": None,
-                         "trials": trials, "wrong_results": wrong, "ranks_x_trials": trials * w,
-                         "correct": (wrong == 0) if wrong is not None else False,
-                         "outcome": res.summary() if not res.ok else f"{wrong} wrong of {trials * w}"})
+    for i, (variant, alg) in enumerate((v, a) for v in variants for a in algorithms):
+        per_rank = [r[i] for r in res.values] if res.ok else None
+        wrong = sum(r["wrong"] for r in per_rank) if per_rank else None
+        rows.append({"kind": "broken", "impl": f"labkit_{alg}", "op": "all_reduce", "variant": variant,
+                     "world_size": w, "bytes": n * 2, "dtype": "bfloat16", "us": None, "busbw_GBps": None,
+                     "trials": trials, "wrong_results": wrong, "ranks_x_trials": trials * w,
+                     "correct": (wrong == 0) if wrong is not None else False,
+                     "outcome": res.summary() if not res.ok else f"{wrong} wrong of {trials * w}"})
     return rows
 
 
