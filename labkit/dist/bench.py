@@ -302,38 +302,54 @@ def best_configs(records: list[dict]) -> list[dict]:
 
 
 def tune_benchmark(profile: str) -> list[dict]:
-    """Entry point of ``labkit bench collectives_tune``: the link probe (``labkit.dist.link``)
-    and ``tune`` on 2 ranks and, where the machine has more GPUs, on all of them."""
+    """Entry point of ``labkit bench collectives_tune``: ``tune`` on 2 ranks and, where the
+    machine has more GPUs, on all of them."""
     from labkit import gates
     from labkit.dist.ranks import run_ranks
 
     gates.requires(gpus=2, peer_access=True, compiled=True).check()
-    from labkit.dist import link
-
     n = torch.cuda.device_count()
     records = []
     for w in sorted({2, n}):
         records += run_ranks(tune, w, timeout=900).unwrap()[0]
-        records += run_ranks(link.probe, w, timeout=300).unwrap()[0]
         _progress_main({"phase": f"tune W={w} done"})
     return records
 
 
-def _broken_records(w: int, trials: int, n: int) -> list[dict]:
+def _failure_detail(res) -> str:
+    """The one-line summary per rank plus the tail of what failed ranks wrote to stderr."""
+    tails = [f"rank {r.rank} stderr: ...{r.stderr.strip()[-300:]}" for r in res.failed if r.stderr.strip()]
+    return "\n".join([res.summary()] + tails[:2])
+
+
+def _broken_records(w: int, trials: int, n: int, timeout: float = 60.0) -> list[dict]:
+    """Each (variant, algorithm) in its own world with its own timeout, so that one that hangs
+    is recorded as such and the others still run. If the correct kernel itself does not finish,
+    the rest are not started (a hang that is not the variant's) and say so."""
     from labkit.dist import experiments
     from labkit.dist.ranks import run_ranks
 
-    variants, algorithms = ("correct", "relaxed", "no_end_barrier"), ("one_shot", "two_shot")
-    res = run_ranks(experiments.broken_matrix, w, variants, algorithms, trials, n, timeout=600)
     rows = []
-    for i, (variant, alg) in enumerate((v, a) for v in variants for a in algorithms):
-        per_rank = [r[i] for r in res.values] if res.ok else None
-        wrong = sum(r["wrong"] for r in per_rank) if per_rank else None
-        rows.append({"kind": "broken", "impl": f"labkit_{alg}", "op": "all_reduce", "variant": variant,
-                     "world_size": w, "bytes": n * 2, "dtype": "bfloat16", "us": None, "busbw_GBps": None,
-                     "trials": trials, "wrong_results": wrong, "ranks_x_trials": trials * w,
-                     "correct": (wrong == 0) if wrong is not None else False,
-                     "outcome": res.summary() if not res.ok else f"{wrong} wrong of {trials * w}"})
+    blocked = None
+    for variant in ("correct", "relaxed", "no_end_barrier"):
+        for alg in ("one_shot", "two_shot"):
+            row = {"kind": "broken", "impl": f"labkit_{alg}", "op": "all_reduce", "variant": variant,
+                   "world_size": w, "bytes": n * 2, "dtype": "bfloat16", "us": None, "busbw_GBps": None,
+                   "trials": trials, "ranks_x_trials": trials * w, "wrong_results": None, "correct": False}
+            if blocked:
+                rows.append(dict(row, outcome=f"not run: {blocked}"))
+                continue
+            res = run_ranks(experiments.broken_trials, w, variant, alg, trials, n, timeout=timeout)
+            if res.ok:
+                wrong = sum(r["wrong"] for r in res.values)
+                row.update(wrong_results=wrong, correct=wrong == 0, outcome=f"{wrong} wrong of {trials * w}",
+                           seconds=max(r["seconds"] for r in res.values))
+            else:
+                row["outcome"] = _failure_detail(res)
+                if variant == "correct" and alg == "one_shot":
+                    blocked = "the correct one-shot kernel did not finish this experiment"
+            rows.append(row)
+            _progress_main({"phase": "broken", "variant": variant, "algorithm": alg, "outcome": row["outcome"]})
     return rows
 
 

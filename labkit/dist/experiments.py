@@ -135,12 +135,6 @@ def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 
             "first_wrong": wrong[:5], "seconds": seconds, "pads_zero": pads_zero}
 
 
-def broken_matrix(ctx, variants, algorithms, trials: int, n: int, **kwargs) -> list[dict]:
-    """``broken_trials`` for every (variant, algorithm) in one world (one start-up of the
-    ranks instead of one per pair; none of these variants crashes or hangs: they only race)."""
-    return [broken_trials(ctx, v, a, trials, n, **kwargs) for v in variants for a in algorithms]
-
-
 def unguarded_leaf(ctx, n: int = 4096) -> bool:
     """The broken tree: on most machines this never returns (a crash); if it does, says whether
     the result was right anyway."""
