@@ -131,16 +131,23 @@ def test_the_unguarded_leaf_crashes_and_is_reported():
     assert crashed, res.summary()
 
 
-def test_no_end_barrier_goes_wrong_under_load():
-    """The variant without the end barrier, with one rank made late in turn: it must produce
-    wrong results (measured on the CPU emulation and the GPUs alike); the correct kernel none."""
-    w = 2
-    bad = run_ranks(experiments.broken_trials, w, "no_end_barrier", "one_shot", 6, 4096, "float32",
-                    5000.0 if tier.interpreted() else 200.0, timeout=300).unwrap()
-    good = run_ranks(experiments.broken_trials, w, "correct", "one_shot", 6, 4096, "float32",
+def test_the_correct_kernel_is_never_wrong_under_load():
+    """Back-to-back calls on new inputs, one rank made late in turn: no wrong result, pads clean."""
+    good = run_ranks(experiments.broken_trials, 2, "correct", "one_shot", 6, 4096, "float32",
                      5000.0 if tier.interpreted() else 200.0, timeout=300).unwrap()
-    assert sum(r["wrong"] for r in bad) > 0, bad
     assert sum(r["wrong"] for r in good) == 0 and all(r["pads_zero"] for r in good), good
+
+
+@pytest.mark.skipif(not tier.interpreted(),
+                    reason="on GPUs this race is measured, not asserted: with the default launch of 8e0b345 "
+                           "no_end_barrier gave 0 wrong of 120 on 2xH200 (reference/h200x2/collectives.json)")
+def test_no_end_barrier_goes_wrong_in_the_emulated_world():
+    """Without the end barrier a rank that finishes first overwrites its buffer with the next
+    input while its peer still reads it. In the emulated world (one rank late by 5 ms on the host,
+    interpreted kernels) that shows as wrong results every run."""
+    bad = run_ranks(experiments.broken_trials, 2, "no_end_barrier", "one_shot", 6, 4096, "float32",
+                    5000.0, timeout=300).unwrap()
+    assert sum(r["wrong"] for r in bad) > 0, bad
 
 
 def test_chooser_uses_crossovers():
@@ -200,3 +207,13 @@ def test_default_launch_follows_the_measured_rule(monkeypatch):
     # about 8 loads in flight per thread: vectors x peers read per step
     assert [C.default_config(large, w, gpu).vectors for w in (2, 3, 4, 5, 8)] == [4, 2, 2, 1, 1]
     assert C.default_config(large, 2, torch.device("cpu")) is C.DEFAULT_CONFIG
+
+
+def test_broken_trials_checks_its_load():
+    import types
+
+    ctx = types.SimpleNamespace(device=torch.device("cpu"), world_size=2, rank=0)
+    with pytest.raises(ValueError, match="load: 'spin' is not one of"):
+        experiments.broken_trials(ctx, "correct", load="spin")
+    with pytest.raises(ValueError, match="load: 'gemm' overlaps a GEMM"):
+        experiments.broken_trials(ctx, "correct", load="gemm")

@@ -322,34 +322,42 @@ def _failure_detail(res) -> str:
     return "\n".join([res.summary()] + tails[:2])
 
 
-def _broken_records(w: int, trials: int, n: int, timeout: float = 60.0) -> list[dict]:
-    """Each (variant, algorithm) in its own world with its own timeout, so that one that hangs
-    is recorded as such and the others still run. If the correct kernel itself does not finish,
-    the rest are not started (a hang that is not the variant's) and say so."""
+#: (variant, algorithm, load, trials, elements) of the broken-variant runs: every variant with a
+#: late rank at 256K elements; the correct kernel and the one without end barrier again with a
+#: GEMM overlapping the collective on one rank, at 8M elements (long enough reads to be overtaken).
+BROKEN_RUNS = ([(v, a, "late", 60, 1 << 18) for v in ("correct", "relaxed", "no_end_barrier")
+                for a in ("one_shot", "two_shot")]
+               + [(v, a, "gemm", 12, 1 << 23) for v in ("correct", "no_end_barrier") for a in ("one_shot", "two_shot")])
+
+
+def _broken_records(w: int, runs=BROKEN_RUNS, timeout: float = 60.0) -> list[dict]:
+    """Each run in its own world with its own timeout, so that one that hangs is recorded as
+    such and the others still run. If the correct kernel itself does not finish, the rest are
+    not started (a hang that is not the variant's) and say so."""
     from labkit.dist import experiments
     from labkit.dist.ranks import run_ranks
 
     rows = []
     blocked = None
-    for variant in ("correct", "relaxed", "no_end_barrier"):
-        for alg in ("one_shot", "two_shot"):
-            row = {"kind": "broken", "impl": f"labkit_{alg}", "op": "all_reduce", "variant": variant,
-                   "world_size": w, "bytes": n * 2, "dtype": "bfloat16", "us": None, "busbw_GBps": None,
-                   "trials": trials, "ranks_x_trials": trials * w, "wrong_results": None, "correct": False}
-            if blocked:
-                rows.append(dict(row, outcome=f"not run: {blocked}"))
-                continue
-            res = run_ranks(experiments.broken_trials, w, variant, alg, trials, n, timeout=timeout)
-            if res.ok:
-                wrong = sum(r["wrong"] for r in res.values)
-                row.update(wrong_results=wrong, correct=wrong == 0, outcome=f"{wrong} wrong of {trials * w}",
-                           seconds=max(r["seconds"] for r in res.values))
-            else:
-                row["outcome"] = _failure_detail(res)
-                if variant == "correct" and alg == "one_shot":
-                    blocked = "the correct one-shot kernel did not finish this experiment"
-            rows.append(row)
-            _progress_main({"phase": "broken", "variant": variant, "algorithm": alg, "outcome": row["outcome"]})
+    for variant, alg, load, trials, n in runs:
+        row = {"kind": "broken", "impl": f"labkit_{alg}", "op": "all_reduce", "variant": variant, "load": load,
+               "world_size": w, "bytes": n * 2, "dtype": "bfloat16", "us": None, "busbw_GBps": None,
+               "trials": trials, "ranks_x_trials": trials * w, "wrong_results": None, "correct": False}
+        if blocked:
+            rows.append(dict(row, outcome=f"not run: {blocked}"))
+            continue
+        res = run_ranks(experiments.broken_trials, w, variant, alg, trials, n, load=load, timeout=timeout)
+        if res.ok:
+            wrong = sum(r["wrong"] for r in res.values)
+            row.update(wrong_results=wrong, correct=wrong == 0, outcome=f"{wrong} wrong of {trials * w}",
+                       seconds=max(r["seconds"] for r in res.values))
+        else:
+            row["outcome"] = _failure_detail(res)
+            if variant == "correct" and not rows:
+                blocked = "the correct kernel did not finish the first of these experiments"
+        rows.append(row)
+        _progress_main({"phase": "broken", "variant": variant, "algorithm": alg, "load": load,
+                        "outcome": row["outcome"]})
     return rows
 
 
@@ -382,7 +390,7 @@ def benchmark(profile: str) -> list[dict]:
     w = torch.cuda.device_count()
     records = [dict(r, kind="sweep") for r in run_ranks(sweep, w, timeout=900).unwrap()[0]]
     _progress_main({"phase": "sweep done"})
-    records += _broken_records(w, trials=60, n=1 << 18)
+    records += _broken_records(w)
     _progress_main({"phase": "broken variants done"})
     records.append(_crash_record(w))
     for key in ("us", "graph_us"):

@@ -96,10 +96,30 @@ def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, tr
     return rows
 
 
+#: how one rank is disturbed before every third call of ``broken_trials``
+LOADS = {
+    "late": "the rank starts late (a GPU sleep of late_us on its stream; a host sleep when emulated)",
+    "gemm": "a bf16 GEMM (8192^3, about 1.4 ms on an H200) on a side stream of the rank, overlapping "
+            "the collective as compute overlaps communication in training: its programs share SMs "
+            "with the GEMM and read more slowly than the peer's",
+}
+
+
+def _gemm_load(device: torch.device):
+    """Operands for the "gemm" load, and the side stream it runs on."""
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    return a, a.clone(), torch.empty_like(a), torch.cuda.Stream(device)
+
+
 def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 50, n: int = 1 << 16,
-                  dtype_name: str = "bfloat16", late_us: float = 200.0, seed: int = 0) -> dict:
-    """``trials`` all-reduces queued back to back with ``variant``; before every third one a
-    rank chosen in turn is made late by ``late_us``. Returns how many results were wrong."""
+                  dtype_name: str = "bfloat16", late_us: float = 200.0, seed: int = 0, load: str = "late") -> dict:
+    """``trials`` all-reduces queued back to back with ``variant``, each on new inputs; before
+    every third one a rank chosen in turn is disturbed by ``load`` (``LOADS``). Returns how many
+    results were wrong."""
+    if load not in LOADS:
+        raise ValueError(f"load: {load!r} is not one of {list(LOADS)}")
+    if load == "gemm" and ctx.device.type != "cuda":
+        raise ValueError("load: 'gemm' overlaps a GEMM with the collective on a GPU; the emulated world has only 'late'")
     dtype = getattr(torch, dtype_name)
     w = ctx.world_size
     buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
@@ -111,6 +131,10 @@ def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 
     outs = [torch.empty(n, dtype=dtype, device=ctx.device) for _ in range(trials)]
     on_gpu = ctx.device.type == "cuda"
     cycles = 0
+    gemm = _gemm_load(ctx.device) if load == "gemm" else None
+    if gemm:
+        with torch.cuda.stream(gemm[3]):  # cuBLAS's per-stream set-up before the trials, not in them
+            torch.matmul(gemm[0], gemm[1], out=gemm[2])
     if on_gpu:
         from labkit.stream_race import sleep_cycles_per_ms
         cycles = int(late_us / 1e3 * sleep_cycles_per_ms(ctx.device.index))
@@ -118,8 +142,13 @@ def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 
     ctx.barrier()
     start = time.perf_counter()
     for t in range(trials):
-        if t % 3 == 0 and (t // 3) % w == ctx.rank:  # this rank is late for this call
-            if on_gpu:
+        if t % 3 == 0 and (t // 3) % w == ctx.rank:  # this rank is disturbed for this call
+            if gemm:
+                a, b, c, side = gemm
+                side.wait_stream(torch.cuda.current_stream())  # starts with the collective
+                with torch.cuda.stream(side):
+                    torch.matmul(a, b, out=c)
+            elif on_gpu:
                 torch.cuda._sleep(cycles)
             else:
                 time.sleep(late_us / 1e6)
@@ -131,7 +160,7 @@ def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 
     wrong = [t for t in range(trials) if not _close(outs[t], everyone[t], dtype, w)]
     pads_zero = _quiet_pads_zero(ctx, buf)
     return {"variant": variant, "algorithm": algorithm, "trials": trials, "n": n, "dtype": dtype_name,
-            "world_size": w, "rank": ctx.rank, "late_us": late_us, "wrong": len(wrong),
+            "world_size": w, "rank": ctx.rank, "load": load, "late_us": late_us, "wrong": len(wrong),
             "first_wrong": wrong[:5], "seconds": seconds, "pads_zero": pads_zero}
 
 
