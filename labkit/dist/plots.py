@@ -154,3 +154,50 @@ def targets_markdown(records: list[dict]) -> str:
             rows.append(f"| {op} {big >> 20} MiB: >= NCCL busbw | {mine:.0f} vs NCCL {nccl:.0f} GB/s | "
                         f"{'yes' if mine >= nccl else 'no'} |")
     return f"W = {w}\n\n" + "\n".join(rows)
+
+
+def chosen_vs_best_markdown(records: list[dict], world_size: int) -> str:
+    """At every size of a sweep: the all-reduce ``collectives.choose`` picks, against the best of
+    NCCL and PyTorch's symmetric-memory ops (the issue's 4-GPU target), in both timings."""
+    from labkit.dist import collectives as C
+
+    sw = [r for r in records if r.get("kind", "sweep") == "sweep" and r.get("op") == "all_reduce"
+          and r.get("world_size") == world_size]
+    if not sw:
+        return f"(no all-reduce sweep records for W={world_size})"
+    rows = ["| bytes | chosen | labkit µs (b2b / graph) | best other | other µs (b2b / graph) | chosen as fast? (b2b / graph) |",
+            "|---|---|---|---|---|---|"]
+    for b in sorted({r["bytes"] for r in sw}):
+        at = {r["impl"]: r for r in sw if r["bytes"] == b}
+        alg = C.choose(b, world_size)
+        mine = at.get(f"labkit_{alg}")
+        others = [at[i] for i in ("nccl", "torch_one_shot", "torch_two_shot") if i in at]
+        if not mine or not others:
+            continue
+        cells = []
+        for key in ("us", "graph_us"):
+            best = min((o for o in others if o.get(key)), key=lambda o: o[key], default=None)
+            cells.append((best, mine.get(key)))
+        b2b_best, g_best = cells[0][0], cells[1][0]
+        verdict = " / ".join("yes" if (m and o and m <= o[k]) else "no"
+                             for (o, m), k in zip(cells, ("us", "graph_us")))
+        rows.append(f"| {b:,} | {alg} | {mine['us']:.1f} / {mine.get('graph_us') or float('nan'):.1f} | "
+                    f"{b2b_best['impl']} / {g_best['impl'] if g_best else '-'} | "
+                    f"{b2b_best['us']:.1f} / {g_best['graph_us'] if g_best else float('nan'):.1f} | {verdict} |")
+    return "\n".join(rows)
+
+
+def tune_markdown(rows: list[dict]) -> str:
+    """``labkit.dist.bench.best_configs`` as a table: the fastest launch per op and size, and the
+    default launch's time beside it."""
+    if not rows:
+        return "(no tune records)"
+    out = ["| W | op | bytes | fastest: vectors x warps x programs | µs | default µs | default / fastest |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b = r["best"]
+        ratio = f"{r['default_us'] / b['us']:.2f}" if r.get("default_us") else "-"
+        default = f"{r['default_us']:.1f}" if r.get("default_us") else "- (not recorded)"
+        out.append(f"| {r['world_size']} | {r['impl']} {r['op']} | {r['bytes']:,} | "
+                   f"{b['vectors']} x {b['num_warps']} x {b['programs']} | {b['us']:.1f} | {default} | {ratio} |")
+    return "\n".join(out)
