@@ -204,10 +204,15 @@ def test_default_launch_follows_the_measured_rule(monkeypatch):
     monkeypatch.setattr(C, "_multiprocessors", lambda index: 132)
     gpu = torch.device("cuda", 0)
     small, large = C.LARGE_BYTES - 2, C.LARGE_BYTES
-    assert C.default_config(small, 2, gpu) == C.LaunchConfig(vectors=1, num_warps=16, programs=132)
-    # about 8 loads in flight per thread: vectors x peers read per step
-    assert [C.default_config(large, w, gpu).vectors for w in (2, 3, 4, 5, 8)] == [4, 2, 2, 1, 1]
-    assert C.default_config(large, 2, torch.device("cpu")) is C.DEFAULT_CONFIG
+    C._gpu_default.cache_clear()  # the cache holds launches made with the real SM count
+    try:
+        assert C.default_config(small, 2, gpu) == C.LaunchConfig(vectors=1, num_warps=16, programs=132)
+        # about 8 loads in flight per thread: vectors x peers read per step
+        assert [C.default_config(large, w, gpu).vectors for w in (2, 3, 4, 5, 8)] == [4, 2, 2, 1, 1]
+        assert C.default_config(large, 2, gpu) is C.default_config(large + 1, 2, gpu)  # made once
+        assert C.default_config(large, 2, torch.device("cpu")) is C.DEFAULT_CONFIG
+    finally:
+        C._gpu_default.cache_clear()  # none made with the fake SM count outlives the test
 
 
 def test_broken_trials_checks_its_load():

@@ -66,6 +66,20 @@ def _iters(nbytes: int) -> int:
     return 50 if nbytes <= (1 << 20) else (20 if nbytes <= (16 << 20) else 5)
 
 
+def _message(ctx, nbytes: int, dtype, seed: int):
+    """This rank's input for one message size (a multiple of W elements), the fp32 sum over
+    ranks and the sum over ranks of |x_r| (the scale of the rounding tolerance)."""
+    n = nbytes // dtype.itemsize
+    n -= n % ctx.world_size
+    g = torch.Generator(device=ctx.device).manual_seed(seed)
+    x = torch.randn(n, device=ctx.device, generator=g).to(dtype)
+    ref = x.float()
+    dist.all_reduce(ref)
+    scale = x.float().abs()
+    dist.all_reduce(scale)
+    return n, x, ref, scale
+
+
 def _cases(ctx, n: int, dtype, x: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -> dict:
     """(impl, op) -> (call, check): ``call`` is what gets timed; ``check`` runs once on the
     fresh inputs and says whether this rank's result is right (``scale``: sum over ranks of
@@ -147,14 +161,7 @@ def sweep(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 7, graphs:
     w = ctx.world_size
     records = []
     for nbytes in tqdm(sizes, desc=f"sweep W={w}", disable=not progress or ctx.rank != 0):
-        n = nbytes // dtype.itemsize
-        n -= n % w
-        g = torch.Generator(device=ctx.device).manual_seed(1000 * ctx.rank + len(records))
-        x = torch.randn(n, device=ctx.device, generator=g).to(dtype)
-        ref = x.float()
-        dist.all_reduce(ref)
-        scale = x.float().abs()
-        dist.all_reduce(scale)
+        n, x, ref, scale = _message(ctx, nbytes, dtype, seed=1000 * ctx.rank + len(records))
         cases = _cases(ctx, n, dtype, x, ref, scale)
         for (impl, op), (call, check) in cases.items():
             rec = {"impl": impl, "op": op, "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name}
@@ -237,15 +244,9 @@ def tune(ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: i
     records = []
     bar = tqdm(total=len(sizes) * len(configs), desc=f"tune W={w}", disable=not progress or ctx.rank != 0)
     for nbytes in sizes:
-        n = nbytes // dtype.itemsize
-        n -= n % w
+        n, x, ref, scale = _message(ctx, nbytes, dtype, seed=7 + ctx.rank)
         s = n // w
-        g = torch.Generator(device=dev).manual_seed(7 + ctx.rank)
-        x = torch.randn(n, device=dev, generator=g).to(dtype)
-        ref = x.float()
-        dist.all_reduce(ref)
-        scale = x.float().abs()
-        dist.all_reduce(scale)
+        default = C.default_config(n * dtype.itemsize, w, dev)
         gathered = torch.empty(n, dtype=dtype, device=dev)
         dist.all_gather_into_tensor(gathered, x[:s].contiguous())
         buf = symm.empty(n, dtype, device=dev, max_blocks=most)
@@ -268,7 +269,7 @@ def tune(ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: i
                 rec = {"kind": "tune", "impl": f"labkit_{name}" if op == "all_reduce" else "labkit", "op": op,
                        "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name, "timing": "graph_us",
                        "vectors": cfg.vectors, "num_warps": cfg.num_warps, "programs": cfg.programs,
-                       "multiprocessors": sms, "default": cfg == C.default_config(n * dtype.itemsize, w, dev)}
+                       "multiprocessors": sms, "default": cfg == default}
                 buf.tensor.copy_(x)
                 ag_buf.tensor.copy_(x[:s])
                 rec["correct"] = _everywhere(bool(check(call())), dev)

@@ -97,9 +97,16 @@ def default_config(nbytes: int, world_size: int, device: torch.device) -> Launch
     """
     if device.type != "cuda":
         return DEFAULT_CONFIG
-    sms = _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
-    vectors = 1 if nbytes < LARGE_BYTES else max(v for v in (1, 2, 4, 8) if v <= max(1, 8 // world_size))
-    return LaunchConfig(vectors=vectors, num_warps=16, programs=sms)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _gpu_default(nbytes >= LARGE_BYTES, world_size, index)
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_default(large: bool, world_size: int, index: int) -> LaunchConfig:
+    """``default_config`` on GPUs, made once per (size class, world, device): it runs on every
+    call of every collective."""
+    vectors = max(v for v in (1, 2, 4, 8) if v <= max(1, 8 // world_size)) if large else 1
+    return LaunchConfig(vectors=vectors, num_warps=16, programs=_multiprocessors(index))
 
 
 def _config(config, nbytes: int, world_size: int, device: torch.device) -> LaunchConfig:
@@ -168,12 +175,17 @@ def measured_crossovers(reference_dir=None) -> dict:
     return table
 
 
+@functools.lru_cache(maxsize=1)
+def _default_crossovers() -> dict:
+    return {**DEFAULT_CROSSOVER_BYTES, **measured_crossovers()}
+
+
 def choose(nbytes: int, world_size: int, crossovers: dict | None = None) -> str:
     """The all-reduce algorithm for a message size: one-shot (latency) up to the crossover for
     this world size, two-shot (bandwidth) above it. ``crossovers``: world size -> bytes (default:
     measured ones, else ``DEFAULT_CROSSOVER_BYTES``, else 256 KiB)."""
     if crossovers is None:
-        crossovers = {**DEFAULT_CROSSOVER_BYTES, **measured_crossovers()}
+        crossovers = _default_crossovers()
     limit = crossovers.get(world_size, DEFAULT_CROSSOVER_ABOVE_2)
     return "one_shot" if nbytes <= limit else "two_shot"
 

@@ -99,9 +99,10 @@ def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, tr
 #: how one rank is disturbed before every third call of ``broken_trials``
 LOADS = {
     "late": "the rank starts late (a GPU sleep of late_us on its stream; a host sleep when emulated)",
-    "gemm": "a bf16 GEMM (8192^3, about 1.4 ms on an H200) on a side stream of the rank, overlapping "
-            "the collective as compute overlaps communication in training: its programs share SMs "
-            "with the GEMM and read more slowly than the peer's",
+    "gemm": "a bf16 GEMM (8192^3) on a side stream of the rank, launched with the collective, as "
+            "compute overlaps communication in training (meant to slow that rank's reads; on 2xH200 it "
+            "did not make the end-barrier race show, probably because the GEMM's CTAs fill the SMs and "
+            "the collective's programs start after them instead of sharing SMs: not verified)",
 }
 
 
