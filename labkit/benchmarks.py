@@ -22,6 +22,7 @@ BENCHMARKS = {
     "streams": ("labkit.stream_race", "benchmark", "REQUIRED"),
     "collectives": ("labkit.dist.bench", "benchmark", "REQUIRED"),
     "collectives_tune": ("labkit.dist.bench", "tune_benchmark", "REQUIRED"),
+    "links": ("labkit.dist.links", "benchmark", "REQUIRED"),
 }
 
 

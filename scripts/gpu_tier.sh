@@ -60,6 +60,7 @@ step bench-sc-model "$py" -m labkit bench sc_model --profile gpu --reference --o
 step bench-streams "$py" -m labkit bench streams --profile gpu --reference --out "$out/reference"
 step bench-collectives "$py" -m labkit bench collectives --profile gpu --reference --out "$out/reference"
 step bench-collectives-tune "$py" -m labkit bench collectives_tune --profile gpu --reference --out "$out/reference"
+step bench-links "$py" -m labkit bench links --profile gpu --reference --out "$out/reference"
 rm -rf "$out/.site"
 (IFS=,; echo "{\"steps\": [${steps[*]}]}") > "$out/gpu_tier.json"
 cat "$out/gpu_tier.json"

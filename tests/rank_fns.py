@@ -57,3 +57,27 @@ def spin_on_missing_peer(ctx, seconds: float) -> str:
     while not os.path.exists(flag) and time.monotonic() < deadline:
         time.sleep(0.01)
     return "peer arrived" if os.path.exists(flag) else "gave up"
+
+
+def link_copy_roundtrip(ctx, n: int, seed: int) -> dict:
+    """labkit.dist.links.link_copy across ranks: read the next rank's buffer, then write this
+    rank's input into it; each rank checks what landed against the inputs it can rebuild."""
+    from labkit.dist import links, symm
+
+    w = ctx.world_size
+    mine, nxt = inputs(seed, ctx.rank, n), inputs(seed, (ctx.rank + 1) % w, n)
+    buf = symm.empty(n, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    buf.tensor.copy_(mine.to(ctx.device))
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    ctx.barrier()
+    got = links.link_copy(buf.peers[(ctx.rank + 1) % w], torch.zeros(n, device=ctx.device), programs=3)
+    read_ok = torch.equal(got.cpu(), nxt)
+    ctx.barrier()  # every read done before anyone overwrites a buffer
+    links.link_copy(torch.full((n,), float(ctx.rank), device=ctx.device), buf.peers[(ctx.rank + 1) % w], programs=3)
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    ctx.barrier()
+    # rank r-1 wrote its rank number into this rank's buffer
+    write_ok = bool((buf.tensor.cpu() == float((ctx.rank - 1) % w)).all())
+    return {"read": read_ok, "write": write_ok}

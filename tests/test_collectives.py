@@ -34,7 +34,8 @@ def _check(w, n, dtype, trials=1, config=None):
 def test_every_algorithm_sums_right_with_odd_sizes(w):
     n = 4096 * 2 + 3 * w + 1 if tier.interpreted() else (1 << 20) + 7
     rows = _check(w, n, "bfloat16")
-    assert {r["algorithm"] for r in rows if r["op"] == "all_reduce"} == {"one_shot", "two_shot", "tree"}
+    assert {r["algorithm"] for r in rows if r["op"] == "all_reduce"} == {"one_shot", "two_shot", "tree",
+                                                                         "two_shot_in_place"}
 
 
 @pytest.mark.parametrize("w", _world_sizes())
@@ -83,7 +84,7 @@ def test_best_configs_reports_the_fastest_correct_one():
 @pytest.mark.skipif(not tier.interpreted(), reason="8 emulated ranks: the CPU tier's check of W=8")
 def test_eight_emulated_ranks():
     rows = _check(8, 8 * 131, "float32")
-    assert len(rows) == 8 * 5
+    assert len(rows) == 8 * 6  # 4 all-reduce forms, reduce-scatter, all-gather
 
 
 def test_tree_links_are_consistent():
@@ -117,6 +118,9 @@ def test_misuse_is_refused_with_clear_errors():
         assert "blocks: 3 programs" in found["more blocks than the pad"]
         assert "does not split into 2 equal shards" in found["uneven reduce-scatter"]
         assert found["wrong out shape"].startswith("ValueError: out: shape (63,)")
+        assert found["out in a peer's buffer"].startswith("ValueError: out: shares memory with rank ")
+        assert found["out inside the buffer"].startswith("ValueError: out: shares memory with this rank's")
+        assert found["one-shot in place"].startswith("UsageError: out: is buf.tensor (in place)")
 
 
 def test_world_size_one_is_refused():
@@ -131,9 +135,10 @@ def test_the_unguarded_leaf_crashes_and_is_reported():
     assert crashed, res.summary()
 
 
-def test_the_correct_kernel_is_never_wrong_under_load():
+@pytest.mark.parametrize("form", ["one_shot", "two_shot_in_place"])
+def test_the_correct_kernel_is_never_wrong_under_load(form):
     """Back-to-back calls on new inputs, one rank made late in turn: no wrong result, pads clean."""
-    good = run_ranks(experiments.broken_trials, 2, "correct", "one_shot", 6, 4096, "float32",
+    good = run_ranks(experiments.broken_trials, 2, "correct", form, 6, 4096, "float32",
                      5000.0 if tier.interpreted() else 200.0, timeout=300).unwrap()
     assert sum(r["wrong"] for r in good) == 0 and all(r["pads_zero"] for r in good), good
 
@@ -142,11 +147,13 @@ def test_the_correct_kernel_is_never_wrong_under_load():
                     reason="on GPUs this race is measured, not asserted: no_end_barrier gave 0 wrong of 120 "
                            "with a late rank and 0 of 24 with a GEMM overlapping the collective on 2xH200 "
                            "(reference/h200x2/collectives.json)")
-def test_no_end_barrier_goes_wrong_in_the_emulated_world():
+@pytest.mark.parametrize("form", ["one_shot", "two_shot_in_place"])
+def test_no_end_barrier_goes_wrong_in_the_emulated_world(form):
     """Without the end barrier a rank that finishes first overwrites its buffer with the next
-    input while its peer still reads it. In the emulated world (one rank late by 5 ms on the host,
-    interpreted kernels) that shows as wrong results every run."""
-    bad = run_ranks(experiments.broken_trials, 2, "no_end_barrier", "one_shot", 6, 4096, "float32",
+    input while its peer still reads it (one-shot), or reads its result while a peer is still
+    pushing into it (two-shot in place). In the emulated world (one rank late by 5 ms on the
+    host, interpreted kernels) that shows as wrong results every run."""
+    bad = run_ranks(experiments.broken_trials, 2, "no_end_barrier", form, 6, 4096, "float32",
                     5000.0, timeout=300).unwrap()
     assert sum(r["wrong"] for r in bad) > 0, bad
 
@@ -179,7 +186,9 @@ def test_gpu_code_uses_the_atomics_the_docs_promise():
             assert {"atom.global.release.sys.cas.b32", "atom.global.acquire.sys.cas.b32"} <= set(r["atomics"]), r
         else:
             assert r["atomics"] and all(".relaxed.sys." in a for a in r["atomics"]), r
-        if r["algorithm"] in ("one_shot", "two_shot"):
+        if r["algorithm"] == "two_shot_in_place":  # its pushes over NVLink are 16-byte stores too
+            assert r["vector_stores"], r
+        if r["algorithm"] in ("one_shot", "two_shot", "two_shot_in_place"):
             # (reduce-scatter and all-gather vectorise when Triton specialises the shard size as
             # divisible by 16 at launch, which this signature-only compile does not model; the
             # tree's loads are all masked)

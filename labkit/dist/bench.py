@@ -122,6 +122,10 @@ def _cases(ctx, n: int, dtype, x: torch.Tensor, ref: torch.Tensor, scale: torch.
         cases[(f"labkit_{alg}", "all_reduce")] = (
             lambda alg=alg: C.all_reduce(buf, out, algorithm=alg),
             lambda alg=alg: (buf.tensor.copy_(x), _close(C.all_reduce(buf, out, algorithm=alg), ref, w, scale))[-1])
+    # in place, like NCCL's all_reduce and torch's two_shot_all_reduce_ above: the result replaces the input
+    cases[("labkit_two_shot_in_place", "all_reduce")] = (
+        lambda: C.all_reduce(buf, buf.tensor, algorithm="two_shot"),
+        lambda: (buf.tensor.copy_(x), _close(C.all_reduce(buf, buf.tensor, algorithm="two_shot"), ref, w, scale))[-1])
     # the same one-shot kernel, launched by replaying a one-call CUDA graph (no Python per call)
     replay = C.Graphed(C.all_reduce, buf, out, algorithm="one_shot")
     cases[("labkit_one_shot_graphed", "all_reduce")] = (
@@ -224,7 +228,7 @@ TUNE_GRID = {"vectors": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (
 def tune(ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: int = 5,
          progress: bool = True) -> list[dict]:
     """One rank's part of the launch-configuration search: every config of ``grid`` for
-    labkit's one-shot and two-shot all-reduce, reduce-scatter and all-gather at ``sizes``,
+    labkit's one-shot and two-shot all-reduce (out of place and in place), reduce-scatter and all-gather at ``sizes``,
     timed by CUDA-graph replay (the kernel's own time, no Python), each checked first. Every
     rank runs the same configs in the same order: a collective's grid must match across ranks
     (which is also why per-rank ``triton.autotune`` cannot be used on these kernels: each rank
@@ -259,13 +263,15 @@ def tune(ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: i
                              lambda y: _close(y, ref, w, scale)),
                 "two_shot": (lambda cfg=cfg: C.all_reduce(buf, out, algorithm="two_shot", config=cfg),
                              lambda y: _close(y, ref, w, scale)),
+                "two_shot_in_place": (lambda cfg=cfg: C.all_reduce(buf, buf.tensor, algorithm="two_shot", config=cfg),
+                                      lambda y: _close(y, ref, w, scale)),
                 "reduce_scatter": (lambda cfg=cfg: C.reduce_scatter(buf, rs_out, config=cfg),
                                    lambda y: _close(y, ref[mine], w, scale[mine])),
                 "all_gather": (lambda cfg=cfg: C.all_gather(ag_buf, ag_out, config=cfg),
                                lambda y: torch.equal(y, gathered)),
             }
             for name, (call, check) in ops.items():
-                op = "all_reduce" if name.endswith("_shot") else name
+                op = "all_reduce" if "_shot" in name else name
                 rec = {"kind": "tune", "impl": f"labkit_{name}" if op == "all_reduce" else "labkit", "op": op,
                        "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name, "timing": "graph_us",
                        "vectors": cfg.vectors, "num_warps": cfg.num_warps, "programs": cfg.programs,
@@ -327,7 +333,7 @@ def _failure_detail(res) -> str:
 #: late rank at 256K elements; the correct kernel and the one without end barrier again with a
 #: GEMM overlapping the collective on one rank, at 8M elements (long enough reads to be overtaken).
 BROKEN_RUNS = ([(v, a, "late", 60, 1 << 18) for v in ("correct", "relaxed", "no_end_barrier")
-                for a in ("one_shot", "two_shot")]
+                for a in ("one_shot", "two_shot", "two_shot_in_place")]
                + [(v, a, "gemm", 12, 1 << 23) for v in ("correct", "no_end_barrier") for a in ("one_shot", "two_shot")])
 
 

@@ -144,7 +144,23 @@ def _sem_end(variant: str, algorithm: str) -> tuple[int, bool, bool]:
             variant != "unguarded_leaf")
 
 
-def _out(name: str, out, shape: tuple, like: torch.Tensor) -> torch.Tensor:
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share any byte."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def _is_in_place(out, buf: SymmBuffer) -> bool:
+    """``out`` is this rank's symmetric buffer itself (same memory, shape and dtype)."""
+    x = buf.tensor
+    return (isinstance(out, torch.Tensor) and out.device == x.device and out.dtype == x.dtype
+            and tuple(out.shape) == tuple(x.shape) and out.is_contiguous() and out.data_ptr() == x.data_ptr())
+
+
+def _out(name: str, out, shape: tuple, like: torch.Tensor, buf: SymmBuffer) -> torch.Tensor:
+    """The output tensor, checked; it may not share memory with any rank's buffer: the kernels
+    read those buffers while they write ``out`` (an output inside a peer's buffer, or inside
+    this rank's, would be overwritten by, or overwrite, data still being read)."""
     if out is None:
         return torch.empty(shape, dtype=like.dtype, device=like.device)
     if not isinstance(out, torch.Tensor):
@@ -157,6 +173,12 @@ def _out(name: str, out, shape: tuple, like: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"{name}: shape {tuple(out.shape)}, expected {tuple(shape)}")
     if not out.is_contiguous():
         raise ValueError(f"{name}: must be contiguous")
+    for r, peer in enumerate(buf.peers):
+        if _overlaps(out, peer):
+            whose = "this rank's" if r == buf.rank else f"rank {r}'s"
+            raise ValueError(f"{name}: shares memory with {whose} symmetric buffer, which the kernel reads while "
+                             "it writes out; pass a separate tensor"
+                             + (" (or, for all_reduce, out=buf.tensor itself: in place)" if r == buf.rank else ""))
     return out
 
 
@@ -195,6 +217,11 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
                config: LaunchConfig | None = None) -> torch.Tensor:
     """Sum of ``buf.tensor`` over all ranks, into ``out`` (made if None) on every rank.
 
+    out=buf.tensor computes in place, as ``torch.distributed.all_reduce`` does: two-shot with
+    the reduced shards pushed into every buffer (``two_shot_all_reduce_in_place_kernel``);
+    "auto" then means two-shot, and one-shot or the tree is refused (they read every buffer to
+    the end). Any other ``out`` must not share memory with a symmetric buffer.
+
     algorithm: "one_shot", "two_shot", "tree" or "auto" (``choose``); blocks: programs to
     launch (default: as many as useful, up to ``config.programs`` and the buffer's signal pad);
     variant: "correct" or a broken one (``VARIANTS``), for the lab; config: ``LaunchConfig``
@@ -202,7 +229,17 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
     program b meets program b of every peer, so the grids must match."""
     buf = check_buffer("buf", buf)
     x = buf.tensor
-    out = _out("out", out, tuple(x.shape), x)
+    in_place = _is_in_place(out, buf)
+    if in_place:
+        if algorithm == "auto":
+            algorithm = "two_shot"
+        elif algorithm in ("one_shot", "tree"):
+            raise UsageError(f"out: is buf.tensor (in place), which algorithm={algorithm!r} cannot do: it reads "
+                             "every rank's whole buffer until its end barrier, so writing the sum there races with "
+                             "the peers' reads; use algorithm='two_shot' or 'auto' (two-shot in place), or pass "
+                             "another out")
+    else:
+        out = _out("out", out, tuple(x.shape), x, buf)
     n = x.numel()
     if algorithm == "auto":
         algorithm = choose(n * x.element_size(), buf.world_size)
@@ -220,8 +257,8 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
         elif algorithm == "two_shot":
             shard = triton.cdiv(triton.cdiv(n, buf.world_size), block) * block
             p = _programs(triton.cdiv(shard, block), buf, blocks, config)
-            two_shot.two_shot_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, shard // block, buf.rank,
-                                                      **common)
+            kernel = two_shot.two_shot_all_reduce_in_place_kernel if in_place else two_shot.two_shot_all_reduce_kernel
+            kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, shard // block, buf.rank, **common)
         else:
             half = triton.cdiv(triton.cdiv(n, 2), block) * block
             p = _programs(2 * triton.cdiv(half, block), buf, blocks, config, even=True)
@@ -257,7 +294,7 @@ def reduce_scatter(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: 
         raise ValueError(f"buf: dim 0 of shape {tuple(x.shape)} does not split into {w} equal shards "
                          f"({x.shape[0]} % {w} = {x.shape[0] % w})")
     shape = (x.shape[0] // w,) + tuple(x.shape[1:])
-    out = _out("out", out, shape, x)
+    out = _out("out", out, shape, x, buf)
     return _launch_shards(scatter_gather.reduce_scatter_kernel, buf, out, x.numel() // w, blocks, variant,
                           config)
 
@@ -269,7 +306,7 @@ def all_gather(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int 
     x = buf.tensor
     w = buf.world_size
     shape = (x.shape[0] * w,) + tuple(x.shape[1:])
-    out = _out("out", out, shape, x)
+    out = _out("out", out, shape, x, buf)
     return _launch_shards(scatter_gather.all_gather_kernel, buf, out, x.numel(), blocks, variant, config)
 
 

@@ -59,6 +59,17 @@ def _quiet_pads_zero(ctx, buf) -> bool:
     return zero
 
 
+#: every all-reduce the tests and the lab check: the algorithms out of place, and two-shot in place
+ALL_REDUCE_FORMS = C.ALGORITHMS + ("two_shot_in_place",)
+
+
+def _all_reduce(buf, out, form: str, config=None, variant: str = "correct") -> torch.Tensor:
+    """One all-reduce in one of ``ALL_REDUCE_FORMS``; in place, the result is ``buf.tensor``."""
+    if form == "two_shot_in_place":
+        return C.all_reduce(buf, buf.tensor, algorithm="two_shot", config=config, variant=variant)
+    return C.all_reduce(buf, out, algorithm=form, config=config, variant=variant)
+
+
 def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, trials: int = 1,
                      algorithms=None, config: dict | None = None) -> list[dict]:
     """Every all-reduce algorithm, reduce-scatter and all-gather on fresh random inputs
@@ -73,9 +84,9 @@ def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, tr
     gbuf = symm.empty(max(s, 1), dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
     for t in range(trials):
         x, xs = _inputs(ctx, n, dtype, seed + t)
-        for alg in algorithms or C.ALGORITHMS:
+        for alg in algorithms or ALL_REDUCE_FORMS:
             buf.tensor.copy_(x)
-            y = C.all_reduce(buf, algorithm=alg, config=cfg)
+            y = _all_reduce(buf, None, alg, cfg)
             rows.append({"op": "all_reduce", "algorithm": alg, "trial": t, "n": n, "dtype": dtype_name,
                          "world_size": w, "correct": _close(y, xs, dtype, w), "pads_zero": _quiet_pads_zero(ctx, buf)})
         if n % w == 0 and algorithms is None:
@@ -115,8 +126,9 @@ def _gemm_load(device: torch.device):
 def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 50, n: int = 1 << 16,
                   dtype_name: str = "bfloat16", late_us: float = 200.0, seed: int = 0, load: str = "late") -> dict:
     """``trials`` all-reduces queued back to back with ``variant``, each on new inputs; before
-    every third one a rank chosen in turn is disturbed by ``load`` (``LOADS``). Returns how many
-    results were wrong."""
+    every third one a rank chosen in turn is disturbed by ``load`` (``LOADS``). ``algorithm``:
+    one of ``ALL_REDUCE_FORMS`` (in place, each result is copied out before the next input is
+    written, as a caller would). Returns how many results were wrong."""
     if load not in LOADS:
         raise ValueError(f"load: {load!r} is not one of {list(LOADS)}")
     if load == "gemm" and ctx.device.type != "cuda":
@@ -154,7 +166,9 @@ def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 
             else:
                 time.sleep(late_us / 1e6)
         buf.tensor.copy_(inputs[t])  # the next input overwrites the buffer, in stream order
-        C.all_reduce(buf, outs[t], algorithm=algorithm, variant=variant)
+        y = _all_reduce(buf, outs[t], algorithm, variant=variant)
+        if y is buf.tensor:  # in place: the caller copies the result out before the next input
+            outs[t].copy_(y)
     if on_gpu:
         torch.cuda.synchronize(ctx.device)
     seconds = time.perf_counter() - start
@@ -208,6 +222,10 @@ def misuse_errors(ctx) -> dict:
     found["uneven reduce-scatter"] = attempt(lambda: C.reduce_scatter(
         symm.empty(ctx.world_size * 4 + 1, torch.float32, device=dev, scratch_dir=ctx.scratch_dir)))
     found["wrong out shape"] = attempt(lambda: C.all_reduce(buf, torch.empty(63, device=dev)))
+    peer = buf.peers[(ctx.rank + 1) % ctx.world_size]  # a peer's buffer, mapped here
+    found["out in a peer's buffer"] = attempt(lambda: C.all_reduce(buf, peer))
+    found["out inside the buffer"] = attempt(lambda: C.reduce_scatter(buf, buf.tensor[:64 // ctx.world_size]))
+    found["one-shot in place"] = attempt(lambda: C.all_reduce(buf, buf.tensor, algorithm="one_shot"))
     return found
 
 

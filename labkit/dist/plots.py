@@ -7,7 +7,7 @@ from labkit.plot import bytes_axis
 STYLE = {"nccl": ("black", "-"), "torch_one_shot": ("tab:gray", "--"), "torch_two_shot": ("tab:gray", "-"),
          "labkit_one_shot": ("tab:blue", "-"), "labkit_two_shot": ("tab:orange", "-"),
          "labkit_tree": ("tab:green", "-"), "labkit": ("tab:blue", "-"),
-         "labkit_one_shot_graphed": ("tab:cyan", ":")}
+         "labkit_one_shot_graphed": ("tab:cyan", ":"), "labkit_two_shot_in_place": ("tab:red", "-.")}
 
 
 def plot_symmetric_memory(ax, world: int = 4) -> None:
@@ -129,7 +129,8 @@ def targets_markdown(records: list[dict]) -> str:
         return "under CUDA-graph replay only" if ok(graph) else "no"
 
     def best_labkit(op, b, key):
-        impls = (["labkit_one_shot", "labkit_two_shot", "labkit_tree", "labkit_one_shot_graphed"]
+        impls = (["labkit_one_shot", "labkit_two_shot", "labkit_tree", "labkit_one_shot_graphed",
+                  "labkit_two_shot_in_place"]
                  if op == "all_reduce" else ["labkit"])
         vals = [v for v in (get(i, op, b, key) for i in impls) if v]
         return (min if key.endswith("us") else max)(vals) if vals else None
@@ -156,9 +157,10 @@ def targets_markdown(records: list[dict]) -> str:
     return f"W = {w}\n\n" + "\n".join(rows)
 
 
-def chosen_vs_best_markdown(records: list[dict], world_size: int) -> str:
-    """At every size of a sweep: the all-reduce ``collectives.choose`` picks, against the best of
-    NCCL and PyTorch's symmetric-memory ops (the issue's 4-GPU target), in both timings."""
+def chosen_vs_best_markdown(records: list[dict], world_size: int, in_place: bool = False) -> str:
+    """At every size of a sweep: the all-reduce ``collectives.choose`` picks (in_place: the one
+    ``all_reduce(buf, buf.tensor)`` runs, two-shot in place), against the best of NCCL and
+    PyTorch's symmetric-memory ops (the issue's 4-GPU target), in both timings."""
     from labkit.dist import collectives as C
 
     sw = [r for r in records if r.get("kind", "sweep") == "sweep" and r.get("op") == "all_reduce"
@@ -169,7 +171,7 @@ def chosen_vs_best_markdown(records: list[dict], world_size: int) -> str:
             "|---|---|---|---|---|---|"]
     for b in sorted({r["bytes"] for r in sw}):
         at = {r["impl"]: r for r in sw if r["bytes"] == b}
-        alg = C.choose(b, world_size)
+        alg = "two_shot_in_place" if in_place else C.choose(b, world_size)
         mine = at.get(f"labkit_{alg}")
         others = [at[i] for i in ("nccl", "torch_one_shot", "torch_two_shot") if i in at]
         if not mine or not others:

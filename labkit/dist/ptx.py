@@ -7,6 +7,7 @@ from __future__ import annotations
 SIGNATURES = {
     "one_shot": ("labkit.dist.one_shot", "one_shot_all_reduce_kernel", ("n", "rank")),
     "two_shot": ("labkit.dist.two_shot", "two_shot_all_reduce_kernel", ("n", "shard_blocks", "rank")),
+    "two_shot_in_place": ("labkit.dist.two_shot", "two_shot_all_reduce_in_place_kernel", ("n", "shard_blocks", "rank")),
     "reduce_scatter": ("labkit.dist.scatter_gather", "reduce_scatter_kernel", ("shard", "rank")),
     "all_gather": ("labkit.dist.scatter_gather", "all_gather_kernel", ("shard", "rank")),
     "tree": ("labkit.dist.tree", "tree_all_reduce_kernel",
@@ -15,7 +16,7 @@ SIGNATURES = {
 
 
 def ptx_summary(algorithm: str, world: int = 4, sem: int = 0, dtype: str = "bf16", arch: int = 90) -> dict:
-    """The distinct atomic instructions and whether 16-byte vector loads appear in the PTX."""
+    """The distinct atomic instructions and whether 16-byte vector loads and stores appear in the PTX."""
     import importlib
 
     import triton
@@ -27,7 +28,8 @@ def ptx_summary(algorithm: str, world: int = 4, sem: int = 0, dtype: str = "bf16
     constexprs = {"WORLD": world, "MAX_BLOCKS": 128, "BLOCK": 2048, "SEM": sem, "END_BARRIER": True}
     if algorithm == "tree":
         constexprs["GUARD_LEAF"] = True
-    signature = {"data_ptrs": "*i64", "pad_ptrs": "*i64", "out_ptr": f"*{dtype}"}
+    signature = {"data_ptrs": "*i64", "pad_ptrs": "*i64",
+                 ("x_ptr" if algorithm.endswith("in_place") else "out_ptr"): f"*{dtype}"}
     signature.update({k: "i32" for k in ints})
     signature.update({k: "constexpr" for k in constexprs})
     kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
@@ -36,7 +38,8 @@ def ptx_summary(algorithm: str, world: int = 4, sem: int = 0, dtype: str = "bf16
     atomics = sorted({line.split()[1] if line.strip().startswith("@") else line.split()[0]
                       for line in (raw.strip() for raw in ptx.splitlines()) if "atom." in line})
     return {"algorithm": algorithm, "world": world, "sem": sem, "atomics": atomics,
-            "vector_loads": any("ld.global.v4" in line for line in ptx.splitlines())}
+            "vector_loads": any("ld.global.v4" in line for line in ptx.splitlines()),
+            "vector_stores": any("st.global.v4" in line for line in ptx.splitlines())}
 
 
 def summarize_all(worlds=(2, 8)) -> list[dict]:

@@ -11,6 +11,10 @@ the bandwidth choice for large messages. Three barriers:
 * middle: every rank has written its reduced shard (program b waits for program b of every
   rank: the same grid and the same chunking on every rank make chunk ownership identical);
 * end: nobody overwrites its buffer while a peer may still copy a reduced shard out of it.
+
+``two_shot_all_reduce_in_place_kernel`` is the in-place form (``all_reduce(buf, out=buf.tensor)``):
+each rank pushes its reduced shard into every buffer instead of the peers pulling it, two
+barriers instead of three and no copy out.
 """
 import triton
 import triton.language as tl
@@ -66,5 +70,57 @@ def two_shot_all_reduce_kernel(
             else:
                 mask = offs < s_hi
                 tl.store(out_ptr + offs, tl.load(src + offs, mask=mask), mask=mask)
+    if END_BARRIER:
+        block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+
+
+@triton.jit
+def two_shot_all_reduce_in_place_kernel(
+    data_ptrs,                  # int64 [W]: every rank's symmetric buffer (N elements each)
+    pad_ptrs,                   # int64 [W]: every rank's signal pad
+    x_ptr,                      # *T [N]: this rank's buffer: input, then the result
+    n,                          # N: elements per rank
+    shard_blocks,               # shard size in BLOCKs, as in two_shot_all_reduce_kernel
+    rank,                       # this rank
+    WORLD: tl.constexpr,
+    MAX_BLOCKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SEM: tl.constexpr,
+    END_BARRIER: tl.constexpr,
+):
+    """Two-shot in place, the result pushed: rank r sums shard r over all buffers (loads over
+    NVLink) and stores the sum into shard r of EVERY rank's buffer (stores over NVLink), so no
+    second gather phase, no middle barrier and no copy out are needed: the buffers hold the
+    result when the kernel ends. Legal because shard r of any buffer is touched by rank r alone:
+    program b of rank r has loaded a chunk from every buffer before it overwrites that chunk
+    (the stores depend on the loaded values), and no other rank ever reads shard r.
+
+    Two barriers:
+    * start: every rank's input is in its buffer, and every rank's previous work on its buffer
+      (the caller reading the last result) is finished, since its kernel has started;
+    * end: program b of every rank has pushed its chunks into my buffer; without it a fast
+      rank returns and its caller reads (or overwrites) a buffer peers are still writing.
+
+    Data movement per rank: (W-1)/W x N loaded and (W-1)/W x N stored over NVLink, as the
+    out-of-place kernel loads 2 (W-1)/W x N; PyTorch's ``two_shot_all_reduce_`` moves data the
+    same way."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    ELEM = x_ptr.dtype.element_ty
+    shard = shard_blocks * BLOCK
+    block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+    lo = rank * shard
+    hi = tl.minimum(lo + shard, n)
+    for start in range(lo + pid * BLOCK, hi, nprog * BLOCK):
+        offs = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+        if start + BLOCK <= hi:
+            acc = sum_peers(data_ptrs, offs, None, WORLD, ELEM, BLOCK, False).to(ELEM)
+            for k in tl.static_range(WORLD):  # each rank starts pushing at a different peer
+                tl.store(peer_ptr(data_ptrs, (rank + k) % WORLD, ELEM) + offs, acc)
+        else:
+            mask = offs < hi
+            acc = sum_peers(data_ptrs, offs, mask, WORLD, ELEM, BLOCK, True).to(ELEM)
+            for k in tl.static_range(WORLD):
+                tl.store(peer_ptr(data_ptrs, (rank + k) % WORLD, ELEM) + offs, acc, mask=mask)
     if END_BARRIER:
         block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
