@@ -35,7 +35,7 @@ def test_every_algorithm_sums_right_with_odd_sizes(w):
     n = 4096 * 2 + 3 * w + 1 if tier.interpreted() else (1 << 20) + 7
     rows = _check(w, n, "bfloat16")
     assert {r["algorithm"] for r in rows if r["op"] == "all_reduce"} == {"one_shot", "two_shot", "tree",
-                                                                         "two_shot_in_place"}
+                                                                         "two_shot_in_place", "two_shot_ce_in_place"}
 
 
 @pytest.mark.parametrize("w", _world_sizes())
@@ -84,7 +84,7 @@ def test_best_configs_reports_the_fastest_correct_one():
 @pytest.mark.skipif(not tier.interpreted(), reason="8 emulated ranks: the CPU tier's check of W=8")
 def test_eight_emulated_ranks():
     rows = _check(8, 8 * 131, "float32")
-    assert len(rows) == 8 * 6  # 4 all-reduce forms, reduce-scatter, all-gather
+    assert len(rows) == 8 * 7  # 5 all-reduce forms, reduce-scatter, all-gather
 
 
 def test_tree_links_are_consistent():
@@ -121,6 +121,8 @@ def test_misuse_is_refused_with_clear_errors():
         assert found["out in a peer's buffer"].startswith("ValueError: out: shares memory with rank ")
         assert found["out inside the buffer"].startswith("ValueError: out: shares memory with this rank's")
         assert found["one-shot in place"].startswith("UsageError: out: is buf.tensor (in place)")
+        assert "symm.empty(..., workspace=True)" in found["copy engines without a workspace"]
+        assert "works in place only" in found["copy engines out of place"]
 
 
 def test_world_size_one_is_refused():
@@ -135,7 +137,7 @@ def test_the_unguarded_leaf_crashes_and_is_reported():
     assert crashed, res.summary()
 
 
-@pytest.mark.parametrize("form", ["one_shot", "two_shot_in_place"])
+@pytest.mark.parametrize("form", ["one_shot", "two_shot_in_place", "two_shot_ce_in_place"])
 def test_the_correct_kernel_is_never_wrong_under_load(form):
     """Back-to-back calls on new inputs, one rank made late in turn: no wrong result, pads clean."""
     good = run_ranks(experiments.broken_trials, 2, "correct", form, 6, 4096, "float32",
@@ -147,7 +149,7 @@ def test_the_correct_kernel_is_never_wrong_under_load(form):
                     reason="on GPUs this race is measured, not asserted: no_end_barrier gave 0 wrong of 120 "
                            "with a late rank and 0 of 24 with a GEMM overlapping the collective on 2xH200 "
                            "(reference/h200x2/collectives.json)")
-@pytest.mark.parametrize("form", ["one_shot", "two_shot_in_place"])
+@pytest.mark.parametrize("form", ["one_shot", "two_shot_in_place", "two_shot_ce_in_place"])
 def test_no_end_barrier_goes_wrong_in_the_emulated_world(form):
     """Without the end barrier a rank that finishes first overwrites its buffer with the next
     input while its peer still reads it (one-shot), or reads its result while a peer is still
@@ -186,9 +188,9 @@ def test_gpu_code_uses_the_atomics_the_docs_promise():
             assert {"atom.global.release.sys.cas.b32", "atom.global.acquire.sys.cas.b32"} <= set(r["atomics"]), r
         else:
             assert r["atomics"] and all(".relaxed.sys." in a for a in r["atomics"]), r
-        if r["algorithm"] == "two_shot_in_place":  # its pushes over NVLink are 16-byte stores too
+        if r["algorithm"] in ("two_shot_in_place", "two_shot_ce"):  # their pushes over NVLink: 16-byte stores too
             assert r["vector_stores"], r
-        if r["algorithm"] in ("one_shot", "two_shot", "two_shot_in_place"):
+        if r["algorithm"] in ("one_shot", "two_shot", "two_shot_in_place", "two_shot_ce"):
             # (reduce-scatter and all-gather vectorise when Triton specialises the shard size as
             # divisible by 16 at launch, which this signature-only compile does not model; the
             # tree's loads are all masked)

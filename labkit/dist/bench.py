@@ -116,16 +116,17 @@ def _cases(ctx, n: int, dtype, x: torch.Tensor, ref: torch.Tensor, scale: torch.
         cases[("torch_two_shot", "all_reduce")] = (lambda: two(st, "sum", group),
                                                    lambda: (st.copy_(x), two(st, "sum", group), _close(st, ref, w, scale))[-1])
 
-    buf = symm.empty(n, dtype, device=dev)
+    buf = symm.empty(n, dtype, device=dev, workspace=True)
     out = torch.empty(n, dtype=dtype, device=dev)
     for alg in C.ALGORITHMS:
         cases[(f"labkit_{alg}", "all_reduce")] = (
             lambda alg=alg: C.all_reduce(buf, out, algorithm=alg),
             lambda alg=alg: (buf.tensor.copy_(x), _close(C.all_reduce(buf, out, algorithm=alg), ref, w, scale))[-1])
     # in place, like NCCL's all_reduce and torch's two_shot_all_reduce_ above: the result replaces the input
-    cases[("labkit_two_shot_in_place", "all_reduce")] = (
-        lambda: C.all_reduce(buf, buf.tensor, algorithm="two_shot"),
-        lambda: (buf.tensor.copy_(x), _close(C.all_reduce(buf, buf.tensor, algorithm="two_shot"), ref, w, scale))[-1])
+    for alg in C.IN_PLACE_ALGORITHMS:
+        cases[(f"labkit_{alg}_in_place", "all_reduce")] = (
+            lambda alg=alg: C.all_reduce(buf, buf.tensor, algorithm=alg),
+            lambda alg=alg: (buf.tensor.copy_(x), _close(C.all_reduce(buf, buf.tensor, algorithm=alg), ref, w, scale))[-1])
     # the same one-shot kernel, launched by replaying a one-call CUDA graph (no Python per call)
     replay = C.Graphed(C.all_reduce, buf, out, algorithm="one_shot")
     cases[("labkit_one_shot_graphed", "all_reduce")] = (
@@ -253,7 +254,7 @@ def tune(ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: i
         default = C.default_config(n * dtype.itemsize, w, dev)
         gathered = torch.empty(n, dtype=dtype, device=dev)
         dist.all_gather_into_tensor(gathered, x[:s].contiguous())
-        buf = symm.empty(n, dtype, device=dev, max_blocks=most)
+        buf = symm.empty(n, dtype, device=dev, max_blocks=most, workspace=True)
         ag_buf = symm.empty(s, dtype, device=dev, max_blocks=most)
         out, rs_out, ag_out = (torch.empty(k, dtype=dtype, device=dev) for k in (n, s, n))
         mine = slice(ctx.rank * s, (ctx.rank + 1) * s)
@@ -265,6 +266,9 @@ def tune(ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: i
                              lambda y: _close(y, ref, w, scale)),
                 "two_shot_in_place": (lambda cfg=cfg: C.all_reduce(buf, buf.tensor, algorithm="two_shot", config=cfg),
                                       lambda y: _close(y, ref, w, scale)),
+                "two_shot_ce_in_place": (lambda cfg=cfg: C.all_reduce(buf, buf.tensor, algorithm="two_shot_ce",
+                                                                       config=cfg),
+                                         lambda y: _close(y, ref, w, scale)),
                 "reduce_scatter": (lambda cfg=cfg: C.reduce_scatter(buf, rs_out, config=cfg),
                                    lambda y: _close(y, ref[mine], w, scale[mine])),
                 "all_gather": (lambda cfg=cfg: C.all_gather(ag_buf, ag_out, config=cfg),
@@ -333,7 +337,7 @@ def _failure_detail(res) -> str:
 #: late rank at 256K elements; the correct kernel and the one without end barrier again with a
 #: GEMM overlapping the collective on one rank, at 8M elements (long enough reads to be overtaken).
 BROKEN_RUNS = ([(v, a, "late", 60, 1 << 18) for v in ("correct", "relaxed", "no_end_barrier")
-                for a in ("one_shot", "two_shot", "two_shot_in_place")]
+                for a in ("one_shot", "two_shot", "two_shot_in_place", "two_shot_ce_in_place")]
                + [(v, a, "gemm", 12, 1 << 23) for v in ("correct", "no_end_barrier") for a in ("one_shot", "two_shot")])
 
 

@@ -21,11 +21,14 @@ import triton
 from labkit import tier
 from labkit.dist import one_shot, scatter_gather, tree, two_shot
 from labkit.dist.signals import SEM_ACQ_REL, SEM_RELAXED, barrier_kernel
-from labkit.dist.symm import SymmBuffer, check_buffer
+from labkit.dist.symm import WORKSPACE_UNIT, SymmBuffer, check_buffer
 from labkit.errors import UsageError
 from labkit.guard import on_device_of
 
 ALGORITHMS = ("one_shot", "two_shot", "tree")
+#: what ``all_reduce(buf, buf.tensor)`` (in place) can run: two-shot with the reduced shards
+#: pushed; "two_shot_ce" also has the copy engines do the first shot (needs ``buf.workspace``)
+IN_PLACE_ALGORITHMS = ("two_shot", "two_shot_ce")
 #: deliberately broken variants, for the lab: (what changes, which algorithms have it)
 VARIANTS = {
     "correct": "the kernels as they should be",
@@ -212,15 +215,27 @@ def choose(nbytes: int, world_size: int, crossovers: dict | None = None) -> str:
     return "one_shot" if nbytes <= limit else "two_shot"
 
 
+#: In place, from this size on ``two_shot_ce`` is chosen when the buffer has a workspace (below
+#: it the extra barrier and copy launches cost more than the copy engines save).
+CE_FROM_BYTES = 4 << 20
+
+
+def choose_in_place(nbytes: int, buf: SymmBuffer) -> str:
+    """The in-place all-reduce for a message size: ``two_shot_ce`` for large messages when
+    ``buf`` has a workspace, else two-shot with pushed shards."""
+    return "two_shot_ce" if buf.workspace is not None and nbytes >= CE_FROM_BYTES else "two_shot"
+
+
 def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: str = "auto",
                blocks: int | None = None, variant: str = "correct",
                config: LaunchConfig | None = None) -> torch.Tensor:
     """Sum of ``buf.tensor`` over all ranks, into ``out`` (made if None) on every rank.
 
     out=buf.tensor computes in place, as ``torch.distributed.all_reduce`` does: two-shot with
-    the reduced shards pushed into every buffer (``two_shot_all_reduce_in_place_kernel``);
-    "auto" then means two-shot, and one-shot or the tree is refused (they read every buffer to
-    the end). Any other ``out`` must not share memory with a symmetric buffer.
+    the reduced shards pushed into every buffer (``two_shot_all_reduce_in_place_kernel``), or
+    "two_shot_ce", whose first shot the copy engines do (buffers made with ``workspace=True``);
+    "auto" then means ``choose_in_place``, and one-shot or the tree is refused (they read every
+    buffer to the end). Any other ``out`` must not share memory with a symmetric buffer.
 
     algorithm: "one_shot", "two_shot", "tree" or "auto" (``choose``); blocks: programs to
     launch (default: as many as useful, up to ``config.programs`` and the buffer's signal pad);
@@ -229,22 +244,27 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
     program b meets program b of every peer, so the grids must match."""
     buf = check_buffer("buf", buf)
     x = buf.tensor
+    n = x.numel()
     in_place = _is_in_place(out, buf)
     if in_place:
         if algorithm == "auto":
-            algorithm = "two_shot"
+            algorithm = choose_in_place(n * x.element_size(), buf)
         elif algorithm in ("one_shot", "tree"):
             raise UsageError(f"out: is buf.tensor (in place), which algorithm={algorithm!r} cannot do: it reads "
                              "every rank's whole buffer until its end barrier, so writing the sum there races with "
-                             "the peers' reads; use algorithm='two_shot' or 'auto' (two-shot in place), or pass "
+                             "the peers' reads; use algorithm='two_shot', 'two_shot_ce' or 'auto', or pass "
                              "another out")
+        elif algorithm == "two_shot_ce" and buf.workspace is None:
+            raise UsageError("algorithm 'two_shot_ce': buf has no workspace for the copy engines to fill; allocate "
+                             "it with symm.empty(..., workspace=True)")
     else:
+        if algorithm == "two_shot_ce":
+            raise UsageError("algorithm 'two_shot_ce' works in place only: pass out=buf.tensor")
         out = _out("out", out, tuple(x.shape), x, buf)
-    n = x.numel()
     if algorithm == "auto":
         algorithm = choose(n * x.element_size(), buf.world_size)
-    if algorithm not in ALGORITHMS:
-        raise UsageError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS} or 'auto'")
+    if algorithm not in ALGORITHMS + IN_PLACE_ALGORITHMS:
+        raise UsageError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS + IN_PLACE_ALGORITHMS} or 'auto'")
     sem, end, guard_leaf = _sem_end(variant, algorithm)
     config = _config(config, n * x.element_size(), buf.world_size, x.device)
     block = config.block(x.element_size())
@@ -259,6 +279,8 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
             p = _programs(triton.cdiv(shard, block), buf, blocks, config)
             kernel = two_shot.two_shot_all_reduce_in_place_kernel if in_place else two_shot.two_shot_all_reduce_kernel
             kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, shard // block, buf.rank, **common)
+        elif algorithm == "two_shot_ce":
+            _two_shot_ce(buf, n, sem, blocks, config, block, common)
         else:
             half = triton.cdiv(triton.cdiv(n, 2), block) * block
             p = _programs(2 * triton.cdiv(half, block), buf, blocks, config, even=True)
@@ -266,6 +288,30 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
             tree.tree_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, half, buf.rank, *links,
                                               GUARD_LEAF=guard_leaf, **common)
     return out
+
+
+def _two_shot_ce(buf: SymmBuffer, n: int, sem: int, blocks, config: LaunchConfig, block: int, common: dict) -> None:
+    """In-place two-shot whose first shot is done by ``cudaMemcpyAsync`` (``Tensor.copy_``
+    between this rank's buffer and a peer's workspace: the copy engines, which ``labkit bench
+    links`` measured moving more GB/s over NVLink than SM loads or stores).
+
+    1. a one-program barrier: every peer has finished its previous call, so nobody still reads
+       the workspace slot this rank is about to overwrite;
+    2. for each peer s: shard s of this rank's input -> slot r of rank s's workspace;
+    3. ``two_shot.two_shot_ce_kernel``: reduce shard r from local memory only, push the sum into
+       every buffer."""
+    ws, r, w = buf.workspace, buf.rank, buf.world_size
+    shard = buf.workspace_shard
+    flat = buf.tensor.view(-1)
+    barrier_kernel[(1,)](buf.pad_ptrs, r, WORLD=w, MAX_BLOCKS=buf.max_blocks, SEM=sem)
+    for k in range(1, w):  # each rank starts at a different peer, as the kernels do
+        s = (r + k) % w
+        length = max(0, min(shard, n - s * shard))
+        if length:
+            ws.peers[s][r * shard: r * shard + length].copy_(flat[s * shard: s * shard + length])
+    p = _programs(triton.cdiv(shard, block), buf, blocks, config)
+    two_shot.two_shot_ce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, buf.tensor, ws.tensor, n, shard // WORKSPACE_UNIT, r,
+                                      UNIT=WORKSPACE_UNIT, **common)
 
 
 def _launch_shards(kernel, buf: SymmBuffer, out: torch.Tensor, shard: int, blocks, variant: str,

@@ -59,14 +59,15 @@ def _quiet_pads_zero(ctx, buf) -> bool:
     return zero
 
 
-#: every all-reduce the tests and the lab check: the algorithms out of place, and two-shot in place
-ALL_REDUCE_FORMS = C.ALGORITHMS + ("two_shot_in_place",)
+#: every all-reduce the tests and the lab check: the algorithms out of place, then in place
+ALL_REDUCE_FORMS = C.ALGORITHMS + tuple(f"{a}_in_place" for a in C.IN_PLACE_ALGORITHMS)
 
 
 def _all_reduce(buf, out, form: str, config=None, variant: str = "correct") -> torch.Tensor:
-    """One all-reduce in one of ``ALL_REDUCE_FORMS``; in place, the result is ``buf.tensor``."""
-    if form == "two_shot_in_place":
-        return C.all_reduce(buf, buf.tensor, algorithm="two_shot", config=config, variant=variant)
+    """One all-reduce in one of ``ALL_REDUCE_FORMS``; in place, the result is ``buf.tensor``
+    (``buf`` needs a workspace for "two_shot_ce_in_place")."""
+    if form.endswith("_in_place"):
+        return C.all_reduce(buf, buf.tensor, algorithm=form.removesuffix("_in_place"), config=config, variant=variant)
     return C.all_reduce(buf, out, algorithm=form, config=config, variant=variant)
 
 
@@ -79,7 +80,7 @@ def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, tr
     cfg = C.LaunchConfig(**config) if config else None
     w = ctx.world_size
     rows = []
-    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=True)
     s = n // w
     gbuf = symm.empty(max(s, 1), dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
     for t in range(trials):
@@ -135,7 +136,7 @@ def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 
         raise ValueError("load: 'gemm' overlaps a GEMM with the collective on a GPU; the emulated world has only 'late'")
     dtype = getattr(torch, dtype_name)
     w = ctx.world_size
-    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=algorithm.endswith("ce_in_place"))
     inputs, everyone = [], []
     for t in range(trials):
         x, xs = _inputs(ctx, n, dtype, seed * 100_000 + t)
@@ -226,6 +227,8 @@ def misuse_errors(ctx) -> dict:
     found["out in a peer's buffer"] = attempt(lambda: C.all_reduce(buf, peer))
     found["out inside the buffer"] = attempt(lambda: C.reduce_scatter(buf, buf.tensor[:64 // ctx.world_size]))
     found["one-shot in place"] = attempt(lambda: C.all_reduce(buf, buf.tensor, algorithm="one_shot"))
+    found["copy engines without a workspace"] = attempt(lambda: C.all_reduce(buf, buf.tensor, algorithm="two_shot_ce"))
+    found["copy engines out of place"] = attempt(lambda: C.all_reduce(buf, algorithm="two_shot_ce"))
     return found
 
 

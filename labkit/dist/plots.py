@@ -7,7 +7,8 @@ from labkit.plot import bytes_axis
 STYLE = {"nccl": ("black", "-"), "torch_one_shot": ("tab:gray", "--"), "torch_two_shot": ("tab:gray", "-"),
          "labkit_one_shot": ("tab:blue", "-"), "labkit_two_shot": ("tab:orange", "-"),
          "labkit_tree": ("tab:green", "-"), "labkit": ("tab:blue", "-"),
-         "labkit_one_shot_graphed": ("tab:cyan", ":"), "labkit_two_shot_in_place": ("tab:red", "-.")}
+         "labkit_one_shot_graphed": ("tab:cyan", ":"), "labkit_two_shot_in_place": ("tab:red", "-."),
+         "labkit_two_shot_ce_in_place": ("tab:purple", "-.")}
 
 
 def plot_symmetric_memory(ax, world: int = 4) -> None:
@@ -130,7 +131,7 @@ def targets_markdown(records: list[dict]) -> str:
 
     def best_labkit(op, b, key):
         impls = (["labkit_one_shot", "labkit_two_shot", "labkit_tree", "labkit_one_shot_graphed",
-                  "labkit_two_shot_in_place"]
+                  "labkit_two_shot_in_place", "labkit_two_shot_ce_in_place"]
                  if op == "all_reduce" else ["labkit"])
         vals = [v for v in (get(i, op, b, key) for i in impls) if v]
         return (min if key.endswith("us") else max)(vals) if vals else None
@@ -157,9 +158,14 @@ def targets_markdown(records: list[dict]) -> str:
     return f"W = {w}\n\n" + "\n".join(rows)
 
 
+class _WithWorkspace:
+    """Stands for a buffer made with ``workspace=True`` (as the sweep's is) in ``choose_in_place``."""
+    workspace = True
+
+
 def chosen_vs_best_markdown(records: list[dict], world_size: int, in_place: bool = False) -> str:
     """At every size of a sweep: the all-reduce ``collectives.choose`` picks (in_place: the one
-    ``all_reduce(buf, buf.tensor)`` runs, two-shot in place), against the best of NCCL and
+    ``all_reduce(buf, buf.tensor)`` runs on a buffer with a workspace), against the best of NCCL and
     PyTorch's symmetric-memory ops (the issue's 4-GPU target), in both timings."""
     from labkit.dist import collectives as C
 
@@ -171,7 +177,7 @@ def chosen_vs_best_markdown(records: list[dict], world_size: int, in_place: bool
             "|---|---|---|---|---|---|"]
     for b in sorted({r["bytes"] for r in sw}):
         at = {r["impl"]: r for r in sw if r["bytes"] == b}
-        alg = "two_shot_in_place" if in_place else C.choose(b, world_size)
+        alg = (f"{C.choose_in_place(b, _WithWorkspace)}_in_place" if in_place else C.choose(b, world_size))
         mine = at.get(f"labkit_{alg}")
         others = [at[i] for i in ("nccl", "torch_one_shot", "torch_two_shot") if i in at]
         if not mine or not others:

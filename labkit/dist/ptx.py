@@ -8,6 +8,7 @@ SIGNATURES = {
     "one_shot": ("labkit.dist.one_shot", "one_shot_all_reduce_kernel", ("n", "rank")),
     "two_shot": ("labkit.dist.two_shot", "two_shot_all_reduce_kernel", ("n", "shard_blocks", "rank")),
     "two_shot_in_place": ("labkit.dist.two_shot", "two_shot_all_reduce_in_place_kernel", ("n", "shard_blocks", "rank")),
+    "two_shot_ce": ("labkit.dist.two_shot", "two_shot_ce_kernel", ("n", "shard_units", "rank")),
     "reduce_scatter": ("labkit.dist.scatter_gather", "reduce_scatter_kernel", ("shard", "rank")),
     "all_gather": ("labkit.dist.scatter_gather", "all_gather_kernel", ("shard", "rank")),
     "tree": ("labkit.dist.tree", "tree_all_reduce_kernel",
@@ -28,8 +29,13 @@ def ptx_summary(algorithm: str, world: int = 4, sem: int = 0, dtype: str = "bf16
     constexprs = {"WORLD": world, "MAX_BLOCKS": 128, "BLOCK": 2048, "SEM": sem, "END_BARRIER": True}
     if algorithm == "tree":
         constexprs["GUARD_LEAF"] = True
-    signature = {"data_ptrs": "*i64", "pad_ptrs": "*i64",
-                 ("x_ptr" if algorithm.endswith("in_place") else "out_ptr"): f"*{dtype}"}
+    if algorithm == "two_shot_ce":
+        constexprs["UNIT"] = 64
+    signature = {"data_ptrs": "*i64", "pad_ptrs": "*i64"}
+    if algorithm == "two_shot_ce":
+        signature.update({"x_ptr": f"*{dtype}", "received_ptr": f"*{dtype}"})
+    else:
+        signature["x_ptr" if algorithm.endswith("in_place") else "out_ptr"] = f"*{dtype}"
     signature.update({k: "i32" for k in ints})
     signature.update({k: "constexpr" for k in constexprs})
     kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),

@@ -35,6 +35,8 @@ DEFAULT_MAX_BLOCKS = 256  # at least one program per SM on every current GPU (H1
 DTYPES = (torch.float32, torch.bfloat16)
 #: pointer alignment every buffer must have: what 16-byte vector loads need
 ALIGNMENT = 16
+#: shards of a workspace start at multiples of this many elements (128 or 256 bytes)
+WORKSPACE_UNIT = 64
 
 
 @dataclasses.dataclass(eq=False)
@@ -51,10 +53,20 @@ class SymmBuffer:
     max_blocks: int               # programs a kernel on this buffer may use (signal-pad rows)
     emulated: bool                # True on the CPU tier (file-backed shared memory)
     _keep: tuple = ()             # handles that must live as long as the buffer
+    #: a second symmetric allocation (``empty(..., workspace=True)``) where peers deposit
+    #: shards for this rank: W slots of ``workspace_shard`` elements (``two_shot_ce``)
+    workspace: SymmBuffer | None = None
 
     @property
     def numel(self) -> int:
         return self.tensor.numel()
+
+    @property
+    def workspace_shard(self) -> int:
+        """Elements per workspace slot: numel / W rounded up to ``WORKSPACE_UNIT`` (so that every
+        slot and every shard starts 16-byte aligned, for vector loads)."""
+        per_rank = -(-self.numel // self.world_size)  # ceil
+        return -(-per_rank // WORKSPACE_UNIT) * WORKSPACE_UNIT
 
     @property
     def local_pad(self) -> torch.Tensor:
@@ -86,11 +98,13 @@ _sequence = 0  # allocations made by this process: the same on every rank, since
 
 
 def empty(shape, dtype: torch.dtype = torch.float32, *, device=None, max_blocks: int = DEFAULT_MAX_BLOCKS,
-          scratch_dir: str | None = None) -> SymmBuffer:
+          scratch_dir: str | None = None, workspace: bool = False) -> SymmBuffer:
     """Allocate a symmetric buffer of ``shape`` on every rank (collective).
 
     device:      this rank's device (default: cuda:<current> on GPUs, cpu otherwise)
     max_blocks:  how many programs a kernel on this buffer may run (sizes the signal pads)
+    workspace:   also allocate ``SymmBuffer.workspace`` (about as large again): what the
+                 in-place ``two_shot_ce`` all-reduce needs
     scratch_dir: CPU emulation only: a folder all ranks share (``RankContext.scratch_dir``;
                  default $LABKIT_SYMM_DIR)
     """
@@ -126,7 +140,10 @@ def empty(shape, dtype: torch.dtype = torch.float32, *, device=None, max_blocks:
             raise RuntimeError(f"rank {r}'s symmetric buffer is not {ALIGNMENT}-byte aligned")
     data_ptrs = torch.tensor([p.data_ptr() for p in peers], dtype=torch.int64, device=device)
     pad_ptrs = torch.tensor([q.data_ptr() for q in pads], dtype=torch.int64, device=device)
-    return SymmBuffer(peers[rank], peers, data_ptrs, pads, pad_ptrs, rank, world, max_blocks, emulated, keep)
+    buf = SymmBuffer(peers[rank], peers, data_ptrs, pads, pad_ptrs, rank, world, max_blocks, emulated, keep)
+    if workspace:
+        buf.workspace = empty(world * buf.workspace_shard, dtype, device=device, max_blocks=1, scratch_dir=scratch_dir)
+    return buf
 
 
 def _file_alloc(shape, dtype, pad_shape, folder, rank, world, seq):

@@ -124,3 +124,62 @@ def two_shot_all_reduce_in_place_kernel(
                 tl.store(peer_ptr(data_ptrs, (rank + k) % WORLD, ELEM) + offs, acc, mask=mask)
     if END_BARRIER:
         block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+
+
+@triton.jit
+def two_shot_ce_kernel(
+    data_ptrs,                  # int64 [W]: every rank's symmetric buffer (N elements each)
+    pad_ptrs,                   # int64 [W]: every rank's signal pad
+    x_ptr,                      # *T [N]: this rank's buffer: input, then the result
+    received_ptr,               # *T [W x S]: this rank's workspace; slot s holds rank s's shard r
+    n,                          # N: elements per rank
+    shard_units,                # S / UNIT: shard size in units of UNIT elements
+    rank,                       # this rank
+    WORLD: tl.constexpr,
+    MAX_BLOCKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SEM: tl.constexpr,
+    END_BARRIER: tl.constexpr,
+    UNIT: tl.constexpr,         # symm.WORKSPACE_UNIT: shards start at multiples of it (16-byte aligned)
+):
+    """The second half of ``two_shot_ce`` (``collectives._two_shot_ce`` does the first: the
+    copy engines have put shard r of every peer's input into slot s of this rank's workspace).
+    Rank r sums its own shard r and the W-1 received copies, all LOCAL reads, and stores the sum
+    into shard r of every rank's buffer (stores over NVLink, as the in-place two-shot).
+
+    Barriers:
+    * start: program b of every rank has started, so every peer's copies into my workspace,
+      queued before its kernel, have completed; and shard r of every peer's buffer has been
+      copied out (by that peer's copy engine), so it may be overwritten;
+    * end: every peer's program b has pushed into my buffer, as in the in-place two-shot."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    ELEM = x_ptr.dtype.element_ty
+    # both 16-byte aligned (symm.empty checks it); said explicitly so that the compiler emits
+    # vector loads whatever it was told about the arguments
+    mine = peer_ptr(data_ptrs, rank, ELEM)
+    received = tl.multiple_of(received_ptr, 16)
+    shard = shard_units * UNIT
+    block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+    lo = rank * shard
+    hi = tl.minimum(lo + shard, n)
+    for start in range(lo + pid * BLOCK, hi, nprog * BLOCK):
+        offs = tl.multiple_of(start, UNIT) + tl.arange(0, BLOCK)
+        rel = offs - lo  # position inside the shard: where each slot of the workspace holds it
+        if start + BLOCK <= hi:
+            acc = tl.load(mine + offs).to(tl.float32)
+            for k in tl.static_range(1, WORLD):
+                acc += tl.load(received + ((rank + k) % WORLD) * shard + rel).to(tl.float32)
+            acc = acc.to(ELEM)
+            for k in tl.static_range(WORLD):
+                tl.store(peer_ptr(data_ptrs, (rank + k) % WORLD, ELEM) + offs, acc)
+        else:
+            mask = offs < hi
+            acc = tl.load(mine + offs, mask=mask, other=0.0).to(tl.float32)
+            for k in tl.static_range(1, WORLD):
+                acc += tl.load(received + ((rank + k) % WORLD) * shard + rel, mask=mask, other=0.0).to(tl.float32)
+            acc = acc.to(ELEM)
+            for k in tl.static_range(WORLD):
+                tl.store(peer_ptr(data_ptrs, (rank + k) % WORLD, ELEM) + offs, acc, mask=mask)
+    if END_BARRIER:
+        block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
