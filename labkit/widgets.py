@@ -261,9 +261,10 @@ def collective_report(algorithm: str, n: int, world_size: int, reference: list[d
 
 def collective_explorer(reference: list[dict], max_world: int):
     """Pick an algorithm, a size and a world size; run it and see the recorded timing."""
-    from labkit.dist import collectives as C
+    from labkit.dist import experiments
 
-    algorithm = w.ToggleButtons(options=list(C.ALGORITHMS), description="algorithm")
+    # the out-of-place algorithms, then the in-place forms (two_shot_in_place, two_shot_ce_in_place)
+    algorithm = w.ToggleButtons(options=list(experiments.ALL_REDUCE_FORMS), description="algorithm")
     size = w.SelectionSlider(options=[1 << k for k in range(8, 15)], value=1 << 12, description="elements")
     world = w.IntSlider(value=2, min=2, max=8, description="ranks")
     run = w.Button(description="Run", icon="play")

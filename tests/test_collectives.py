@@ -234,3 +234,37 @@ def test_broken_trials_checks_its_load():
         experiments.broken_trials(ctx, "correct", load="spin")
     with pytest.raises(ValueError, match="load: 'gemm' overlaps a GEMM"):
         experiments.broken_trials(ctx, "correct", load="gemm")
+
+
+def test_in_place_chooser_takes_the_copy_engines_only_where_measured():
+    import types
+
+    def buf(w, workspace=True):
+        return types.SimpleNamespace(world_size=w, workspace=object() if workspace else None)
+
+    limit = C.CE_FROM_BYTES[2]
+    assert C.choose_in_place(limit, buf(2)) == "two_shot_ce"
+    assert C.choose_in_place(limit - 1, buf(2)) == "two_shot"
+    assert C.choose_in_place(limit, buf(2, workspace=False)) == "two_shot"  # nothing for the copies to fill
+    assert C.choose_in_place(1 << 30, buf(4)) == "two_shot"  # no 4-GPU measurement: no copy engines
+
+
+def test_the_chosen_vs_best_table_reads_the_in_place_series():
+    from labkit.dist import plots
+
+    base = {"kind": "sweep", "op": "all_reduce", "world_size": 2}
+    big, small = C.CE_FROM_BYTES[2] * 2, 4096
+    recs = [dict(base, impl="nccl", bytes=big, us=900.0, graph_us=890.0),
+            dict(base, impl="labkit_two_shot_ce_in_place", bytes=big, us=750.0, graph_us=740.0),
+            dict(base, impl="nccl", bytes=small, us=20.0, graph_us=11.0),
+            dict(base, impl="labkit_two_shot_in_place", bytes=small, us=28.0, graph_us=7.0)]
+    table = plots.chosen_vs_best_markdown(recs, 2, in_place=True)
+    assert f"| {big:,} | two_shot_ce_in_place | 750.0 / 740.0 | nccl / nccl | 900.0 / 890.0 | yes / yes |" in table
+    assert f"| {small:,} | two_shot_in_place | 28.0 / 7.0 | nccl / nccl | 20.0 / 11.0 | no / yes |" in table
+
+
+def test_the_explorer_runs_an_in_place_form():
+    from labkit import widgets
+
+    text = widgets.collective_report("two_shot_ce_in_place", 300, 2, [], live_world=True)
+    assert "two_shot_ce_in_place on 2 ranks, 300 bf16 elements: correct on 2 of 2 ranks, pads back at zero on 2 of 2" in text, text

@@ -215,15 +215,20 @@ def choose(nbytes: int, world_size: int, crossovers: dict | None = None) -> str:
     return "one_shot" if nbytes <= limit else "two_shot"
 
 
-#: In place, from this size on ``two_shot_ce`` is chosen when the buffer has a workspace (below
-#: it the extra barrier and copy launches cost more than the copy engines save).
-CE_FROM_BYTES = 4 << 20
+#: World size -> message size from which the in-place ``auto`` takes ``two_shot_ce`` (when the
+#: buffer has a workspace). Measured on 2xH200 (reference/h200x2/collectives.json, graph replay):
+#: two_shot_ce is 1.8x slower at 4 MiB, 1.2x at 16 MiB, even at 64 MiB and 1.08x faster at
+#: 256 MiB (its barrier kernel and copy launches cost ~16 µs more; the copy engines then move the
+#: first shot faster than SM loads). Other world sizes have no measurement yet: two-shot there.
+CE_FROM_BYTES = {2: 128 << 20}
 
 
-def choose_in_place(nbytes: int, buf: SymmBuffer) -> str:
+def choose_in_place(nbytes: int, buf) -> str:
     """The in-place all-reduce for a message size: ``two_shot_ce`` for large messages when
-    ``buf`` has a workspace, else two-shot with pushed shards."""
-    return "two_shot_ce" if buf.workspace is not None and nbytes >= CE_FROM_BYTES else "two_shot"
+    ``buf`` has a workspace and its world size has a measured threshold (``CE_FROM_BYTES``),
+    else two-shot with pushed shards."""
+    limit = CE_FROM_BYTES.get(buf.world_size)
+    return "two_shot_ce" if buf.workspace is not None and limit is not None and nbytes >= limit else "two_shot"
 
 
 def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: str = "auto",

@@ -2,6 +2,8 @@
 (latency log-log, busbw against size, the one-shot/two-shot crossover)."""
 from __future__ import annotations
 
+import textwrap
+
 from labkit.plot import bytes_axis
 
 STYLE = {"nccl": ("black", "-"), "torch_one_shot": ("tab:gray", "--"), "torch_two_shot": ("tab:gray", "-"),
@@ -52,9 +54,24 @@ def plot_data_movement(ax, algorithm: str, world: int = 4) -> None:
         for r in range(world):
             ax.annotate("", xy=(1, ys[0]), xytext=(0.1, ys[r]), arrowprops={"arrowstyle": "->", "color": "tab:orange"})
             ax.annotate("", xy=(2, ys[r]), xytext=(1.1, ys[0]), arrowprops={"arrowstyle": "->", "color": "tab:green"})
-        ax.text(1, -0.8, "shot 1: shard 0 from everyone", fontsize=7, ha="center")
-        ax.text(2, -0.8, "shot 2: everyone copies shard 0", fontsize=7, ha="center")
+        ax.text(1, -0.8, "shot 1: shard 0 from\neveryone", fontsize=7, ha="center", va="top")
+        ax.text(2, -0.8, "shot 2: everyone copies\nshard 0", fontsize=7, ha="center", va="top")
         text = "each rank reduces its 1/W shard, then all gather: 2(W-1)N/W per rank"
+    elif algorithm == "two_shot_in_place":
+        for r in range(world):
+            ax.annotate("", xy=(1, ys[0]), xytext=(0.1, ys[r]), arrowprops={"arrowstyle": "->", "color": "tab:orange"})
+            ax.annotate("", xy=(2, ys[r]), xytext=(1.1, ys[0]), arrowprops={"arrowstyle": "->", "color": "tab:red"})
+        ax.text(1, -0.8, "loads: shard 0 from\neveryone", fontsize=7, ha="center", va="top")
+        ax.text(2, -0.8, "stores: the sum into\nevery buffer", fontsize=7, ha="center", va="top")
+        text = "in place: rank 0 reduces shard 0, then PUSHES it; two barriers, no copy out"
+    elif algorithm == "two_shot_ce":
+        for r in range(1, world):
+            ax.annotate("", xy=(1, ys[0]), xytext=(0.1, ys[r]),
+                        arrowprops={"arrowstyle": "->", "color": "tab:purple", "ls": "--"})
+            ax.annotate("", xy=(2, ys[r]), xytext=(1.1, ys[0]), arrowprops={"arrowstyle": "->", "color": "tab:red"})
+        ax.text(1, -0.8, "copy engines: shard 0\ninto rank 0's workspace", fontsize=7, ha="center", va="top")
+        ax.text(2, -0.8, "stores: the sum into\nevery buffer", fontsize=7, ha="center", va="top")
+        text = "in place: cudaMemcpyAsync does shot one, a kernel reduces locally and pushes"
     elif algorithm == "tree":
         for r in range(world):
             parent = tree_links(r, world)[0]
@@ -71,9 +88,9 @@ def plot_data_movement(ax, algorithm: str, world: int = 4) -> None:
             ax.annotate("", xy=(1, ys[0]), xytext=(0.1, ys[r]), arrowprops={"arrowstyle": "->", "color": "tab:red"})
         text = "rank 0 copies every rank's shard: (W-1)N/W"
     ax.set_xlim(-0.8, 2.4)
-    ax.set_ylim(-1.2, world)
+    ax.set_ylim(-1.6, world)
     ax.axis("off")
-    ax.set_title(f"{algorithm}: {text}", fontsize=8)
+    ax.set_title(textwrap.fill(f"{algorithm}: {text}", 60), fontsize=8)
 
 
 def _series(records, op, key):
@@ -158,9 +175,11 @@ def targets_markdown(records: list[dict]) -> str:
     return f"W = {w}\n\n" + "\n".join(rows)
 
 
-class _WithWorkspace:
-    """Stands for a buffer made with ``workspace=True`` (as the sweep's is) in ``choose_in_place``."""
-    workspace = True
+def _swept_buffer(world_size: int):
+    """Stands for the sweep's buffer (made with ``workspace=True``) in ``choose_in_place``."""
+    import types
+
+    return types.SimpleNamespace(workspace=True, world_size=world_size)
 
 
 def chosen_vs_best_markdown(records: list[dict], world_size: int, in_place: bool = False) -> str:
@@ -177,7 +196,7 @@ def chosen_vs_best_markdown(records: list[dict], world_size: int, in_place: bool
             "|---|---|---|---|---|---|"]
     for b in sorted({r["bytes"] for r in sw}):
         at = {r["impl"]: r for r in sw if r["bytes"] == b}
-        alg = (f"{C.choose_in_place(b, _WithWorkspace)}_in_place" if in_place else C.choose(b, world_size))
+        alg = f"{C.choose_in_place(b, _swept_buffer(world_size))}_in_place" if in_place else C.choose(b, world_size)
         mine = at.get(f"labkit_{alg}")
         others = [at[i] for i in ("nccl", "torch_one_shot", "torch_two_shot") if i in at]
         if not mine or not others:
@@ -209,3 +228,36 @@ def tune_markdown(rows: list[dict]) -> str:
         out.append(f"| {r['world_size']} | {r['impl']} {r['op']} | {r['bytes']:,} | "
                    f"{b['vectors']} x {b['num_warps']} x {b['programs']} | {b['us']:.1f} | {default} | {ratio} |")
     return "\n".join(out)
+
+
+def plot_links(records: list[dict], ax, title: str, sweep: list[dict] | None = None) -> None:
+    """The fastest correct copy per mode at the largest size (``labkit.dist.links.best_links``),
+    both directions busy and one, with the all-reduce busbw of ``sweep`` (same machine) drawn
+    across: the link's ceiling for each way of moving bytes, and where each algorithm sits."""
+    from labkit.dist.links import DIRECTIONS, MODES, best_links
+
+    rows = best_links(records)
+    if not rows:
+        ax.text(0.5, 0.5, "no link records", ha="center", transform=ax.transAxes)
+        return
+    big = max(r["bytes"] for r in rows)
+    width = 0.38
+    for i, direction in enumerate(DIRECTIONS):
+        vals = [next((r["GBps"] for r in rows if r["impl"] == m and r["direction"] == direction and r["bytes"] == big), 0)
+                for m in MODES]
+        bars = ax.bar([k + (i - 0.5) * width for k in range(len(MODES))], vals, width,
+                      label=f"{direction} direction{'s' if direction == 'both' else ''} busy")
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    ax.set_xticks(range(len(MODES)), MODES)
+    for impl, color in (("labkit_one_shot", "tab:blue"), ("labkit_two_shot_ce_in_place", "tab:purple"),
+                        ("nccl", "black")):
+        r = next((x for x in sweep or [] if x.get("impl") == impl and x.get("op") == "all_reduce"
+                  and x.get("bytes") == big and x.get("graph_busbw_GBps")), None)
+        if r:
+            ax.axhline(r["graph_busbw_GBps"], color=color, ls=":", lw=1.2,
+                       label=f"{impl} all-reduce, busbw {r['graph_busbw_GBps']:.0f} (graph)")
+    ax.set_ylabel(f"GB/s per GPU, {big >> 20} MiB copies")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="lower center", framealpha=0.95)
+    ax.grid(alpha=0.3, axis="y")
