@@ -51,26 +51,17 @@ def plot_data_movement(ax, algorithm: str, world: int = 4) -> None:
             ax.annotate("", xy=(1, ys[0]), xytext=(0.1, ys[r]), arrowprops={"arrowstyle": "->", "color": "tab:blue"})
         text = "rank 0 reads ALL of every buffer: (W-1)N over the links, one step"
     elif algorithm == "two_shot":
-        for r in range(world):
-            ax.annotate("", xy=(1, ys[0]), xytext=(0.1, ys[r]), arrowprops={"arrowstyle": "->", "color": "tab:orange"})
-            ax.annotate("", xy=(2, ys[r]), xytext=(1.1, ys[0]), arrowprops={"arrowstyle": "->", "color": "tab:green"})
-        ax.text(1, -0.8, "shot 1: shard 0 from\neveryone", fontsize=7, ha="center", va="top")
-        ax.text(2, -0.8, "shot 2: everyone copies\nshard 0", fontsize=7, ha="center", va="top")
+        _two_phases(ax, ys, world, ("tab:orange", "tab:green"),
+                    ("shot 1: shard 0 from\neveryone", "shot 2: everyone copies\nshard 0"))
         text = "each rank reduces its 1/W shard, then all gather: 2(W-1)N/W per rank"
     elif algorithm == "two_shot_in_place":
-        for r in range(world):
-            ax.annotate("", xy=(1, ys[0]), xytext=(0.1, ys[r]), arrowprops={"arrowstyle": "->", "color": "tab:orange"})
-            ax.annotate("", xy=(2, ys[r]), xytext=(1.1, ys[0]), arrowprops={"arrowstyle": "->", "color": "tab:red"})
-        ax.text(1, -0.8, "loads: shard 0 from\neveryone", fontsize=7, ha="center", va="top")
-        ax.text(2, -0.8, "stores: the sum into\nevery buffer", fontsize=7, ha="center", va="top")
+        _two_phases(ax, ys, world, ("tab:orange", "tab:red"),
+                    ("loads: shard 0 from\neveryone", "stores: the sum into\nevery buffer"))
         text = "in place: rank 0 reduces shard 0, then PUSHES it; two barriers, no copy out"
     elif algorithm == "two_shot_ce":
-        for r in range(1, world):
-            ax.annotate("", xy=(1, ys[0]), xytext=(0.1, ys[r]),
-                        arrowprops={"arrowstyle": "->", "color": "tab:purple", "ls": "--"})
-            ax.annotate("", xy=(2, ys[r]), xytext=(1.1, ys[0]), arrowprops={"arrowstyle": "->", "color": "tab:red"})
-        ax.text(1, -0.8, "copy engines: shard 0\ninto rank 0's workspace", fontsize=7, ha="center", va="top")
-        ax.text(2, -0.8, "stores: the sum into\nevery buffer", fontsize=7, ha="center", va="top")
+        _two_phases(ax, ys, world, ("tab:purple", "tab:red"),
+                    ("copy engines: shard 0\ninto rank 0's workspace", "stores: the sum into\nevery buffer"),
+                    first_dashed=True)
         text = "in place: cudaMemcpyAsync does shot one, a kernel reduces locally and pushes"
     elif algorithm == "tree":
         for r in range(world):
@@ -91,6 +82,19 @@ def plot_data_movement(ax, algorithm: str, world: int = 4) -> None:
     ax.set_ylim(-1.6, world)
     ax.axis("off")
     ax.set_title(textwrap.fill(f"{algorithm}: {text}", 60), fontsize=8)
+
+
+def _two_phases(ax, ys, world, colors, labels, first_dashed=False):
+    """Arrows of a two-phase algorithm from rank 0's point of view: into rank 0 (phase one, from
+    every rank; the copy engines' phase dashed, and without rank 0's own shard), then out of
+    rank 0 to every rank (phase two), each phase labelled underneath."""
+    for r in range(1 if first_dashed else 0, world):
+        ax.annotate("", xy=(1, ys[0]), xytext=(0.1, ys[r]),
+                    arrowprops={"arrowstyle": "->", "color": colors[0], **({"ls": "--"} if first_dashed else {})})
+    for r in range(world):
+        ax.annotate("", xy=(2, ys[r]), xytext=(1.1, ys[0]), arrowprops={"arrowstyle": "->", "color": colors[1]})
+    for x, label in zip((1, 2), labels):
+        ax.text(x, -0.8, label, fontsize=7, ha="center", va="top")
 
 
 def _series(records, op, key):

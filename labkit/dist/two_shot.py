@@ -75,6 +75,19 @@ def two_shot_all_reduce_kernel(
 
 
 @triton.jit
+def store_everywhere(data_ptrs, offs, value, mask, rank, WORLD: tl.constexpr, ELEM: tl.constexpr,
+                     MASKED: tl.constexpr):
+    """Store ``value`` at ``offs`` of every rank's buffer (the push of the in-place kernels),
+    starting with this rank's and going round, so no buffer is written by all ranks at once."""
+    for k in tl.static_range(WORLD):
+        dst = peer_ptr(data_ptrs, (rank + k) % WORLD, ELEM) + offs
+        if MASKED:
+            tl.store(dst, value, mask=mask)
+        else:
+            tl.store(dst, value)
+
+
+@triton.jit
 def two_shot_all_reduce_in_place_kernel(
     data_ptrs,                  # int64 [W]: every rank's symmetric buffer (N elements each)
     pad_ptrs,                   # int64 [W]: every rank's signal pad
@@ -115,13 +128,11 @@ def two_shot_all_reduce_in_place_kernel(
         offs = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
         if start + BLOCK <= hi:
             acc = sum_peers(data_ptrs, offs, None, WORLD, ELEM, BLOCK, False).to(ELEM)
-            for k in tl.static_range(WORLD):  # each rank starts pushing at a different peer
-                tl.store(peer_ptr(data_ptrs, (rank + k) % WORLD, ELEM) + offs, acc)
+            store_everywhere(data_ptrs, offs, acc, None, rank, WORLD, ELEM, False)
         else:
             mask = offs < hi
             acc = sum_peers(data_ptrs, offs, mask, WORLD, ELEM, BLOCK, True).to(ELEM)
-            for k in tl.static_range(WORLD):
-                tl.store(peer_ptr(data_ptrs, (rank + k) % WORLD, ELEM) + offs, acc, mask=mask)
+            store_everywhere(data_ptrs, offs, acc, mask, rank, WORLD, ELEM, True)
     if END_BARRIER:
         block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
 
@@ -170,16 +181,12 @@ def two_shot_ce_kernel(
             acc = tl.load(mine + offs).to(tl.float32)
             for k in tl.static_range(1, WORLD):
                 acc += tl.load(received + ((rank + k) % WORLD) * shard + rel).to(tl.float32)
-            acc = acc.to(ELEM)
-            for k in tl.static_range(WORLD):
-                tl.store(peer_ptr(data_ptrs, (rank + k) % WORLD, ELEM) + offs, acc)
+            store_everywhere(data_ptrs, offs, acc.to(ELEM), None, rank, WORLD, ELEM, False)
         else:
             mask = offs < hi
             acc = tl.load(mine + offs, mask=mask, other=0.0).to(tl.float32)
             for k in tl.static_range(1, WORLD):
                 acc += tl.load(received + ((rank + k) % WORLD) * shard + rel, mask=mask, other=0.0).to(tl.float32)
-            acc = acc.to(ELEM)
-            for k in tl.static_range(WORLD):
-                tl.store(peer_ptr(data_ptrs, (rank + k) % WORLD, ELEM) + offs, acc, mask=mask)
+            store_everywhere(data_ptrs, offs, acc.to(ELEM), mask, rank, WORLD, ELEM, True)
     if END_BARRIER:
         block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
