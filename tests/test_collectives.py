@@ -237,16 +237,11 @@ def test_broken_trials_checks_its_load():
 
 
 def test_in_place_chooser_takes_the_copy_engines_only_where_measured():
-    import types
-
-    def buf(w, workspace=True):
-        return types.SimpleNamespace(world_size=w, workspace=object() if workspace else None)
-
     limit = C.CE_FROM_BYTES[2]
-    assert C.choose_in_place(limit, buf(2)) == "two_shot_ce"
-    assert C.choose_in_place(limit - 1, buf(2)) == "two_shot"
-    assert C.choose_in_place(limit, buf(2, workspace=False)) == "two_shot"  # nothing for the copies to fill
-    assert C.choose_in_place(1 << 30, buf(4)) == "two_shot"  # no 4-GPU measurement: no copy engines
+    assert C.choose_in_place(limit, 2, True) == "two_shot_ce"
+    assert C.choose_in_place(limit - 1, 2, True) == "two_shot"
+    assert C.choose_in_place(limit, 2, False) == "two_shot"  # no workspace: nothing for the copies to fill
+    assert C.choose_in_place(1 << 30, 4, True) == "two_shot"  # no 4-GPU measurement: no copy engines
 
 
 def test_the_chosen_vs_best_table_reads_the_in_place_series():

@@ -30,6 +30,17 @@ BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "reduce_scatter": lambda 
 def _time(fn, iters: int, reps: int, graph: bool) -> float:
     """Median µs per call: ``reps`` rounds of ``iters`` back-to-back calls (or one graph replay
     of them), ranks lined up by a barrier before every round."""
+    return statistics.median(_samples(fn, iters, reps, graph))
+
+
+def _samples(fn, iters: int, reps: int, graph: bool = False, active: bool = True) -> list[float]:
+    """µs per call of each of ``reps`` rounds (``_time``). A rank that is not ``active`` runs
+    nothing and only joins the barriers, so the active ranks time their calls together while it
+    stays idle (``labkit.dist.links``: one direction of the links busy); it returns []."""
+    if not active:
+        for _ in range(reps):
+            dist.barrier()
+        return []
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -59,7 +70,7 @@ def _time(fn, iters: int, reps: int, graph: bool) -> float:
         end.record()
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / iters)
-    return statistics.median(samples)
+    return samples
 
 
 def _iters(nbytes: int) -> int:

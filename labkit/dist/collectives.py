@@ -223,12 +223,12 @@ def choose(nbytes: int, world_size: int, crossovers: dict | None = None) -> str:
 CE_FROM_BYTES = {2: 128 << 20}
 
 
-def choose_in_place(nbytes: int, buf) -> str:
-    """The in-place all-reduce for a message size: ``two_shot_ce`` for large messages when
-    ``buf`` has a workspace and its world size has a measured threshold (``CE_FROM_BYTES``),
+def choose_in_place(nbytes: int, world_size: int, has_workspace: bool) -> str:
+    """The in-place all-reduce for a message size: ``two_shot_ce`` for large messages when the
+    buffer has a workspace and the world size has a measured threshold (``CE_FROM_BYTES``),
     else two-shot with pushed shards."""
-    limit = CE_FROM_BYTES.get(buf.world_size)
-    return "two_shot_ce" if buf.workspace is not None and limit is not None and nbytes >= limit else "two_shot"
+    limit = CE_FROM_BYTES.get(world_size)
+    return "two_shot_ce" if has_workspace and limit is not None and nbytes >= limit else "two_shot"
 
 
 def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: str = "auto",
@@ -253,7 +253,7 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
     in_place = _is_in_place(out, buf)
     if in_place:
         if algorithm == "auto":
-            algorithm = choose_in_place(n * x.element_size(), buf)
+            algorithm = choose_in_place(n * x.element_size(), buf.world_size, buf.workspace is not None)
         elif algorithm in ("one_shot", "tree"):
             raise UsageError(f"out: is buf.tensor (in place), which algorithm={algorithm!r} cannot do: it reads "
                              "every rank's whole buffer until its end barrier, so writing the sum there races with "

@@ -28,6 +28,7 @@ import triton.language as tl
 
 from labkit import tier
 from labkit.dist import symm
+from labkit.dist.bench import _samples
 from labkit.errors import UsageError
 from labkit.guard import on_device_of
 
@@ -87,28 +88,6 @@ def link_copy(src: torch.Tensor, dst: torch.Tensor, *, vectors: int = 4, num_war
     return dst
 
 
-def _median_us(fn, active: bool, iters: int, reps: int, barrier) -> tuple[float | None, list[float]]:
-    """Median µs per call over ``reps`` rounds of ``iters`` back-to-back calls on the ranks that
-    are ``active``; every rank meets at a barrier before every round, so the active ranks copy at
-    the same time and the idle ones stay idle."""
-    if active:
-        fn()
-        torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(reps):
-        barrier()
-        if active:
-            torch.cuda.synchronize()
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3 / iters)
-    return (statistics.median(samples) if samples else None), samples
-
-
 def probe(ctx, sizes=SIZES, grid=None, reps: int = 7, iters: int = 5, progress: bool = True) -> list[dict]:
     """One rank's part of ``labkit bench links`` (``run_ranks`` runs it on every rank); rank 0's
     records are the result: every mode, both directions, every SM launch of ``grid``."""
@@ -159,7 +138,8 @@ def probe(ctx, sizes=SIZES, grid=None, reps: int = 7, iters: int = 5, progress: 
                     # what a buffer holds is otherwise irrelevant to the timing)
                     correct = bool(torch.equal(sink, peer) if mode.endswith("read") else torch.equal(peer, local))
                 dist.barrier()
-                us, samples = _median_us(fn, active, iters, reps, dist.barrier)
+                samples = _samples(fn, iters, reps, active=active)
+                us = statistics.median(samples) if samples else None
                 dist.barrier()
                 ok = torch.tensor([1 if correct else 0], device=dev)
                 dist.all_reduce(ok, op=dist.ReduceOp.MIN)

@@ -179,13 +179,6 @@ def targets_markdown(records: list[dict]) -> str:
     return f"W = {w}\n\n" + "\n".join(rows)
 
 
-def _swept_buffer(world_size: int):
-    """Stands for the sweep's buffer (made with ``workspace=True``) in ``choose_in_place``."""
-    import types
-
-    return types.SimpleNamespace(workspace=True, world_size=world_size)
-
-
 def chosen_vs_best_markdown(records: list[dict], world_size: int, in_place: bool = False) -> str:
     """At every size of a sweep: the all-reduce ``collectives.choose`` picks (in_place: the one
     ``all_reduce(buf, buf.tensor)`` runs on a buffer with a workspace), against the best of NCCL and
@@ -200,7 +193,8 @@ def chosen_vs_best_markdown(records: list[dict], world_size: int, in_place: bool
             "|---|---|---|---|---|---|"]
     for b in sorted({r["bytes"] for r in sw}):
         at = {r["impl"]: r for r in sw if r["bytes"] == b}
-        alg = f"{C.choose_in_place(b, _swept_buffer(world_size))}_in_place" if in_place else C.choose(b, world_size)
+        # (the sweep's buffer has a workspace)
+        alg = f"{C.choose_in_place(b, world_size, True)}_in_place" if in_place else C.choose(b, world_size)
         mine = at.get(f"labkit_{alg}")
         others = [at[i] for i in ("nccl", "torch_one_shot", "torch_two_shot") if i in at]
         if not mine or not others:
