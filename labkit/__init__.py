@@ -6,7 +6,7 @@ Triton kernel is defined or any process group is made:
 * it turns NVLink multicast off for this process and every child it starts
   (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1): on shared
   multi-GPU hosts a program using multicast can take the GPUs out of service;
-* it picks the execution tier (see :mod:`labkit.tier`): on a machine without a CUDA GPU it sets
+* it picks the execution tier (see :mod:`labkit.workbench.tier`): on a machine without a CUDA GPU it sets
   TRITON_INTERPRET=1, so every labkit kernel runs under the Triton interpreter on the CPU.
 """
 import os as _os
@@ -18,7 +18,7 @@ MULTICAST_OFF = {
 }
 _os.environ.update(MULTICAST_OFF)
 
-from labkit.tier import TIER, interpreted  # noqa: E402  (must follow the environment set-up)
+from labkit.workbench.tier import interpreted, TIER  # noqa: E402  (must follow the environment set-up)
 
 __version__ = "0.1.0"
 __all__ = ["TIER", "interpreted", "MULTICAST_OFF", "__version__"]

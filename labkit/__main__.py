@@ -1,5 +1,5 @@
 import sys
 
-from labkit.cli import main
+from labkit.workbench.cli import main
 
 sys.exit(main())

@@ -6,7 +6,7 @@ hardware is missing; pytest prints every skip reason at the end of the run (``-r
 import labkit  # noqa: F401  (must precede kernel imports)
 import pytest
 
-from labkit import gates
+from labkit.workbench import gates
 
 
 def pytest_collection_modifyitems(config, items):
@@ -22,7 +22,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def output_dir(tmp_path, monkeypatch):
     """A notebook output folder of this test's own (LABKIT_OUTPUT_DIR)."""
-    from labkit import results
+    from labkit.workbench import results
 
     d = tmp_path / "out"
     monkeypatch.setenv(results.OUTPUT_ENV, str(d))

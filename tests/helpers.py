@@ -24,7 +24,7 @@ def make_notebook(path: Path, params: str, *cells: str, requires: dict | None = 
 
 WRITE_PARAMS = """
 import json, os
-from labkit import results
+from labkit.workbench import results
 (results.output_dir() / "params.json").write_text(json.dumps({"N": N, "NAME": NAME, "SCALE": SCALE}))
 """
 

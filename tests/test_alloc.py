@@ -1,4 +1,4 @@
-"""labkit.alloc: bulk allocation (raw pointers, views), alignment arithmetic and the report.
+"""labkit.kernels.alloc: bulk allocation (raw pointers, views), alignment arithmetic and the report.
 
 CPU tests run everywhere (the raw allocator goes through ``__array_interface__`` there); the GPU
 tests check the CUDA path and the allocator's own accounting of when the memory is released."""
@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from labkit import alloc, tier
+from labkit.kernels import alloc
+from labkit.workbench import tier
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.uint8]
 
@@ -135,7 +136,7 @@ def test_bad_requests_are_refused_with_the_argument_named(fn, kwargs, exc, match
 
 
 def test_unknown_style_and_report_errors():
-    from labkit.errors import UsageError
+    from labkit.workbench.errors import UsageError
 
     with pytest.raises(UsageError, match="style"):
         alloc.allocate("malloc", [(3,)], torch.float32, "cpu")

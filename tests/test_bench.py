@@ -4,7 +4,7 @@ import time
 import pytest
 import torch
 
-from labkit import bench
+from labkit.workbench import bench
 
 
 def test_paired_ratio_orders_candidates_on_cpu():

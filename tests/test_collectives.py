@@ -1,4 +1,4 @@
-"""labkit.dist collectives over symmetric memory: every algorithm against an fp64 sum on fresh
+"""labkit.kernels.comm collectives over symmetric memory: every algorithm against an fp64 sum on fresh
 random inputs, for every world size this machine allows (the CPU tier emulates ranks as
 processes over shared memory, so CI checks W = 2, 3, 4 and 8), odd sizes, both dtypes; pads
 back at zero; hangs and misuse turned into clear errors."""
@@ -8,11 +8,11 @@ import pytest
 import torch
 
 import labkit  # noqa: F401  (picks the tier first)
-from labkit import tier
-from labkit.dist import collectives as C
-from labkit.dist import experiments
-from labkit.dist.ranks import RankFailure, run_ranks
-from labkit.dist.tree import tree_links
+from labkit.workbench import tier
+from labkit.kernels.comm import collectives as C
+from labkit.labs.collectives import experiments
+from labkit.kernels.comm.ranks import RankFailure, run_ranks
+from labkit.kernels.comm.tree import tree_links
 
 
 def _world_sizes():
@@ -64,13 +64,13 @@ def test_launch_config_is_checked():
         C.LaunchConfig(num_warps=6)
     with pytest.raises(ValueError, match="config.programs"):
         C.LaunchConfig(programs=0)
-    with pytest.raises(TypeError, match="config: expected a labkit.dist.collectives.LaunchConfig"):
+    with pytest.raises(TypeError, match="config: expected a labkit.kernels.comm.collectives.LaunchConfig"):
         C._config({"vectors": 2}, 1024, 2, torch.device("cpu"))
     assert C._config(None, 1024, 2, torch.device("cpu")) is C.DEFAULT_CONFIG
 
 
 def test_best_configs_reports_the_fastest_correct_one():
-    from labkit.dist.bench import best_configs
+    from labkit.labs.collectives.bench import best_configs
 
     base = {"kind": "tune", "impl": "labkit_one_shot", "op": "all_reduce", "world_size": 2, "bytes": 1 << 20}
     recs = [dict(base, vectors=1, num_warps=16, programs=132, us=10.0, busbw_GBps=1.0, correct=True, default=True),
@@ -167,7 +167,7 @@ def test_chooser_uses_crossovers():
     # the committed 2-GPU sweep measured one-shot at least as fast at every size
     assert C.measured_crossovers().get(2) == C.ALWAYS
     assert C.choose(256 << 20, 2) == "one_shot"
-    from labkit.errors import UsageError
+    from labkit.workbench.errors import UsageError
 
     with pytest.raises(UsageError, match="variant"):
         C._sem_end("bogus", "one_shot")
@@ -179,9 +179,9 @@ def test_gpu_code_uses_the_atomics_the_docs_promise():
     """Compiled for sm_90 in a child with TRITON_INTERPRET=0 (no GPU needed): the correct
     kernels' signals are release/acquire compare-and-swaps at system scope, the 'relaxed'
     variant's are relaxed, and the data moves with 16-byte vector loads."""
-    from labkit import sandbox
+    from labkit.workbench import sandbox
 
-    res = sandbox.run_isolated("labkit.dist.ptx:summarize_all", timeout=300, env={"TRITON_INTERPRET": "0"})
+    res = sandbox.run_isolated("labkit.labs.collectives.ptx:summarize_all", timeout=300, env={"TRITON_INTERPRET": "0"})
     rows = res.unwrap()
     for r in rows:
         if r["sem"] == 0:
@@ -198,7 +198,7 @@ def test_gpu_code_uses_the_atomics_the_docs_promise():
 
 
 def test_crossover_is_where_two_shot_starts_winning_for_good():
-    from labkit.dist.bench import crossover_bytes
+    from labkit.labs.collectives.bench import crossover_bytes
 
     def recs(times):
         return [{"impl": f"labkit_{impl}", "op": "all_reduce", "world_size": 4, "bytes": b, "us": us}
@@ -245,7 +245,7 @@ def test_in_place_chooser_takes_the_copy_engines_only_where_measured():
 
 
 def test_the_chosen_vs_best_table_reads_the_in_place_series():
-    from labkit.dist import plots
+    from labkit.labs.collectives import plots
 
     base = {"kind": "sweep", "op": "all_reduce", "world_size": 2}
     big, small = C.CE_FROM_BYTES[2] * 2, 4096
@@ -259,7 +259,7 @@ def test_the_chosen_vs_best_table_reads_the_in_place_series():
 
 
 def test_the_explorer_runs_an_in_place_form():
-    from labkit import widgets
+    from labkit.labs.collectives import widgets
 
     text = widgets.collective_report("two_shot_ce_in_place", 300, 2, [], live_world=True)
     assert "two_shot_ce_in_place on 2 ranks, 300 bf16 elements: correct on 2 of 2 ranks, pads back at zero on 2 of 2" in text, text

@@ -5,7 +5,7 @@ import sys
 
 import torch
 
-from labkit import doctor, labs
+from labkit.workbench import catalogue, doctor
 
 
 def test_report_matches_this_machine():
@@ -17,7 +17,7 @@ def test_report_matches_this_machine():
     assert torch.__version__.startswith(rep["versions"]["torch"].split("+")[0])
     assert rep["multicast_env"] == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                                     "NVSHMEM_DISABLE_NVLS": "1"}
-    assert [c["lab"] for c in rep["labs"]] == [lab.id for lab in labs.LABS]
+    assert [c["lab"] for c in rep["labs"]] == [lab.id for lab in catalogue.LABS]
     if n == 0:
         assert rep["machine"] == "cpu" and rep["tier"] == "interpreter"
 
@@ -26,7 +26,7 @@ def test_text_report_names_every_lab_and_gpu():
     rep = doctor.collect()
     text = doctor.format_text(rep)
     assert text.startswith(f"labkit doctor: {rep['machine']}")
-    for lab in labs.LABS:
+    for lab in catalogue.LABS:
         assert lab.id in text
     for g in rep["gpus"]:
         assert g["name"] in text

@@ -1,8 +1,8 @@
 """Gates decide from the hardware and give one-line reasons; skips are recorded for the runner."""
 import pytest
 
-from labkit import gates
-from labkit.hardware import GPU, Hardware
+from labkit.workbench import gates
+from labkit.workbench.hardware import GPU, Hardware
 
 H200x2 = Hardware.fake(gpus=2)
 
@@ -59,12 +59,12 @@ def test_mark_skips_with_the_reason():
     ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 2, "rtxpro6000x2"), ("NVIDIA A100-SXM4-80GB", 8, "a100x8"),
 ])
 def test_machine_tag(name, count, tag):
-    from labkit.hardware import machine_tag
+    from labkit.workbench.hardware import machine_tag
 
     assert machine_tag(Hardware.fake(count, name=name)) == tag
 
 
 def test_machine_tag_cpu():
-    from labkit.hardware import machine_tag
+    from labkit.workbench.hardware import machine_tag
 
     assert machine_tag(Hardware.fake(0)) == "cpu"

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import labkit
-from labkit.guard import common_device, on_device_of
-from labkit.kernels import LAUNCHERS, copy
+from labkit.workbench.guard import common_device, on_device_of
+from labkit.kernels import copy, LAUNCHERS
 
-DEV = labkit.tier.kernel_device()
+DEV = labkit.workbench.tier.kernel_device()
 
 
 def _random(n, dtype, device=DEV):
@@ -68,11 +68,17 @@ def test_cpu_tensor_to_gpu_kernel_is_refused():
         copy(torch.randn(4))
 
 
+def _guarded_add_one():
+    """Lab 01's experiment kernel, guarded (its default): held to the same regression."""
+    from labkit.labs.wrong_device.experiments import add_one
+    return add_one, lambda g: (torch.randn(1 << 20, generator=g),)
+
+
 @pytest.mark.multigpu
-@pytest.mark.parametrize("name", sorted(LAUNCHERS))
+@pytest.mark.parametrize("name", sorted(LAUNCHERS) + ["add_one (lab 01)"])
 def test_every_launcher_runs_on_its_inputs_device(name):
     """The story's regression for every kernel: data on cuda:1, current device cuda:0."""
-    launch, make_inputs = LAUNCHERS[name]
+    launch, make_inputs = LAUNCHERS[name] if name in LAUNCHERS else _guarded_add_one()
     inputs = make_inputs(torch.Generator().manual_seed(torch.seed() % 2**31))
     torch.cuda.set_device(0)
     ref = launch(*[t.to("cuda:0") for t in inputs])

@@ -1,4 +1,4 @@
-"""labkit.dist.links: the link-copy kernel moves the right bytes across ranks (emulated on the
+"""labkit.labs.collectives.links: the link-copy kernel moves the right bytes across ranks (emulated on the
 CPU tier, over NVLink on GPUs), refuses bad input, and its tables pick the fastest correct run.
 The bandwidth itself is measured by ``labkit bench links``, not asserted here."""
 import secrets
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import labkit  # noqa: F401  (picks the tier first)
-from labkit import tier
-from labkit.dist import links
-from labkit.dist.ranks import run_ranks
+from labkit.workbench import tier
+from labkit.labs.collectives import links
+from labkit.kernels.comm.ranks import run_ranks
 
 
 def _worlds():

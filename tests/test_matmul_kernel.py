@@ -21,7 +21,7 @@ import labkit
 from labkit.kernels import matmul as mm
 from labkit.kernels.matmul import flops, matmul, misaligned
 
-DEV = labkit.tier.kernel_device()
+DEV = labkit.workbench.tier.kernel_device()
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {  # dtype -> (rtol, atol per sqrt(K)); see the module docstring
     torch.float32: (1e-5, 1e-5),
@@ -196,7 +196,7 @@ def test_flops_and_config():
     assert mm.GPU_CONFIG == mm.MatmulConfig(block_m=128, block_n=128, block_k=64, group_m=8,
                                             num_warps=8, num_stages=3)
     cfg = mm.launch_config()
-    assert cfg == (mm.INTERPRETER_CONFIG if labkit.tier.interpreted() else mm.GPU_CONFIG)
+    assert cfg == (mm.INTERPRETER_CONFIG if labkit.workbench.tier.interpreted() else mm.GPU_CONFIG)
     assert min(cfg.block_m, cfg.block_n, cfg.block_k) >= 64  # big tiles under the interpreter too
 
 

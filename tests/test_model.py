@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import labkit
-from labkit import model as M
-from labkit import sandbox
+from labkit.labs.wrong_device import model as M
+from labkit.workbench import sandbox
 
-DEV = labkit.tier.kernel_device()
+DEV = labkit.workbench.tier.kernel_device()
 
 
 def test_cached_decode_equals_full_forward():
@@ -48,7 +48,7 @@ def test_accelerate_dispatch_on_cpu_keeps_logits():
 
 
 def test_sc_model_benchmark_records_on_cpu(tmp_path):
-    from labkit import benchmarks, results
+    from labkit.workbench import benchmarks, results
 
     rs = results.load_results(benchmarks.run("sc_model", "cpu", out_dir=tmp_path))
     assert [r["config"] for r in rs.records] == ["bf16"] + list(M.SC_CONFIGS)

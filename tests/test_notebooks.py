@@ -2,8 +2,8 @@
 naming real parameters, and executing top to bottom under papermill in this machine's tier."""
 import pytest
 
-from labkit.runner import notebooks as nbs
-from labkit.runner import profiles, run
+from labkit.workbench.runner import notebooks as nbs
+from labkit.workbench.runner import profiles, run
 
 NOTEBOOKS = nbs.discover()
 

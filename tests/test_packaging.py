@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from labkit import labs
-from labkit.runner import notebooks as nbs
+from labkit.workbench import catalogue
+from labkit.workbench.runner import notebooks as nbs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONDA_TO_PYPI = {"pytorch": "torch"}  # conda-forge names that differ from PyPI's
@@ -39,7 +39,7 @@ def test_python_floor_agrees():
 
 
 def test_readme_lab_table_is_the_catalogue():
-    assert labs.markdown_table() in (ROOT / "README.md").read_text()
+    assert catalogue.markdown_table() in (ROOT / "README.md").read_text()
 
 
 def test_ci_runs_the_readme_test_command():
@@ -51,8 +51,8 @@ def test_ci_runs_the_readme_test_command():
 
 def test_every_notebook_is_a_ready_lab_and_every_ready_lab_has_a_notebook():
     notebooks = set(nbs.discover())
-    ready = {lab.id for lab in labs.LABS if lab.status in ("ready", "draft")}
+    ready = {lab.id for lab in catalogue.LABS if lab.status in ("ready", "draft")}
     assert notebooks == ready
-    for lab in labs.LABS:
+    for lab in catalogue.LABS:
         if lab.seed.endswith(".txt"):
             assert lab.issue >= 0 and lab.parts, lab.id

@@ -5,7 +5,8 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from labkit import env, plot, results, widgets  # noqa: E402
+from labkit.workbench import env, plot, results  # noqa: E402
+from labkit.labs.start_here import widgets
 
 
 @pytest.mark.parametrize("n,text", [(1, "1 B"), (1024, "1 KiB"), (1536, "1.5 KiB"), (3 << 20, "3 MiB"),
@@ -55,7 +56,7 @@ def test_copy_explorer_measures_one_size():
 
 
 def test_graph_vs_events_pairs_methods_per_size():
-    from labkit.workbench import graph_vs_events
+    from labkit.labs.start_here.copy_bandwidth import graph_vs_events
 
     recs = [{"impl": "a", "bytes": 8, "method": "cuda_events", "us": 10.0},
             {"impl": "a", "bytes": 8, "method": "cuda_graph", "us": 2.0},
@@ -69,21 +70,21 @@ def test_graph_vs_events_pairs_methods_per_size():
 
 
 def test_copy_bandwidth_plot_has_your_run_and_references(tmp_path):
-    from labkit import workbench
+    from labkit.labs.start_here import copy_bandwidth
 
     def rec(impl, method, nbytes, gbps):
         return {"impl": impl, "method": method, "bytes": nbytes, "GBps": gbps}
 
-    mine = [rec(i, "cpu_clock", b, 1.0) for i in workbench.IMPLS for b in (4096, 16384)]
-    ref_recs = [rec(i, m, b, 1e3) for i in workbench.IMPLS for m in ("cuda_events", "cuda_graph") for b in (4096, 16384)]
+    mine = [rec(i, "cpu_clock", b, 1.0) for i in copy_bandwidth.IMPLS for b in (4096, 16384)]
+    ref_recs = [rec(i, m, b, 1e3) for i in copy_bandwidth.IMPLS for m in ("cuda_events", "cuda_graph") for b in (4096, 16384)]
     path = results.write_results(tmp_path / "h200x2" / "workbench.json", "workbench", ref_recs, generator="t")
     refs = {"h200x2": results.load_results(path)}
-    fig = workbench.plot_copy_bandwidth(mine, env.stamp(), refs)
+    fig = copy_bandwidth.plot_copy_bandwidth(mine, env.stamp(), refs)
     eager, graph = fig.axes[:2]
     assert [line.get_label() for line in eager.lines] == [
         "your run: torch.copy_", "your run: triton copy", "reference h200x2: torch.copy_", "reference h200x2: triton copy"]
     # the CPU clock run has no graph replays; the reference has
     assert [line.get_label() for line in graph.lines] == ["reference h200x2: torch.copy_", "reference h200x2: triton copy"]
     assert "reference h200x2" in fig.texts[-1].get_text()
-    fig_empty = workbench.plot_copy_bandwidth(mine, env.stamp(), {})
+    fig_empty = copy_bandwidth.plot_copy_bandwidth(mine, env.stamp(), {})
     assert not fig_empty.axes[1].lines and "no graph timings" in fig_empty.axes[1].texts[0].get_text()

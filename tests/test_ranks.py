@@ -12,9 +12,9 @@ import rank_fns
 import torch
 
 import labkit  # noqa: F401  (picks the tier first)
-from labkit.dist.ranks import RankFailure, RanksResult, run_ranks
-from labkit.errors import UsageError
-from labkit.gates import HardwareUnavailable
+from labkit.kernels.comm.ranks import RankFailure, RanksResult, run_ranks
+from labkit.workbench.errors import UsageError
+from labkit.workbench.gates import HardwareUnavailable
 
 N = 1000  # numbers per rank in the all_reduce
 

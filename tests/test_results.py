@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from labkit import results
-from labkit.results import ResultsError
+from labkit.workbench import results
+from labkit.workbench.results import ResultsError
 
 
 def test_round_trip_with_stamp(tmp_path):

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from helpers import fixture_workbook, make_notebook
-from labkit import results
-from labkit.runner import RunError, run
-from labkit.runner import notebooks as nbs
-from labkit.runner import profiles
-from labkit.runner.execute import plan
+from labkit.workbench import results
+from labkit.workbench.runner import run, RunError
+from labkit.workbench.runner import notebooks as nbs
+from labkit.workbench.runner import profiles
+from labkit.workbench.runner.execute import plan
 
 pytestmark = pytest.mark.notebook
 
@@ -93,7 +93,7 @@ def test_unknown_profile_is_refused(workbook):
 
 
 def test_gpu_profile_refused_without_gpu(workbook):
-    from labkit import hardware
+    from labkit.workbench import hardware
 
     if hardware.snapshot().gpu_count:
         pytest.skip("this machine has a GPU, so --profile gpu is allowed here")
@@ -203,7 +203,7 @@ def test_whole_notebook_limit_stops_many_short_cells(tmp_path, monkeypatch):
     """Each cell is short, together they exceed the limit: the notebook is stopped, not each cell."""
     import re
 
-    from labkit.runner import execute
+    from labkit.workbench.runner import execute
 
     folder = tmp_path / "nb"
     folder.mkdir()

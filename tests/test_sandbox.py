@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import labkit
-from labkit import sandbox
-from labkit.sandbox import SandboxError, classify, run_isolated
+from labkit.workbench import sandbox
+from labkit.workbench.sandbox import classify, run_isolated, SandboxError
 
 
 def test_returns_value_from_child():
@@ -18,7 +18,7 @@ def test_returns_value_from_child():
 
 
 def test_python_exception_is_classified_with_type_and_message():
-    res = run_isolated("labkit.experiments:raises_python_error")
+    res = run_isolated("labkit.labs.start_here.experiments:raises_python_error")
     assert res.status == "exception"
     assert res.error_type == "builtins.ValueError"
     assert "raised on purpose" in res.message
@@ -37,7 +37,7 @@ def test_abort_is_a_signal_and_parent_survives():
 
 def test_hang_becomes_timeout_and_group_is_killed():
     t0 = time.monotonic()
-    res = run_isolated("labkit.experiments:spin_forever", timeout=2)
+    res = run_isolated("labkit.labs.start_here.experiments:spin_forever", timeout=2)
     assert res.status == "timeout"
     assert 2 <= time.monotonic() - t0 < 30
     assert "hung" in res.summary()
@@ -46,7 +46,7 @@ def test_hang_becomes_timeout_and_group_is_killed():
 def test_out_of_bounds_kernel_store_is_contained():
     """The real faulting kernel: SIGSEGV under the interpreter, illegal memory access on a GPU."""
     res = run_isolated("labkit.kernels.fault:write_out_of_bounds", timeout=120)
-    if labkit.tier.interpreted():
+    if labkit.workbench.tier.interpreted():
         assert res.status == "signal" and res.signal == "SIGSEGV", res.summary()
         assert "write_out_of_bounds" in res.stderr  # faulthandler's stack of the child
     else:
@@ -54,7 +54,7 @@ def test_out_of_bounds_kernel_store_is_contained():
     # the parent's own kernel launches still work
     from labkit.kernels import copy
 
-    x = torch.randn(1000, device=labkit.tier.kernel_device())
+    x = torch.randn(1000, device=labkit.workbench.tier.kernel_device())
     assert torch.equal(copy(x), x)
 
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import labkit
-from labkit.sc import encoding, sc_counts, sc_matmul, sc_matmul_reference
+from labkit.kernels.sc import encoding, sc_counts, sc_matmul, sc_matmul_reference
 
-DEV = labkit.tier.kernel_device()
+DEV = labkit.workbench.tier.kernel_device()
 
 # (shape of a, shape of b, options): the story's five configurations first, then the others.
 CASES = [
@@ -140,7 +140,7 @@ def test_story_regression_on_cuda1_with_current_device_cuda0(shape_a, shape_b, o
 
 
 def test_prepared_b_gives_the_same_bits_and_checks_its_input():
-    from labkit.sc import prepare_b, sc_matmul_prepared
+    from labkit.kernels.sc import prepare_b, sc_matmul_prepared
 
     a, b, seed = _fresh((5, 96), (96, 12))
     w = prepare_b(b, chunk_d=32)
@@ -153,14 +153,14 @@ def test_prepared_b_gives_the_same_bits_and_checks_its_input():
 
 
 def test_kernel_benchmark_records(tmp_path):
-    from labkit import benchmarks, results
+    from labkit.workbench import benchmarks, results
 
     path = benchmarks.run("sc_kernel", "cpu", out_dir=tmp_path)
     rs = results.load_results(path)
-    assert rs.generator == "labkit.sc.bench.benchmark"
+    assert rs.generator == "labkit.labs.wrong_device.sc_bench.benchmark"
     assert {r["impl"] for r in rs.records} == {"bf16 matmul", "sc_matmul"}
     methods = {r["method"] for r in rs.records}
-    assert methods == ({"cuda_graph", "cuda_events"} if labkit.tier.TIER == "gpu" else {"cpu_clock"})
+    assert methods == ({"cuda_graph", "cuda_events"} if labkit.workbench.tier.TIER == "gpu" else {"cpu_clock"})
     assert len(rs.records) == 2 * 2 * 2 * len(methods)  # impls x layers x M x timing methods
     for r in rs.records:
         assert r["us"] > 0 and 0 <= r["rel_err_vs_fp32"] < 1.0
@@ -168,7 +168,7 @@ def test_kernel_benchmark_records(tmp_path):
 
 @pytest.mark.parametrize("shape,chunk_d", [((1, 1, 96), 0), ((2, 3, 300), 128), ((1, 5, 33), 7)])
 def test_fused_quantisation_is_bit_identical_to_the_torch_definition(shape, chunk_d):
-    from labkit.sc.matmul import SCConfig, quantize_a, quantize_a_torch
+    from labkit.kernels.sc.matmul import quantize_a, quantize_a_torch, SCConfig
 
     seed = torch.seed() % 2**31
     g = torch.Generator().manual_seed(seed)
@@ -190,7 +190,7 @@ def test_fused_quantisation_is_bit_identical_to_the_torch_definition(shape, chun
 def test_every_launch_path_gives_the_same_counts_and_bits(opts):
     """Global lookups or gathered rows, split K (atomic counts + finalize) or not: same integers,
     and the same output bits (the finalize kernel repeats the fused path's fp32 steps)."""
-    from labkit.sc.matmul import LaunchConfig, prepare_b, sc_matmul_prepared
+    from labkit.kernels.sc.matmul import LaunchConfig, prepare_b, sc_matmul_prepared
 
     a, b, seed = _fresh((3, 100), (100, 20))
     configs = [LaunchConfig(gather=g, block_m=bm, block_n=16, block_k=8, splits=s)
@@ -211,8 +211,8 @@ def test_sc_report_and_plots():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from labkit import widgets
-    from labkit.sc import plots
+    from labkit.labs.wrong_device import widgets
+    from labkit.labs.wrong_device import sc_plots as plots
 
     for gran in ("per_tensor", "per_row", "per_head"):
         text = widgets.sc_report(gran, 64, 16, False)

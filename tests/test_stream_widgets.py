@@ -7,7 +7,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from labkit import stream_plots, widgets  # noqa: E402
+from labkit.labs.stream_races import plots as stream_plots  # noqa: E402
+from labkit.labs.stream_races import widgets
 
 
 def _race_records():

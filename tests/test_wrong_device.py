@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import labkit
-from labkit import wrong_device as wd
-from labkit.sandbox import SandboxResult
+from labkit.labs.wrong_device import experiments as wd
+from labkit.workbench.sandbox import SandboxResult
 
-DEV = labkit.tier.kernel_device()
+DEV = labkit.workbench.tier.kernel_device()
 
 
 @pytest.mark.parametrize("n", [1, 4097, 300_001])
@@ -102,7 +102,7 @@ def test_plot_matrix_draws_one_cell_per_record():
 
 
 def test_matrix_cell_report_labels_recorded_cells():
-    from labkit import widgets
+    from labkit.labs.wrong_device import widgets
 
     ref = [{"pattern": "triton_launch", "peer_access": True, "guarded": False, "outcome": "wrong result",
             "GBps": 500.0, "detail": "d", "peer_enabled": True}]

@@ -11,9 +11,9 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit import tier
-from labkit.checks import check_tensor
-from labkit.guard import common_device, on_device_of
+from labkit.workbench import tier
+from labkit.workbench.checks import check_tensor
+from labkit.workbench.guard import common_device, on_device_of
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8)
 

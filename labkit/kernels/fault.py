@@ -2,7 +2,7 @@
 
 On a GPU this is an illegal memory access, which poisons the CUDA context of the process that
 launched it; under the Triton interpreter it is a segmentation fault of the whole process.
-Either way it must only ever run inside :func:`labkit.sandbox.run_isolated`, which is what the
+Either way it must only ever run inside :func:`labkit.workbench.sandbox.run_isolated`, which is what the
 start-here notebook and the sandbox tests demonstrate.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.guard import on_device_of
-from labkit.tier import kernel_device
+from labkit.workbench.guard import on_device_of
+from labkit.workbench.tier import kernel_device
 
 
 @triton.jit

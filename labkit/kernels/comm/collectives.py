@@ -1,0 +1,399 @@
+"""labkit's collectives over symmetric memory: the public, checked, guarded entry points.
+
+Usage on every rank (inside ``labkit.kernels.comm.ranks.run_ranks`` or torchrun):
+
+    buf = symm.empty(n, torch.bfloat16)       # collective: same n and dtype everywhere
+    buf.tensor.copy_(x)                       # this rank's input, written in stream order
+    y = collectives.all_reduce(buf)           # y = sum over ranks, on every rank
+
+The input lives in the symmetric buffer (the kernels read peers' buffers directly); outputs are
+ordinary local tensors. Accumulation is fp32 whatever the dtype. Every launch runs on the
+buffer's device and its current stream.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from labkit.workbench import tier
+from labkit.kernels.comm import one_shot, scatter_gather, tree, two_shot
+from labkit.kernels.comm.signals import barrier_kernel, SEM_ACQ_REL, SEM_RELAXED
+from labkit.kernels.comm.symm import check_buffer, SymmBuffer, WORKSPACE_UNIT
+from labkit.workbench.errors import UsageError
+from labkit.workbench.guard import on_device_of
+
+ALGORITHMS = ("one_shot", "two_shot", "tree")
+#: what ``all_reduce(buf, buf.tensor)`` (in place) can run: two-shot with the reduced shards
+#: pushed; "two_shot_ce" also has the copy engines do the first shot (needs ``buf.workspace``)
+IN_PLACE_ALGORITHMS = ("two_shot", "two_shot_ce")
+#: deliberately broken variants, for the lab: (what changes, which algorithms have it)
+VARIANTS = {
+    "correct": "the kernels as they should be",
+    "relaxed": "barrier atomics relaxed instead of release/acquire: time is synchronised, memory is not",
+    "no_end_barrier": "no barrier at the end: a fast rank's next input overwrites a buffer a peer still reads",
+    "unguarded_leaf": "tree only: a leaf reads its missing child through pointer-table entry -1",
+}
+#: Until a crossover is measured for a world size (``labkit bench collectives`` records it in
+#: reference/<machine>/collectives.json): with 2 ranks one-shot and two-shot read the same N
+#: bytes per rank and one-shot has one barrier fewer, so one-shot always; with more ranks,
+#: one-shot reads (W-1)N against two-shot's 2(W-1)N/W, so two-shot above a size this default
+#: guesses (256 KiB) and a measurement replaces.
+ALWAYS = float("inf")
+DEFAULT_CROSSOVER_BYTES = {2: ALWAYS}
+DEFAULT_CROSSOVER_ABOVE_2 = 256 << 10
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How a collective's kernel is launched on GPUs (the interpreter ignores it: there, a step
+    costs about a millisecond whatever its size, so it takes 4096-element steps).
+
+    vectors:   16-byte vectors each thread moves per program step. A remote load waits a
+               round trip over NVLink (microseconds); more independent loads per thread keep
+               more bytes in flight per SM, which is what bandwidth over a long link needs.
+    num_warps: warps per program.
+    programs:  most programs per launch (also capped by the buffer's signal-pad rows); fewer
+               when the message has fewer steps.
+    """
+    vectors: int = 1
+    num_warps: int = 8
+    programs: int = 128
+
+    def __post_init__(self):
+        for name, allowed in (("vectors", (1, 2, 4, 8)), ("num_warps", (1, 2, 4, 8, 16, 32))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"config.{name}: expected one of {allowed}, got {getattr(self, name)!r}")
+        if not isinstance(self.programs, int) or self.programs < 1:
+            raise ValueError(f"config.programs: expected a positive int, got {self.programs!r}")
+
+    def block(self, elem_size: int) -> int:
+        """Elements per program step."""
+        return 4096 if tier.interpreted() else self.vectors * (16 // elem_size) * 32 * self.num_warps
+
+
+#: Messages from this size on take the bandwidth launch of ``default_config``.
+LARGE_BYTES = 4 << 20
+#: The launch when nothing is known about the device (the CPU tier, where it is ignored).
+DEFAULT_CONFIG = LaunchConfig()
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def default_config(nbytes: int, world_size: int, device: torch.device) -> LaunchConfig:
+    """The launch a collective takes when the caller names none; the rule comes from
+    ``labkit bench collectives_tune`` (reference/h200x4/collectives_tune.json: every op, 2 and 4
+    ranks, 64 KiB to 256 MiB, 36 configs each).
+
+    * One program per SM (``programs``): all of them resident at once, so no program ever spins
+      in a barrier waiting for a peer's program that has not been scheduled. (Two per SM was at
+      most 5% faster at 256 MiB in the search; not worth giving up that guarantee.)
+    * 16 warps.
+    * ``vectors``: 1 below ``LARGE_BYTES``, where messages have few steps to spread over the
+      programs; above, 8 / W (at least 1): each thread keeps about 8 independent 16-byte loads in
+      flight however many peers a step reads (a one-shot or reduce-scatter step loads from W
+      buffers), enough to cover an NVLink round trip, few enough not to run out of registers.
+    """
+    if device.type != "cuda":
+        return DEFAULT_CONFIG
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _gpu_default(nbytes >= LARGE_BYTES, world_size, index)
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_default(large: bool, world_size: int, index: int) -> LaunchConfig:
+    """``default_config`` on GPUs, made once per (size class, world, device): it runs on every
+    call of every collective."""
+    vectors = max(v for v in (1, 2, 4, 8) if v <= max(1, 8 // world_size)) if large else 1
+    return LaunchConfig(vectors=vectors, num_warps=16, programs=_multiprocessors(index))
+
+
+def _config(config, nbytes: int, world_size: int, device: torch.device) -> LaunchConfig:
+    if config is None:
+        return default_config(nbytes, world_size, device)
+    if not isinstance(config, LaunchConfig):
+        raise TypeError(f"config: expected a labkit.kernels.comm.collectives.LaunchConfig, got {type(config).__name__}")
+    return config
+
+
+def _programs(steps: int, buf: SymmBuffer, blocks: int | None, config: LaunchConfig, even: bool = False) -> int:
+    if blocks is not None:
+        if not isinstance(blocks, int) or blocks < 1:
+            raise ValueError(f"blocks: expected a positive int, got {blocks!r}")
+        if blocks > buf.max_blocks:
+            raise ValueError(f"blocks: {blocks} programs, but the signal pad of this buffer has rows "
+                             f"for {buf.max_blocks}; allocate with symm.empty(..., max_blocks={blocks})")
+        p = blocks
+    else:
+        cap = 4 if tier.interpreted() else min(buf.max_blocks, config.programs)
+        p = max(1, min(cap, steps))
+    if even:
+        p = max(2, p - p % 2)
+        if p > buf.max_blocks:
+            raise ValueError(f"the tree needs an even number of programs, at least 2; this buffer allows {buf.max_blocks}")
+    return p
+
+
+def _sem_end(variant: str, algorithm: str) -> tuple[int, bool, bool]:
+    if variant not in VARIANTS:
+        raise UsageError(f"variant: {variant!r} is not one of {list(VARIANTS)}")
+    if variant == "unguarded_leaf" and algorithm != "tree":
+        raise UsageError("variant 'unguarded_leaf' exists only for algorithm='tree'")
+    return (SEM_RELAXED if variant == "relaxed" else SEM_ACQ_REL, variant != "no_end_barrier",
+            variant != "unguarded_leaf")
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share any byte."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def _is_in_place(out, buf: SymmBuffer) -> bool:
+    """``out`` is this rank's symmetric buffer itself (same memory, shape and dtype)."""
+    x = buf.tensor
+    return (isinstance(out, torch.Tensor) and out.device == x.device and out.dtype == x.dtype
+            and tuple(out.shape) == tuple(x.shape) and out.is_contiguous() and out.data_ptr() == x.data_ptr())
+
+
+def _out(name: str, out, shape: tuple, like: torch.Tensor, buf: SymmBuffer) -> torch.Tensor:
+    """The output tensor, checked; it may not share memory with any rank's buffer: the kernels
+    read those buffers while they write ``out`` (an output inside a peer's buffer, or inside
+    this rank's, would be overwritten by, or overwrite, data still being read)."""
+    if out is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(out).__name__}")
+    if out.device != like.device:
+        raise ValueError(f"{name}: is on {out.device}; the buffer is on {like.device}")
+    if out.dtype != like.dtype:
+        raise TypeError(f"{name}: dtype {out.dtype} differs from the buffer's {like.dtype}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name}: shape {tuple(out.shape)}, expected {tuple(shape)}")
+    if not out.is_contiguous():
+        raise ValueError(f"{name}: must be contiguous")
+    for r, peer in enumerate(buf.peers):
+        if _overlaps(out, peer):
+            whose = "this rank's" if r == buf.rank else f"rank {r}'s"
+            raise ValueError(f"{name}: shares memory with {whose} symmetric buffer, which the kernel reads while "
+                             "it writes out; pass a separate tensor"
+                             + (" (or, for all_reduce, out=buf.tensor itself: in place)" if r == buf.rank else ""))
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def measured_crossovers(reference_dir=None) -> dict:
+    """World size -> bytes up to which one-shot is chosen, from the committed reference sweeps
+    (their ``crossover`` records, CUDA-graph timing: the kernels' own speed). Read once per
+    process and cached: ``choose`` runs on every ``algorithm="auto"`` call, inside the latency
+    it would otherwise add to. Callers must not modify the returned dict."""
+    from labkit.workbench import results
+
+    table = {}
+    for rs in results.load_references("collectives", reference_dir).values():
+        for r in rs.select(kind="crossover", timing="graph_us"):
+            table[r["world_size"]] = ALWAYS if r["bytes"] is None else r["bytes"]
+    return table
+
+
+@functools.lru_cache(maxsize=1)
+def _default_crossovers() -> dict:
+    return {**DEFAULT_CROSSOVER_BYTES, **measured_crossovers()}
+
+
+def choose(nbytes: int, world_size: int, crossovers: dict | None = None) -> str:
+    """The all-reduce algorithm for a message size: one-shot (latency) up to the crossover for
+    this world size, two-shot (bandwidth) above it. ``crossovers``: world size -> bytes (default:
+    measured ones, else ``DEFAULT_CROSSOVER_BYTES``, else 256 KiB)."""
+    if crossovers is None:
+        crossovers = _default_crossovers()
+    limit = crossovers.get(world_size, DEFAULT_CROSSOVER_ABOVE_2)
+    return "one_shot" if nbytes <= limit else "two_shot"
+
+
+#: World size -> message size from which the in-place ``auto`` takes ``two_shot_ce`` (when the
+#: buffer has a workspace). Measured on 2xH200 (reference/h200x2/collectives.json, graph replay):
+#: two_shot_ce is 1.8x slower at 4 MiB, 1.2x at 16 MiB, even at 64 MiB and 1.08x faster at
+#: 256 MiB (its barrier kernel and copy launches cost ~16 µs more; the copy engines then move the
+#: first shot faster than SM loads). Other world sizes have no measurement yet: two-shot there.
+CE_FROM_BYTES = {2: 128 << 20}
+
+
+def choose_in_place(nbytes: int, world_size: int, has_workspace: bool) -> str:
+    """The in-place all-reduce for a message size: ``two_shot_ce`` for large messages when the
+    buffer has a workspace and the world size has a measured threshold (``CE_FROM_BYTES``),
+    else two-shot with pushed shards."""
+    limit = CE_FROM_BYTES.get(world_size)
+    return "two_shot_ce" if has_workspace and limit is not None and nbytes >= limit else "two_shot"
+
+
+def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: str = "auto",
+               blocks: int | None = None, variant: str = "correct",
+               config: LaunchConfig | None = None) -> torch.Tensor:
+    """Sum of ``buf.tensor`` over all ranks, into ``out`` (made if None) on every rank.
+
+    out=buf.tensor computes in place, as ``torch.distributed.all_reduce`` does: two-shot with
+    the reduced shards pushed into every buffer (``two_shot_all_reduce_in_place_kernel``), or
+    "two_shot_ce", whose first shot the copy engines do (buffers made with ``workspace=True``);
+    "auto" then means ``choose_in_place``, and one-shot or the tree is refused (they read every
+    buffer to the end). Any other ``out`` must not share memory with a symmetric buffer.
+
+    algorithm: "one_shot", "two_shot", "tree" or "auto" (``choose``); blocks: programs to
+    launch (default: as many as useful, up to ``config.programs`` and the buffer's signal pad);
+    variant: "correct" or a broken one (``VARIANTS``), for the lab; config: ``LaunchConfig``
+    (default: ``default_config`` for this size). Every rank must pass the same algorithm, blocks and config:
+    program b meets program b of every peer, so the grids must match."""
+    buf = check_buffer("buf", buf)
+    x = buf.tensor
+    n = x.numel()
+    in_place = _is_in_place(out, buf)
+    if in_place:
+        if algorithm == "auto":
+            algorithm = choose_in_place(n * x.element_size(), buf.world_size, buf.workspace is not None)
+        elif algorithm in ("one_shot", "tree"):
+            raise UsageError(f"out: is buf.tensor (in place), which algorithm={algorithm!r} cannot do: it reads "
+                             "every rank's whole buffer until its end barrier, so writing the sum there races with "
+                             "the peers' reads; use algorithm='two_shot', 'two_shot_ce' or 'auto', or pass "
+                             "another out")
+        elif algorithm == "two_shot_ce" and buf.workspace is None:
+            raise UsageError("algorithm 'two_shot_ce': buf has no workspace for the copy engines to fill; allocate "
+                             "it with symm.empty(..., workspace=True)")
+    else:
+        if algorithm == "two_shot_ce":
+            raise UsageError("algorithm 'two_shot_ce' works in place only: pass out=buf.tensor")
+        out = _out("out", out, tuple(x.shape), x, buf)
+    if algorithm == "auto":
+        algorithm = choose(n * x.element_size(), buf.world_size)
+    if algorithm not in ALGORITHMS + IN_PLACE_ALGORITHMS:
+        raise UsageError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS + IN_PLACE_ALGORITHMS} or 'auto'")
+    sem, end, guard_leaf = _sem_end(variant, algorithm)
+    config = _config(config, n * x.element_size(), buf.world_size, x.device)
+    block = config.block(x.element_size())
+    common = {"WORLD": buf.world_size, "MAX_BLOCKS": buf.max_blocks, "BLOCK": block, "SEM": sem, "END_BARRIER": end,
+              "num_warps": config.num_warps}
+    with on_device_of(buf=x, out=out):
+        if algorithm == "one_shot":
+            p = _programs(triton.cdiv(n, block), buf, blocks, config)
+            one_shot.one_shot_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, buf.rank, **common)
+        elif algorithm == "two_shot":
+            shard = triton.cdiv(triton.cdiv(n, buf.world_size), block) * block
+            p = _programs(triton.cdiv(shard, block), buf, blocks, config)
+            kernel = two_shot.two_shot_all_reduce_in_place_kernel if in_place else two_shot.two_shot_all_reduce_kernel
+            kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, shard // block, buf.rank, **common)
+        elif algorithm == "two_shot_ce":
+            _two_shot_ce(buf, n, sem, blocks, config, block, common)
+        else:
+            half = triton.cdiv(triton.cdiv(n, 2), block) * block
+            p = _programs(2 * triton.cdiv(half, block), buf, blocks, config, even=True)
+            links = tree.tree_links(buf.rank, buf.world_size)
+            tree.tree_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, half, buf.rank, *links,
+                                              GUARD_LEAF=guard_leaf, **common)
+    return out
+
+
+def _two_shot_ce(buf: SymmBuffer, n: int, sem: int, blocks, config: LaunchConfig, block: int, common: dict) -> None:
+    """In-place two-shot whose first shot is done by ``cudaMemcpyAsync`` (``Tensor.copy_``
+    between this rank's buffer and a peer's workspace: the copy engines, which ``labkit bench
+    links`` measured moving more GB/s over NVLink than SM loads or stores).
+
+    1. a one-program barrier: every peer has finished its previous call, so nobody still reads
+       the workspace slot this rank is about to overwrite;
+    2. for each peer s: shard s of this rank's input -> slot r of rank s's workspace;
+    3. ``two_shot.two_shot_ce_kernel``: reduce shard r from local memory only, push the sum into
+       every buffer."""
+    ws, r, w = buf.workspace, buf.rank, buf.world_size
+    shard = buf.workspace_shard
+    flat = buf.tensor.view(-1)
+    barrier_kernel[(1,)](buf.pad_ptrs, r, WORLD=w, MAX_BLOCKS=buf.max_blocks, SEM=sem)
+    for k in range(1, w):  # each rank starts at a different peer, as the kernels do
+        s = (r + k) % w
+        length = max(0, min(shard, n - s * shard))
+        if length:
+            ws.peers[s][r * shard: r * shard + length].copy_(flat[s * shard: s * shard + length])
+    p = _programs(triton.cdiv(shard, block), buf, blocks, config)
+    two_shot.two_shot_ce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, buf.tensor, ws.tensor, n, shard // WORKSPACE_UNIT, r,
+                                      UNIT=WORKSPACE_UNIT, **common)
+
+
+def _launch_shards(kernel, buf: SymmBuffer, out: torch.Tensor, shard: int, blocks, variant: str,
+                   config) -> torch.Tensor:
+    """Reduce-scatter and all-gather share a launch: ``shard`` elements per rank, start and end
+    barriers, the same programs. The message size that picks the default launch is W x shard
+    (the reduce-scatter input, the all-gather output)."""
+    sem, end, _ = _sem_end(variant, "shards")
+    config = _config(config, shard * buf.world_size * out.element_size(), buf.world_size, out.device)
+    block = config.block(buf.tensor.element_size())
+    p = _programs(triton.cdiv(shard, block), buf, blocks, config)
+    with on_device_of(buf=buf.tensor, out=out):
+        kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, shard, buf.rank, WORLD=buf.world_size,
+                     MAX_BLOCKS=buf.max_blocks, BLOCK=block, SEM=sem, END_BARRIER=end,
+                     num_warps=config.num_warps)
+    return out
+
+
+def reduce_scatter(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
+                   variant: str = "correct", config: LaunchConfig | None = None) -> torch.Tensor:
+    """Rank r gets the sum over ranks of shard r of ``buf.tensor`` (W equal shards of dim 0)."""
+    buf = check_buffer("buf", buf)
+    x = buf.tensor
+    w = buf.world_size
+    if x.shape[0] % w:
+        raise ValueError(f"buf: dim 0 of shape {tuple(x.shape)} does not split into {w} equal shards "
+                         f"({x.shape[0]} % {w} = {x.shape[0] % w})")
+    shape = (x.shape[0] // w,) + tuple(x.shape[1:])
+    out = _out("out", out, shape, x, buf)
+    return _launch_shards(scatter_gather.reduce_scatter_kernel, buf, out, x.numel() // w, blocks, variant,
+                          config)
+
+
+def all_gather(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
+               variant: str = "correct", config: LaunchConfig | None = None) -> torch.Tensor:
+    """Every rank gets all ranks' ``buf.tensor`` concatenated along dim 0."""
+    buf = check_buffer("buf", buf)
+    x = buf.tensor
+    w = buf.world_size
+    shape = (x.shape[0] * w,) + tuple(x.shape[1:])
+    out = _out("out", out, shape, x, buf)
+    return _launch_shards(scatter_gather.all_gather_kernel, buf, out, x.numel(), blocks, variant, config)
+
+
+def barrier(buf: SymmBuffer, blocks: int = 1, variant: str = "correct") -> None:
+    """Only the block barrier, ``blocks`` programs: tests check it leaves every pad at zero."""
+    buf = check_buffer("buf", buf)
+    sem, _, _ = _sem_end(variant, "barrier")
+    p = _programs(blocks, buf, blocks, DEFAULT_CONFIG)
+    with on_device_of(buf=buf.tensor):
+        barrier_kernel[(p,)](buf.pad_ptrs, buf.rank, WORLD=buf.world_size, MAX_BLOCKS=buf.max_blocks, SEM=sem)
+
+
+class Graphed:
+    """One call of a labkit collective captured in a CUDA graph, replayed on demand.
+
+    A Python-level call pays for the argument checks, the device guard and Triton's launcher
+    (tens of µs, more than the kernel at small sizes); a replay pays one graph launch. The
+    captured call keeps its buffer, output and pointers: write new inputs into ``buf.tensor``
+    and call again. Legal because the kernels leave the signal pads as they found them (zero).
+
+        ar = Graphed(all_reduce, buf, out, algorithm="one_shot")
+        buf.tensor.copy_(x); y = ar()
+    """
+
+    def __init__(self, collective, *args, **kwargs):
+        import torch
+
+        self.stream = torch.cuda.Stream()
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            collective(*args, **kwargs)  # compile and warm up outside the capture
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, stream=self.stream):
+                self.out = collective(*args, **kwargs)
+        torch.cuda.current_stream().wait_stream(self.stream)
+
+    def __call__(self):
+        self.graph.replay()
+        return self.out

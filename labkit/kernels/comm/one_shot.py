@@ -1,0 +1,68 @@
+"""One-shot all-reduce: every rank reads every peer's whole buffer and sums it.
+
+Data movement per rank: reads (W-1) x N elements over NVLink, writes N locally. One round trip
+of synchronisation (the start barrier) plus the end barrier; the best choice when latency, not
+bandwidth, dominates (small messages).
+
+Barrier semantics:
+* start: program b of every rank has entered, so every rank's input (written before this
+  kernel, in stream order) is visible to program b here (release/acquire at system scope).
+* end: program b of every rank has finished reading. Without it a fast rank returns, its
+  caller writes the next input into its buffer, and a slow peer still summing reads the new
+  data (the ``no_end_barrier`` variant).
+"""
+import triton
+import triton.language as tl
+
+from labkit.kernels.comm.signals import block_barrier
+
+
+@triton.jit
+def peer_ptr(data_ptrs, r, ELEM: tl.constexpr):
+    """Rank r's buffer as a typed pointer; symm.empty checked it is 16-byte aligned, which lets
+    Triton use 16-byte vector loads on it."""
+    return tl.multiple_of(tl.load(data_ptrs + r).to(tl.pointer_type(ELEM)), 16)
+
+
+@triton.jit
+def sum_peers(data_ptrs, offs, mask, WORLD: tl.constexpr, ELEM: tl.constexpr, BLOCK: tl.constexpr,
+              MASKED: tl.constexpr):
+    """fp32 sum over all ranks of elements ``offs`` of their buffers."""
+    acc = tl.zeros([BLOCK], tl.float32)
+    for r in tl.static_range(WORLD):
+        p = peer_ptr(data_ptrs, r, ELEM)
+        if MASKED:
+            acc += tl.load(p + offs, mask=mask, other=0.0).to(tl.float32)
+        else:
+            acc += tl.load(p + offs).to(tl.float32)
+    return acc
+
+
+@triton.jit
+def one_shot_all_reduce_kernel(
+    data_ptrs,                  # int64 [W]: every rank's symmetric buffer (N elements each)
+    pad_ptrs,                   # int64 [W]: every rank's signal pad
+    out_ptr,                    # *T [N]: this rank's result (local memory)
+    n,                          # N: elements per rank
+    rank,                       # this rank
+    WORLD: tl.constexpr,        # number of ranks (2..8)
+    MAX_BLOCKS: tl.constexpr,   # rows of the signal pad (programs allowed)
+    BLOCK: tl.constexpr,        # elements per program per step
+    SEM: tl.constexpr,          # 0 acquire/release; 1 relaxed (broken)
+    END_BARRIER: tl.constexpr,  # False: the broken variant without the end barrier
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    ELEM = out_ptr.dtype.element_ty
+    block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+    for start in range(pid * BLOCK, n, nprog * BLOCK):
+        offs = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+        if start + BLOCK <= n:  # full block: unmasked, vectorisable
+            acc = sum_peers(data_ptrs, offs, None, WORLD, ELEM, BLOCK, False)
+            tl.store(out_ptr + offs, acc.to(ELEM))
+        else:                   # the tail
+            mask = offs < n
+            acc = sum_peers(data_ptrs, offs, mask, WORLD, ELEM, BLOCK, True)
+            tl.store(out_ptr + offs, acc.to(ELEM), mask=mask)
+    if END_BARRIER:
+        block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)

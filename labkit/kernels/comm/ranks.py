@@ -1,0 +1,448 @@
+"""Run a function on W ranks (processes) with torch.distributed set up, and say what each did.
+
+    def all_sum(ctx, n):              # in a module, not in the notebook: each rank imports it
+        x = torch.full((n,), float(ctx.rank + 1), device=ctx.device)
+        torch.distributed.all_reduce(x)
+        return x.tolist()
+
+    res = run_ranks(all_sum, 2, 4, timeout=60)
+    print(res.summary())              # one line per rank: "rank 0 ok (3.2 s)", ...
+    res.unwrap()                      # [[3.0, 3.0, 3.0, 3.0], [3.0, ...]], or raises RankFailure
+
+Backend and device: NCCL with ``cuda:<rank>`` on the GPU tier when there is a GPU per rank, else
+gloo on the CPU. A rank's status is one of the sandbox's (``ok``, ``exception``,
+``illegal_memory_access``, ``cuda_error``, ``signal``, ``exit``, ``timeout``) or ``aborted``:
+killed by the launcher because another rank failed first. Without that, the survivors would sit
+in their next collective, waiting for the dead peer, until the timeout.
+
+How it works, and why:
+
+* ranks are ``torch.multiprocessing`` *spawn* processes: fresh interpreters, because a fork of a
+  process that touched CUDA cannot use CUDA. Each rank imports ``fn`` by name, so ``fn`` must be
+  a module-level function (or "module:function"), not a lambda or a function defined in the
+  notebook. From a *script*, spawn also re-runs the script's top-level code in every rank: guard
+  it with ``if __name__ == "__main__":``. A notebook needs no guard.
+* each rank sets its environment before it imports labkit or torch (see ``_BOOTSTRAP``), runs in
+  its own session so that the launcher can kill it with everything it started, and exits by
+  itself if the launcher dies (a kernel restart).
+* each rank leaves its outcome in a pickle file, so a rank that was killed or crashed (no file)
+  is told apart from one that returned. Its stdout/stderr go to files as well, kept (tails) in
+  the result: a notebook never shows what a child writes to its file descriptors.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import faulthandler
+import importlib
+import inspect
+import multiprocessing
+import multiprocessing.connection
+import numbers
+import os
+import pickle
+import shutil
+import signal as _signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing
+
+import labkit
+from labkit.workbench.errors import UsageError
+from labkit.workbench.gates import HardwareUnavailable
+from labkit.workbench.sandbox import _target, classify, SandboxError
+
+STATUSES = ("ok", "exception", "illegal_memory_access", "cuda_error", "signal", "exit",
+            "timeout", "aborted")
+_HANG_HINT = "(hung? e.g. a spin barrier waiting for a peer that died)"
+_TAIL = 20_000        # characters of each rank's stdout/stderr kept in its result
+_POLL_S = 0.1         # how often the launcher looks for result files between exits
+_TEARDOWN_S = 5.0     # how long a rank that has left its result may take to exit
+
+# The first code a rank runs. Had the spawn target been a function of labkit, spawn would import
+# labkit (and torch) to find it, and labkit reads TRITON_INTERPRET and probes CUDA (which fixes
+# CUDA_VISIBLE_DEVICES) on import: too early to apply the caller's `env`. So the target is the
+# builtin exec of this stub, which sets the session and environment first, then imports labkit.
+_BOOTSTRAP = """\
+import os
+os.setsid()
+os.environ.update(ENV)
+from labkit.kernels.comm.ranks import _rank_main
+_rank_main(CALL)
+"""
+
+
+class RankFailure(RuntimeError):
+    """At least one rank did not return; ``.result`` holds every rank's outcome."""
+
+    def __init__(self, message: str, result: RanksResult | None = None):
+        super().__init__(message)
+        self.result = result
+
+
+@dataclasses.dataclass
+class RankContext:
+    """What each rank's function receives as its first argument."""
+    rank: int
+    world_size: int
+    device: torch.device   # cuda:<rank> with nccl, cpu with gloo
+    backend: str           # "nccl" or "gloo"
+    scratch_dir: str       # shared by all ranks of this run; removed by the launcher afterwards
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here (torch.distributed.barrier)."""
+        if self.backend == "nccl":  # NCCL runs the barrier on a GPU: name ours, never guess
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+
+@dataclasses.dataclass
+class RankResult:
+    rank: int
+    status: str
+    value: Any = None
+    error_type: str | None = None
+    message: str | None = None
+    traceback: str | None = dataclasses.field(default=None, repr=False)
+    seconds: float = 0.0       # from the launch until the rank exited or was killed
+    signal: str | None = None  # "SIGSEGV", ... when status is "signal"
+    returncode: int | None = None
+    stdout: str = dataclasses.field(default="", repr=False)  # tails of what the rank printed
+    stderr: str = dataclasses.field(default="", repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def summary(self) -> str:
+        """One line: the rank, its outcome and the most telling detail."""
+        t = f"({self.seconds:.1f} s)"
+        if self.status == "ok":
+            return f"rank {self.rank} ok {t}"
+        if self.status == "timeout":
+            return f"rank {self.rank} {self.message}"
+        if self.status == "signal":
+            return f"rank {self.rank} signal: killed by {self.signal} {t}"
+        lines = (self.message or "").strip().splitlines()
+        first = lines[0] if lines else ""
+        if self.status == "exit":
+            detail = f"code {self.returncode} and no result" + (f"; {first}" if first else "")
+        else:
+            detail = f"{self.error_type}: {first}" if self.error_type else first
+        return f"rank {self.rank} {self.status}: {detail} {t}"
+
+
+@dataclasses.dataclass
+class RanksResult:
+    results: list[RankResult]
+    seconds: float
+    world_size: int
+    backend: str = ""
+    timeout: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def values(self) -> list:
+        """Every rank's return value in rank order (None where a rank did not return)."""
+        return [r.value for r in self.results]
+
+    @property
+    def failed(self) -> list[RankResult]:
+        return [r for r in self.results if not r.ok]
+
+    def summary(self) -> str:
+        return "\n".join(r.summary() for r in self.results)
+
+    def unwrap(self) -> list:
+        """The values if every rank returned, else raise RankFailure naming each failed rank."""
+        if self.ok:
+            return self.values
+        head = (f"{len(self.failed)} of {self.world_size} ranks failed "
+                f"(backend {self.backend}, {self.seconds:.1f} s):")
+        lines = [head]
+        lines += [f"  {r.summary()}" for r in self.failed]
+        # The root cause is the first rank to fail on its own; the aborted ones only followed.
+        causes = sorted((r for r in self.failed if r.traceback), key=lambda r: r.seconds)
+        if causes:
+            lines.append(f"--- rank {causes[0].rank} traceback ---\n{causes[0].traceback}")
+        raise RankFailure("\n".join(lines), self)
+
+
+def run_ranks(fn: Callable | str, world_size: int, *args, timeout: float = 120.0,
+              backend: str = "auto", env: dict | None = None, **kwargs) -> RanksResult:
+    """Call ``fn(ctx, *args, **kwargs)`` on ranks 0..world_size-1; never raises for what they do.
+
+    fn:         a module-level function or "module:function"; args, kwargs and return values
+                travel by pickle. ``ctx`` is a :class:`RankContext`.
+    timeout:    seconds for the whole run, process start-up included (a torch rank takes a few
+                seconds to start); ranks still running then are killed and marked "timeout".
+    backend:    "auto" (nccl on the GPU tier with a GPU per rank, else gloo), "nccl" or "gloo".
+    env:        extra environment variables for every rank, set before it imports labkit or
+                torch; the rank variables (RANK, MASTER_PORT, ...) and labkit's multicast-off
+                variables take precedence.
+    If one rank fails, the others are killed at once and marked "aborted".
+    """
+    _check_arguments(world_size, timeout, env)
+    module, qualname = _check_fn(fn)
+    world_size = int(world_size)
+    backend, device_type = _choose_backend(backend, world_size)
+    try:
+        call_args = pickle.dumps((args, kwargs))
+    except (pickle.PicklingError, TypeError, AttributeError) as e:
+        raise UsageError(f"the arguments of {module}:{qualname} cannot be pickled: {e}") from None
+    run_dir = tempfile.mkdtemp(prefix="labkit-ranks-")
+    scratch_dir = os.path.join(run_dir, "scratch")
+    os.mkdir(scratch_dir)
+    port = _free_port()
+    procs: list = []
+    try:
+        spawn = torch.multiprocessing.get_context("spawn")
+        start = time.monotonic()
+        for rank in range(world_size):
+            call = {"rank": rank, "world_size": world_size, "backend": backend,
+                    "device_type": device_type, "scratch_dir": scratch_dir, "run_dir": run_dir,
+                    "module": module, "qualname": qualname, "args": call_args, "timeout": timeout}
+            bootstrap = {"ENV": _rank_env(rank, world_size, port, env), "CALL": call}
+            proc = spawn.Process(target=exec, args=(_BOOTSTRAP, bootstrap), name=f"labkit-rank{rank}")
+            proc.start()
+            procs.append(proc)
+        ended, first_failed = _watch(procs, run_dir, start, start + timeout)
+        killed_at = time.monotonic() - start
+        _kill_all(procs)
+        results = [_rank_result(rank, proc, run_dir, ended.get(rank, killed_at), rank in ended,
+                                first_failed, timeout) for rank, proc in enumerate(procs)]
+        return RanksResult(results, time.monotonic() - start, world_size, backend, float(timeout))
+    finally:
+        _kill_all(procs)  # also on KeyboardInterrupt in the notebook: no rank outlives the call
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+# --- the launcher's side -------------------------------------------------------------------
+
+def _check_fn(fn: Callable | str) -> tuple[str, str]:
+    """(module, qualname) of fn, checked here so a bad fn fails before any process starts."""
+    try:
+        module, qualname = _target(fn)
+    except SandboxError as e:
+        raise UsageError(str(e)) from None
+    try:
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise UsageError(f"fn={module}:{qualname}: cannot be imported by name ({e})") from None
+    if not callable(obj):
+        raise UsageError(f"fn={module}:{qualname}: not callable")
+    return module, qualname
+
+
+def _check_arguments(world_size, timeout, env) -> None:
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) or world_size < 1:
+        raise UsageError(f"world_size={world_size!r}: expected an int >= 1 (the number of ranks)")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise UsageError(f"timeout={timeout!r}: expected a positive number of seconds")
+    if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) for k in env)):
+        raise UsageError(f"env={env!r}: expected a dict of environment variable names to values")
+
+
+def _choose_backend(backend: str, world_size: int) -> tuple[str, str]:
+    """(backend, device type): NCCL with a GPU per rank, or gloo with CPU tensors."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        # The interpreter tier computes on CPU tensors even where GPUs exist: gloo there.
+        backend = "nccl" if labkit.TIER == "gpu" and world_size <= gpus else "gloo"
+    elif backend == "nccl":
+        if world_size > gpus:
+            raise HardwareUnavailable(f"backend='nccl' needs one CUDA GPU per rank: "
+                                      f"world_size={world_size}, this machine has {gpus}")
+    elif backend != "gloo":
+        raise UsageError(f"backend={backend!r}: expected 'auto', 'nccl' or 'gloo'")
+    return backend, ("cuda" if backend == "nccl" else "cpu")
+
+
+def _free_port() -> int:
+    # The port is free now; rank 0 binds it a few seconds later (a small, accepted race).
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_env(rank: int, world_size: int, port: int, env: dict | None) -> dict[str, str]:
+    out = {k: str(v) for k, v in (env or {}).items()}
+    out.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+               WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    out.update(labkit.MULTICAST_OFF)
+    return out
+
+
+def _result_path(run_dir: str, rank: int) -> str:
+    return os.path.join(run_dir, f"rank{rank}.pkl")
+
+
+def _load_payload(run_dir: str, rank: int) -> dict | None:
+    """The outcome rank left in its file, or None when it left none (yet)."""
+    path = _result_path(run_dir, rank)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, "rb") as f:
+            return pickle.load(f)
+    except Exception as e:  # noqa: BLE001 - e.g. a value whose class the launcher cannot import
+        return {"status": "exception", "type": type(e).__name__,
+                "message": f"could not read rank {rank}'s result: {e}"}
+
+
+def _watch(procs: list, run_dir: str, start: float, deadline: float) -> tuple[dict, int | None]:
+    """Wait until every rank is done, one has failed, or the deadline has passed.
+
+    Returns ({rank: seconds when it exited}, the first rank seen to fail or None). A rank fails
+    when it leaves a result that is not "ok", or exits without leaving one.
+    """
+    ended: dict[int, float] = {}
+    payloads: dict[int, dict] = {}
+    all_results_since = None
+    while len(ended) < len(procs) and time.monotonic() < deadline:
+        waiting = {p.sentinel: rank for rank, p in enumerate(procs) if rank not in ended}
+        wait_s = min(_POLL_S, max(0.0, deadline - time.monotonic()))
+        for sentinel in multiprocessing.connection.wait(list(waiting), timeout=wait_s):
+            ended[waiting[sentinel]] = time.monotonic() - start
+        for rank in range(len(procs)):  # a rank writes its file before it exits
+            if rank not in payloads and (p := _load_payload(run_dir, rank)) is not None:
+                payloads[rank] = p
+        for rank in range(len(procs)):
+            if (rank in payloads and payloads[rank].get("status") != "ok") or \
+                    (rank in ended and rank not in payloads):
+                return ended, rank
+        # Every rank has returned, but one is still leaving (destroy_process_group can block
+        # when a peer is gone): its result is safe, so wait a little, then kill it.
+        if len(payloads) == len(procs):
+            all_results_since = all_results_since or time.monotonic()
+            if time.monotonic() - all_results_since > _TEARDOWN_S:
+                break
+    return ended, None
+
+
+def _kill_all(procs: list) -> None:
+    """SIGKILL every rank's session (the rank and what it started), then reap the ranks."""
+    for proc in procs:
+        if proc.exitcode is None:  # not reaped yet, so its pid (= its group id) is still its own
+            try:
+                os.killpg(proc.pid, _signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.kill()  # a rank that has not reached its os.setsid() yet is in our group
+    for proc in procs:
+        proc.join()
+
+
+def _rank_result(rank: int, proc, run_dir: str, seconds: float, exited: bool,
+                 first_failed: int | None, timeout: float) -> RankResult:
+    """Decide one rank's status from its result file, its exit, and why the launcher stopped."""
+    out, err = (_tail(os.path.join(run_dir, f"rank{rank}.{ext}")) for ext in ("out", "err"))
+    common = {"rank": rank, "seconds": seconds, "returncode": proc.exitcode, "stdout": out or "",
+              "stderr": err or ""}
+    payload = _load_payload(run_dir, rank)
+    if payload is None and not exited:  # the launcher killed it
+        if first_failed is not None:
+            return RankResult(status="aborted", **common,
+                              message=f"killed because rank {first_failed} failed first")
+        return RankResult(status="timeout", **common,
+                          message=f"did not finish within {timeout:g} s {_HANG_HINT}")
+    fields = classify(proc.exitcode, payload, err or "", timed_out=False)
+    if payload is None and err is None:  # no output file: it died before _rank_main began
+        fields["message"] = ("died while starting, before its rank code ran (see the launcher's "
+                             "stderr; a script must guard its top-level code with "
+                             "`if __name__ == '__main__':`)")
+    return RankResult(**common, **fields)
+
+
+def _tail(path: str) -> str | None:
+    try:
+        return Path(path).read_text(errors="replace")[-_TAIL:]
+    except FileNotFoundError:
+        return None
+
+
+# --- the rank's side ---------------------------------------------------------------------
+
+def _rank_main(call: dict) -> None:
+    """A rank's life: run fn with the process group up, leave the outcome in a file, exit."""
+    rank = call["rank"]
+    _redirect_output(call["run_dir"], rank)
+    faulthandler.enable()  # a segfault prints the Python stack into the rank's stderr file
+    _exit_with_launcher()
+    try:
+        fn = importlib.import_module(call["module"])
+        for part in call["qualname"].split("."):
+            fn = getattr(fn, part)
+        args, kwargs = pickle.loads(call["args"])
+        device = torch.device(call["device_type"], rank if call["device_type"] == "cuda" else None)
+        ctx = RankContext(rank, call["world_size"], device, call["backend"], call["scratch_dir"])
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        _init_process_group(ctx, call["timeout"])
+        ok, blob = True, pickle.dumps({"status": "ok", "value": fn(ctx, *args, **kwargs)})
+    except BaseException as e:  # noqa: BLE001 - whatever fn raises is the rank's result
+        ok, blob = False, _exception_blob(e)
+    path = _result_path(call["run_dir"], rank)
+    with open(path + ".tmp", "wb") as f:
+        f.write(blob)
+    os.replace(path + ".tmp", path)  # the launcher never reads half a file
+    # Tear down after the result is safe: destroy_process_group can block when a peer has died.
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # os._exit skips interpreter teardown, which can abort or hang after a CUDA fault.
+        os._exit(0 if ok else 1)
+
+
+def _redirect_output(run_dir: str, rank: int) -> None:
+    for fd, ext in ((1, "out"), (2, "err")):
+        f = os.open(os.path.join(run_dir, f"rank{rank}.{ext}"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(f, fd)
+        os.close(f)
+    sys.stdout.reconfigure(line_buffering=True)  # what was printed before a kill is kept
+
+
+def _exit_with_launcher() -> None:
+    """Exit when the launcher dies: in its own session, a rank would outlive a kernel restart."""
+    launcher = multiprocessing.parent_process()
+
+    def watch():
+        launcher.join()
+        os._exit(1)
+
+    if launcher is not None:
+        threading.Thread(target=watch, name="labkit-launcher-watch", daemon=True).start()
+
+
+def _init_process_group(ctx: RankContext, timeout: float) -> None:
+    kwargs = {"backend": ctx.backend, "rank": ctx.rank, "world_size": ctx.world_size,
+              "timeout": datetime.timedelta(seconds=timeout)}
+    # device_id (torch >= 2.3) binds the NCCL communicator to this rank's GPU at once.
+    if ctx.backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
+        kwargs["device_id"] = ctx.device
+    dist.init_process_group(**kwargs)  # env://: MASTER_ADDR and MASTER_PORT from _rank_env
+
+
+def _exception_blob(e: BaseException) -> bytes:
+    payload = {"status": "exception", "type": f"{type(e).__module__}.{type(e).__qualname__}",
+               "message": str(e), "traceback": traceback.format_exc()}  # strings: they pickle
+    return pickle.dumps(payload)

@@ -1,0 +1,81 @@
+"""Reduce-scatter and all-gather on their own (each half of a two-shot all-reduce).
+
+reduce-scatter: every rank's buffer holds W x S elements; rank r's output is the sum over ranks
+of elements [r S, (r+1) S). Reads (W-1) x S over NVLink.
+all-gather: every rank's buffer holds S elements; every output is the W buffers concatenated.
+Reads (W-1) x S over NVLink, one peer after another, each rank starting at a different peer.
+
+Both: a start barrier (inputs written) and an end barrier (no buffer reused while a peer reads).
+"""
+import triton
+import triton.language as tl
+
+from labkit.kernels.comm.one_shot import peer_ptr, sum_peers
+from labkit.kernels.comm.signals import block_barrier
+
+
+@triton.jit
+def reduce_scatter_kernel(
+    data_ptrs,                  # int64 [W]: every rank's buffer (W x S elements each)
+    pad_ptrs,                   # int64 [W]: every rank's signal pad
+    out_ptr,                    # *T [S]: this rank's reduced shard
+    shard,                      # S
+    rank,
+    WORLD: tl.constexpr,
+    MAX_BLOCKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SEM: tl.constexpr,
+    END_BARRIER: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    ELEM = out_ptr.dtype.element_ty
+    block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+    lo = rank * shard
+    for start in range(pid * BLOCK, shard, nprog * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        if start + BLOCK <= shard:
+            acc = sum_peers(data_ptrs, lo + offs, None, WORLD, ELEM, BLOCK, False)
+            tl.store(out_ptr + offs, acc.to(ELEM))
+        else:
+            mask = offs < shard
+            acc = sum_peers(data_ptrs, lo + offs, mask, WORLD, ELEM, BLOCK, True)
+            tl.store(out_ptr + offs, acc.to(ELEM), mask=mask)
+    if END_BARRIER:
+        block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+
+
+@triton.jit
+def all_gather_kernel(
+    data_ptrs,                  # int64 [W]: every rank's buffer (S elements each)
+    pad_ptrs,                   # int64 [W]: every rank's signal pad
+    out_ptr,                    # *T [W x S]: every rank's buffer, concatenated
+    shard,                      # S
+    rank,
+    WORLD: tl.constexpr,
+    MAX_BLOCKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SEM: tl.constexpr,
+    END_BARRIER: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    ELEM = out_ptr.dtype.element_ty
+    block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+    for k in tl.static_range(WORLD):
+        # rank r starts with its own shard, then r+1, ...: at any moment every GPU is read by
+        # one peer. In the order 0, 1, ... all W ranks would read GPU 0 first, GPU 1 next: one
+        # GPU's links busy, the others idle. Measured on 4 H200 at 256 MiB: 177 GB/s busbw in
+        # that order (the best of 36 launches, reference/h200x4/collectives_tune.json), 306 GB/s
+        # in this one (README, lab 02).
+        s = (rank + k) % WORLD
+        src = peer_ptr(data_ptrs, s, ELEM)
+        for start in range(pid * BLOCK, shard, nprog * BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            if start + BLOCK <= shard:
+                tl.store(out_ptr + s * shard + offs, tl.load(src + offs))
+            else:
+                mask = offs < shard
+                tl.store(out_ptr + s * shard + offs, tl.load(src + offs, mask=mask), mask=mask)
+    if END_BARRIER:
+        block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)

@@ -1,0 +1,198 @@
+"""Symmetric memory: one buffer per rank, every rank able to load and store every other rank's.
+
+On GPUs the buffers come from PyTorch (``torch.distributed._symmetric_memory``: ``empty`` then
+``rendezvous``), which maps each peer's allocation into this process over NVLink. On the CPU
+tier the same handle is emulated: ranks are processes (``labkit.kernels.comm.ranks``) and each rank's
+buffer is a file-backed shared mapping (``torch.from_file(shared=True)``) that every rank maps,
+so the Triton interpreter's loads, stores and atomics really cross processes. Either way a
+kernel sees the same thing: a table of W pointers to the data (``data_ptrs``) and a table of W
+pointers to int32 signal pads (``pad_ptrs``), both on the kernel's device.
+
+The signal pads are labkit's own (a second symmetric int32 buffer per allocation, zeroed once):
+``CHANNELS`` x ``max_blocks`` x W slots, slot (channel, block, src) of rank r's pad is where
+rank src signals block ``block`` of rank r. Every labkit protocol leaves its slots at zero again
+(a receiver consumes a signal by resetting it), so a buffer can be reused, and replayed inside a
+CUDA graph, without clearing anything.
+
+``empty`` is collective: every rank calls it in the same order with the same shape and dtype
+(checked; a mismatch is an error naming the ranks), exactly as with PyTorch's rendezvous.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from labkit.workbench.errors import UsageError
+
+#: signal-pad channels: 0 block barriers, 1 tree "partial sum ready" (up), 2 tree "result ready" (down)
+CHANNELS = 3
+DEFAULT_MAX_BLOCKS = 256  # at least one program per SM on every current GPU (H100/H200: 132)
+DTYPES = (torch.float32, torch.bfloat16)
+#: pointer alignment every buffer must have: what 16-byte vector loads need
+ALIGNMENT = 16
+#: shards of a workspace start at multiples of this many elements (128 or 256 bytes)
+WORKSPACE_UNIT = 64
+
+
+@dataclasses.dataclass(eq=False)
+class SymmBuffer:
+    """This rank's view of one symmetric allocation."""
+
+    tensor: torch.Tensor          # this rank's buffer (what the caller reads and writes)
+    peers: list[torch.Tensor]     # every rank's buffer, mapped in this process (peers[rank] is tensor)
+    data_ptrs: torch.Tensor       # int64 [W] on the device: peers[r].data_ptr()
+    pads: list[torch.Tensor]      # every rank's signal pad (int32 [CHANNELS, max_blocks, W])
+    pad_ptrs: torch.Tensor        # int64 [W] on the device: pads[r].data_ptr()
+    rank: int
+    world_size: int
+    max_blocks: int               # programs a kernel on this buffer may use (signal-pad rows)
+    emulated: bool                # True on the CPU tier (file-backed shared memory)
+    _keep: tuple = ()             # handles that must live as long as the buffer
+    #: a second symmetric allocation (``empty(..., workspace=True)``) where peers deposit
+    #: shards for this rank: W slots of ``workspace_shard`` elements (``two_shot_ce``)
+    workspace: SymmBuffer | None = None
+
+    @property
+    def numel(self) -> int:
+        return self.tensor.numel()
+
+    @property
+    def workspace_shard(self) -> int:
+        """Elements per workspace slot: numel / W rounded up to ``WORKSPACE_UNIT`` (so that every
+        slot and every shard starts 16-byte aligned, for vector loads)."""
+        per_rank = -(-self.numel // self.world_size)  # ceil
+        return -(-per_rank // WORKSPACE_UNIT) * WORKSPACE_UNIT
+
+    @property
+    def local_pad(self) -> torch.Tensor:
+        return self.pads[self.rank]
+
+    def pads_are_zero(self) -> bool:
+        """True when every slot of this rank's pad is 0: nothing signalled and not consumed."""
+        return int(torch.count_nonzero(self.local_pad)) == 0
+
+
+def _world() -> tuple[int, int]:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise UsageError("symmetric memory needs an initialised process group: run inside "
+                         "labkit.kernels.comm.ranks.run_ranks (or torchrun with init_process_group)")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _check_same_everywhere(shape: tuple, dtype: torch.dtype, max_blocks: int, world: int) -> None:
+    mine = (tuple(shape), str(dtype).replace("torch.", ""), max_blocks)
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    if any(o != everyone[0] for o in everyone):
+        listing = ", ".join(f"rank {r}: shape {o[0]} {o[1]} max_blocks {o[2]}" for r, o in enumerate(everyone))
+        raise ValueError(f"symmetric allocation differs across ranks ({listing}); every rank must ask "
+                         "for the same shape, dtype and max_blocks")
+
+
+_sequence = 0  # allocations made by this process: the same on every rank, since empty() is collective
+
+
+def empty(shape, dtype: torch.dtype = torch.float32, *, device=None, max_blocks: int = DEFAULT_MAX_BLOCKS,
+          scratch_dir: str | None = None, workspace: bool = False) -> SymmBuffer:
+    """Allocate a symmetric buffer of ``shape`` on every rank (collective).
+
+    device:      this rank's device (default: cuda:<current> on GPUs, cpu otherwise)
+    max_blocks:  how many programs a kernel on this buffer may run (sizes the signal pads)
+    workspace:   also allocate ``SymmBuffer.workspace`` (about as large again): what the
+                 in-place ``two_shot_ce`` all-reduce needs
+    scratch_dir: CPU emulation only: a folder all ranks share (``RankContext.scratch_dir``;
+                 default $LABKIT_SYMM_DIR)
+    """
+    global _sequence
+    rank, world = _world()
+    if world < 2:
+        raise ValueError(f"world size {world}: symmetric-memory collectives need at least 2 ranks")
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if dtype not in DTYPES:
+        raise TypeError(f"dtype: {dtype} is not supported; expected one of {[str(d) for d in DTYPES]}")
+    if not shape or math.prod(shape) <= 0:
+        raise ValueError(f"shape: {shape} has no elements")
+    if not isinstance(max_blocks, int) or max_blocks < 1:
+        raise ValueError(f"max_blocks: expected a positive int, got {max_blocks!r}")
+    _check_same_everywhere(shape, dtype, max_blocks, world)
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    pad_shape = (CHANNELS, max_blocks, world)
+    _sequence += 1
+    if device.type == "cuda":
+        peers, pads, keep = _cuda_alloc(shape, dtype, pad_shape, device, rank, world)
+        emulated = False
+    else:
+        folder = scratch_dir or os.environ.get("LABKIT_SYMM_DIR")
+        if not folder:
+            raise UsageError("scratch_dir: the CPU emulation needs a folder every rank shares "
+                             "(RankContext.scratch_dir, or $LABKIT_SYMM_DIR)")
+        peers, pads = _file_alloc(shape, dtype, pad_shape, folder, rank, world, _sequence)
+        keep, emulated = (), True
+    for r, (p, q) in enumerate(zip(peers, pads)):
+        if p.data_ptr() % ALIGNMENT or q.data_ptr() % ALIGNMENT:
+            raise RuntimeError(f"rank {r}'s symmetric buffer is not {ALIGNMENT}-byte aligned")
+    data_ptrs = torch.tensor([p.data_ptr() for p in peers], dtype=torch.int64, device=device)
+    pad_ptrs = torch.tensor([q.data_ptr() for q in pads], dtype=torch.int64, device=device)
+    buf = SymmBuffer(peers[rank], peers, data_ptrs, pads, pad_ptrs, rank, world, max_blocks, emulated, keep)
+    if workspace:
+        buf.workspace = empty(world * buf.workspace_shard, dtype, device=device, max_blocks=1, scratch_dir=scratch_dir)
+    return buf
+
+
+def _file_alloc(shape, dtype, pad_shape, folder, rank, world, seq):
+    """CPU emulation: rank r creates its files, everyone waits, then everyone maps all of them."""
+    numel, pad_numel = math.prod(shape), math.prod(pad_shape)
+
+    def path(kind, r):
+        return os.path.join(folder, f"symm{seq}-{kind}-rank{r}")
+
+    # A new file reads as zeros: the pads start cleared, as the protocol needs.
+    torch.from_file(path("data", rank), shared=True, size=numel, dtype=dtype)
+    torch.from_file(path("pad", rank), shared=True, size=pad_numel, dtype=torch.int32)
+    dist.barrier()
+    peers = [torch.from_file(path("data", r), shared=True, size=numel, dtype=dtype).view(shape) for r in range(world)]
+    pads = [torch.from_file(path("pad", r), shared=True, size=pad_numel, dtype=torch.int32).view(pad_shape)
+            for r in range(world)]
+    dist.barrier()
+    return peers, pads
+
+
+def _cuda_alloc(shape, dtype, pad_shape, device, rank, world):
+    import torch.distributed._symmetric_memory as symm_mem
+
+    group = dist.group.WORLD
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed before torch 2.9, deprecated after
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            symm_mem.enable_symm_mem_for_group(group.group_name)
+    out = []
+    for shp, dt in ((shape, dtype), (pad_shape, torch.int32)):
+        local = symm_mem.empty(shp, dtype=dt, device=device)
+        if dt == torch.int32:
+            local.zero_()
+        handle = symm_mem.rendezvous(local, group.group_name)
+        # the tensor may sit at an offset inside the allocation: the same offset on every rank
+        offset = local.data_ptr() - handle.buffer_ptrs[rank]
+        peers = [local if r == rank else handle.get_buffer(r, shp, dt, offset // dt.itemsize) for r in range(world)]
+        out.append((peers, handle))
+    torch.cuda.synchronize(device)
+    dist.barrier()  # every pad is zero before anyone signals
+    (peers, h1), (pads, h2) = out
+    return peers, pads, (h1, h2)
+
+
+def check_buffer(name: str, buf) -> SymmBuffer:
+    """The error for a tensor that is not in symmetric memory (the most common misuse)."""
+    if isinstance(buf, SymmBuffer):
+        return buf
+    if isinstance(buf, torch.Tensor):
+        raise TypeError(f"{name}: a plain tensor is not in symmetric memory; allocate it with "
+                        "labkit.kernels.comm.symm.empty(...) on every rank and write your data into .tensor")
+    raise TypeError(f"{name}: expected a labkit.kernels.comm.symm.SymmBuffer, got {type(buf).__name__}")

@@ -1,0 +1,422 @@
+"""Sweeps of lab 02: NCCL, PyTorch's symmetric-memory ops and labkit's kernels, every size, in one
+run per world size (``labkit bench collectives``).
+
+Definitions (nccl-tests, https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md):
+algbw = bytes / time; busbw = algbw x 2 (W-1)/W for all-reduce, x (W-1)/W for reduce-scatter
+and all-gather, where bytes is the all-reduce message, the reduce-scatter input or the
+all-gather output. busbw is comparable with the link's bandwidth whatever W is.
+
+Two latencies per point: ``us`` is the median over rounds of back-to-back calls (what a Python
+caller sees, launch overhead included); ``graph_us`` replays the same calls captured in a CUDA
+graph (what the GPU spends). Every implementation's result is checked against NCCL's on the
+same inputs before it is timed; ``correct`` records the outcome.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from labkit.kernels.comm import collectives as C
+from labkit.kernels.comm import symm
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
+REQUIRED = ("impl", "op", "world_size", "bytes", "dtype", "us", "busbw_GBps", "correct")
+BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "reduce_scatter": lambda w: (w - 1) / w,
+              "all_gather": lambda w: (w - 1) / w}
+
+
+def _time(fn, iters: int, reps: int, graph: bool) -> float:
+    """Median µs per call: ``reps`` rounds of ``iters`` back-to-back calls (or one graph replay
+    of them), ranks lined up by a barrier before every round."""
+    return statistics.median(_samples(fn, iters, reps, graph))
+
+
+def _samples(fn, iters: int, reps: int, graph: bool = False, active: bool = True) -> list[float]:
+    """µs per call of each of ``reps`` rounds (``_time``). A rank that is not ``active`` runs
+    nothing and only joins the barriers, so the active ranks time their calls together while it
+    stays idle (``labkit.labs.collectives.links``: one direction of the links busy); it returns []."""
+    if not active:
+        for _ in range(reps):
+            dist.barrier()
+        return []
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    g = None
+    if graph:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()  # warm-up on the capture stream
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                for _ in range(iters):
+                    fn()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(reps):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start.record()
+        if g is not None:
+            g.replay()
+        else:
+            for _ in range(iters):
+                fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / iters)
+    return samples
+
+
+def _iters(nbytes: int) -> int:
+    return 50 if nbytes <= (1 << 20) else (20 if nbytes <= (16 << 20) else 5)
+
+
+def _message(ctx, nbytes: int, dtype, seed: int):
+    """This rank's input for one message size (a multiple of W elements), the fp32 sum over
+    ranks and the sum over ranks of |x_r| (the scale of the rounding tolerance)."""
+    n = nbytes // dtype.itemsize
+    n -= n % ctx.world_size
+    g = torch.Generator(device=ctx.device).manual_seed(seed)
+    x = torch.randn(n, device=ctx.device, generator=g).to(dtype)
+    ref = x.float()
+    dist.all_reduce(ref)
+    scale = x.float().abs()
+    dist.all_reduce(scale)
+    return n, x, ref, scale
+
+
+def _cases(ctx, n: int, dtype, x: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -> dict:
+    """(impl, op) -> (call, check): ``call`` is what gets timed; ``check`` runs once on the
+    fresh inputs and says whether this rank's result is right (``scale``: sum over ranks of
+    |x_r|, what the rounding tolerance is relative to). For every point, the
+    all-reduce message, the reduce-scatter input and the all-gather output are n elements."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    w, dev, rank = ctx.world_size, ctx.device, ctx.rank
+    s = n // w
+    group = dist.group.WORLD.group_name
+    mine, mine_scale = ref[rank * s:(rank + 1) * s], scale[rank * s:(rank + 1) * s]
+    gathered = torch.empty(n, dtype=dtype, device=dev)
+    dist.all_gather_into_tensor(gathered, x[:s].contiguous())  # NCCL's answer for all-gather
+    cases = {}
+
+    t = x.clone()
+    cases[("nccl", "all_reduce")] = (lambda: dist.all_reduce(t),
+                                     lambda: (t.copy_(x), dist.all_reduce(t), _close(t, ref, w, scale))[-1])
+    rs_out = torch.empty(s, dtype=dtype, device=dev)
+    cases[("nccl", "reduce_scatter")] = (lambda: dist.reduce_scatter_tensor(rs_out, x),
+                                         lambda: (dist.reduce_scatter_tensor(rs_out, x), _close(rs_out, mine, w, mine_scale))[-1])
+    ag_in, ag_out = x[:s].contiguous(), torch.empty(n, dtype=dtype, device=dev)
+    cases[("nccl", "all_gather")] = (lambda: dist.all_gather_into_tensor(ag_out, ag_in),
+                                     lambda: (dist.all_gather_into_tensor(ag_out, ag_in), torch.equal(ag_out, gathered))[-1])
+
+    st = symm_mem.empty(n, dtype=dtype, device=dev)
+    symm_mem.rendezvous(st, group)
+    one = getattr(torch.ops.symm_mem, "one_shot_all_reduce", None)
+    if one is not None:
+        cases[("torch_one_shot", "all_reduce")] = (lambda: one(st, "sum", group),
+                                                   lambda: (st.copy_(x), _close(one(st, "sum", group), ref, w, scale))[-1])
+    two = getattr(torch.ops.symm_mem, "two_shot_all_reduce_", None)
+    if two is not None:  # in place: the result replaces the input
+        cases[("torch_two_shot", "all_reduce")] = (lambda: two(st, "sum", group),
+                                                   lambda: (st.copy_(x), two(st, "sum", group), _close(st, ref, w, scale))[-1])
+
+    buf = symm.empty(n, dtype, device=dev, workspace=True)
+    out = torch.empty(n, dtype=dtype, device=dev)
+    for alg in C.ALGORITHMS:
+        cases[(f"labkit_{alg}", "all_reduce")] = (
+            lambda alg=alg: C.all_reduce(buf, out, algorithm=alg),
+            lambda alg=alg: (buf.tensor.copy_(x), _close(C.all_reduce(buf, out, algorithm=alg), ref, w, scale))[-1])
+    # in place, like NCCL's all_reduce and torch's two_shot_all_reduce_ above: the result replaces the input
+    for alg in C.IN_PLACE_ALGORITHMS:
+        cases[(f"labkit_{alg}_in_place", "all_reduce")] = (
+            lambda alg=alg: C.all_reduce(buf, buf.tensor, algorithm=alg),
+            lambda alg=alg: (buf.tensor.copy_(x), _close(C.all_reduce(buf, buf.tensor, algorithm=alg), ref, w, scale))[-1])
+    # the same one-shot kernel, launched by replaying a one-call CUDA graph (no Python per call)
+    replay = C.Graphed(C.all_reduce, buf, out, algorithm="one_shot")
+    cases[("labkit_one_shot_graphed", "all_reduce")] = (
+        replay, lambda: (buf.tensor.copy_(x), _close(replay(), ref, w, scale))[-1])
+    rs_lk = torch.empty(s, dtype=dtype, device=dev)
+    cases[("labkit", "reduce_scatter")] = (lambda: C.reduce_scatter(buf, rs_lk),
+                                           lambda: (buf.tensor.copy_(x), _close(C.reduce_scatter(buf, rs_lk), mine, w, mine_scale))[-1])
+    ag_buf = symm.empty(s, dtype, device=dev)
+    ag_lk = torch.empty(n, dtype=dtype, device=dev)
+    cases[("labkit", "all_gather")] = (lambda: C.all_gather(ag_buf, ag_lk),
+                                       lambda: (ag_buf.tensor.copy_(x[:s]), torch.equal(C.all_gather(ag_buf, ag_lk), gathered))[-1])
+    return cases
+
+
+def _everywhere(ok: bool, device) -> bool:
+    flag = torch.tensor([1 if ok else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def _close(y, ref, w, scale) -> bool:
+    """Within the rounding a bf16 all-reduce may do (labkit.labs.collectives.experiments._tolerance: up to
+    log2(W) + 1 roundings of 2^-7 for the tree) of the fp32 reference, relative to ``scale``,
+    the sum over ranks of |x_r| (the scale rounding errors have, even where the sum cancels)."""
+    from labkit.labs.collectives.experiments import _tolerance
+
+    return bool(((y.float() - ref).abs() <= _tolerance(torch.bfloat16, w) * scale + 1e-6).all())
+
+
+def sweep(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 7, graphs: bool = True,
+          progress: bool = True) -> list[dict]:
+    """One rank's part of the sweep (``run_ranks`` runs it on every rank); rank 0's records are
+    the result. An implementation a torch build lacks is absent from the records."""
+    from tqdm.auto import tqdm
+
+    dtype = getattr(torch, dtype_name)
+    w = ctx.world_size
+    records = []
+    for nbytes in tqdm(sizes, desc=f"sweep W={w}", disable=not progress or ctx.rank != 0):
+        n, x, ref, scale = _message(ctx, nbytes, dtype, seed=1000 * ctx.rank + len(records))
+        cases = _cases(ctx, n, dtype, x, ref, scale)
+        for (impl, op), (call, check) in cases.items():
+            rec = {"impl": impl, "op": op, "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name}
+            try:
+                rec["correct"] = _everywhere(bool(check()), ctx.device)
+                rec["us"] = _time(call, _iters(nbytes), reps, graph=False)
+                # a graph replay cannot itself be captured into another graph
+                nested = impl.endswith("_graphed")
+                rec["graph_us"] = _time(call, _iters(nbytes), reps, graph=True) if graphs and not nested else None
+            except Exception as e:  # noqa: BLE001 (recorded, not hidden: e.g. an op that cannot be captured)
+                rec.setdefault("correct", False)
+                rec.setdefault("us", None)
+                rec.setdefault("graph_us", None)
+                rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            _progress(ctx, {"impl": impl, "op": op, "bytes": rec["bytes"], "us": rec.get("us"),
+                            "graph_us": rec.get("graph_us"), "correct": rec.get("correct")})
+            factor = BUS_FACTOR[op](w)
+            for key, bw in (("us", "busbw_GBps"), ("graph_us", "graph_busbw_GBps")):
+                rec[bw] = rec["bytes"] / rec[key] / 1e3 * factor if rec.get(key) else None
+            records.append(rec)
+        torch.cuda.synchronize()
+        dist.barrier()
+        _progress(ctx, {"bytes": n * dtype.itemsize, "records": len(records)})
+    return records
+
+
+def _progress(ctx, line: dict) -> None:
+    """Rank 0 appends one JSON line per finished size to $LABKIT_PROGRESS_FILE, if set: a sweep
+    cut short by a time limit still shows how far it got (the ranks' stdout is not streamed)."""
+    import json
+    import os
+    import time
+
+    path = os.environ.get("LABKIT_PROGRESS_FILE")
+    if path and ctx.rank == 0:
+        with open(path, "a") as f:
+            f.write(json.dumps({"time": time.time(), "world_size": ctx.world_size, **line}) + "\n")
+
+
+def crossover_bytes(records: list[dict], world_size: int, key: str = "us") -> int | None:
+    """The largest message size at which labkit's one-shot all-reduce is still at least as fast
+    as its two-shot, above which two-shot wins at every measured size (None: one-shot always)."""
+    def at(impl):
+        return {r["bytes"]: r.get(key) for r in records if r.get("impl") == impl and r.get("op") == "all_reduce"
+                and r.get("world_size") == world_size and r.get(key)}
+    one, two = at("labkit_one_shot"), at("labkit_two_shot")
+    sizes = sorted(set(one) & set(two))
+    for i in range(len(sizes)):
+        if all(two[c] < one[c] for c in sizes[i:]):
+            return sizes[i - 1] if i > 0 else 0
+    return None
+
+
+#: The grid of launch configurations ``tune`` measures: vectors per thread x warps x programs.
+TUNE_SIZES = [64 << 10, 1 << 20, 16 << 20, 256 << 20]
+#: "programs" in units of the GPU's SM count: a quarter, a half, one and two per SM.
+TUNE_GRID = {"vectors": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (0.25, 0.5, 1, 2)}
+
+
+def tune(ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: int = 5,
+         progress: bool = True) -> list[dict]:
+    """One rank's part of the launch-configuration search: every config of ``grid`` for
+    labkit's one-shot and two-shot all-reduce (out of place and in place), reduce-scatter and all-gather at ``sizes``,
+    timed by CUDA-graph replay (the kernel's own time, no Python), each checked first. Every
+    rank runs the same configs in the same order: a collective's grid must match across ranks
+    (which is also why per-rank ``triton.autotune`` cannot be used on these kernels: each rank
+    would time and pick on its own, and ranks that picked different grids would wait forever
+    for programs that do not exist)."""
+    import itertools
+
+    from tqdm.auto import tqdm
+
+    grid = grid or TUNE_GRID
+    dtype = getattr(torch, dtype_name)
+    w, dev = ctx.world_size, ctx.device
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    configs = [C.LaunchConfig(v, nw, max(1, round(p * sms))) for v, nw, p in
+               itertools.product(grid["vectors"], grid["num_warps"], grid["programs_per_sm"])]
+    most = max(c.programs for c in configs)
+    records = []
+    bar = tqdm(total=len(sizes) * len(configs), desc=f"tune W={w}", disable=not progress or ctx.rank != 0)
+    for nbytes in sizes:
+        n, x, ref, scale = _message(ctx, nbytes, dtype, seed=7 + ctx.rank)
+        s = n // w
+        default = C.default_config(n * dtype.itemsize, w, dev)
+        gathered = torch.empty(n, dtype=dtype, device=dev)
+        dist.all_gather_into_tensor(gathered, x[:s].contiguous())
+        buf = symm.empty(n, dtype, device=dev, max_blocks=most, workspace=True)
+        ag_buf = symm.empty(s, dtype, device=dev, max_blocks=most)
+        out, rs_out, ag_out = (torch.empty(k, dtype=dtype, device=dev) for k in (n, s, n))
+        mine = slice(ctx.rank * s, (ctx.rank + 1) * s)
+        for cfg in configs:
+            ops = {
+                "one_shot": (lambda cfg=cfg: C.all_reduce(buf, out, algorithm="one_shot", config=cfg),
+                             lambda y: _close(y, ref, w, scale)),
+                "two_shot": (lambda cfg=cfg: C.all_reduce(buf, out, algorithm="two_shot", config=cfg),
+                             lambda y: _close(y, ref, w, scale)),
+                "two_shot_in_place": (lambda cfg=cfg: C.all_reduce(buf, buf.tensor, algorithm="two_shot", config=cfg),
+                                      lambda y: _close(y, ref, w, scale)),
+                "two_shot_ce_in_place": (lambda cfg=cfg: C.all_reduce(buf, buf.tensor, algorithm="two_shot_ce",
+                                                                       config=cfg),
+                                         lambda y: _close(y, ref, w, scale)),
+                "reduce_scatter": (lambda cfg=cfg: C.reduce_scatter(buf, rs_out, config=cfg),
+                                   lambda y: _close(y, ref[mine], w, scale[mine])),
+                "all_gather": (lambda cfg=cfg: C.all_gather(ag_buf, ag_out, config=cfg),
+                               lambda y: torch.equal(y, gathered)),
+            }
+            for name, (call, check) in ops.items():
+                op = "all_reduce" if "_shot" in name else name
+                rec = {"kind": "tune", "impl": f"labkit_{name}" if op == "all_reduce" else "labkit", "op": op,
+                       "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name, "timing": "graph_us",
+                       "vectors": cfg.vectors, "num_warps": cfg.num_warps, "programs": cfg.programs,
+                       "multiprocessors": sms, "default": cfg == default}
+                buf.tensor.copy_(x)
+                ag_buf.tensor.copy_(x[:s])
+                rec["correct"] = _everywhere(bool(check(call())), dev)
+                rec["us"] = _time(call, _iters(nbytes), reps, graph=True)
+                rec["busbw_GBps"] = rec["bytes"] / rec["us"] / 1e3 * BUS_FACTOR[op](w)
+                records.append(rec)
+            bar.update()
+        _progress(ctx, {"phase": "tune", "bytes": n * dtype.itemsize, "records": len(records)})
+        del buf, ag_buf
+        torch.cuda.synchronize()
+        dist.barrier()
+    bar.close()
+    return records
+
+
+def best_configs(records: list[dict]) -> list[dict]:
+    """For each (impl, op, world size, bytes) of ``tune`` records: the fastest correct config,
+    beside the time of ``default_config``'s choice (the evidence for the rule, or against it)."""
+    groups: dict = {}
+    for r in records:
+        if r.get("kind") == "tune" and r.get("correct") and r.get("us"):
+            groups.setdefault((r["impl"], r["op"], r["world_size"], r["bytes"]), []).append(r)
+    rows = []
+    for key, rs in sorted(groups.items()):
+        best = min(rs, key=lambda r: r["us"])
+        default = [r for r in rs if r.get("default")]
+        rows.append({"impl": key[0], "op": key[1], "world_size": key[2], "bytes": key[3],
+                     "best": {k: best[k] for k in ("vectors", "num_warps", "programs", "us", "busbw_GBps")},
+                     "default_us": default[0]["us"] if default else None})
+    return rows
+
+
+def tune_benchmark(profile: str) -> list[dict]:
+    """Entry point of ``labkit bench collectives_tune``: ``tune`` on 2 ranks and, where the
+    machine has more GPUs, on all of them."""
+    from labkit.workbench import gates
+    from labkit.kernels.comm.ranks import run_ranks
+
+    gates.requires(gpus=2, peer_access=True, compiled=True).check()
+    n = torch.cuda.device_count()
+    records = []
+    for w in sorted({2, n}):
+        records += run_ranks(tune, w, timeout=900).unwrap()[0]
+        _progress_main({"phase": f"tune W={w} done"})
+    return records
+
+
+def _failure_detail(res) -> str:
+    """The one-line summary per rank plus the tail of what failed ranks wrote to stderr."""
+    tails = [f"rank {r.rank} stderr: ...{r.stderr.strip()[-300:]}" for r in res.failed if r.stderr.strip()]
+    return "\n".join([res.summary()] + tails[:2])
+
+
+#: (variant, algorithm, load, trials, elements) of the broken-variant runs: every variant with a
+#: late rank at 256K elements; the correct kernel and the one without end barrier again with a
+#: GEMM overlapping the collective on one rank, at 8M elements (long enough reads to be overtaken).
+BROKEN_RUNS = ([(v, a, "late", 60, 1 << 18) for v in ("correct", "relaxed", "no_end_barrier")
+                for a in ("one_shot", "two_shot", "two_shot_in_place", "two_shot_ce_in_place")]
+               + [(v, a, "gemm", 12, 1 << 23) for v in ("correct", "no_end_barrier") for a in ("one_shot", "two_shot")])
+
+
+def _broken_records(w: int, runs=BROKEN_RUNS, timeout: float = 60.0) -> list[dict]:
+    """Each run in its own world with its own timeout, so that one that hangs is recorded as
+    such and the others still run. If the correct kernel itself does not finish, the rest are
+    not started (a hang that is not the variant's) and say so."""
+    from labkit.labs.collectives import experiments
+    from labkit.kernels.comm.ranks import run_ranks
+
+    rows = []
+    blocked = None
+    for variant, alg, load, trials, n in runs:
+        row = {"kind": "broken", "impl": f"labkit_{alg}", "op": "all_reduce", "variant": variant, "load": load,
+               "world_size": w, "bytes": n * 2, "dtype": "bfloat16", "us": None, "busbw_GBps": None,
+               "trials": trials, "ranks_x_trials": trials * w, "wrong_results": None, "correct": False}
+        if blocked:
+            rows.append(dict(row, outcome=f"not run: {blocked}"))
+            continue
+        res = run_ranks(experiments.broken_trials, w, variant, alg, trials, n, load=load, timeout=timeout)
+        if res.ok:
+            wrong = sum(r["wrong"] for r in res.values)
+            row.update(wrong_results=wrong, correct=wrong == 0, outcome=f"{wrong} wrong of {trials * w}",
+                       seconds=max(r["seconds"] for r in res.values))
+        else:
+            row["outcome"] = _failure_detail(res)
+            if variant == "correct" and not rows:
+                blocked = "the correct kernel did not finish the first of these experiments"
+        rows.append(row)
+        _progress_main({"phase": "broken", "variant": variant, "algorithm": alg, "load": load,
+                        "outcome": row["outcome"]})
+    return rows
+
+
+def _crash_record(w: int) -> dict:
+    from labkit.labs.collectives import experiments
+    from labkit.kernels.comm.ranks import run_ranks
+
+    res = run_ranks(experiments.unguarded_leaf, w, timeout=120)
+    return {"kind": "crash", "impl": "labkit_tree", "op": "all_reduce", "variant": "unguarded_leaf",
+            "world_size": w, "bytes": 4096 * 4, "dtype": "float32", "us": None, "busbw_GBps": None,
+            "correct": bool(res.ok and all(res.values)),
+            "statuses": [r.status for r in res.results], "outcome": res.summary()}
+
+
+def _progress_main(line: dict) -> None:
+    import types
+
+    _progress(types.SimpleNamespace(rank=0, world_size=None), line)
+
+
+def benchmark(profile: str) -> list[dict]:
+    """Entry point of ``labkit bench collectives``: the sweep on every GPU of this machine (one
+    world), then the broken variants under load and the unguarded-leaf crash."""
+    import torch
+
+    from labkit.workbench import gates
+    from labkit.kernels.comm.ranks import run_ranks
+
+    gates.requires(gpus=2, peer_access=True, compiled=True).check()
+    w = torch.cuda.device_count()
+    records = [dict(r, kind="sweep") for r in run_ranks(sweep, w, timeout=900).unwrap()[0]]
+    _progress_main({"phase": "sweep done"})
+    records += _broken_records(w)
+    _progress_main({"phase": "broken variants done"})
+    records.append(_crash_record(w))
+    for key in ("us", "graph_us"):
+        records.append({"kind": "crossover", "impl": "labkit", "op": "all_reduce", "world_size": w,
+                        "bytes": crossover_bytes(records, w, key), "dtype": "bfloat16", "timing": key,
+                        "us": None, "busbw_GBps": None, "correct": None})
+    return records

@@ -1,0 +1,241 @@
+"""Lab 02's experiments that run on every rank (``run_ranks``), including the ones that break.
+
+* ``check_algorithms``: every algorithm and op against an fp64 reference on fresh inputs, and
+  the signal pads back at zero afterwards: what the tests and the notebook's correctness table run.
+* ``broken_trials``: the deliberately broken variants under load. Many collectives are queued
+  back to back, each on new inputs, with one rank made late before some of them (a GPU sleep, or
+  a host sleep in the emulated world), so a rank that skips a barrier can run ahead into the next
+  call while a peer still reads. Counts results that differ from the reference; "0 wrong in N
+  trials" is reported as exactly that.
+* ``unguarded_leaf``: the tree variant that reads pointer-table entry -1; expected to crash, so
+  the notebook runs it through ``run_ranks`` with a timeout, which reports how each rank ended.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from labkit.kernels.comm import collectives as C
+from labkit.kernels.comm import symm
+
+
+def _inputs(ctx, n: int, dtype, seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """This rank's input, and every rank's (the emulated world and the GPU tier alike build the
+    fp64 reference from all of them, so no collective is trusted to check a collective)."""
+    xs = []
+    for r in range(ctx.world_size):
+        g = torch.Generator().manual_seed(seed * 1009 + r)
+        xs.append(torch.randn(n, generator=g).to(dtype))
+    return xs[ctx.rank].to(ctx.device), xs
+
+
+def _tolerance(dtype, w: int) -> float:
+    """Allowed |result - fp64 sum|, relative to sum over ranks of |x_r| (the scale the rounding
+    errors have, even where the sum itself cancels to near zero). One-shot and two-shot round the
+    fp32 sum once to the output dtype; the tree stores a rounded partial at every level, so up to
+    log2(W) + 1 roundings. A bf16 rounding is half an ulp (2^-8) compiled; the interpreter's
+    fp32->bf16 cast truncates, a whole ulp (2^-7)."""
+    import math
+
+    roundings = math.ceil(math.log2(w)) + 1
+    return (2 ** -7 if dtype == torch.bfloat16 else 2 ** -23 * w) * roundings
+
+
+def _close(y: torch.Tensor, xs: list[torch.Tensor], dtype, w: int) -> bool:
+    ref = sum(v.double() for v in xs)
+    scale = sum(v.double().abs() for v in xs)
+    return bool(((y.double().cpu() - ref).abs() <= _tolerance(dtype, w) * scale + 1e-30).all())
+
+
+def _quiet_pads_zero(ctx, buf) -> bool:
+    """Whether this rank's pad is all zero once every rank has finished: checked between two
+    host barriers, because a faster peer may already be signalling for its NEXT call."""
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    ctx.barrier()
+    zero = buf.pads_are_zero()
+    ctx.barrier()
+    return zero
+
+
+#: every all-reduce the tests and the lab check: the algorithms out of place, then in place
+ALL_REDUCE_FORMS = C.ALGORITHMS + tuple(f"{a}_in_place" for a in C.IN_PLACE_ALGORITHMS)
+
+
+def _all_reduce(buf, out, form: str, config=None, variant: str = "correct") -> torch.Tensor:
+    """One all-reduce in one of ``ALL_REDUCE_FORMS``; in place, the result is ``buf.tensor``
+    (``buf`` needs a workspace for "two_shot_ce_in_place")."""
+    if form.endswith("_in_place"):
+        return C.all_reduce(buf, buf.tensor, algorithm=form.removesuffix("_in_place"), config=config, variant=variant)
+    return C.all_reduce(buf, out, algorithm=form, config=config, variant=variant)
+
+
+def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, trials: int = 1,
+                     algorithms=None, config: dict | None = None) -> list[dict]:
+    """Every all-reduce algorithm, reduce-scatter and all-gather on fresh random inputs
+    (``trials`` per op), against an fp64 reference; pads checked to be zero after each call.
+    config: ``LaunchConfig`` fields (default: the default launch)."""
+    dtype = getattr(torch, dtype_name)
+    cfg = C.LaunchConfig(**config) if config else None
+    w = ctx.world_size
+    rows = []
+    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=True)
+    s = n // w
+    gbuf = symm.empty(max(s, 1), dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    for t in range(trials):
+        x, xs = _inputs(ctx, n, dtype, seed + t)
+        for alg in algorithms or ALL_REDUCE_FORMS:
+            buf.tensor.copy_(x)
+            y = _all_reduce(buf, None, alg, cfg)
+            rows.append({"op": "all_reduce", "algorithm": alg, "trial": t, "n": n, "dtype": dtype_name,
+                         "world_size": w, "correct": _close(y, xs, dtype, w), "pads_zero": _quiet_pads_zero(ctx, buf)})
+        if n % w == 0 and algorithms is None:
+            buf.tensor.copy_(x)
+            y = C.reduce_scatter(buf, config=cfg)
+            rows.append({"op": "reduce_scatter", "algorithm": "direct", "trial": t, "n": n, "dtype": dtype_name,
+                         "world_size": w, "correct": _close(y, [v[ctx.rank * s:(ctx.rank + 1) * s] for v in xs], dtype, w),
+                         "pads_zero": _quiet_pads_zero(ctx, buf)})
+            gbuf.tensor.copy_(x[:s])
+            y = C.all_gather(gbuf, config=cfg)
+            expect = torch.cat([v[:s] for v in xs])
+            rows.append({"op": "all_gather", "algorithm": "direct", "trial": t, "n": n, "dtype": dtype_name,
+                         "world_size": w, "correct": bool(torch.equal(y.cpu(), expect)),
+                         "pads_zero": _quiet_pads_zero(ctx, gbuf)})
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+        ctx.barrier()
+    return rows
+
+
+#: how one rank is disturbed before every third call of ``broken_trials``
+LOADS = {
+    "late": "the rank starts late (a GPU sleep of late_us on its stream; a host sleep when emulated)",
+    "gemm": "a bf16 GEMM (8192^3) on a side stream of the rank, launched with the collective, as "
+            "compute overlaps communication in training (meant to slow that rank's reads; on 2xH200 it "
+            "did not make the end-barrier race show, probably because the GEMM's CTAs fill the SMs and "
+            "the collective's programs start after them instead of sharing SMs: not verified)",
+}
+
+
+def _gemm_load(device: torch.device):
+    """Operands for the "gemm" load, and the side stream it runs on."""
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    return a, a.clone(), torch.empty_like(a), torch.cuda.Stream(device)
+
+
+def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 50, n: int = 1 << 16,
+                  dtype_name: str = "bfloat16", late_us: float = 200.0, seed: int = 0, load: str = "late") -> dict:
+    """``trials`` all-reduces queued back to back with ``variant``, each on new inputs; before
+    every third one a rank chosen in turn is disturbed by ``load`` (``LOADS``). ``algorithm``:
+    one of ``ALL_REDUCE_FORMS`` (in place, each result is copied out before the next input is
+    written, as a caller would). Returns how many results were wrong."""
+    if load not in LOADS:
+        raise ValueError(f"load: {load!r} is not one of {list(LOADS)}")
+    if load == "gemm" and ctx.device.type != "cuda":
+        raise ValueError("load: 'gemm' overlaps a GEMM with the collective on a GPU; the emulated world has only 'late'")
+    dtype = getattr(torch, dtype_name)
+    w = ctx.world_size
+    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=algorithm.endswith("ce_in_place"))
+    inputs, everyone = [], []
+    for t in range(trials):
+        x, xs = _inputs(ctx, n, dtype, seed * 100_000 + t)
+        inputs.append(x)
+        everyone.append(xs)
+    outs = [torch.empty(n, dtype=dtype, device=ctx.device) for _ in range(trials)]
+    on_gpu = ctx.device.type == "cuda"
+    cycles = 0
+    gemm = _gemm_load(ctx.device) if load == "gemm" else None
+    if gemm:
+        with torch.cuda.stream(gemm[3]):  # cuBLAS's per-stream set-up before the trials, not in them
+            torch.matmul(gemm[0], gemm[1], out=gemm[2])
+    if on_gpu:
+        from labkit.workbench.bench import sleep_cycles_per_ms
+        cycles = int(late_us / 1e3 * sleep_cycles_per_ms(ctx.device.index))
+        torch.cuda.synchronize(ctx.device)
+    ctx.barrier()
+    start = time.perf_counter()
+    for t in range(trials):
+        if t % 3 == 0 and (t // 3) % w == ctx.rank:  # this rank is disturbed for this call
+            if gemm:
+                a, b, c, side = gemm
+                side.wait_stream(torch.cuda.current_stream())  # starts with the collective
+                with torch.cuda.stream(side):
+                    torch.matmul(a, b, out=c)
+            elif on_gpu:
+                torch.cuda._sleep(cycles)
+            else:
+                time.sleep(late_us / 1e6)
+        buf.tensor.copy_(inputs[t])  # the next input overwrites the buffer, in stream order
+        y = _all_reduce(buf, outs[t], algorithm, variant=variant)
+        if y is buf.tensor:  # in place: the caller copies the result out before the next input
+            outs[t].copy_(y)
+    if on_gpu:
+        torch.cuda.synchronize(ctx.device)
+    seconds = time.perf_counter() - start
+    wrong = [t for t in range(trials) if not _close(outs[t], everyone[t], dtype, w)]
+    pads_zero = _quiet_pads_zero(ctx, buf)
+    return {"variant": variant, "algorithm": algorithm, "trials": trials, "n": n, "dtype": dtype_name,
+            "world_size": w, "rank": ctx.rank, "load": load, "late_us": late_us, "wrong": len(wrong),
+            "first_wrong": wrong[:5], "seconds": seconds, "pads_zero": pads_zero}
+
+
+def unguarded_leaf(ctx, n: int = 4096) -> bool:
+    """The broken tree: on most machines this never returns (a crash); if it does, says whether
+    the result was right anyway."""
+    x, xs = _inputs(ctx, n, torch.float32, 7)
+    buf = symm.empty(n, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    buf.tensor.copy_(x)
+    y = C.all_reduce(buf, algorithm="tree", variant="unguarded_leaf")
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    return _close(y, xs, torch.float32, ctx.world_size)
+
+
+def lonely_barrier(ctx, blocks: int = 1) -> None:
+    """Only rank 0 enters the barrier; the others return. Rank 0 spins forever on signals that
+    never come: the hang ``run_ranks`` turns into a timeout."""
+    buf = symm.empty(16, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    if ctx.rank == 0:
+        C.barrier(buf, blocks)
+        if ctx.device.type == "cuda":
+            torch.cuda.synchronize(ctx.device)
+
+
+def misuse_errors(ctx) -> dict:
+    """Each misuse the lab names, tried on every rank; returns the error each one raised
+    (type and message), or "no error" (which a test treats as a failure)."""
+    def attempt(fn):
+        try:
+            fn()
+        except (TypeError, ValueError) as e:
+            return f"{type(e).__name__}: {e}"
+        return "no error"
+
+    dev = ctx.device
+    found = {"plain tensor": attempt(lambda: C.all_reduce(torch.zeros(8, device=dev))),
+             "unsupported dtype": attempt(lambda: symm.empty(8, torch.float16, device=dev, scratch_dir=ctx.scratch_dir))}
+    # sizes differing across ranks: rank r asks for 8 + r elements (every rank reaches the check)
+    found["sizes differ"] = attempt(lambda: symm.empty(8 + ctx.rank, torch.float32, device=dev,
+                                                       scratch_dir=ctx.scratch_dir))
+    buf = symm.empty(64, torch.float32, device=dev, max_blocks=2, scratch_dir=ctx.scratch_dir)
+    found["more blocks than the pad"] = attempt(lambda: C.all_reduce(buf, blocks=3))
+    found["uneven reduce-scatter"] = attempt(lambda: C.reduce_scatter(
+        symm.empty(ctx.world_size * 4 + 1, torch.float32, device=dev, scratch_dir=ctx.scratch_dir)))
+    found["wrong out shape"] = attempt(lambda: C.all_reduce(buf, torch.empty(63, device=dev)))
+    peer = buf.peers[(ctx.rank + 1) % ctx.world_size]  # a peer's buffer, mapped here
+    found["out in a peer's buffer"] = attempt(lambda: C.all_reduce(buf, peer))
+    found["out inside the buffer"] = attempt(lambda: C.reduce_scatter(buf, buf.tensor[:64 // ctx.world_size]))
+    found["one-shot in place"] = attempt(lambda: C.all_reduce(buf, buf.tensor, algorithm="one_shot"))
+    found["copy engines without a workspace"] = attempt(lambda: C.all_reduce(buf, buf.tensor, algorithm="two_shot_ce"))
+    found["copy engines out of place"] = attempt(lambda: C.all_reduce(buf, algorithm="two_shot_ce"))
+    return found
+
+
+def one_rank(ctx) -> str:
+    """World size 1: what symm.empty says."""
+    try:
+        symm.empty(8, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    except ValueError as e:
+        return f"ValueError: {e}"
+    return "no error"

@@ -1,0 +1,53 @@
+"""Compile labkit's collective kernels for a GPU architecture without a GPU, and read the PTX:
+which atomics (and with which memory-order qualifiers) and which vector loads the barrier and
+the data movement really use. Lets the CPU tier check what the docstrings claim about the GPU
+path (run it in a process with TRITON_INTERPRET=0, e.g. ``labkit.workbench.sandbox.run_isolated``)."""
+from __future__ import annotations
+
+SIGNATURES = {
+    "one_shot": ("labkit.kernels.comm.one_shot", "one_shot_all_reduce_kernel", ("n", "rank")),
+    "two_shot": ("labkit.kernels.comm.two_shot", "two_shot_all_reduce_kernel", ("n", "shard_blocks", "rank")),
+    "two_shot_in_place": ("labkit.kernels.comm.two_shot", "two_shot_all_reduce_in_place_kernel", ("n", "shard_blocks", "rank")),
+    "two_shot_ce": ("labkit.kernels.comm.two_shot", "two_shot_ce_kernel", ("n", "shard_units", "rank")),
+    "reduce_scatter": ("labkit.kernels.comm.scatter_gather", "reduce_scatter_kernel", ("shard", "rank")),
+    "all_gather": ("labkit.kernels.comm.scatter_gather", "all_gather_kernel", ("shard", "rank")),
+    "tree": ("labkit.kernels.comm.tree", "tree_all_reduce_kernel",
+             ("n", "half", "rank", "a_parent", "a_child0", "a_child1", "b_parent", "b_child0", "b_child1")),
+}
+
+
+def ptx_summary(algorithm: str, world: int = 4, sem: int = 0, dtype: str = "bf16", arch: int = 90) -> dict:
+    """The distinct atomic instructions and whether 16-byte vector loads and stores appear in the PTX."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    module, name, ints = SIGNATURES[algorithm]
+    fn = getattr(importlib.import_module(module), name)
+    constexprs = {"WORLD": world, "MAX_BLOCKS": 128, "BLOCK": 2048, "SEM": sem, "END_BARRIER": True}
+    if algorithm == "tree":
+        constexprs["GUARD_LEAF"] = True
+    if algorithm == "two_shot_ce":
+        constexprs["UNIT"] = 64
+    signature = {"data_ptrs": "*i64", "pad_ptrs": "*i64"}
+    if algorithm == "two_shot_ce":
+        signature.update({"x_ptr": f"*{dtype}", "received_ptr": f"*{dtype}"})
+    else:
+        signature["x_ptr" if algorithm.endswith("in_place") else "out_ptr"] = f"*{dtype}"
+    signature.update({k: "i32" for k in ints})
+    signature.update({k: "constexpr" for k in constexprs})
+    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                            target=GPUTarget("cuda", arch, 32))
+    ptx = kernel.asm["ptx"]
+    atomics = sorted({line.split()[1] if line.strip().startswith("@") else line.split()[0]
+                      for line in (raw.strip() for raw in ptx.splitlines()) if "atom." in line})
+    return {"algorithm": algorithm, "world": world, "sem": sem, "atomics": atomics,
+            "vector_loads": any("ld.global.v4" in line for line in ptx.splitlines()),
+            "vector_stores": any("st.global.v4" in line for line in ptx.splitlines())}
+
+
+def summarize_all(worlds=(2, 8)) -> list[dict]:
+    """``ptx_summary`` for every kernel, world size in ``worlds`` and both memory orders."""
+    return [ptx_summary(a, w, sem) for a in SIGNATURES for w in worlds for sem in (0, 1)]

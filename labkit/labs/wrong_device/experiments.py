@@ -1,0 +1,327 @@
+"""The wrong current device, as a matrix of experiments (seed: sc-matmul-multi-gpu-device-guard-pr).
+
+Every cell: data on cuda:1, current device cuda:0 (what accelerate's ``device_map="auto"``
+leaves behind: its hooks move tensors but never call ``torch.cuda.set_device``), peer access off
+(a fresh process) or on (PyTorch enables it lazily after any cross-device copy), and one launch
+pattern, unguarded or run under labkit's guard. The input is written by cuda:1's stream *behind
+a sleep*, so a launch that is not ordered after cuda:1's stream reads memory not yet written.
+
+Patterns:
+
+* ``triton_launch``: a Triton kernel launched on the current device and its stream.
+* ``scratch_current_device``: a launcher that makes its output with ``device="cuda"``: the
+  *current* device, not the data's.
+* ``stream_current_device``: a stream made with ``torch.cuda.Stream()`` on the current device;
+  the fix needs both the guard and ``wait_stream`` on the producer's stream.
+* ``graph_wrong_device``: a CUDA graph captured while the current device is cuda:0.
+
+Each cell runs in a child process (labkit.workbench.sandbox), since some cells can fault or hang.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import triton
+import triton.language as tl
+from tqdm.auto import tqdm
+
+from labkit.workbench import sandbox, tier
+from labkit.workbench.checks import check_tensor
+from labkit.workbench.guard import common_device, on_device_of
+
+PATTERNS = ("triton_launch", "scratch_current_device", "stream_current_device", "graph_wrong_device")
+OUTCOMES = ("correct", "wrong result", "wrong device", "exception", "illegal memory access", "hang")
+REQUIRED = ("pattern", "peer_access", "guarded", "outcome", "GBps", "detail", "peer_enabled")
+_PEER_LINE = "labkit: peer access cuda:0 -> cuda:1 enabled: "
+
+
+@triton.jit
+def _add_one_kernel(
+    x_ptr,                 # *fp32: input
+    out_ptr,               # *fp32: output, x + 1
+    numel,                 # int: elements; the last block is masked
+    BLOCK: tl.constexpr,   # elements per program
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1.0, mask=mask)
+
+
+def add_one(x: torch.Tensor, out: torch.Tensor | None = None, *, guarded: bool = True) -> torch.Tensor:
+    """out = x + 1 with a Triton kernel. ``guarded=False`` launches without the device guard, on
+    whatever device is current: the bug, kept only for the experiments of this module."""
+    check_tensor("x", x, dtypes=(torch.float32,))
+    if out is None:
+        out = torch.empty_like(x)  # on x's device, whatever the current device is
+    elif isinstance(out, torch.Tensor):
+        common_device(x=x, out=out)  # mixed devices first: the most telling message
+    check_tensor("out", out, dtypes=(torch.float32,))
+    if out.shape != x.shape:
+        raise ValueError(f"out: shape {tuple(out.shape)} differs from x shape {tuple(x.shape)}")
+    if x.numel() == 0:
+        return out
+    ctx = on_device_of(x=x, out=out) if guarded else contextlib.nullcontext()
+    with ctx:
+        _raw_launch(x, out)
+    return out
+
+
+def _raw_launch(x: torch.Tensor, out: torch.Tensor) -> None:
+    """The kernel launched with no checks and no guard, as the story's launcher did."""
+    n = x.numel()
+    block = 1 << 16 if tier.interpreted() else 4096  # the interpreter pays per program
+    _add_one_kernel[(triton.cdiv(n, block),)](x, out, n, BLOCK=block, num_warps=8)
+
+
+def _scratch_launcher(x: torch.Tensor, guarded: bool) -> torch.Tensor:
+    """A launcher that allocates its output with device="cuda", as much real code does."""
+    ctx = on_device_of(x=x) if guarded else contextlib.nullcontext()
+    with ctx:
+        out = torch.empty(x.shape, dtype=x.dtype, device="cuda")   # the *current* device
+        _raw_launch(x, out)                                        # on the current device too
+        return out
+
+
+def _stream_launcher(x: torch.Tensor, guarded: bool) -> torch.Tensor:
+    if guarded:
+        with on_device_of(x=x):
+            s = torch.cuda.Stream()                              # on x's device
+            s.wait_stream(torch.cuda.current_stream(x.device))   # ordered after x's producer
+            with torch.cuda.stream(s):
+                out = add_one(x)
+            torch.cuda.current_stream(x.device).wait_stream(s)
+            return out
+    s = torch.cuda.Stream()                                      # on the current device: cuda:0
+    with torch.cuda.stream(s):                                   # (this also makes cuda:0 current)
+        return add_one(x, guarded=False)
+
+
+class _GraphLauncher:
+    """Capture add_one once, replay it on every call."""
+
+    def __init__(self, x: torch.Tensor, guarded: bool):
+        self.device = x.device if guarded else None
+        ctx = torch.cuda.device(x.device) if guarded else contextlib.nullcontext()
+        with ctx:
+            add_one(x, guarded=guarded)                          # compile and load outside capture
+            torch.cuda.synchronize(x.device)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = add_one(x, guarded=guarded)
+
+    def __call__(self) -> torch.Tensor:
+        with torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext():
+            self.graph.replay()
+        return self.out
+
+
+def copy_across_like_accelerate() -> None:
+    """Cross-device copies both ways, as accelerate's hooks make when they move activations from
+    layer to layer. PyTorch enables peer access lazily inside such a copy, for its direction."""
+    a = torch.ones(1 << 18, device="cuda:0")
+    a.to("cuda:1").to("cuda:0")
+    for d in (0, 1):
+        torch.cuda.synchronize(d)
+
+
+def peer_enabled(dev: int, peer: int) -> bool | None:
+    """Whether dev's context may access peer's memory now (None where CuPy is missing to ask).
+
+    CUDA has no query for "enabled"; cudaDeviceEnablePeerAccess answers "already enabled" (704)
+    when it is, and otherwise enables it, which this undoes at once."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    with cupy.cuda.Device(dev):
+        try:
+            cupy.cuda.runtime.deviceEnablePeerAccess(peer)
+        except cupy.cuda.runtime.CUDARuntimeError as e:
+            return e.status == 704
+        cupy.cuda.runtime.deviceDisablePeerAccess(peer)
+        return False
+
+
+def run_cell(pattern: str, peer_access: bool, guarded: bool, nbytes: int = 64 << 20,
+             delay_cycles: int = 200_000_000, reps: int = 10) -> dict:
+    """One cell of the matrix; meant to run in a child process (labkit.workbench.sandbox.run_isolated)."""
+    if pattern not in PATTERNS:
+        raise ValueError(f"pattern: {pattern!r} is not one of {PATTERNS}")
+    if torch.cuda.device_count() < 2:
+        raise RuntimeError("run_cell needs 2 CUDA GPUs")
+    torch.cuda.set_device(0)
+    if peer_access:
+        copy_across_like_accelerate()
+    enabled = peer_enabled(0, 1)  # checked, not assumed: the record says what really held
+    print(f"{_PEER_LINE}{enabled}", flush=True)  # reaches the parent even if the launch then fails
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    x = torch.empty(nbytes // 4, device="cuda:1")
+    x.fill_(0.0)
+    if pattern == "graph_wrong_device":
+        launch = _GraphLauncher(x, guarded)
+    else:
+        fn = {"triton_launch": lambda: add_one(x, guarded=guarded),
+              "scratch_current_device": lambda: _scratch_launcher(x, guarded),
+              "stream_current_device": lambda: _stream_launcher(x, guarded)}[pattern]
+        launch = fn
+    # Warm-up outside the race: the first call compiles the kernel and has the allocator fetch
+    # fresh memory; both can take longer than the race's sleep, or synchronise (cudaMalloc),
+    # and then hide it. A launch that fails outright fails here already.
+    launch()
+    for d in (0, 1):
+        torch.cuda.synchronize(d)
+    # The race: cuda:1's stream sleeps, then writes x = 1. A launch ordered after it reads 1s.
+    with torch.cuda.device(1):
+        torch.cuda._sleep(delay_cycles)
+        x.fill_(1.0)
+    out = launch()
+    for d in (0, 1):
+        torch.cuda.synchronize(d)
+    correct = bool(torch.all(out == 2.0).item())
+    # Bandwidth, after the race: reps launches, both GPUs synchronised around them.
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        out = launch()
+    for d in (0, 1):
+        torch.cuda.synchronize(d)
+    seconds = (time.perf_counter() - t0) / reps
+    return {"correct": correct, "out_device": str(out.device), "GBps": 2 * nbytes / seconds / 1e9,
+            "us": seconds * 1e6, "peer_enabled": enabled}
+
+
+def _parse_peer_line(stdout: str) -> bool | None:
+    for line in stdout.splitlines():
+        if line.startswith(_PEER_LINE):
+            return {"True": True, "False": False}.get(line[len(_PEER_LINE):].strip())
+    return None
+
+
+def classify_cell(res: sandbox.SandboxResult) -> tuple[str, str]:
+    """(outcome, detail) of one cell from the child's result."""
+    if res.status == "timeout":
+        return "hang", res.summary()
+    if res.status == "illegal_memory_access":
+        return "illegal memory access", res.summary()
+    if not res.ok:
+        return "exception", res.summary()
+    v = res.value
+    if not v["correct"]:
+        return "wrong result", f"output on {v['out_device']}: not x + 1 (read before cuda:1 wrote it?)"
+    if v["out_device"] != "cuda:1":
+        return "wrong device", f"right values, but the output is on {v['out_device']}"
+    return "correct", f"output on {v['out_device']}"
+
+
+def device_matrix(patterns=PATTERNS, nbytes: int = 64 << 20, timeout_s: float = 120.0,
+                  env: dict | None = None, guarded=(False, True), peers=(False, True),
+                  progress: bool = True) -> list[dict]:
+    """Run every (pattern, peer access, guarded) cell in its own child process; one record each."""
+    for p in patterns:
+        if p not in PATTERNS:
+            raise ValueError(f"patterns: {p!r} is not one of {PATTERNS}")
+    records = []
+    cells = [(p, peer, g) for p in patterns for peer in peers for g in guarded]
+    for pattern, peer, guarded in tqdm(cells, desc="device matrix", unit="cell", disable=not progress):
+        res = sandbox.run_isolated(run_cell, pattern, peer, guarded, nbytes, timeout=timeout_s, env=env)
+        outcome, detail = classify_cell(res)
+        records.append({"pattern": pattern, "peer_access": peer, "guarded": guarded, "outcome": outcome,
+                        "GBps": res.value["GBps"] if res.ok else None, "detail": detail,
+                        "peer_enabled": _parse_peer_line(res.stdout),
+                        "seconds": res.seconds, "nbytes": nbytes})
+    return records
+
+
+def benchmark(profile: str) -> list[dict]:
+    """Entry point of ``labkit bench device_guard`` (needs 2 GPUs)."""
+    from labkit.workbench import gates
+
+    gates.requires(gpus=2, compiled=True).check()
+    return device_matrix() + guard_overhead()
+
+
+def guard_overhead(reps: int = 20_000, device: str | None = None) -> list[dict]:
+    """Microseconds the guard adds per launch: entering and leaving it around nothing, host time.
+
+    device: where the tensor lives (default cuda:1 with 2 GPUs, else cuda:0, else cpu). On the
+    CPU the guard only checks devices, so this shows what it costs the interpreter tier."""
+    if device is None:
+        device = "cuda:1" if torch.cuda.device_count() > 1 else ("cuda:0" if torch.cuda.is_available() else "cpu")
+    x = torch.empty(16, device=device)
+    records = []
+    for label, ctx in (("no guard", lambda: contextlib.nullcontext()), ("on_device_of", lambda: on_device_of(x=x))):
+        for _ in range(1000):
+            with ctx():
+                pass
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            with ctx():
+                pass
+        us = (time.perf_counter() - t0) / reps * 1e6
+        records.append({"pattern": "guard overhead", "peer_access": None, "guarded": label == "on_device_of",
+                        "outcome": "measured", "GBps": None, "detail": f"{label}, tensor on {device}",
+                        "peer_enabled": None, "us_per_launch": us})
+    return records
+
+
+def _reported_at(traceback_text: str | None) -> str:
+    """The innermost source line of labkit code in a child's traceback: where the error surfaced."""
+    lines = (traceback_text or "").splitlines()
+    site = ""
+    for i, line in enumerate(lines):
+        if line.strip().startswith('File "') and "labkit" in line and i + 1 < len(lines):
+            site = f"{line.strip().split(', in ')[-1]}: {lines[i + 1].strip()}"
+    return site or "(no labkit frame in the traceback)"
+
+
+def launch_blocking_demo(timeout_s: float = 120.0) -> list[dict]:
+    """Run ``fault_then_later_work`` in a child twice: without and with CUDA_LAUNCH_BLOCKING=1.
+
+    One record each: how the child ended and the line that reported the error. Needs 1 GPU."""
+    records = []
+    for blocking in ("0", "1"):
+        res = sandbox.run_isolated("labkit.kernels.fault:fault_then_later_work", timeout=timeout_s,
+                                   env={"CUDA_LAUNCH_BLOCKING": blocking})
+        records.append({"CUDA_LAUNCH_BLOCKING": blocking, "status": res.status, "summary": res.summary(),
+                        "reported_at": _reported_at(res.traceback)})
+    return records
+
+
+#: outcome -> colour of its cell in ``plot_matrix`` (green good; orange silent; red loud)
+OUTCOME_COLOURS = {"correct": "#4caf50", "wrong result": "#ff9800", "wrong device": "#ffc107",
+                   "exception": "#e53935", "illegal memory access": "#8e24aa", "hang": "#424242"}
+
+
+def plot_matrix(records: list[dict], ax, title: str = "") -> None:
+    """The device-confusion matrix as a coloured table: rows are patterns, columns are
+    (peer access, guarded); each cell names its outcome and, where it ran, its GB/s."""
+    from matplotlib.patches import Patch, Rectangle
+
+    cells = [r for r in records if r.get("pattern") in PATTERNS]
+    cols = [(peer, g) for peer in (False, True) for g in (False, True)]
+    patterns = [p for p in PATTERNS if any(r["pattern"] == p for r in cells)]
+    for i, p in enumerate(patterns):
+        for j, (peer, g) in enumerate(cols):
+            match = [r for r in cells if r["pattern"] == p and r["peer_access"] == peer and r["guarded"] == g]
+            if not match:
+                continue
+            r = match[0]
+            ax.add_patch(Rectangle((j, i), 1, 1, facecolor=OUTCOME_COLOURS.get(r["outcome"], "white"),
+                                   edgecolor="white", lw=2))
+            text = r["outcome"] + (f"\n{r['GBps']:.0f} GB/s" if r.get("GBps") else "")
+            if peer and r.get("peer_enabled") is False:
+                text += "\n(peer NOT enabled)"
+            ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=8, color="white")
+    ax.set_xlim(0, len(cols))
+    ax.set_ylim(len(patterns), 0)
+    ax.set_xticks([j + 0.5 for j in range(len(cols))],
+                  [f"peer {'on' if peer else 'off'}\n{'guarded' if g else 'unguarded'}" for peer, g in cols])
+    ax.set_yticks([i + 0.5 for i in range(len(patterns))], [p.replace("_", " ") for p in patterns])
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.legend(handles=[Patch(color=c, label=o) for o, c in OUTCOME_COLOURS.items()], fontsize=7,
+              loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(title, fontsize=10)

@@ -1,5 +1,0 @@
-"""``labkit run``: execute the workbook's notebooks with papermill, validated and contained."""
-from labkit.runner.execute import NotebookResult, RunReport, run
-from labkit.runner.notebooks import RunError
-
-__all__ = ["run", "RunReport", "NotebookResult", "RunError"]

@@ -1,0 +1,129 @@
+"""The map of the workbook: every lab, the bug it teaches, the seed story, and what it needs.
+
+This catalogue is the single source for the README's lab table (``labkit labs --markdown``,
+checked by a test), for ``labkit doctor``'s "what can each lab do here", and for the start-here
+notebook. A lab whose notebook is not written yet is listed with ``status="planned"``; one whose
+notebook runs but whose issue is still open (parts or reference data missing) is ``"draft"``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from labkit.workbench import gates, hardware
+from labkit.workbench.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    name: str
+    needs: dict  # keyword arguments of labkit.workbench.gates.requires
+
+
+@dataclasses.dataclass(frozen=True)
+class Lab:
+    id: str            # notebook stem, e.g. "01_wrong_device"
+    title: str
+    bug: str
+    seed: str          # file name in shared/seeds/
+    gpus: str          # what the full lab needs, in words
+    cpu_tier: str      # what the CPU tier shows
+    status: str        # "ready", "draft" (notebook runs, issue open) or "planned"
+    issue: int
+    benchmarks: tuple[str, ...]  # its ``labkit bench`` entries (labkit.workbench.benchmarks)
+    parts: tuple[Part, ...] = ()
+
+    @property
+    def notebook(self) -> str:
+        return f"notebooks/{self.id}.ipynb"
+
+    @property
+    def package(self) -> str:
+        """The lab's story code: ``labkit.labs.<package>`` (the id without its number)."""
+        return "labkit.labs." + self.id.split("_", 1)[1]
+
+
+LABS: tuple[Lab, ...] = (
+    Lab("00_start_here", "Start here: the workbench",
+        "none: a tour of the tools every lab uses (doctor, gates, crash sandbox, timing, plots)",
+        "(all five)", "none; uses 1 if present",
+        "everything: the doctor, a real crash contained in a child process, the copy kernel "
+        "timed under the interpreter beside the GPU reference", "ready", 2, ("doctor", "workbench"),
+        (Part("GPU copy bandwidth at full size", {"gpus": 1, "compiled": True}),)),
+    Lab("01_wrong_device", "The wrong current device",
+        "Triton launches on the current device, not the tensors' device: illegal memory access "
+        "or a silent cross-GPU run under device_map='auto'",
+        "sc-matmul-multi-gpu-device-guard-pr.txt", "2 (peer access for half the matrix)",
+        "the SC matmul bit-exact against its literal bitstream reference, the tiny model's "
+        "agreement; the recorded matrix, timings and model table",
+        "ready", 3, ("device_guard", "sc_kernel", "sc_launch", "sc_model"),
+        (Part("the live device-confusion matrix", {"gpus": 2, "compiled": True}),
+         Part("CUDA_LAUNCH_BLOCKING demonstration", {"gpus": 1, "compiled": True}),
+         Part("the unguarded SC kernel inside a sharded model", {"gpus": 2, "compiled": True}),
+         Part("decode benchmark at Llama-3.1-8B layer shapes", {"gpus": 2, "compiled": True}))),
+    Lab("02_collectives", "Collectives are kernels",
+        "memory ordering in hand-written all-reduce / reduce-scatter / all-gather over "
+        "symmetric memory; a barrier without acquire/release",
+        "nccl-mode-triton-collectives-talk.txt", "2 to 8 with peer access",
+        "every algorithm on an emulated world of 2-4 ranks (processes over shared memory) against an "
+        "fp64 sum; the broken variants, the crash and the hang; the recorded sweeps",
+        "draft", 4, ("collectives", "collectives_tune", "links"),
+        (Part("symmetric-memory collectives on GPUs", {"gpus": 2, "peer_access": True, "compiled": True}),
+         Part("the sweep against NCCL and torch symm_mem", {"gpus": 2, "peer_access": True, "compiled": True}))),
+    Lab("03_stream_races", "Buffers that escape the allocator",
+        "raw-pointer tensors skip the caching allocator's stream tracking: a side stream writes "
+        "into memory that was freed and reused",
+        "te-grouped-wgrad-tensor-views-pr.txt", "1",
+        "the allocation helpers, the alignment arithmetic and report, the Triton GEMM at "
+        "misaligned offsets; the recorded race, sanitizer, timeline and timings",
+        "ready", 5, ("streams",),
+        (Part("the live race, sanitizer and allocator timeline", {"gpus": 1, "compiled": True}),
+         Part("allocation and misaligned-GEMM timings", {"gpus": 1, "compiled": True}))),
+    Lab("04_grouped_gemm", "Token counts that stay on the device",
+        "a grouped GEMM that reads per-expert counts on the device (no host sync, graph-safe), "
+        "and a race on a global pinned-buffer index",
+        "te-device-initiated-grouped-gemm-pr.txt", "1", "the grouped GEMM kernel against a loop of matmuls",
+        "planned", 0, (),
+        (Part("grouped GEMM timings and graph capture", {"gpus": 1, "compiled": True}),)),
+    Lab("05_fp8_dispatch", "FP8 scaling across GPUs",
+        "delayed-scaling state made on the current device under accelerate.dispatch_model: an "
+        "illegal memory access reported at a later sync point",
+        "te-multi-gpu-fp8-dispatch-model-issue.txt", "2",
+        "the dispatch and scaling logic on CPU devices",
+        "planned", 0, (),
+        (Part("multi-GPU FP8 forward", {"gpus": 2, "capability": (8, 9)}),)),
+)
+
+
+def get(lab_id: str) -> Lab:
+    for lab in LABS:
+        if lab.id == lab_id:
+            return lab
+    raise UsageError(f"no lab named {lab_id!r}; known: {', '.join(l.id for l in LABS)}")
+
+
+def capability(lab: Lab, hw: hardware.Hardware | None = None) -> dict:
+    """What the lab can do on this machine: 'full', 'partial' (with the parts skipped), 'planned'."""
+    if lab.status not in ("ready", "draft"):
+        where = f"issue {lab.issue}" if lab.issue else "no issue yet"
+        return {"lab": lab.id, "can": "planned", "detail": f"not written yet ({where})", "skipped": []}
+    skipped = []
+    for part in lab.parts:
+        g = gates.requires(hw=hw, **part.needs)
+        if not g.ok:
+            skipped.append({"part": part.name, "reason": g.reason})
+    can = "full" if not skipped else "partial"
+    detail = "every part runs here" if not skipped else "; ".join(f"{s['part']} skipped: {s['reason']}" for s in skipped)
+    return {"lab": lab.id, "can": can, "detail": detail, "skipped": skipped}
+
+
+def markdown_table() -> str:
+    """The README's lab table."""
+    rows = ["| notebook | the bug | seed story | GPUs | CPU tier shows | status |",
+            "|---|---|---|---|---|---|"]
+    for lab in LABS:
+        status = {"ready": "ready", "draft": f"draft (issue {lab.issue} open)"}.get(
+            lab.status, f"planned (issue {lab.issue})" if lab.issue else "planned")
+        rows.append(f"| `{lab.notebook}` | {lab.bug} | `{lab.seed}` | {lab.gpus} | {lab.cpu_tier} | {status} |"
+                    if lab.seed.endswith(".txt") else
+                    f"| `{lab.notebook}` | {lab.bug} | {lab.seed} | {lab.gpus} | {lab.cpu_tier} | {status} |")
+    return "\n".join(rows)

@@ -1,0 +1,98 @@
+"""The ``labkit`` command: doctor, run, bench, labs.
+
+Errors in what was asked (unknown notebook, unknown parameter, wrong value type, ...) print
+one line, ``labkit <command>: error: ...``, and exit with status 2; never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+EPILOG = """examples:
+  labkit doctor --json
+  labkit run                                  # every notebook, profile from the hardware
+  labkit run --only 00_start_here --set 00_start_here.REPS=10
+  labkit run --profile cpu --params my_overrides.yml
+  labkit bench workbench --reference          # GPU tier: write reference/<machine>/workbench.json
+  labkit labs --markdown"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="labkit", description="A workbook of multi-GPU bugs.",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("doctor", help="versions, GPUs, peer access, topology, and what each lab can do here")
+    d.add_argument("--json", action="store_true", help="print the report as JSON")
+    r = sub.add_parser("run", help="execute notebooks with papermill into runs/<timestamp>_<profile>/")
+    r.add_argument("--only", nargs="+", metavar="NOTEBOOK", help="notebook names (file stems) to run")
+    r.add_argument("--profile", default="auto", help="auto (from the hardware), cpu or gpu")
+    r.add_argument("--params", metavar="FILE", help="YAML {notebook: {NAME: value}} overrides")
+    r.add_argument("--set", dest="sets", action="append", default=[], metavar="NB.NAME=VALUE",
+                   help="one override, value read as YAML; may be repeated")
+    r.add_argument("--timeout", type=float, metavar="SECONDS", help="limit per notebook in seconds, whole notebook (default: the profile's timeout_s)")
+    r.add_argument("--runs-dir", metavar="DIR", help="where run folders go (default: runs/)")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b = sub.add_parser("bench", help="run a lab's benchmark and write its results JSON")
+    b.add_argument("lab", help="lab whose benchmark to run (e.g. workbench)")
+    b.add_argument("--profile", default="auto", help="auto, cpu or gpu (sizes)")
+    b.add_argument("--reference", action="store_true", help="write as reference/<machine>/<lab>.json")
+    b.add_argument("--out", metavar="DIR", help="folder instead of the default")
+    lb = sub.add_parser("labs", help="the map of labs")
+    lb.add_argument("--markdown", action="store_true", help="print the README's lab table")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    # Imported here so that `labkit --help` is instant and tier set-up happens once.
+    import labkit  # noqa: F401
+    from labkit.workbench.errors import UsageError
+
+    try:
+        return _dispatch(args)
+    except UsageError as e:
+        print(f"labkit {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args) -> int:
+    if args.command == "doctor":
+        from labkit.workbench import doctor
+
+        rep = doctor.collect()
+        print(doctor.to_json(rep) if args.json else doctor.format_text(rep))
+        return 0
+    if args.command == "run":
+        from labkit.workbench.runner import run
+
+        report = run(only=args.only, profile=args.profile, params_file=args.params, sets=args.sets,
+                     runs_dir=args.runs_dir, timeout_s=args.timeout, progress=not args.no_progress)
+        print(report.table())
+        print(f"index: {report.run_dir / 'index.html'}")
+        return report.exit_code
+    if args.command == "bench":
+        from labkit.workbench import benchmarks
+        from labkit.workbench.gates import HardwareUnavailable
+        from labkit.workbench.runner.execute import choose_profile
+
+        try:
+            path = benchmarks.run(args.lab, choose_profile(args.profile), args.out, args.reference)
+        except HardwareUnavailable as e:  # a skip, said in one line, is not a failure
+            print(f"labkit bench {args.lab}: skipped: {e}")
+            return 0
+        print(f"wrote {path}")
+        return 0
+    if args.command == "labs":
+        from labkit.workbench import catalogue
+
+        if args.markdown:
+            print(catalogue.markdown_table())
+        else:
+            for lab in catalogue.LABS:
+                print(f"{lab.id:<18} {lab.status:<8} {lab.title}")
+        return 0
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

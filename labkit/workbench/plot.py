@@ -1,0 +1,68 @@
+"""matplotlib helpers: byte-sized log axes, units, and a caption naming machine and versions.
+
+Every labkit figure says where its numbers came from: ``caption(fig, yours=stamp, refs=...)``
+writes one line per source under the axes ("your run: h100x1 (1x NVIDIA H100 ...); torch 2.11
+..."), so a figure copied out of context still tells its reader which GPU made it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter, LogLocator
+
+from labkit.workbench import env as _env
+from labkit.workbench import results
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def format_bytes(n: float) -> str:
+    """1024 -> '1 KiB', 3 * 2**20 -> '3 MiB', 1536 -> '1.5 KiB'."""
+    n = float(n)
+    for unit in _UNITS:
+        if abs(n) < 1024 or unit == _UNITS[-1]:
+            return f"{n:.3g} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def bytes_axis(ax, axis: str = "x") -> None:
+    """Log2 axis with tick labels in B / KiB / MiB / GiB."""
+    set_scale = ax.set_xscale if axis == "x" else ax.set_yscale
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    set_scale("log", base=2)
+    target.set_major_locator(LogLocator(base=4, numticks=7))  # at most ~7 labels: they stay legible
+    target.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
+
+
+def caption(fig, yours: dict | None = None, refs: dict | None = None) -> str:
+    """Write where the numbers came from under the figure; returns the text.
+
+    yours: an environment stamp (``labkit.workbench.env.stamp()``) of the reader's run.
+    refs:  {machine: ResultSet} of reference results plotted beside it.
+    """
+    lines = []
+    if yours is not None:
+        lines.append("your run: " + _env.short_description(yours))
+    for machine, rs in (refs or {}).items():
+        lines.append(f"reference {machine}: " + _env.short_description(rs.env)
+                     + f" ({rs.env.get('created', '?')[:10]})")
+    text = "\n".join(lines)
+    if text:
+        fig.text(0.01, 0.005, text, fontsize=7, va="bottom", ha="left", color="0.3")
+        fig.subplots_adjust(bottom=0.16 + 0.035 * len(lines))
+    return text
+
+
+def save(fig, name: str, folder: str | Path | None = None) -> Path:
+    """Save a figure as PNG in the notebook's output folder (see labkit.workbench.results.output_dir)."""
+    folder = Path(folder) if folder else results.output_dir()
+    path = folder / f"{name}.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def new_figure(ncols: int = 1, width: float = 6.4, height: float = 4.2):
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    return fig, list(axes[0])

@@ -1,0 +1,154 @@
+"""Where results go and how they are read back.
+
+* A reader's run writes under ``runs/``: ``labkit run`` makes ``runs/<timestamp>_<profile>/`` and
+  gives each notebook its own folder through ``LABKIT_OUTPUT_DIR``; interactive sessions write
+  to ``runs/interactive/<notebook>/``. Nothing there is ever overwritten by a later run.
+* Reference results measured on the GPU machines live in ``reference/<machine>/<lab>.json``
+  (e.g. ``reference/h200x2/collectives.json``). They are written by labkit's benchmark code
+  (``labkit bench LAB --reference``), never by hand: each file names the function and the
+  command that made it, and the environment it ran in.
+
+Every results file has the same shape (``SCHEMA``)::
+
+    {"schema": "labkit.results/1", "lab": ..., "generator": "labkit.labs.start_here.copy_bandwidth.benchmark",
+     "env": {stamp: machine, GPUs, versions, command, git commit, time}, "records": [{...}, ...]}
+
+Writes are atomic (temporary file + rename), so a crash never leaves half a file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+from labkit.workbench import env as _env
+from labkit.workbench.errors import UsageError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]  # labkit/workbench/results.py -> the repository
+REFERENCE_DIR = REPO_ROOT / "reference"
+RUNS_DIR = REPO_ROOT / "runs"
+SCHEMA = "labkit.results/1"
+OUTPUT_ENV = "LABKIT_OUTPUT_DIR"
+
+
+class ResultsError(UsageError):
+    """A results file is missing, malformed, or a record lacks a required field."""
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write text so that readers see the old file or the whole new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=False) + "\n")
+
+
+@dataclasses.dataclass
+class ResultSet:
+    lab: str
+    generator: str
+    env: dict
+    records: list[dict]
+    path: Path | None = None
+
+    @property
+    def machine(self) -> str:
+        return self.env.get("machine", "?")
+
+    def select(self, **where) -> list[dict]:
+        """Records whose fields equal every given value: ``rs.select(impl="triton")``."""
+        return [r for r in self.records if all(r.get(k) == v for k, v in where.items())]
+
+
+def write_results(path: str | os.PathLike, lab: str, records: Iterable[dict], *, generator: str,
+                  required: Iterable[str] = (), command: str | None = None) -> Path:
+    """Write a results file; every record must carry the ``required`` fields."""
+    records = [dict(r) for r in records]
+    if not records:
+        raise ResultsError(f"write_results({lab!r}): no records to write")
+    need = list(required)
+    for i, r in enumerate(records):
+        missing = [k for k in need if k not in r]
+        if missing:
+            raise ResultsError(f"record {i} of lab {lab!r} lacks required fields {missing}")
+    doc = {"schema": SCHEMA, "lab": lab, "generator": generator,
+           "env": _env.stamp(command), "required": need, "records": records}
+    return atomic_write_json(path, doc)
+
+
+def load_results(path: str | os.PathLike) -> ResultSet:
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResultsError(f"no results file at {path}") from None
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"{path} is not valid JSON: {e}") from None
+    if doc.get("schema") != SCHEMA:
+        raise ResultsError(f"{path}: schema is {doc.get('schema')!r}, expected {SCHEMA!r}")
+    for key in ("lab", "generator", "env", "records"):
+        if key not in doc:
+            raise ResultsError(f"{path}: missing {key!r}")
+    for i, r in enumerate(doc["records"]):
+        missing = [k for k in doc.get("required", []) if k not in r]
+        if missing:
+            raise ResultsError(f"{path}: record {i} lacks required fields {missing}")
+    return ResultSet(doc["lab"], doc["generator"], doc["env"], doc["records"], path)
+
+
+def reference_path(lab: str, machine: str) -> Path:
+    return REFERENCE_DIR / machine / f"{lab}.json"
+
+
+def load_references(lab: str, reference_dir: str | os.PathLike | None = None) -> dict[str, ResultSet]:
+    """Every machine's reference results for a lab, by machine tag (empty if none yet)."""
+    root = Path(reference_dir) if reference_dir else REFERENCE_DIR
+    found = {}
+    for path in sorted(root.glob(f"*/{lab}.json")):
+        found[path.parent.name] = load_results(path)
+    return found
+
+
+def output_dir(name: str | None = None) -> Path:
+    """The folder this notebook or script writes figures and results to (created if needed).
+
+    Under ``labkit run`` this is the notebook's folder in the run (``LABKIT_OUTPUT_DIR``).
+    Interactively it is ``runs/interactive/<name>/`` (name defaults to "session").
+    """
+    given = os.environ.get(OUTPUT_ENV)
+    path = Path(given) if given else RUNS_DIR / "interactive" / (name or "session")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def new_run_dir(profile: str, base: str | os.PathLike | None = None, now: _dt.datetime | None = None) -> Path:
+    """A fresh ``<base>/<UTC timestamp>_<profile>/`` folder; never one that exists already."""
+    base = Path(base) if base else RUNS_DIR
+    base.mkdir(parents=True, exist_ok=True)
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    stem = f"{now:%Y-%m-%dT%H-%M-%SZ}_{profile}"
+    for n in range(1000):
+        path = base / (stem if n == 0 else f"{stem}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise ResultsError(f"could not make a new run folder under {base}")

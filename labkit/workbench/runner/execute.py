@@ -1,0 +1,224 @@
+"""Execute notebooks into a fresh run folder, one child process each, and report.
+
+Every notebook runs through :func:`labkit.workbench.sandbox.run_isolated` (papermill inside a child
+process, the notebook's own kernel below that), so a notebook that hangs is stopped at its
+timeout and one that kills its kernel is reported; neither stops the others.
+"""
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import os
+import time
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from labkit.workbench import gates, hardware, results, sandbox
+from labkit.workbench.runner import notebooks as nbs
+from labkit.workbench.runner import profiles
+from labkit.workbench.runner.notebooks import RunError
+
+#: Seconds beyond a notebook's timeout for its kernel to start and shut down.
+KERNEL_GRACE_S = 30
+
+
+@dataclasses.dataclass
+class NotebookResult:
+    name: str
+    status: str                    # "ran", "skipped" or "failed"
+    detail: str = ""               # skip reason, or the failing cell and error
+    seconds: float = 0.0
+    parameters: dict = dataclasses.field(default_factory=dict)
+    skipped_parts: list = dataclasses.field(default_factory=list)
+    output: str | None = None      # executed notebook, relative to the run folder
+    figures: list = dataclasses.field(default_factory=list)
+
+    def line(self) -> str:
+        if self.status == "ran" and self.skipped_parts:
+            parts = "; ".join(f"{p['part']}: {p['reason']}" for p in self.skipped_parts)
+            return f"ran, {len(self.skipped_parts)} part(s) skipped ({parts})"
+        return self.status + (f": {self.detail}" if self.detail else "")
+
+
+@dataclasses.dataclass
+class RunReport:
+    run_dir: Path
+    profile: str
+    results: list[NotebookResult]
+
+    @property
+    def failed(self) -> list[NotebookResult]:
+        return [r for r in self.results if r.status == "failed"]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+    def table(self) -> str:
+        w = max([8] + [len(r.name) for r in self.results])
+        rows = [f"{'notebook':<{w}}  {'seconds':>7}  outcome", f"{'-' * w}  {'-' * 7}  {'-' * 7}"]
+        rows += [f"{r.name:<{w}}  {r.seconds:>7.1f}  {r.line()}" for r in self.results]
+        counts = {s: sum(r.status == s for r in self.results) for s in ("ran", "skipped", "failed")}
+        rows.append(f"{counts['ran']} ran, {counts['skipped']} skipped, {counts['failed']} failed"
+                    f" (profile {self.profile}); run folder: {self.run_dir}")
+        return "\n".join(rows)
+
+
+def _execute(input_path: str, output_path: str, parameters: dict, cwd: str, timeout_s: float) -> dict:
+    """Runs in the child: papermill with labkit's kernel; returns the outcome as plain data."""
+    import nbformat
+    import papermill as pm
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    try:
+        pm.execute_notebook(input_path, output_path, parameters=parameters, kernel_name="python3",
+                            cwd=cwd, progress_bar=False, log_output=False, execution_timeout=int(timeout_s))
+    except pm.PapermillExecutionError as e:
+        first = str(e.evalue).strip().splitlines()[0] if str(e.evalue).strip() else ""
+        return {"status": "failed", "detail": f"cell {e.cell_index} (In [{e.exec_count}]) raised {e.ename}: {first}"}
+    except (CellTimeoutError, DeadKernelError) as e:
+        # papermill saved the notebook up to the cell that was running: name that cell.
+        cell = _running_cell(nbformat, output_path)
+        what = (f"timed out after {timeout_s:.0f} s" if isinstance(e, CellTimeoutError)
+                else "killed the notebook's kernel (a crash: segfault, abort, illegal memory access?)")
+        return {"status": "failed", "detail": f"cell {cell} {what}" if cell is not None else what}
+    return {"status": "ran"}
+
+
+def _running_cell(nbformat, path: str) -> int | None:
+    """Index of the cell that was executing when papermill stopped: the last one it started.
+
+    After a timeout or a dead kernel papermill marks that cell "completed" (not "failed") in the
+    saved notebook; the cells after it stay "pending"."""
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception:  # noqa: BLE001 - no saved notebook: the cell is unknown
+        return None
+    started = [i for i, c in enumerate(nb.cells)
+               if c.get("metadata", {}).get("papermill", {}).get("status") not in (None, "pending")]
+    return started[-1] if started else None
+
+
+def choose_profile(profile: str) -> str:
+    has_gpu = hardware.snapshot().gpu_count > 0
+    if profile == "auto":
+        return "gpu" if has_gpu else "cpu"
+    if profile not in profiles.PROFILES:
+        raise RunError(f"--profile {profile!r}: expected one of auto, {', '.join(profiles.PROFILES)}")
+    if profile == "gpu" and not has_gpu:
+        raise RunError("--profile gpu needs a CUDA GPU and this machine has none; use --profile cpu")
+    return profile
+
+
+def plan(only=None, profile="auto", params_file=None, sets=(), notebooks_dir=None, profiles_file=None,
+         timeout_s=None) -> tuple[str, list[tuple[str, Path, dict, float, dict]]]:
+    """Resolve and validate everything before running anything.
+
+    Returns (profile, [(name, path, parameters, timeout_s, hardware needs)]).
+    """
+    profile = choose_profile(profile)
+    found = nbs.discover(notebooks_dir)
+    if not found:
+        raise RunError(f"no notebooks found in {notebooks_dir or nbs.NOTEBOOKS_DIR}")
+    wanted = list(only) if only else list(found)
+    unknown = [n for n in wanted if n not in found]
+    if unknown:
+        raise RunError(f"unknown notebook {', '.join(map(repr, unknown))}; known: {', '.join(found)}")
+    prof = profiles.load(profiles_file)[profile]
+    overrides: dict[str, dict] = {}
+    for name, entry in (prof.get("notebooks") or {}).items():
+        overrides.setdefault(name, {}).update(entry.get("parameters") or {})
+    if params_file:
+        for name, params in profiles.read_params_file(params_file).items():
+            overrides.setdefault(name, {}).update(params)
+    for item in sets:
+        name, key, value = profiles.parse_set(item)
+        overrides.setdefault(name, {})[key] = value
+    stray = [n for n in overrides if n not in found]
+    if stray:
+        raise RunError(f"parameters given for unknown notebook {', '.join(map(repr, stray))}; known: {', '.join(found)}")
+    if timeout_s is not None and not timeout_s > 0:
+        raise RunError(f"--timeout {timeout_s!r}: expected a positive number of seconds")
+    jobs = []
+    for name in wanted:
+        nb = nbs.read(found[name])
+        try:
+            declared = nbs.parameters(nb)
+        except RunError as e:
+            raise RunError(f"notebook {name}: {e}") from None
+        params = overrides.get(name, {})
+        nbs.validate(name, params, declared)
+        entry = (prof.get("notebooks") or {}).get(name, {})
+        t = timeout_s or entry.get("timeout_s") or prof["timeout_s"]
+        jobs.append((name, found[name], params, float(t), nbs.requirements(nb, name)))
+    return profile, jobs
+
+
+def run(only=None, profile="auto", params_file=None, sets=(), runs_dir=None, notebooks_dir=None,
+        profiles_file=None, timeout_s=None, progress=True) -> RunReport:
+    """Validate, then execute the selected notebooks into a new run folder; see ``labkit run -h``."""
+    profile, jobs = plan(only, profile, params_file, sets, notebooks_dir, profiles_file, timeout_s)
+    run_dir = results.new_run_dir(profile, runs_dir)
+    # The tier each profile means, whatever this process chose: the interpreter for cpu.
+    tier_env = {"TRITON_INTERPRET": "1" if profile == "cpu" else "0"}
+    report = RunReport(run_dir, profile, [])
+    bar = tqdm(jobs, desc="notebooks", unit="nb", disable=not progress)
+    for name, path, params, timeout, needs in bar:
+        bar.set_postfix_str(name)
+        out_dir = run_dir / name
+        out_dir.mkdir()
+        gate = gates.requires(**needs)
+        if not gate.ok:
+            report.results.append(NotebookResult(name, "skipped", gate.reason, parameters=params))
+            continue
+        output = out_dir / f"{name}.ipynb"
+        # timeout bounds the whole notebook; papermill gets it per cell too, so a single hung
+        # cell is reported by name. KERNEL_GRACE_S covers the kernel's start and shutdown.
+        res = sandbox.run_isolated(_execute, str(path), str(output), params, str(path.parent), timeout,
+                                   timeout=timeout + KERNEL_GRACE_S,
+                                   env={**tier_env, results.OUTPUT_ENV: str(out_dir)})
+        if res.ok:
+            outcome = res.value
+        elif res.status == "timeout":
+            import nbformat
+
+            cell = _running_cell(nbformat, str(output))
+            where = f" in cell {cell}" if cell is not None else ""
+            outcome = {"status": "failed", "detail": f"notebook stopped at its {timeout:.0f} s limit{where}"}
+        else:
+            outcome = {"status": "failed", "detail": f"runner {res.summary()}"}
+        report.results.append(NotebookResult(
+            name, outcome["status"], outcome.get("detail", ""), res.seconds, params,
+            gates.read_skips(out_dir), str(output.relative_to(run_dir)) if output.exists() else None,
+            sorted(str(p.relative_to(run_dir)) for p in out_dir.glob("*.png"))))
+    write_summary(report)
+    return report
+
+
+def write_summary(report: RunReport) -> None:
+    """summary.json, index.md and index.html in the run folder."""
+    doc = {"profile": report.profile, "run_dir": str(report.run_dir),
+           "results": [dataclasses.asdict(r) for r in report.results]}
+    results.atomic_write_json(report.run_dir / "summary.json", doc)
+    md = [f"# labkit run: {report.run_dir.name}", "", f"Profile `{report.profile}`.", "",
+          "| notebook | outcome | seconds | figures |", "|---|---|---|---|"]
+    for r in report.results:
+        link = f"[{r.name}]({r.output})" if r.output else r.name
+        figs = " ".join(f"[{Path(f).name}]({f})" for f in r.figures) or "-"
+        md.append(f"| {link} | {r.line()} | {r.seconds:.1f} | {figs} |")
+    results.atomic_write_text(report.run_dir / "index.md", "\n".join(md) + "\n")
+    rows = []
+    for r in report.results:
+        link = f"<a href='{html.escape(r.output)}'>{html.escape(r.name)}</a>" if r.output else html.escape(r.name)
+        figs = "".join(f"<a href='{html.escape(f)}'><img src='{html.escape(f)}' height='140'></a> " for f in r.figures)
+        color = {"ran": "#e8f5e9", "skipped": "#fff8e1", "failed": "#ffebee"}[r.status]
+        rows.append(f"<tr style='background:{color}'><td>{link}</td><td>{html.escape(r.line())}</td>"
+                    f"<td>{r.seconds:.1f}</td><td>{figs}</td></tr>")
+    page = (f"<!doctype html><meta charset='utf-8'><title>labkit run {report.run_dir.name}</title>"
+            f"<h1>labkit run {html.escape(report.run_dir.name)}</h1><p>Profile <code>{report.profile}</code>.</p>"
+            "<table border='1' cellpadding='4' style='border-collapse:collapse'>"
+            "<tr><th>notebook</th><th>outcome</th><th>seconds</th><th>figures</th></tr>"
+            + "".join(rows) + "</table>\n")
+    results.atomic_write_text(report.run_dir / "index.html", page)

@@ -1,0 +1,247 @@
+"""Run an experiment that may crash or hang in a child process, and say what happened.
+
+    res = run_isolated(labkit.kernels.fault.write_out_of_bounds, timeout=60)
+    res.status    # "illegal_memory_access" on a GPU, "signal" (SIGSEGV) under the interpreter
+    res.summary() # one line for the notebook
+
+Why a child process: a CUDA illegal memory access poisons the whole CUDA context of the process
+that made it (every later CUDA call fails), and a spin barrier that never completes hangs the
+calling thread for good. In a child, the notebook kernel's own context stays healthy and a hang
+becomes a timeout. The child is a fresh interpreter (``python -m labkit.workbench.sandbox``), never a fork:
+a forked child of a process that touched CUDA cannot use CUDA at all.
+
+The child runs in its own process group (session), so on timeout the whole group is killed,
+including any ranks the experiment started. Outcomes, in the order they are decided:
+
+=======================  ===========================================================
+status                   meaning
+=======================  ===========================================================
+ok                       the function returned; ``value`` holds its return value
+timeout                  no result within ``timeout`` seconds (a hang); group killed
+illegal_memory_access    CUDA reported an illegal memory access (exception or log)
+cuda_error               another CUDA / cuBLAS / NCCL error
+exception                a Python exception (``error_type``, ``message``, ``traceback``)
+signal                   killed by a signal (``signal``: SIGSEGV, SIGABRT, ...)
+exit                     exited with a non-zero code and no result
+=======================  ===========================================================
+"""
+from __future__ import annotations
+
+import dataclasses
+import faulthandler
+import importlib
+import os
+import pickle
+import re
+import signal as _signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import labkit
+
+STATUSES = ("ok", "timeout", "illegal_memory_access", "cuda_error", "exception", "signal", "exit")
+_ILLEGAL = re.compile(r"illegal memory access|illegal address|CUDA_ERROR_ILLEGAL_ADDRESS|"
+                      r"cudaErrorIllegalAddress", re.I)
+_CUDA = re.compile(r"CUDA error|CUDA_ERROR_|cudaError|AcceleratorError|CUBLAS_STATUS|"
+                   r"NCCL (?:error|WARN)|device-side assert|unspecified launch failure", re.I)
+_TAIL = 20_000  # characters of the child's stdout/stderr kept in the result
+
+
+class SandboxError(ValueError):
+    """The call cannot be sent to a child process (not importable, not picklable, bad timeout)."""
+
+
+@dataclasses.dataclass
+class SandboxResult:
+    status: str
+    value: Any = None
+    error_type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+    signal: str | None = None
+    returncode: int | None = None
+    seconds: float = 0.0
+    stdout: str = ""
+    stderr: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def summary(self) -> str:
+        """One line: the outcome and the most telling detail."""
+        t = f"{self.seconds:.1f} s"
+        if self.status == "ok":
+            return f"ok ({t})"
+        if self.status == "timeout":
+            return f"timeout: no result after {self.seconds:.0f} s (hung); its process group was killed"
+        if self.status == "signal":
+            return f"signal: killed by {self.signal} ({t})"
+        if self.status == "exit":
+            return f"exit: code {self.returncode} and no result ({t})"
+        msg = (self.message or "").strip().splitlines()
+        first = msg[0] if msg else ""
+        return f"{self.status}: {self.error_type}: {first} ({t})" if self.error_type else f"{self.status}: {first} ({t})"
+
+    def unwrap(self) -> Any:
+        """The value if ok, else raise RuntimeError with the summary (and the child's traceback)."""
+        if self.ok:
+            return self.value
+        detail = f"\n--- child traceback ---\n{self.traceback}" if self.traceback else ""
+        raise RuntimeError(f"isolated call failed: {self.summary()}{detail}")
+
+
+def _target(fn: Callable | str) -> tuple[str, str]:
+    """(module, qualname) that a fresh interpreter can import."""
+    if isinstance(fn, str):
+        if ":" not in fn:
+            raise SandboxError(f"fn={fn!r}: expected 'module:function'")
+        module, qualname = fn.split(":", 1)
+        return module, qualname
+    module = getattr(fn, "__module__", None)
+    qualname = getattr(fn, "__qualname__", None)
+    if module is None or qualname is None:
+        raise SandboxError(f"fn={fn!r}: not a function or class that can be imported by name")
+    if module == "__main__":
+        raise SandboxError(
+            f"fn={qualname}: defined in __main__ (a notebook or script), which a child process "
+            "cannot import; put it in a module (labkit.*) or pass 'module:function'")
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        raise SandboxError(f"fn={qualname}: a lambda or nested function cannot be imported; "
+                           "define it at module level")
+    return module, qualname
+
+
+def classify(returncode: int | None, payload: dict | None, stderr: str, timed_out: bool) -> dict:
+    """Decide the status from what the child left behind (pure function; unit-tested)."""
+    if timed_out:
+        return {"status": "timeout"}
+    if payload is not None and payload.get("status") == "ok":
+        return {"status": "ok", "value": payload.get("value")}
+    if payload is not None:  # the child caught a Python exception
+        text = f"{payload.get('type', '')}: {payload.get('message', '')}"
+        status = ("illegal_memory_access" if _ILLEGAL.search(text) else
+                  "cuda_error" if _CUDA.search(text) else "exception")
+        return {"status": status, "error_type": payload.get("type"),
+                "message": payload.get("message"), "traceback": payload.get("traceback")}
+    # No result: the process died. CUDA often logs the cause before aborting.
+    tail = stderr[-_TAIL:]
+    if _ILLEGAL.search(tail):
+        status = "illegal_memory_access"
+    elif _CUDA.search(tail):
+        status = "cuda_error"
+    elif returncode is not None and returncode < 0:
+        status = "signal"
+    else:
+        status = "exit"
+    out = {"status": status, "message": _last_lines(tail, 5) or None}
+    if returncode is not None and returncode < 0:
+        try:
+            out["signal"] = _signal.Signals(-returncode).name
+        except ValueError:
+            out["signal"] = f"signal {-returncode}"
+    return out
+
+
+def _last_lines(text: str, n: int) -> str:
+    return "\n".join(text.strip().splitlines()[-n:])
+
+
+def run_isolated(fn: Callable | str, *args, timeout: float = 120.0, env: dict | None = None,
+                 cwd: str | os.PathLike | None = None, **kwargs) -> SandboxResult:
+    """Call ``fn(*args, **kwargs)`` in a fresh child process; never raises for what the child does.
+
+    fn:      a module-level function (or "module:function"); arguments and the return value
+             travel by pickle.
+    timeout: seconds before the child (and its process group) is killed and "timeout" returned.
+    env:     extra environment variables for the child (e.g. {"CUDA_LAUNCH_BLOCKING": "1"});
+             labkit's multicast-off variables are always set.
+    """
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise SandboxError(f"timeout={timeout!r}: expected a positive number of seconds")
+    module, qualname = _target(fn)
+    child_env = dict(os.environ)
+    child_env.update({k: str(v) for k, v in (env or {}).items()})
+    child_env.update(labkit.MULTICAST_OFF)
+    root = str(Path(labkit.__file__).resolve().parent.parent)
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH")) if p)
+    child_env["PYTHONUNBUFFERED"] = "1"
+    with tempfile.TemporaryDirectory(prefix="labkit-sandbox-") as tmp:
+        call_file, result_file = os.path.join(tmp, "call.pkl"), os.path.join(tmp, "result.pkl")
+        try:
+            with open(call_file, "wb") as f:
+                pickle.dump({"module": module, "qualname": qualname, "args": args, "kwargs": kwargs}, f)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            raise SandboxError(f"arguments of {module}.{qualname} cannot be pickled: {e}") from None
+        out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+        start = time.monotonic()
+        with open(out_path, "w") as out_f, open(err_path, "w") as err_f:
+            proc = subprocess.Popen([sys.executable, "-m", "labkit.workbench.sandbox", call_file, result_file],
+                                    stdout=out_f, stderr=err_f, stdin=subprocess.DEVNULL,
+                                    env=child_env, cwd=cwd, start_new_session=True)
+            timed_out = False
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+            finally:
+                _kill_group(proc)  # also reaps ranks or kernels the child left behind
+        seconds = time.monotonic() - start
+        payload = None
+        if not timed_out and os.path.exists(result_file):
+            try:
+                with open(result_file, "rb") as f:
+                    payload = pickle.load(f)
+            except Exception as e:  # a result the parent cannot read back
+                payload = {"status": "exception", "type": type(e).__name__,
+                           "message": f"could not read the child's result: {e}"}
+        stdout = Path(out_path).read_text(errors="replace")[-_TAIL:]
+        stderr = Path(err_path).read_text(errors="replace")[-_TAIL:]
+    fields = classify(proc.returncode, payload, stderr, timed_out)
+    return SandboxResult(returncode=proc.returncode, seconds=seconds, stdout=stdout,
+                         stderr=stderr, **fields)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, _signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _child_main(call_file: str, result_file: str) -> None:
+    """Entry point of the child: import, call, pickle the outcome, and leave without teardown."""
+    faulthandler.enable()  # a segfault prints the Python stack to stderr, which the parent keeps
+    with open(call_file, "rb") as f:
+        call = pickle.load(f)
+    try:
+        obj = importlib.import_module(call["module"])
+        for part in call["qualname"].split("."):
+            obj = getattr(obj, part)
+        payload = {"status": "ok", "value": obj(*call["args"], **call["kwargs"])}
+        blob = pickle.dumps(payload)
+    except BaseException as e:  # noqa: BLE001 - everything the experiment raises is the result
+        payload = {"status": "exception", "type": f"{type(e).__module__}.{type(e).__qualname__}",
+                   "message": str(e), "traceback": traceback.format_exc()}
+        try:
+            blob = pickle.dumps(payload)
+        except Exception:
+            blob = pickle.dumps({**payload, "message": repr(e)})
+    with open(result_file + ".tmp", "wb") as f:
+        f.write(blob)
+    os.replace(result_file + ".tmp", result_file)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # os._exit skips interpreter teardown: after a CUDA fault, destructors can abort or hang,
+    # and the result is already safe on disk.
+    os._exit(0 if payload["status"] == "ok" else 1)
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1], sys.argv[2])
