@@ -2,35 +2,81 @@
 # The GPU tier: the same tests and notebooks as CI, at full size, plus the reference benchmarks.
 # Run it on a GPU node from the repository root:
 #
-#   bash scripts/gpu_tier.sh --out DIR [--wheels WHEELDIR] [--python PY]
+#   bash scripts/gpu_tier.sh --out DIR [--part PART]... [--only NOTEBOOK]... [-k EXPR]
+#                            [--wheels WHEELDIR] [--python PY] [--dry-run]
+#   bash scripts/gpu_tier.sh --list-parts      # the valid parts, one a line
 #
+# --part: what to run (default: all). Give it several times for several parts; they run in the
+#         order of this list, each once. Parts that fit one call of a few minutes each:
+#   all              everything below (the whole tier, as one long call)
+#   doctor           labkit doctor                                  -> doctor.txt
+#   tests            pytest without the notebook tests (-m "not notebook"; the notebooks run in
+#                    the part 'notebooks' instead, once)            -> pytest.log, pytest.xml
+#   notebooks        every notebook with the gpu profile (labkit run) -> runs/
+#   bench            every reference benchmark below
+#   bench:LAB        one reference benchmark, labkit bench LAB --profile gpu --reference, LAB one of
+#                    doctor workbench sc_kernel sc_launch device_guard sc_model streams
+#                    collectives collectives_tune links          -> reference/<machine>/LAB.json
+# --only NOTEBOOK: the part 'notebooks' runs only these notebooks (repeatable; labkit run --only).
+# -k EXPR:  the part 'tests' runs only the tests pytest -k EXPR selects.
 # --wheels: a folder of wheels made beforehand by scripts/prepare_wheels.sh on a machine with a
 #           package registry, for nodes that lack papermill/nbclient/ipykernel/ipywidgets. They are
 #           installed into DIR's own site folder (nothing on the node is changed).
+# --dry-run: print the steps the parts select, one a line, and run nothing.
 # Writes into DIR: doctor.txt, pytest.log + pytest.xml, runs/ (executed notebooks, summary,
 # index), reference/<machine>/<lab>.json (to be committed), and gpu_tier.json (each step's
-# exit code and duration). Where the tree was copied without .git, set LABKIT_GIT_COMMIT so
-# the results still name the commit they were made from. Every step runs even if an earlier one failed; the exit code is
-# non-zero if any step failed.
+# part, exit code and duration). Calls with the same DIR add to gpu_tier.json: a step run again
+# replaces its earlier entry. Where the tree was copied without .git, set LABKIT_GIT_COMMIT so
+# the results still name the commit they were made from. Every step runs even if an earlier one
+# failed; the exit code is non-zero if any step of this call failed (2: the arguments are wrong).
 set -uo pipefail
-out="" wheels="" py=${PYTHON:-python3}
+# The benchmarks, in the order they run: the registry labkit.benchmarks.BENCHMARKS (a test
+# checks the two agree).
+labs=(doctor workbench sc_kernel sc_launch device_guard sc_model streams collectives collectives_tune links)
+valid=(all doctor tests notebooks bench "${labs[@]/#/bench:}")
+usage_line="usage: gpu_tier.sh --out DIR [--part PART]... [--only NOTEBOOK]... [-k EXPR] [--wheels DIR] [--python PY] [--dry-run] | --list-parts"
+out="" wheels="" py=${PYTHON:-python3} kexpr="" dry=0
+parts=() only=()
+value() {  # value OPTION ARGS...: the value after OPTION, or exit 2
+  [ $# -ge 2 ] && [ -n "$2" ] || { echo "gpu_tier.sh: $1 needs a value ($usage_line)" >&2; exit 2; }
+}
 while [ $# -gt 0 ]; do
   case "$1" in
-    --out) out=$2; shift 2 ;;
-    --wheels) wheels=$2; shift 2 ;;
-    --python) py=$2; shift 2 ;;
-    *) echo "gpu_tier.sh: unknown argument $1 (expected --out DIR [--wheels DIR] [--python PY])" >&2; exit 2 ;;
+    --out) value "$@"; out=$2; shift 2 ;;
+    --wheels) value "$@"; wheels=$2; shift 2 ;;
+    --python) value "$@"; py=$2; shift 2 ;;
+    --part) value "$@"; parts+=("$2"); shift 2 ;;
+    --only) value "$@"; only+=("$2"); shift 2 ;;
+    -k) value "$@"; kexpr=$2; shift 2 ;;
+    --dry-run) dry=1; shift ;;
+    --list-parts) printf '%s\n' "${valid[@]}"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+    *) echo "gpu_tier.sh: unknown argument $1 ($usage_line)" >&2; exit 2 ;;
   esac
 done
+[ ${#parts[@]} -gt 0 ] || parts=(all)
+for p in "${parts[@]}"; do
+  [[ " ${valid[*]} " == *" $p "* ]] || {
+    echo "gpu_tier.sh: unknown part '$p'; valid parts: ${valid[*]}" >&2; exit 2; }
+done
 [ -n "$out" ] || { echo "gpu_tier.sh: --out DIR is required" >&2; exit 2; }
+wanted() {  # wanted PART: was PART asked for, itself or through 'all' or 'bench'?
+  local p
+  for p in "${parts[@]}"; do
+    [ "$p" = all ] || [ "$p" = "$1" ] || { [ "$p" = bench ] && [[ $1 == bench:* ]]; } && return 0
+  done
+  return 1
+}
 root=$(cd "$(dirname "$0")/.." && pwd)
-mkdir -p "$out" && out=$(cd "$out" && pwd)
+if [ "$dry" = 0 ]; then mkdir -p "$out" && out=$(cd "$out" && pwd); fi
 cd "$root"
 # Multicast stays off on shared multi-GPU hosts (labkit sets these too; children inherit them).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+# No MPLBACKEND here: `labkit run` gives each notebook's kernel the inline backend itself (so
+# figures appear in the executed notebooks), and the tests that draw choose Agg themselves.
+export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
-if [ -n "$wheels" ]; then
+if [ -n "$wheels" ] && [ "$dry" = 0 ]; then
   site="$out/.site"
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "$wheels"/*.whl \
     || { echo "gpu_tier.sh: installing wheels from $wheels failed" >&2; exit 1; }
@@ -39,30 +85,52 @@ fi
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"  # labkit without installing it
 
 steps=()
-step() {  # step NAME COMMAND...: run, log, and remember exit code and seconds
-  local name=$1; shift
+step() {  # step PART NAME COMMAND...: run, log, and remember part, exit code and seconds
+  local part=$1 name=$2; shift 2
+  local shown
+  shown=$(printf '%q ' "$@")
+  if [ "$dry" = 1 ]; then echo "$part $name: ${shown% }"; return; fi
   local t0=$SECONDS
-  echo "=== gpu_tier: $name: $*"
+  echo "=== gpu_tier: $name: ${shown% }"
   "$@"
   local rc=$?
-  steps+=("{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $((SECONDS - t0))}")
+  steps+=("{\"part\": \"$part\", \"step\": \"$name\", \"rc\": $rc, \"seconds\": $((SECONDS - t0))}")
   echo "=== gpu_tier: $name: exit $rc after $((SECONDS - t0)) s"
 }
-step doctor bash -o pipefail -c "'$py' -m labkit doctor | tee '$out/doctor.txt'"
-step tests bash -o pipefail -c "'$py' -m pytest -ra -p no:cacheprovider --junitxml='$out/pytest.xml' 2>&1 | tee '$out/pytest.log'"
-step notebooks "$py" -m labkit run --profile gpu --runs-dir "$out/runs" --no-progress
-step bench-doctor "$py" -m labkit bench doctor --profile gpu --reference --out "$out/reference"
-step bench-workbench "$py" -m labkit bench workbench --profile gpu --reference --out "$out/reference"
-step bench-sc-kernel "$py" -m labkit bench sc_kernel --profile gpu --reference --out "$out/reference"
-step bench-sc-launch "$py" -m labkit bench sc_launch --profile gpu --reference --out "$out/reference"
-step bench-device-guard "$py" -m labkit bench device_guard --profile gpu --reference --out "$out/reference"
-step bench-sc-model "$py" -m labkit bench sc_model --profile gpu --reference --out "$out/reference"
-step bench-streams "$py" -m labkit bench streams --profile gpu --reference --out "$out/reference"
-step bench-collectives "$py" -m labkit bench collectives --profile gpu --reference --out "$out/reference"
-step bench-collectives-tune "$py" -m labkit bench collectives_tune --profile gpu --reference --out "$out/reference"
-step bench-links "$py" -m labkit bench links --profile gpu --reference --out "$out/reference"
+tee_out() { local log=$1; shift; "$@" | tee "$log"; }         # stdout into LOG as well
+tee_all() { local log=$1; shift; "$@" 2>&1 | tee "$log"; }    # stdout and stderr into LOG as well
+pytest_args=(-ra -p no:cacheprovider -m "not notebook" --junitxml="$out/pytest.xml")
+[ -z "$kexpr" ] || pytest_args+=(-k "$kexpr")
+run_args=(--profile gpu --runs-dir "$out/runs" --no-progress)
+[ ${#only[@]} -eq 0 ] || run_args+=(--only "${only[@]}")
+
+wanted doctor && step doctor doctor tee_out "$out/doctor.txt" "$py" -m labkit doctor
+wanted tests && step tests tests tee_all "$out/pytest.log" "$py" -m pytest "${pytest_args[@]}"
+wanted notebooks && step notebooks notebooks "$py" -m labkit run "${run_args[@]}"
+for lab in "${labs[@]}"; do
+  wanted "bench:$lab" && step "bench:$lab" "bench-${lab//_/-}" "$py" -m labkit bench "$lab" --profile gpu --reference --out "$out/reference"
+done
+[ "$dry" = 0 ] || exit 0
 rm -rf "$out/.site"
-(IFS=,; echo "{\"steps\": [${steps[*]}]}") > "$out/gpu_tier.json"
+
+# gpu_tier.json: this call's steps, added to those of earlier calls with the same DIR.
+this=$(IFS=,; echo "{\"parts\": [$(printf '"%s",' "${parts[@]}" | sed 's/,$//')], \"steps\": [${steps[*]}]}")
+"$py" - "$out/gpu_tier.json" "$this" <<'EOF' || { echo "gpu_tier.sh: could not merge with the earlier gpu_tier.json; it now holds this call only" >&2; echo "$this" > "$out/gpu_tier.json"; }
+import json, os, sys
+path, new = sys.argv[1], json.loads(sys.argv[2])
+old = {"parts": [], "steps": []}
+if os.path.exists(path):
+    with open(path) as f:
+        old = json.load(f)
+ran = {s["step"] for s in new["steps"]}
+doc = {"parts": list(dict.fromkeys(old.get("parts", []) + new["parts"])),
+       "steps": [s for s in old.get("steps", []) if s["step"] not in ran] + new["steps"]}
+with open(path + ".tmp", "w") as f:
+    json.dump(doc, f, indent=1)
+    f.write("\n")
+os.replace(path + ".tmp", path)
+EOF
 cat "$out/gpu_tier.json"
-grep -q '"rc": [1-9]' "$out/gpu_tier.json" && exit 1
+echo "=== gpu_tier: this call: $this"
+grep -q '"rc": [1-9]' <<<"$this" && exit 1
 exit 0

@@ -1,9 +1,16 @@
-"""Every notebook: committed stripped, parameters first, hardware stated, profile overrides
-naming real parameters, and executing top to bottom under papermill in this machine's tier."""
+"""Every notebook: committed stripped, parameters first, hardware stated, every cell with its
+own id, profile overrides naming real parameters, and executing top to bottom under papermill in
+this machine's tier with its figures shown inline."""
+import json
+import re
+import warnings
+
 import pytest
+from nbformat.warnings import MissingIDFieldWarning
 
 from labkit.workbench.runner import notebooks as nbs
 from labkit.workbench.runner import profiles, run
+from labkit.workbench.runner.execute import _execute, plan
 
 NOTEBOOKS = nbs.discover()
 
@@ -23,6 +30,63 @@ def test_committed_stripped_with_parameters_first(name):
     assert nbs.parameters(nb), "the parameters cell defines no parameter"
 
 
+#: nbformat 4.5's schema for a cell id
+CELL_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def _cell_id_problems(cells) -> list[str]:
+    ids = [c.get("id") for c in cells]
+    problems = [f"cell {i} has no id" for i, x in enumerate(ids) if x is None]
+    problems += [f"cell {i} has an invalid id {x!r}" for i, x in enumerate(ids)
+                 if x is not None and not (isinstance(x, str) and CELL_ID.fullmatch(x))]
+    problems += [f"cell id {x!r} is used {ids.count(x)} times" for x in sorted(set(ids) - {None}, key=str)
+                 if ids.count(x) > 1]
+    return problems
+
+
+@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+def test_committed_cells_have_unique_valid_ids(name):
+    """Read as raw JSON: nbformat.read fills in missing ids in memory (with a MissingIDFieldWarning)."""
+    doc = json.loads(NOTEBOOKS[name].read_text(encoding="utf-8"))
+    assert (doc["nbformat"], doc["nbformat_minor"]) >= (4, 5), "nbformat 4.5 or later: cells carry ids"
+    assert not _cell_id_problems(doc["cells"]), (
+        f"{name}: {'; '.join(_cell_id_problems(doc['cells']))} (nbformat.validator.normalize adds the missing ones)")
+
+
+def test_runner_prepares_every_notebook_without_missing_id_warning(tmp_path):
+    """The runner's steps before a kernel starts (its own read of each notebook, papermill's read,
+    parameter injection and write) under the cpu profile's parameters, with the warning an error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MissingIDFieldWarning)
+        _, jobs = plan(profile="cpu")
+        for name, path, params, timeout, _needs in jobs:
+            out = tmp_path / f"{name}.ipynb"
+            assert _execute(str(path), str(out), params, str(path.parent), timeout, prepare_only=True) == {"status": "ran"}
+            cells = json.loads(out.read_text(encoding="utf-8"))["cells"]
+            assert any("injected-parameters" in c["metadata"].get("tags", []) for c in cells) or not params
+            assert not _cell_id_problems(cells), f"{name}: {_cell_id_problems(cells)}"
+
+
+def test_runner_gives_the_kernel_the_inline_backend(tmp_path, monkeypatch):
+    """Whatever MPLBACKEND the caller exports, the notebook's process tree gets matplotlib-inline."""
+    from helpers import fixture_workbook
+    from labkit import sandbox
+    from labkit.workbench.runner import execute
+
+    folder, prof = fixture_workbook(tmp_path / "nb")
+    seen = []
+
+    def fake_run_isolated(fn, *args, env=None, **kwargs):
+        seen.append(env)
+        return sandbox.SandboxResult(status="ok", value={"status": "ran"})
+
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setattr(execute.sandbox, "run_isolated", fake_run_isolated)
+    run(only=["ok"], profile="cpu", runs_dir=tmp_path / "runs", notebooks_dir=folder, profiles_file=prof,
+        progress=False)
+    assert seen and seen[0]["MPLBACKEND"] == "module://matplotlib_inline.backend_inline"
+
+
 @pytest.mark.parametrize("profile", profiles.PROFILES)
 def test_profile_overrides_name_real_parameters(profile):
     prof = profiles.load()[profile]
@@ -33,9 +97,23 @@ def test_profile_overrides_name_real_parameters(profile):
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
-def test_notebook_executes(name, tmp_path):
+def test_notebook_executes(name, tmp_path, monkeypatch):
+    # As on a headless GPU node that exports MPLBACKEND=Agg: the runner still gives the kernel the
+    # inline backend, so every figure is in the executed notebook, not only on disk.
+    monkeypatch.setenv("MPLBACKEND", "Agg")
     rep = run(only=[name], runs_dir=tmp_path, progress=False)
     (res,) = rep.results
     assert res.status == "ran", f"{name}: {res.line()}"
     for part in res.skipped_parts:
         print(f"{name}: part skipped here: {part['part']}: {part['reason']}")
+    cells = json.loads((rep.run_dir / res.output).read_text(encoding="utf-8"))["cells"]
+    assert not _cell_id_problems(cells), f"{name}: {_cell_id_problems(cells)}"
+    images = 0
+    for i, cell in enumerate(c for c in cells if c["cell_type"] == "code"):
+        outputs = cell.get("outputs", [])
+        shown = sum("image/png" in o.get("data", {}) for o in outputs)
+        saved = [line for o in outputs if o["output_type"] == "stream"
+                 for line in "".join(o["text"]).splitlines() if re.match(r"saved .*\.png$", line)]
+        assert shown >= len(saved), f"{name}: code cell {i} saved {saved} but shows {shown} image(s) inline"
+        images += shown
+    assert images >= len(res.figures), f"{name}: {len(res.figures)} figures saved, {images} shown inline"

@@ -37,6 +37,30 @@ def test_caption_names_machine_versions_and_references(tmp_path):
     assert path.exists() and path.stat().st_size > 1000
 
 
+def test_save_shows_the_figure_once_where_nothing_else_would(tmp_path, monkeypatch):
+    """In a kernel with a non-interactive backend (MPLBACKEND=Agg inherited) save displays the PNG;
+    under the inline backend matplotlib-inline shows it at the end of the cell, so save does not."""
+    import types
+
+    import IPython
+    import IPython.display
+
+    from labkit.workbench.runner.execute import KERNEL_MPLBACKEND
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
+    fig, (ax,) = plot.new_figure()
+    ax.plot([1, 2], [3, 4])
+    plot.save(fig, "outside", tmp_path)
+    assert shown == [], "outside a kernel (scripts, tests) nothing is displayed"
+    monkeypatch.setattr(IPython, "get_ipython", lambda: types.SimpleNamespace(kernel=object()))
+    plot.save(fig, "agg", tmp_path)
+    assert len(shown) == 1 and shown[0].data.startswith(b"\x89PNG\r\n\x1a\n")
+    monkeypatch.setattr(matplotlib, "get_backend", lambda: KERNEL_MPLBACKEND)
+    plot.save(fig, "inline", tmp_path)
+    assert len(shown) == 1, "the inline backend shows the figure itself: no second copy"
+
+
 def test_crash_explorer_runs_the_chosen_experiment():
     panel = widgets.crash_explorer(timeout_s=30)
     (pick, timeout, button), out = panel.children[0].children, panel.children[1]

@@ -6,8 +6,10 @@ writes one line per source under the axes ("your run: h100x1 (1x NVIDIA H100 ...
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+import matplotlib
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter, LogLocator
 
@@ -56,11 +58,40 @@ def caption(fig, yours: dict | None = None, refs: dict | None = None) -> str:
 
 
 def save(fig, name: str, folder: str | Path | None = None) -> Path:
-    """Save a figure as PNG in the notebook's output folder (see labkit.workbench.results.output_dir)."""
+    """Save a figure as PNG in the notebook's output folder (see labkit.workbench.results.output_dir).
+
+    In a notebook the figure is also shown, once (see :func:`show`)."""
     folder = Path(folder) if folder else results.output_dir()
     path = folder / f"{name}.png"
     fig.savefig(path, dpi=110)
+    show(fig)
     return path
+
+
+#: matplotlib's built-in backends that draw nothing on screen (nor in a notebook).
+_NON_INTERACTIVE = {"agg", "cairo", "pdf", "pgf", "ps", "svg", "template"}
+
+
+def show(fig) -> bool:
+    """Make sure a figure appears in the notebook it was drawn in; returns True if shown here.
+
+    Under the inline backend (Jupyter's default, and what ``labkit run`` gives every notebook)
+    matplotlib-inline draws every open figure at the end of the cell: nothing to do, and doing
+    it here as well would show the figure twice. Under a non-interactive backend (a kernel that
+    inherited MPLBACKEND=Agg) nothing would draw it, so its PNG is displayed now. Interactive
+    backends (``%matplotlib widget``, ...) show figures themselves. Outside a notebook kernel
+    (scripts, tests): nothing."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return False
+    if str(matplotlib.get_backend()).lower() not in _NON_INTERACTIVE:
+        return False
+    from IPython.core.pylabtools import print_figure
+    from IPython.display import Image, display
+
+    display(Image(data=print_figure(fig, "png")))
+    return True
 
 
 def new_figure(ncols: int = 1, width: float = 6.4, height: float = 4.2):

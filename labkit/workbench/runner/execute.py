@@ -23,6 +23,12 @@ from labkit.workbench.runner.notebooks import RunError
 #: Seconds beyond a notebook's timeout for its kernel to start and shut down.
 KERNEL_GRACE_S = 30
 
+#: matplotlib backend of every notebook's kernel: figures appear in the executed notebook as
+#: image/png outputs. ipykernel picks it only when MPLBACKEND is unset, and the kernel inherits
+#: the caller's environment, so an exported MPLBACKEND=Agg (common on headless GPU nodes) would
+#: leave every figure out of the notebook; the runner sets it for the kernel whatever the caller has.
+KERNEL_MPLBACKEND = "module://matplotlib_inline.backend_inline"
+
 
 @dataclasses.dataclass
 class NotebookResult:
@@ -66,15 +72,20 @@ class RunReport:
         return "\n".join(rows)
 
 
-def _execute(input_path: str, output_path: str, parameters: dict, cwd: str, timeout_s: float) -> dict:
-    """Runs in the child: papermill with labkit's kernel; returns the outcome as plain data."""
+def _execute(input_path: str, output_path: str, parameters: dict, cwd: str, timeout_s: float,
+             prepare_only: bool = False) -> dict:
+    """Runs in the child: papermill with labkit's kernel; returns the outcome as plain data.
+
+    prepare_only: papermill reads the notebook, injects the parameters and writes the output
+    without starting a kernel (the tests check this step emits no nbformat warning)."""
     import nbformat
     import papermill as pm
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     try:
         pm.execute_notebook(input_path, output_path, parameters=parameters, kernel_name="python3",
-                            cwd=cwd, progress_bar=False, log_output=False, execution_timeout=int(timeout_s))
+                            cwd=cwd, progress_bar=False, log_output=False, execution_timeout=int(timeout_s),
+                            prepare_only=prepare_only)
     except pm.PapermillExecutionError as e:
         first = str(e.evalue).strip().splitlines()[0] if str(e.evalue).strip() else ""
         return {"status": "failed", "detail": f"cell {e.cell_index} (In [{e.exec_count}]) raised {e.ename}: {first}"}
@@ -161,8 +172,9 @@ def run(only=None, profile="auto", params_file=None, sets=(), runs_dir=None, not
     """Validate, then execute the selected notebooks into a new run folder; see ``labkit run -h``."""
     profile, jobs = plan(only, profile, params_file, sets, notebooks_dir, profiles_file, timeout_s)
     run_dir = results.new_run_dir(profile, runs_dir)
-    # The tier each profile means, whatever this process chose: the interpreter for cpu.
-    tier_env = {"TRITON_INTERPRET": "1" if profile == "cpu" else "0"}
+    # The tier each profile means, whatever this process chose: the interpreter for cpu. The
+    # kernel (a child of the papermill child) inherits both variables.
+    tier_env = {"TRITON_INTERPRET": "1" if profile == "cpu" else "0", "MPLBACKEND": KERNEL_MPLBACKEND}
     report = RunReport(run_dir, profile, [])
     bar = tqdm(jobs, desc="notebooks", unit="nb", disable=not progress)
     for name, path, params, timeout, needs in bar:
