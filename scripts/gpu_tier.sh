@@ -30,7 +30,7 @@
 # the results still name the commit they were made from. Every step runs even if an earlier one
 # failed; the exit code is non-zero if any step of this call failed (2: the arguments are wrong).
 set -uo pipefail
-# The benchmarks, in the order they run: the registry labkit.benchmarks.BENCHMARKS (a test
+# The benchmarks, in the order they run: the registry labkit.workbench.benchmarks.BENCHMARKS (a test
 # checks the two agree).
 labs=(doctor workbench sc_kernel sc_launch device_guard sc_model streams collectives collectives_tune links)
 valid=(all doctor tests notebooks bench "${labs[@]/#/bench:}")
