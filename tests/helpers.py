@@ -35,7 +35,7 @@ def fixture_workbook(folder: Path) -> tuple[Path, Path]:
     make_notebook(folder / "ok.ipynb",
                   'N = 3  # an int\nNAME = "x"  # a str\nSCALE = 1.5  # a float\nFLAG = True  # a bool',
                   WRITE_PARAMS,
-                  "from labkit import gates\ngates.requires(gpus=64).announce('the 64-GPU part')")
+                  "from labkit.workbench import gates\ngates.requires(gpus=64).announce('the 64-GPU part')")
     make_notebook(folder / "fails.ipynb", "N = 1", "x = 1", "raise RuntimeError('planted failure')")
     make_notebook(folder / "needs_4_gpus.ipynb", "N = 1", "print('should not run here')",
                   requires={"gpus": 4096})
