@@ -135,6 +135,59 @@ def test_bad_requests_are_refused_with_the_argument_named(fn, kwargs, exc, match
         fn(**args)
 
 
+ALLOCATORS = [alloc.allocate_raw, alloc.allocate_views,
+              lambda shapes, dtypes, device: alloc.allocate("raw", shapes, dtypes, device),
+              lambda shapes, dtypes, device: alloc.allocate("views", shapes, dtypes, device)]
+ALLOCATOR_IDS = ["allocate_raw", "allocate_views", "allocate-raw", "allocate-views"]
+
+
+@pytest.mark.parametrize("fn", ALLOCATORS, ids=ALLOCATOR_IDS)
+def test_a_cuda_device_this_machine_lacks_is_refused_naming_device(fn):
+    """Not torch's bare ``AssertionError: Torch not compiled with CUDA enabled`` (or an invalid
+    device ordinal) from deep inside torch.empty: a UsageError (a ValueError) naming the
+    argument, what was asked and what this machine has. cuda:<device_count()> never exists, so
+    this holds on GPU machines too."""
+    from labkit.workbench.errors import UsageError
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    asked = [f"cuda:{n}", torch.device("cuda", n + 3)] + (["cuda:7"] if n <= 7 else [])
+    for device in asked:
+        with pytest.raises(UsageError, match=rf"^device: '{torch.device(device)}' .*this machine has {n} CUDA device"):
+            fn([(3,), (4,)], torch.float32, device)
+    if n == 0:  # a bare "cuda" is the current device: there is none
+        with pytest.raises(UsageError, match=r"^device: 'cuda' asked for a CUDA device, but this machine has 0"):
+            fn([(3,)], torch.float32, "cuda")
+
+
+@pytest.mark.parametrize("fn", ALLOCATORS, ids=ALLOCATOR_IDS)
+@pytest.mark.parametrize("device,exc,match", [
+    ("garbage", ValueError, r"^device: 'garbage' is not a device"),
+    ("cuda:x", ValueError, r"^device: 'cuda:x' is not a device"),
+    ("cuda:-1", ValueError, r"^device: 'cuda:-1' is not a device"),
+    ("", ValueError, r"^device: '' is not a device"),
+    ("meta", ValueError, r"^device: expected one of the device types \('cpu', 'cuda'\), got 'meta'"),
+    (None, TypeError, r"^device: expected a device such as 'cpu' or 'cuda:0', got NoneType"),
+    (2.5, TypeError, r"^device: expected a device"),
+])
+def test_a_bad_device_is_refused_naming_device(fn, device, exc, match):
+    with pytest.raises(exc, match=match):
+        fn([(3,), (4,)], torch.float32, device)
+
+
+def test_check_device_accepts_what_exists():
+    from labkit.workbench.checks import check_device
+
+    assert check_device("device", "cpu") == torch.device("cpu")
+    assert check_device("device", torch.device("cpu")) == torch.device("cpu")
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        assert check_device("device", "cuda") == torch.device("cuda", torch.cuda.current_device())
+        assert check_device("device", f"cuda:{n - 1}") == torch.device("cuda", n - 1)
+    from labkit.workbench.errors import UsageError
+    with pytest.raises(UsageError, match="^x: expected one of the device types"):
+        check_device("x", "cpu", types=("cuda",))
+
+
 def test_unknown_style_and_report_errors():
     from labkit.workbench.errors import UsageError
 

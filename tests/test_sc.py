@@ -2,9 +2,12 @@
 fresh random inputs, for every option; bad input is refused; the story's multi-GPU regression."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import labkit
 from labkit.kernels.sc import encoding, sc_counts, sc_matmul, sc_matmul_reference
+from labkit.kernels.sc import kernel as sc_kernel_module
 
 DEV = labkit.workbench.tier.kernel_device()
 
@@ -227,3 +230,175 @@ def test_sc_report_and_plots():
     plots.plot_speed(ax3, {"a": recs, "b": recs})
     assert len(ax3.patches) == 2
     plt.close(fig)
+
+
+# Non-finite inputs. Quantisation used to turn a NaN into some finite level: a silent wrong
+# answer. Now out[i, j] is NaN iff row i of a or column j of b holds a NaN or +-inf, and every
+# other output is, bit for bit, the product with those entries set to 0 (for per_row, with the
+# whole row / column replaced by anything finite: it has scales of its own).
+
+def _nan_rows(out: torch.Tensor) -> list[int]:
+    return [i for i in range(out.shape[-2]) if bool(out[..., i, :].isnan().all())]
+
+
+def _spoil(x: torch.Tensor, lines: torch.Tensor, dim: int, value: float, seed: int) -> torch.Tensor:
+    """x with one entry per chosen line (row of a: dim=-2; column of b: dim=-1) set to value, at a
+    random position along K, in every head."""
+    g = torch.Generator().manual_seed(seed + 1)
+    x = x.clone()
+    K = x.shape[-1] if dim == -2 else x.shape[-2]
+    for line in lines.tolist():
+        k = int(torch.randint(K, (1,), generator=g))
+        if dim == -2:
+            x[..., line, k] = value
+        else:
+            x[..., k, line] = value
+    return x
+
+
+def _pick(n: int, count: int, seed: int) -> torch.Tensor:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed + 2))[:count].sort().values
+
+
+def _assert_flagged(out, rows, cols, clean, seed):
+    """NaN exactly in the given rows / columns; elsewhere the same bits as ``clean``."""
+    M, N = out.shape[-2], out.shape[-1]
+    expect = torch.zeros(M, N, dtype=torch.bool)
+    expect[rows.tolist(), :] = True
+    expect[:, cols.tolist()] = True
+    expect = expect.expand(out.shape)
+    got = out.isnan().cpu()
+    assert torch.equal(got, expect), f"seed {seed}: NaN at {got.nonzero().tolist()}, expected rows {rows.tolist()}" \
+                                     f" and columns {cols.tolist()}"
+    assert torch.equal(out.cpu()[~expect], clean.cpu()[~expect]), f"seed {seed}"
+    assert torch.isfinite(out.cpu()[~expect]).all(), f"seed {seed}"
+
+
+NONFINITE_CASES = [
+    ((6, 40), (40, 10), dict(granularity="per_row")),
+    ((6, 40), (40, 10), dict(granularity="per_tensor")),
+    ((5, 50), (50, 9), dict(granularity="per_row", chunk_d=16)),      # the flag sits in one chunk
+    ((2, 4, 24), (2, 24, 6), dict(granularity="per_head")),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape_a,shape_b,opts", NONFINITE_CASES)
+def test_nan_in_rows_of_a_makes_exactly_those_output_rows_nan(shape_a, shape_b, opts, dtype):
+    a, b, seed = _fresh(shape_a, shape_b, dtype)
+    rows = _pick(shape_a[-2], 2, seed)
+    bad = _spoil(a, rows, -2, float("nan"), seed)
+    out = sc_matmul(bad, b, **opts)
+    assert out.dtype == dtype
+    # the NaN pattern is torch.matmul's
+    assert torch.equal(out.isnan().cpu(), torch.matmul(bad.float(), b.float()).isnan().cpu()), f"seed {seed}"
+    zeroed = torch.where(bad.isnan(), torch.zeros_like(bad), bad)
+    _assert_flagged(out, rows, torch.tensor([], dtype=torch.long), sc_matmul(zeroed, b, **opts), seed)
+    if opts["granularity"] == "per_row":    # rows are independent: any finite replacement will do
+        other = bad.clone()
+        other[..., rows, :] = torch.randn(other[..., rows, :].shape).to(dtype).to(DEV)
+        clean = sc_matmul(other, b, **opts)
+        _assert_flagged(out, rows, torch.tensor([], dtype=torch.long), clean, seed)
+    ref = sc_matmul_reference(bad, b, **opts)   # the literal reference flags the same outputs
+    assert torch.equal(ref.isnan(), out.isnan()) and torch.equal(ref[~ref.isnan()], out[~out.isnan()])
+
+
+@pytest.mark.parametrize("shape_a,shape_b,opts", NONFINITE_CASES)
+def test_nan_in_columns_of_b_makes_exactly_those_output_columns_nan(shape_a, shape_b, opts):
+    a, b, seed = _fresh(shape_a, shape_b)
+    cols = _pick(shape_b[-1], 3, seed)
+    bad = _spoil(b, cols, -1, float("nan"), seed)
+    out = sc_matmul(a, bad, **opts)
+    assert torch.equal(out.isnan().cpu(), torch.matmul(a, bad).isnan().cpu()), f"seed {seed}"
+    zeroed = torch.where(bad.isnan(), torch.zeros_like(bad), bad)
+    _assert_flagged(out, torch.tensor([], dtype=torch.long), cols, sc_matmul(a, zeroed, **opts), seed)
+    if opts["granularity"] == "per_row":    # columns are independent
+        other = bad.clone()
+        other[..., :, cols] = torch.randn(other[..., :, cols].shape).to(DEV)
+        _assert_flagged(out, torch.tensor([], dtype=torch.long), cols, sc_matmul(a, other, **opts), seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_inf_gives_nan_in_the_affected_outputs_never_a_finite_answer(dtype):
+    """+-inf has no bitstream, and torch's sign of the result depends on the other operand along
+    K; sc_matmul gives NaN for every output the inf reaches (documented in labkit.kernels.sc.matmul)."""
+    a, b, seed = _fresh((6, 40), (40, 10), dtype)
+    rows, cols = _pick(6, 2, seed), _pick(10, 2, seed + 7)
+    bad_a = _spoil(_spoil(a, rows[:1], -2, float("inf"), seed), rows[1:], -2, float("-inf"), seed + 3)
+    bad_b = _spoil(b, cols, -1, float("inf"), seed + 5)
+    for granularity in ("per_row", "per_tensor"):
+        out = sc_matmul(bad_a, bad_b, granularity=granularity)
+        zero = lambda x: torch.where(torch.isfinite(x), x, torch.zeros_like(x))  # noqa: E731
+        _assert_flagged(out, rows, cols, sc_matmul(zero(bad_a), zero(bad_b), granularity=granularity), seed)
+        # every output that torch gives as inf or NaN is NaN here: none is finite
+        assert out.cpu()[~torch.isfinite(torch.matmul(bad_a.float(), bad_b.float())).cpu()].isnan().all()
+
+
+def test_prepared_b_carries_its_own_flag_through_every_launch_path():
+    from labkit.kernels.sc.matmul import LaunchConfig, prepare_b, sc_matmul_prepared
+
+    a, b, seed = _fresh((3, 36), (36, 20))
+    cols, rows = _pick(20, 2, seed), _pick(3, 1, seed)
+    bad_b = _spoil(b, cols, -1, float("nan"), seed)
+    w = prepare_b(bad_b, chunk_d=16)
+    w_clean = prepare_b(torch.where(bad_b.isnan(), 0, bad_b), chunk_d=16)
+    # the flag lives in the prepared scales: NaN exactly in the columns' chunk that held the NaN
+    flagged = w.sb.isnan().any(dim=1)[0].cpu()
+    assert flagged.nonzero().flatten().tolist() == cols.tolist(), f"seed {seed}"
+    assert int(w.sb.isnan().sum()) == len(cols), f"seed {seed}"
+    bad_a = _spoil(a, rows, -2, float("nan"), seed)
+    clean_a = torch.where(bad_a.isnan(), 0, bad_a)
+    none = torch.tensor([], dtype=torch.long)
+    for g in (0, 1):
+        for s in (1, 3):   # fused scaling, and atomic counts + finalize kernel
+            lc = LaunchConfig(gather=g, block_m=2, block_n=16, block_k=8, splits=s)
+            _assert_flagged(sc_matmul_prepared(a, w, config=lc), none, cols,
+                            sc_matmul_prepared(a, w_clean, config=lc), seed)
+            _assert_flagged(sc_matmul_prepared(bad_a, w, config=lc), rows, cols,
+                            sc_matmul_prepared(clean_a, w_clean, config=lc), seed)
+
+
+@pytest.mark.parametrize("granularity,chunk_d", [("per_row", 0), ("per_row", 8), ("per_tensor", 0)])
+def test_quantisation_flags_nonfinite_rows_identically_fused_and_in_torch(granularity, chunk_d):
+    from labkit.kernels.sc.matmul import SCConfig, quantize_a, quantize_a_torch
+
+    seed = torch.seed() % 2**31
+    x = torch.randn(2, 4, 20, generator=torch.Generator().manual_seed(seed)) * 5
+    x[0, 1, 3], x[1, 2, 19], x[1, 0, 0] = float("nan"), float("inf"), float("-inf")
+    x = x.to(DEV)
+    cfg = SCConfig(granularity=granularity, chunk_d=chunk_d)
+    qa, sa = quantize_a(x, cfg)
+    qt, st = quantize_a_torch(x, cfg)
+    assert torch.equal(qa, qt), f"seed {seed}"
+    assert torch.equal(sa.isnan(), st.isnan()) and torch.equal(sa[~sa.isnan()], st[~st.isnan()]), f"seed {seed}"
+    assert torch.equal(qa[~torch.isfinite(x)], torch.zeros(3, dtype=torch.int8, device=DEV))
+    C = sa.shape[1]
+    chunk_of = lambda k: k // chunk_d if chunk_d else 0  # noqa: E731
+    expect = torch.zeros(2, C, 4, dtype=torch.bool)
+    for h, m, k in ((0, 1, 3), (1, 2, 19), (1, 0, 0)):
+        expect[h, chunk_of(k), m] = True
+    assert torch.equal(sa.isnan().cpu(), expect)
+
+
+@triton.jit
+def _to_bf16(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    sc_kernel_module._store_output(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), offs < n, True)
+
+
+def test_bf16_store_keeps_every_nan_a_nan():
+    """The kernels round fp32 to bf16 by integer arithmetic. A GPU's canonical NaN 0x7FFFFFFF
+    plus the rounding increment would wrap to 0x8000 (-0.0): every NaN must stay a NaN."""
+    from labkit.workbench.guard import on_device_of
+
+    bits = torch.tensor([0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000, 0x7F800001, 0x7F800000, 0xFF800000,
+                         0x3F800000, 0x3F808000, 0x3F818000, 0x00000000], dtype=torch.int64)
+    x = bits.to(torch.int32).view(torch.float32)   # int64 -> int32 wraps: the same 32 bits
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    x = torch.cat([x, torch.randn(6, generator=g)]).to(DEV)
+    out = torch.empty(x.shape, dtype=torch.bfloat16, device=DEV)
+    with on_device_of(x=x):
+        _to_bf16[(1,)](x, out.view(torch.int16), x.numel(), BLOCK=16)
+    want = x.to(torch.bfloat16)
+    assert torch.equal(out.isnan(), want.isnan()) and out[:4].isnan().all()
+    assert torch.equal(out[~out.isnan()], want[~want.isnan()])

@@ -29,6 +29,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
+from labkit.workbench.checks import check_device
 from labkit.workbench.errors import UsageError
 
 #: Alignments the report checks, in bytes.
@@ -127,15 +128,6 @@ class _ForeignBlock:
             self.__array_interface__ = dict(desc, version=3)
 
 
-def _device(device) -> torch.device:
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    if device.type not in ("cuda", "cpu"):
-        raise ValueError(f"device: expected a CUDA device or the CPU, got {device}")
-    return device
-
-
 def _block(total: int, device: torch.device) -> tuple[torch.Tensor, int]:
     """A byte tensor holding ``total`` bytes from a 256-byte aligned start; returns (tensor, start).
     CUDA blocks are always 256-byte aligned (cudaMalloc and the caching allocator round to 512);
@@ -153,10 +145,11 @@ def allocate_raw(shapes, dtypes, device, alignment: int = ALLOCATOR_ALIGNMENT) -
 
     shapes:    a list of shapes, one per piece (no zero-size pieces)
     dtypes:    one dtype, or one per piece (all equal)
-    device:    a CUDA device or the CPU
+    device:    a CUDA device or the CPU ("cuda" is the current one); one this machine lacks is
+               refused up front, naming ``device`` (labkit.workbench.checks.check_device)
     alignment: byte alignment of every piece's offset (power of two; 256 as TransformerEngine)
     """
-    device = _device(device)
+    device = check_device("device", device)  # before torch.empty: a clear error, not torch's assert
     shapes, dtype = _normalise_request(shapes, dtypes)
     offsets, total = _plan(shapes, dtype, alignment)
     backing, start = _block(total, device)
@@ -180,7 +173,7 @@ def allocate_views(shapes, dtypes, device, alignment: int | None = None) -> Bulk
     alignment: None packs the pieces back to back, as the fix does; a power of two pads every
                offset to it, which restores the guarantee the raw allocator gave.
     """
-    device = _device(device)
+    device = check_device("device", device)  # before torch.empty: a clear error, not torch's assert
     shapes, dtype = _normalise_request(shapes, dtypes)
     offsets, total = _plan(shapes, dtype, alignment)
     isz = dtype.itemsize

@@ -19,6 +19,10 @@ Definitions (shared by the literal reference and the Triton kernel):
   has a positive mean (about +4/L), with bitrev x reversed counter a negative one (about -4/L),
   so over a long K the plain counter's error adds up (measured here: relative error 6 to 16 for
   K = 1024 to 4096 at L = 256); alternating the two cancels it pairwise (about 0.1).
+* Non-finite values. NaN and +-inf have no stream (a stream encodes a value in [-1, 1] relative
+  to a finite scale). ``finite_part`` zeroes them before the scales and the quantisation, so they
+  cannot poison the scales of their group (per_tensor: the whole matrix), and the matmul marks
+  the outputs they reach as NaN through the scale of their row / column (labkit.kernels.sc.matmul).
 * Multiplication. XNOR of the two streams, bit by bit; C = number of ones (agreements). The
   product of the two encoded values is decoded as (2C - L) / L.
 
@@ -91,6 +95,13 @@ def scales(x: torch.Tensor, reduce_dims: tuple[int, ...], sc_prec: int) -> torch
     # by the rounded reciprocal, which is not the IEEE quotient the Triton kernels compute.
     s = amax / torch.full_like(amax, qmax(sc_prec))
     return torch.where(amax > 0, s, torch.ones_like(s))
+
+
+def finite_part(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x with every NaN and +-inf replaced by 0, bool mask of those entries). Finite entries are
+    passed through unchanged, so finite inputs quantise to the same bits as without this step."""
+    nonfinite = ~torch.isfinite(x)
+    return torch.where(nonfinite, torch.zeros_like(x), x), nonfinite
 
 
 def quantize(x: torch.Tensor, s: torch.Tensor, sc_prec: int) -> torch.Tensor:

@@ -68,11 +68,14 @@ def _store_output(ptrs, acc, mask, BF16_BITS: tl.constexpr):
     """Store fp32 results in the output's element type. For bf16 the output is passed as int16
     and rounded here, to nearest even, by integer arithmetic: the interpreter's own bf16 cast
     truncates, and both tiers must give the bits of torch's ``.to(torch.bfloat16)`` (finite
-    values; inf stays inf)."""
+    values; inf stays inf). NaN (a non-finite input's flag, see labkit.kernels.sc.matmul) is stored as
+    the quiet NaN 0x7FC0: rounding its bits would not do, as a GPU's canonical fp32 NaN
+    0x7FFFFFFF plus the rounding increment wraps to 0x8000, i.e. -0.0, a silent wrong answer."""
     if BF16_BITS:
         bits = acc.to(tl.uint32, bitcast=True)
         bits = bits + 0x7FFF + ((bits >> 16) & 1)
-        tl.store(ptrs, (bits >> 16).to(tl.int16), mask=mask)
+        half = tl.where(acc == acc, bits >> 16, 0x7FC0)
+        tl.store(ptrs, half.to(tl.int16), mask=mask)
     else:
         tl.store(ptrs, acc, mask=mask)
 
@@ -188,6 +191,10 @@ def quantize_rows_kernel(
 ):
     """The per_row quantisation of a, fused: one program per row, two passes per chunk.
 
+    NaN and +-inf are left out of the scale and quantised as 0, and the (row, chunk) scale that
+    held one is stored as NaN: the flag that makes the row's outputs NaN (``encoding.finite_part``
+    and ``quantize_a_torch`` do the same in torch). One compare per element, no extra pass.
+
     Bit-identical to ``labkit.kernels.sc.matmul.quantize_a_torch`` (tested): both divide with IEEE rounding
     (``div_rn``; Triton's plain ``/`` on fp32 is an approximate division) and round half to even
     (adding and subtracting 1.5 * 2**23 does that exactly for |v| < 2**22 in fp32).
@@ -202,18 +209,24 @@ def quantize_rows_kernel(
         k_lo = c * CHUNK
         k_hi = tl.minimum(k_lo + CHUNK, K)
         amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        nonfinite = tl.zeros((BLOCK,), dtype=tl.int32)
         for k0 in range(k_lo, k_hi, BLOCK):
             k = k0 + offs
             x = tl.load(x_row + k * s_xk, mask=k < k_hi, other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.abs(x))
+            finite = tl.abs(x) < float("inf")          # False for NaN and +-inf
+            amax = tl.maximum(amax, tl.where(finite, tl.abs(x), 0.0))
+            nonfinite = tl.maximum(nonfinite, tl.where(finite, 0, 1))
         top = tl.max(amax, axis=0)
         s = tl.math.div_rn(top, tl.full((), QMAX, tl.float32))
         s = tl.where(top > 0, s, 1.0)
         for k0 in range(k_lo, k_hi, BLOCK):
             k = k0 + offs
             x = tl.load(x_row + k * s_xk, mask=k < k_hi, other=0.0).to(tl.float32)
+            x = tl.where(tl.abs(x) < float("inf"), x, 0.0)
             v = tl.math.div_rn(x, tl.zeros_like(x) + s)
             v = (v + 12582912.0) - 12582912.0          # round half to even
             v = tl.minimum(tl.maximum(v, -QMAX), QMAX)
             tl.store(q_row + k, v.to(tl.int8), mask=k < k_hi)
-        tl.store(s_ptr + (h * NUM_CHUNKS + c).to(tl.int64) * M + m, s * SA_FACTOR)
+        flagged = tl.max(nonfinite, axis=0) > 0
+        tl.store(s_ptr + (h * NUM_CHUNKS + c).to(tl.int64) * M + m,
+                 tl.where(flagged, float("nan"), s * SA_FACTOR))

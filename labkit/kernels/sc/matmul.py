@@ -17,6 +17,20 @@ Options (the seed story's run used sc_prec=8, stoc_len=256, "halve", "bitrev", p
 out = sum over chunks c of S_c * (s_a,c * Q * Q / L) * s_b,c, where S_c sums (2 C - L) over the
 chunk's K and C counts the agreeing bits of the two streams. Everything that decides bits is
 integer or exact IEEE arithmetic, so the same inputs give the same bits on any GPU.
+
+Non-finite inputs (NaN, +-inf): out[i, j] is NaN exactly when row i of a or column j of b holds
+a NaN or an inf; every other output is what the same inputs give with those entries set to 0.
+Quantisation alone would turn a NaN into some finite level (a silent wrong answer), so the
+non-finite entries are left out of the scales and quantised as 0 (``encoding.finite_part``) and
+the scale of every (row, chunk) of a and (chunk, column) of b that held one is stored as NaN:
+each output is a sum of counts * (sa * sb) over chunks, so that NaN reaches exactly the outputs
+of the row / column, in every launch path and in the reference, at no cost in the product
+kernels. inf gives NaN rather than torch's +-inf: the sign (or NaN, for inf * 0 or inf - inf)
+of torch's result depends on the signs of the other operand's entries along K, which would take
+a second product to work out; NaN says "no meaningful value" and is never a finite wrong answer.
+The check is device-side (no host sync): a compare per element in the fused quantisation of a,
+an isfinite pass plus a where over b (once per ``prepare_b``) and over a for the other
+granularities.
 """
 from __future__ import annotations
 
@@ -107,12 +121,15 @@ def quantize_a_torch(a3: torch.Tensor, cfg: SCConfig):
     chunk, C = _chunking(K, cfg)
     # Zero padding never raises an amax; the padded part is cut off again after quantising.
     av = torch.nn.functional.pad(a3.float(), (0, C * chunk - K)).view(H, M, C, chunk)
+    av, nonfinite = encoding.finite_part(av)        # NaN / inf: left out here, flagged in sa below
     dims = {"per_tensor": (0, 1, 3), "per_row": (3,), "per_head": (1, 3)}[cfg.granularity]
     s = encoding.scales(av, dims, cfg.sc_prec)                                   # [H|1, M|1, C, 1]
     qa = encoding.quantize(av, s, cfg.sc_prec).view(H, M, C * chunk)[:, :, :K].contiguous()
     Q = encoding.qmax(cfg.sc_prec)
-    sa = (s * (Q * Q / cfg.stoc_len)).expand(H, M, C, 1)[..., 0].permute(0, 2, 1).contiguous()
-    return qa, sa
+    sa = (s * (Q * Q / cfg.stoc_len)).expand(H, M, C, 1)[..., 0]                # [H, M, C]
+    # The non-finite flag of each (row, chunk): a NaN scale makes the row's outputs NaN.
+    sa = torch.where(nonfinite.any(dim=3), torch.full_like(sa, float("nan")), sa)
+    return qa, sa.permute(0, 2, 1).contiguous()
 
 
 def quantize_a(a3: torch.Tensor, cfg: SCConfig):
@@ -133,9 +150,12 @@ def quantize_a(a3: torch.Tensor, cfg: SCConfig):
 
 @dataclasses.dataclass(frozen=True)
 class PreparedB:
-    """b quantised once (a layer's weight): reuse it for every product with the same options."""
+    """b quantised once (a layer's weight): reuse it for every product with the same options.
+
+    sb carries b's non-finite flag: NaN in each (chunk, column) that held a NaN or an inf (whose
+    entries are quantised as 0), so every product with this b has those output columns NaN."""
     qb: torch.Tensor      # [H, K, N] int8, N contiguous
-    sb: torch.Tensor      # [H, C, N] fp32
+    sb: torch.Tensor      # [H, C, N] fp32; NaN where the column's chunk holds a non-finite value
     cfg: SCConfig
     squeeze: bool         # b was 2-D
 
@@ -156,10 +176,13 @@ def prepare_b(b: torch.Tensor, **options) -> PreparedB:
         H, K, N = b3.shape
         chunk, C = _chunking(K, cfg)
         bv = torch.nn.functional.pad(b3.float(), (0, 0, 0, C * chunk - K)).view(H, C, chunk, N)
+        bv, nonfinite = encoding.finite_part(bv)    # NaN / inf: left out here, flagged in sb below
         dims = {"per_tensor": (0, 2, 3), "per_row": (2,), "per_head": (2, 3)}[cfg.granularity]
         s = encoding.scales(bv, dims, cfg.sc_prec)                               # [H|1, C, 1, N|1]
         qb = encoding.quantize(bv, s, cfg.sc_prec).view(H, C * chunk, N)[:, :K, :].contiguous()
-        sb = s.expand(H, C, 1, N)[:, :, 0, :].contiguous()
+        sb = s.expand(H, C, 1, N)[:, :, 0, :]                                    # [H, C, N]
+        # The non-finite flag of each (chunk, column): a NaN scale makes the column's outputs NaN.
+        sb = torch.where(nonfinite.any(dim=2), torch.full_like(sb, float("nan")), sb).contiguous()
     return PreparedB(qb, sb, cfg, b.dim() == 2)
 
 
@@ -250,6 +273,9 @@ def sc_matmul(a: torch.Tensor, b: torch.Tensor, *, sc_prec: int = 8, stoc_len: i
               granularity: str = "per_row", chunk_d: int = 0, a_seq: str = "bitrev",
               b_seq: str = "counter_alt", halve: bool = False) -> torch.Tensor:
     """SC product of a [M, K] @ b [K, N] (or [H, M, K] @ [H, K, N]); fp32 sums, output in a.dtype.
+
+    out[i, j] is NaN where row i of a or column j of b holds a NaN or +-inf (see the module
+    docstring); the other outputs are unaffected by those entries.
 
     Runs on the device of a and b (never the current device), under labkit's device guard.
     """
