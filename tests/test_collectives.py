@@ -263,3 +263,22 @@ def test_the_explorer_runs_an_in_place_form():
 
     text = widgets.collective_report("two_shot_ce_in_place", 300, 2, [], live_world=True)
     assert "two_shot_ce_in_place on 2 ranks, 300 bf16 elements: correct on 2 of 2 ranks, pads back at zero on 2 of 2" in text, text
+
+
+def test_headline_table_takes_labkits_best_against_each_baseline():
+    from labkit.labs.collectives import plots
+
+    def rec(impl, op, nbytes, us, bw):
+        return {"kind": "sweep", "impl": impl, "op": op, "world_size": 2, "bytes": nbytes, "us": us,
+                "graph_us": us / 2, "busbw_GBps": bw, "graph_busbw_GBps": bw * 2}
+
+    recs = [rec("labkit_one_shot", "all_reduce", 4096, 9.0, 1.0), rec("labkit_two_shot", "all_reduce", 4096, 12.0, 1.0),
+            rec("nccl", "all_reduce", 4096, 20.0, 1.0), rec("torch_one_shot", "all_reduce", 4096, 8.0, 1.0),
+            rec("labkit_two_shot", "all_reduce", 1 << 28, 800.0, 300.0),
+            rec("labkit_two_shot_ce_in_place", "all_reduce", 1 << 28, 700.0, 350.0),
+            rec("nccl", "all_reduce", 1 << 28, 900.0, 290.0)]
+    text = plots.headline_markdown(recs)
+    assert "| all_reduce 4 KiB | 9.0 µs / 4.5 µs | 20.0 µs / 10.0 µs | 8.0 µs / 4.0 µs |" in text
+    assert "| all_reduce 256 MiB | 350 GB/s / 700 GB/s | 290 GB/s / 580 GB/s | – / – |" in text
+    assert "1 MiB" not in text and "reduce_scatter" not in text  # sizes and ops the sweep lacks
+    assert plots.headline_markdown([]) == "(no sweep records)"

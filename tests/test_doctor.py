@@ -53,3 +53,17 @@ def test_peer_matrix_text_for_two_gpus():
                                    "multiprocessors": 132}] * 2, peer_access=[[False, True], [True, False]])
     text = doctor.format_text(rep)
     assert "peer access (row can reach column):" in text and "yes" in text
+
+
+def test_l2_size_comes_from_the_device_properties():
+    """The L2 size is read, never typed (an H200's is not 60 MB): the doctor prints what the
+    device reports, and says nothing for reports recorded before it read it."""
+    from labkit.workbench.hardware import Hardware
+
+    assert Hardware.fake(1, l2_mb=52.4).gpus[0].l2_mb == 52.4
+    rep = doctor.collect()
+    rep.update(gpu_count=1, gpus=[{"name": "NVIDIA H200", "capability": [9, 0], "memory_gib": 140.0,
+                                   "multiprocessors": 132, "l2_mb": 52.4}], peer_access=[[False]])
+    assert "132 SMs, 52.4 MB L2" in doctor.format_text(rep)
+    del rep["gpus"][0]["l2_mb"]
+    assert "MB L2" not in doctor.format_text(rep)

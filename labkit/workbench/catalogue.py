@@ -104,8 +104,7 @@ def get(lab_id: str) -> Lab:
 def capability(lab: Lab, hw: hardware.Hardware | None = None) -> dict:
     """What the lab can do on this machine: 'full', 'partial' (with the parts skipped), 'planned'."""
     if lab.status not in ("ready", "draft"):
-        where = f"issue {lab.issue}" if lab.issue else "no issue yet"
-        return {"lab": lab.id, "can": "planned", "detail": f"not written yet ({where})", "skipped": []}
+        return {"lab": lab.id, "can": "planned", "detail": "not written yet", "skipped": []}
     skipped = []
     for part in lab.parts:
         g = gates.requires(hw=hw, **part.needs)
@@ -121,8 +120,7 @@ def markdown_table() -> str:
     rows = ["| notebook | the bug | seed story | GPUs | CPU tier shows | status |",
             "|---|---|---|---|---|---|"]
     for lab in LABS:
-        status = {"ready": "ready", "draft": f"draft (issue {lab.issue} open)"}.get(
-            lab.status, f"planned (issue {lab.issue})" if lab.issue else "planned")
+        status = lab.status  # a status word only: issue numbers stay in the catalogue
         rows.append(f"| `{lab.notebook}` | {lab.bug} | `{lab.seed}` | {lab.gpus} | {lab.cpu_tier} | {status} |"
                     if lab.seed.endswith(".txt") else
                     f"| `{lab.notebook}` | {lab.bug} | {lab.seed} | {lab.gpus} | {lab.cpu_tier} | {status} |")

@@ -1,7 +1,7 @@
 """``labkit doctor``: what this machine is and what each lab can do on it.
 
 Reports versions (torch, triton, CUDA, NCCL, accelerate, ...), the execution tier, every GPU
-(name, compute capability, memory, multiprocessors), the peer-access matrix, the NVLink
+(name, compute capability, memory, multiprocessors, L2 size), the peer-access matrix, the NVLink
 topology where ``nvidia-smi`` exists, whether symmetric memory and multicast-off are in place,
 and for each lab whether it runs fully, partly (which parts are skipped, and why) or is planned.
 """
@@ -61,7 +61,8 @@ def format_text(rep: dict) -> str:
              f"GPUs: {rep['gpu_count']}"]
     for i, g in enumerate(rep["gpus"]):
         cap = ".".join(map(str, g["capability"]))
-        lines.append(f"  [{i}] {g['name']}, capability {cap}, {g['memory_gib']} GiB, {g['multiprocessors']} SMs")
+        l2 = f", {g['l2_mb']:g} MB L2" if g.get("l2_mb") else ""  # reports made before l2_mb lack it
+        lines.append(f"  [{i}] {g['name']}, capability {cap}, {g['memory_gib']} GiB, {g['multiprocessors']} SMs{l2}")
     if rep["gpu_count"] > 1:
         lines.append("peer access (row can reach column):")
         n = rep["gpu_count"]

@@ -71,7 +71,7 @@ def stamp(command: str | None = None) -> dict:
         "tier": tier.TIER,
         "interpreter": tier.interpreted(),
         "gpus": [{"name": g.name, "capability": list(g.capability), "memory_gib": g.memory_gib,
-                  "multiprocessors": g.multiprocessors} for g in hw.gpus],
+                  "multiprocessors": g.multiprocessors, "l2_mb": g.l2_mb} for g in hw.gpus],
         "versions": versions(),
         "command": command if command is not None else shlex.join([sys.executable] + sys.argv),
         "git_commit": git_commit(),

@@ -22,6 +22,7 @@ class GPU:
     capability: tuple[int, int]
     memory_gib: float
     multiprocessors: int
+    l2_mb: float = 0.0   # L2 cache, MB (10**6 bytes), from the device properties (L2_cache_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,9 +42,9 @@ class Hardware:
 
     @classmethod
     def fake(cls, gpus: int = 0, name: str = "NVIDIA H200", capability=(9, 0),
-             memory_gib: float = 140.0, peer: bool = True) -> "Hardware":
+             memory_gib: float = 140.0, peer: bool = True, l2_mb: float = 52.4) -> "Hardware":
         """A made-up machine, for tests of code that decides from hardware."""
-        g = tuple(GPU(i, name, tuple(capability), memory_gib, 132) for i in range(gpus))
+        g = tuple(GPU(i, name, tuple(capability), memory_gib, 132, l2_mb) for i in range(gpus))
         p = tuple(tuple(peer and i != j for j in range(gpus)) for i in range(gpus))
         return cls(g, p)
 
@@ -57,7 +58,7 @@ def snapshot() -> Hardware:
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
         gpus.append(GPU(i, p.name, (p.major, p.minor), round(p.total_memory / 2**30, 1),
-                        p.multi_processor_count))
+                        p.multi_processor_count, round(getattr(p, "L2_cache_size", 0) / 1e6, 1)))
     n = len(gpus)
     peer = tuple(tuple(i != j and torch.cuda.can_device_access_peer(i, j) for j in range(n))
                  for i in range(n))

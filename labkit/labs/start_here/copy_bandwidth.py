@@ -1,8 +1,8 @@
 """The start-here lab's measurement: the Triton copy kernel against ``torch.Tensor.copy_``.
 
 A copy reads and writes every byte once, so its speed is memory bandwidth: GB/s here counts
-bytes read plus bytes written (2 x size). Small sizes fit in L2 (50 MB on an H100, 60 MB on an
-H200) and measure the cache and launch overhead rather than HBM; the plot marks that region.
+bytes read plus bytes written (2 x size). Small sizes fit in L2 (its size is in ``labkit doctor``,
+read from the device's ``L2_cache_size``) and measure the cache and launch overhead rather than HBM.
 """
 from __future__ import annotations
 
