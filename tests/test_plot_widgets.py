@@ -112,3 +112,36 @@ def test_copy_bandwidth_plot_has_your_run_and_references(tmp_path):
     assert "reference h200x2" in fig.texts[-1].get_text()
     fig_empty = copy_bandwidth.plot_copy_bandwidth(mine, env.stamp(), {})
     assert not fig_empty.axes[1].lines and "no graph timings" in fig_empty.axes[1].texts[0].get_text()
+
+
+def test_panels_put_the_readers_run_first_and_label_every_reference(tmp_path):
+    for machine in ("h200x2", "h100x1"):
+        results.write_results(tmp_path / machine / "lab.json", "lab", [{"x": 1, "y": 2.0}], generator="t")
+    live = [{"x": 1, "y": 3.0}]
+    got = results.panels("lab", live, reference_dir=tmp_path)
+    assert [(p.title, p.machine, p.live) for p in got] == [
+        ("your run (live)", None, True),
+        ("reference h100x1 (RECORDED, not this machine)", "h100x1", False),
+        ("reference h200x2 (RECORDED, not this machine)", "h200x2", False)]
+    assert got[0].records == live and got[2].records == [{"x": 1, "y": 2.0}]
+    only = results.panels("lab", None, machines=["h200x2"], reference_dir=tmp_path)
+    assert [p.machine for p in only] == ["h200x2"]
+    assert results.panels("other", None, reference_dir=tmp_path) == []
+
+
+def test_beside_draws_a_row_per_panel_and_captions_every_source(tmp_path):
+    results.write_results(tmp_path / "ref" / "h200x2" / "lab.json", "lab", [{"x": 1, "y": 2.0}], generator="t")
+    got = results.panels("lab", [{"x": 1, "y": 3.0}], reference_dir=tmp_path / "ref")
+    drawn = []
+
+    def draw(axes, panel):
+        drawn.append(panel.title)
+        for ax in axes:
+            ax.plot([r["x"] for r in panel.records], [r["y"] for r in panel.records], label=panel.title)
+
+    fig = plot.beside(got, draw, "lab_fig", tmp_path, stamp=env.stamp(), ncols=2)
+    assert drawn == [p.title for p in got]
+    assert len(fig.axes) == 4 and (tmp_path / "lab_fig.png").exists()
+    text = fig.texts[-1].get_text()
+    assert text.startswith("your run: ") and "reference h200x2" in text
+    assert plot.beside([], draw, "none", tmp_path) is None

@@ -94,6 +94,28 @@ def show(fig) -> bool:
     return True
 
 
+def beside(panels, draw, name: str, folder: str | Path | None = None, *, stamp: dict | None = None,
+           ncols: int = 1, width: float = 6.4, height: float = 4.2, suptitle: str | None = None):
+    """The reader's run beside the recorded references: one row of ``ncols`` axes per panel
+    (``labkit.workbench.results.panels``), ``draw(axes, panel)`` fills a row (``axes`` is a list,
+    or one axis when ncols == 1), the caption names the machine and versions of every source, and
+    the figure is saved as ``name``.png and shown once. Returns the figure, or None without panels.
+
+    stamp: the reader's environment (``labkit.workbench.env.stamp()``), captioned when a panel is live."""
+    if not panels:
+        return None
+    fig, grid = plt.subplots(len(panels), ncols, figsize=(width * ncols, height * len(panels)), squeeze=False)
+    for row, panel in zip(grid, panels):
+        draw(list(row) if ncols > 1 else row[0], panel)
+    if suptitle:
+        fig.suptitle(suptitle, fontsize=10)
+    refs = {p.machine: p.result_set for p in panels if p.result_set is not None}
+    fig.tight_layout()
+    caption(fig, stamp if any(p.live for p in panels) else None, refs)  # leaves room below the axes
+    save(fig, name, folder)
+    return fig
+
+
 def new_figure(ncols: int = 1, width: float = 6.4, height: float = 4.2):
     fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
     return fig, list(axes[0])

@@ -126,6 +126,34 @@ def load_references(lab: str, reference_dir: str | os.PathLike | None = None) ->
     return found
 
 
+@dataclasses.dataclass
+class Panel:
+    """One source of records for a figure or table: the reader's run, or a reference machine."""
+
+    title: str           # "your run (live)" or "reference h200x2 (RECORDED, not this machine)"
+    records: list[dict]
+    machine: str | None  # None for the reader's run
+    result_set: ResultSet | None = None  # the reference file, for captions (None for the live run)
+
+    @property
+    def live(self) -> bool:
+        return self.machine is None
+
+
+def panels(lab: str, live_records: list[dict] | None = None, machines: Iterable[str] = (),
+           reference_dir: str | os.PathLike | None = None) -> list[Panel]:
+    """The reader's run (when there is one), then each reference machine's records for ``lab``,
+    titled so that a recorded result is never mistaken for this machine's.
+
+    machines: reference machines to keep (empty: all); a notebook's REFERENCE_MACHINES."""
+    keep = set(machines)
+    out = [Panel("your run (live)", list(live_records), None)] if live_records is not None else []
+    for machine, rs in load_references(lab, reference_dir).items():
+        if not keep or machine in keep:
+            out.append(Panel(f"reference {machine} (RECORDED, not this machine)", rs.records, machine, rs))
+    return out
+
+
 def output_dir(name: str | None = None) -> Path:
     """The folder this notebook or script writes figures and results to (created if needed).
 
