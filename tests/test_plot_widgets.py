@@ -145,3 +145,23 @@ def test_beside_draws_a_row_per_panel_and_captions_every_source(tmp_path):
     text = fig.texts[-1].get_text()
     assert text.startswith("your run: ") and "reference h200x2" in text
     assert plot.beside([], draw, "none", tmp_path) is None
+
+
+def test_copy_plot_draws_the_datasheet_ceiling_and_the_headline_reads_the_reference(tmp_path):
+    from labkit.labs.start_here import copy_bandwidth
+    from labkit.workbench.results import ResultSet
+
+    env_h200 = {"gpus": [{"name": "NVIDIA H200"}], "machine": "h200x1", "created": "2026-11-23",
+                "versions": {"torch": "2.11.0", "triton": "3.6.0"}, "interpreter": False}
+    recs = [{"impl": i, "method": "cuda_graph", "bytes": 1 << 30, "GBps": g}
+            for i, g in (("triton copy", 4000.0), ("torch.copy_", 2800.0))]
+    refs = {"h200x1": ResultSet("workbench", "t", env_h200, recs, tmp_path / "w.json")}
+    fig = copy_bandwidth.plot_copy_bandwidth([], env.stamp(), refs)
+    ceilings = [line for line in fig.axes[1].lines if "datasheet" in line.get_label()]
+    assert len(ceilings) == 1 and ceilings[0].get_ydata()[0] == 4800.0
+    text = copy_bandwidth.headline(refs)
+    assert text == ("RECORDED h200x1: labkit's Triton copy moves 4,000 GB/s at 1024 MiB under graph replay "
+                    "(torch.copy_: 2,800), 83% of the H200 datasheet HBM peak")
+    unknown = {"x": ResultSet("workbench", "t", {"gpus": [{"name": "NVIDIA B200"}]}, recs, tmp_path / "x.json")}
+    assert "datasheet" not in copy_bandwidth.headline(unknown)
+    assert copy_bandwidth.headline({}) is None

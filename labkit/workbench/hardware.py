@@ -49,6 +49,17 @@ class Hardware:
         return cls(g, p)
 
 
+#: HBM bandwidth from NVIDIA's datasheets, TB/s, by the name the device reports. A ceiling to
+#: draw on plots, labelled as a datasheet figure: never a measurement. (H100 SXM5 80GB: 3.35 TB/s,
+#: H100 datasheet; H200 SXM 141GB: 4.8 TB/s, H200 datasheet.)
+DATASHEET_HBM_TBPS = {"NVIDIA H100 80GB HBM3": 3.35, "NVIDIA H200": 4.8}
+
+
+def datasheet_hbm_tbps(gpu_name: str) -> float | None:
+    """The datasheet HBM bandwidth of a GPU by its reported name, or None when not listed."""
+    return DATASHEET_HBM_TBPS.get(gpu_name)
+
+
 @functools.lru_cache(maxsize=1)
 def snapshot() -> Hardware:
     """This machine's GPUs and peer matrix (cached; no CUDA context is created for the matrix)."""

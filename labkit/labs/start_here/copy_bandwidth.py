@@ -81,6 +81,36 @@ _PANELS = (("launched from Python", ("cuda_events", "cpu_clock")), ("CUDA-graph 
 _STYLE = {"torch.copy_": ("o", "--"), "triton copy": ("s", "-")}
 
 
+def _datasheet_peak(env: dict) -> tuple[str, float] | None:
+    """(GPU name, datasheet HBM TB/s) of the machine a results file was made on, if listed."""
+    from labkit.workbench.hardware import datasheet_hbm_tbps
+
+    gpus = env.get("gpus") or []
+    name = gpus[0]["name"] if gpus else None
+    peak = datasheet_hbm_tbps(name) if name else None
+    return (name.replace("NVIDIA ", ""), peak) if peak else None
+
+
+def headline(refs: dict) -> str | None:
+    """One line for the notebook's first screen: the Triton copy at the largest recorded size
+    under graph replay, against torch.copy_ and the HBM datasheet peak, per reference machine."""
+    lines = []
+    for machine, rs in sorted(refs.items()):
+        graph = [r for r in rs.records if r.get("method") == "cuda_graph" and r.get("GBps")]
+        if not graph:
+            continue
+        top = max(r["bytes"] for r in graph)
+        at = {r["impl"]: r["GBps"] for r in graph if r["bytes"] == top}
+        if "triton copy" not in at:
+            continue
+        peak = _datasheet_peak(rs.env)
+        share = f", {at['triton copy'] / (peak[1] * 1e3):.0%} of the {peak[0]} datasheet HBM peak" if peak else ""
+        vs = f" (torch.copy_: {at['torch.copy_']:,.0f})" if "torch.copy_" in at else ""
+        lines.append(f"RECORDED {machine}: labkit's Triton copy moves {at['triton copy']:,.0f} GB/s at "
+                     f"{top >> 20} MiB under graph replay{vs}{share}")
+    return "\n".join(lines) or None
+
+
 def plot_copy_bandwidth(records: list[dict], yours: dict, refs: dict):
     """Two panels (eager launches | graph replays): GB/s against size, your run beside references.
 
@@ -92,6 +122,7 @@ def plot_copy_bandwidth(records: list[dict], yours: dict, refs: dict):
     fig, axes = plot.new_figure(ncols=2, width=5.6, height=4.4)
     sources = [("your run", records, "black")] + [
         (f"reference {m}", rs.records, c) for (m, rs), c in zip(sorted(refs.items()), ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:red"))]
+    peaks = [_datasheet_peak(rs.env) for _, rs in sorted(refs.items())]
     for ax, (title, methods) in zip(axes, _PANELS):
         for label, recs, color in sources:
             for impl, (marker, style) in _STYLE.items():
@@ -99,6 +130,10 @@ def plot_copy_bandwidth(records: list[dict], yours: dict, refs: dict):
                 if pts:
                     ax.plot(*zip(*pts), marker=marker, linestyle=style, color=color, alpha=1 if label == "your run" else 0.7,
                             label=f"{label}: {impl}")
+        for (label, _, color), peak in zip(sources[1:], peaks):
+            if peak:  # the ceiling: a copy cannot beat HBM (GB/s counts read + written bytes)
+                ax.axhline(peak[1] * 1e3, color=color, linestyle=":", linewidth=1,
+                           label=f"HBM peak, {peak[0]} datasheet: {peak[1]:g} TB/s")
         plot.bytes_axis(ax, "x")
         ax.set_yscale("log")
         ax.set_xlabel("tensor size")
