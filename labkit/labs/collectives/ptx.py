@@ -48,6 +48,10 @@ def ptx_summary(algorithm: str, world: int = 4, sem: int = 0, dtype: str = "bf16
             "vector_stores": any("st.global.v4" in line for line in ptx.splitlines())}
 
 
-def summarize_all(worlds=(2, 8)) -> list[dict]:
-    """``ptx_summary`` for every kernel, world size in ``worlds`` and both memory orders."""
-    return [ptx_summary(a, w, sem) for a in SIGNATURES for w in worlds for sem in (0, 1)]
+def summarize_all(worlds=(2, 8), algorithms=None) -> list[dict]:
+    """``ptx_summary`` for every kernel (or those named in ``algorithms``), world size in
+    ``worlds`` and both memory orders."""
+    for a in algorithms or ():
+        if a not in SIGNATURES:
+            raise ValueError(f"algorithms: {a!r} is not one of {list(SIGNATURES)}")
+    return [ptx_summary(a, w, sem) for a in (algorithms or SIGNATURES) for w in worlds for sem in (0, 1)]
