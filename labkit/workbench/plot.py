@@ -53,7 +53,9 @@ def caption(fig, yours: dict | None = None, refs: dict | None = None) -> str:
     text = "\n".join(lines)
     if text:
         fig.text(0.01, 0.005, text, fontsize=7, va="bottom", ha="left", color="0.3")
-        fig.subplots_adjust(bottom=0.16 + 0.035 * len(lines))
+        # the margin in inches (x-axis labels, then one line per source), whatever the figure's
+        # height: a tall figure of many rows keeps a caption-sized margin, not a share of itself
+        fig.subplots_adjust(bottom=min(0.5, (0.67 + 0.15 * len(lines)) / fig.get_figheight()))
     return text
 
 
