@@ -93,3 +93,61 @@ def test_gemm_and_sanitizer_tables():
             "corrupted_elems": None, "wrong_sum": None, "report": "detected 1 errors"}]
     table = stream_plots.sanitizer_markdown(san)
     assert "| raw | 1 | 0 | 1 |" in table and "| missing wait_stream (control) | 1 | 1 | 0 | detected 1 errors |" in table
+
+
+def _gemm_records(quartiles: bool):
+    recs = []
+    for impl in ("torch", "triton"):
+        for o, tf, r in ((0, 800.0, 1.0), (2, 130.0, 6.0), (16, 700.0, 1.15)):
+            rec = {"kind": "gemm_alignment", "impl": impl, "operands": "all", "offset_bytes": o, "tflops": tf,
+                   "time_vs_aligned": r, "max_rel_err": 1e-3, "m": 8, "n": 8, "k": 8, "dtype": "bfloat16"}
+            if quartiles:
+                rec.update(time_vs_aligned_p25=r * 0.95, time_vs_aligned_p75=r * 1.05)
+            recs.append(rec)
+    return recs
+
+
+@pytest.mark.parametrize("quartiles", [False, True])
+def test_gemm_plot_is_paired_ratios_against_aligned_with_a_line_at_one(quartiles):
+    recs = _gemm_records(quartiles)
+    series = stream_plots.gemm_ratio_series(recs)
+    assert [row["ratio"] for row in series[("torch", "all")]] == [1.0, 6.0, 1.15]
+    assert series[("torch", "all")][0]["tflops_aligned"] == 800.0
+    fig, ax = plt.subplots()
+    stream_plots.plot_gemm_alignment(recs, ax, "t")
+    heights = sorted(round(p.get_height(), 6) for p in ax.patches)
+    assert heights == sorted(round(r["time_vs_aligned"], 6) for r in recs)  # the ratios, not TFLOP/s
+    assert any(list(line.get_ydata()) == [1.0, 1.0] for line in ax.get_lines())
+    label = ax.get_ylabel()
+    assert ("whiskers p25-p75" in label) == quartiles and ("quartiles not recorded" in label) == (not quartiles)
+    assert any("800 TFLOP/s" in t.get_text() for t in ax.get_legend().get_texts())
+    plt.close(fig)
+
+
+def test_alloc_plot_marks_the_seed_story_numbers_as_such():
+    recs = [{"kind": "alloc_time", "allocator": a, "groups": 64, "us": us, "us_p25": us * 0.9, "us_p75": us * 1.1}
+            for a, us in (("views", 80.0), ("raw", 450.0))]
+    fig, ax = plt.subplots()
+    stream_plots.plot_alloc_time(recs, ax, "t")
+    seed_lines = [line for line in ax.get_lines() if stream_plots.SEED_LABEL in line.get_label()]
+    assert sorted(line.get_xdata()[0] for line in seed_lines) == sorted(
+        [stream_plots.SEED_VIEWS_US, stream_plots.SEED_BULK_ALLOCATE_US])
+    assert ax.get_xlim()[1] > max(r["us_p75"] for r in recs)  # the labels after the whiskers fit
+    plt.close(fig)
+    fig, ax = plt.subplots()
+    stream_plots.plot_alloc_time(recs, ax, "t", seed=False)
+    assert not [line for line in ax.get_lines() if stream_plots.SEED_LABEL in line.get_label()]
+    plt.close(fig)
+
+
+def test_of_kind_keeps_panels_with_records_of_that_kind():
+    from labkit.workbench.results import Panel
+
+    panels = [Panel("your run (live)", [{"kind": "race", "allocator": "raw"}], None),
+              Panel("reference x (RECORDED, not this machine)", [{"kind": "alloc_time", "allocator": "raw"},
+                                                                 {"kind": "timeline", "allocator": "views"}], "x")]
+    assert [p.title for p in stream_plots.of_kind(panels, "race")] == ["your run (live)"]
+    kept = stream_plots.of_kind(panels, "timeline", allocators=("views",))
+    assert [p.machine for p in kept] == ["x"] and kept[0].records == [{"kind": "timeline", "allocator": "views"}]
+    assert stream_plots.of_kind(panels, "timeline", allocators=("raw",)) == []
+    assert len(panels[1].records) == 2  # the panels given are not changed

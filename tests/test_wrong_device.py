@@ -111,3 +111,49 @@ def test_matrix_cell_report_labels_recorded_cells():
     assert "no recorded reference" in widgets.matrix_cell_report("triton_launch", False, False, ref, live=False)
     with pytest.raises(ValueError, match="patterns: 'nope'"):
         wd.device_matrix(["nope"])
+
+
+def test_sc_speed_plot_draws_the_hbm_floor_only_from_a_measured_bandwidth():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.labs.wrong_device import sc_plots
+
+    workbench = [{"impl": "torch.copy_", "bytes": 1 << 20, "GBps": 400.0},
+                 {"impl": "torch.copy_", "bytes": 1 << 30, "GBps": 4000.0},
+                 {"impl": "triton copy", "bytes": 1 << 31, "GBps": 9000.0}]
+    assert sc_plots.copy_bandwidth(workbench) == (4000.0, 1 << 30)  # the largest torch copy, not the fastest
+    assert sc_plots.copy_bandwidth([]) is None
+    assert sc_plots.hbm_floor_us(1000, 2000, 4000.0) == pytest.approx(1000 * 2000 / 4000e9 * 1e6)  # bytes / (bytes per s) in µs
+    recs = [{"layer": "down", "M": 1, "K": 1000, "N": 2000, "impl": impl, "us": us, "ratio_vs_bf16": us / 10.0,
+             "method": "cuda_graph"} for impl, us in (("bf16 matmul", 10.0), ("sc_matmul", 70.0))]
+    fig, ax = plt.subplots()
+    sc_plots.plot_speed(ax, {"with": recs, "without": recs}, bandwidths={"with": (4000.0, "a test")})
+    floors = [c for c in ax.collections if "HBM floor" in str(c.get_label())]
+    assert len(floors) == 1
+    (seg,) = floors[0].get_segments()
+    assert seg[0][1] == pytest.approx(sc_plots.hbm_floor_us(1000, 2000, 4000.0) / 10.0)
+    plt.close(fig)
+
+
+def test_table_error_figure_shares_one_scale_and_its_titles_do_not_overlap():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.labs.wrong_device import sc_plots
+
+    fig = sc_plots.table_error_figure(sc_prec=4, stoc_len=32)
+    fig.canvas.draw()
+    axes = [ax for ax in fig.axes if ax.get_images()]
+    assert len(axes) == 3 and len({ax.get_images()[0].get_clim() for ax in axes}) == 1
+    renderer = fig.canvas.get_renderer()
+    boxes = [ax.title.get_window_extent(renderer) for ax in axes]
+    for left, right in zip(boxes, boxes[1:]):
+        assert left.x1 <= right.x0, "neighbouring titles overlap"
+    ylabels = [ax.yaxis.label.get_window_extent(renderer) for ax in axes if ax.get_ylabel()]
+    assert len(ylabels) == 1  # only the first panel names the shared y axis
+    plt.close(fig)

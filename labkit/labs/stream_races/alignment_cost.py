@@ -103,7 +103,8 @@ def gemm_alignment(m: int = 8192, n: int = 8192, k: int = 8192, offsets=OFFSETS,
                          "m": m, "n": n, "k": k, "dtype": str(dtype).replace("torch.", ""),
                          "ptr_mod_256": [t.data_ptr() % 256 for t in (a, b, c)],
                          **timing.as_dict(), "tflops": tmm.flops(m, n, k) / timing.median_us / 1e6,
-                         "time_vs_aligned": cmp.ratio(off), "max_rel_err": err,
+                         "time_vs_aligned": cmp.ratio(off), "time_vs_aligned_p25": cmp.ratio_iqr(off)[0],
+                         "time_vs_aligned_p75": cmp.ratio_iqr(off)[1], "max_rel_err": err,
                          "allocator": None, "trial": None, "corrupted_elems": None})
         del candidates, tensors
     return rows

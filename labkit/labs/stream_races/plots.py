@@ -2,10 +2,22 @@
 streams`` or of a live run: the same functions draw the reader's run and the reference."""
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 
 COLORS = {"raw": "tab:red", "views": "tab:orange", "views+record_stream": "tab:green"}
+
+
+def of_kind(panels: list, kind: str, allocators=None) -> list:
+    """The panels (``labkit.workbench.results.panels``) keeping only their records of ``kind`` (and
+    of the given allocators); panels left with no record are dropped."""
+    out = []
+    for p in panels:
+        recs = [r for r in p.records if r.get("kind") == kind and (allocators is None or r.get("allocator") in allocators)]
+        if recs:
+            out.append(dataclasses.replace(p, records=recs))
+    return out
 
 
 def race_summary(records: list[dict], kind: str = "race") -> list[dict]:
@@ -97,7 +109,8 @@ def plot_timeline(tl: dict, ax, title: str) -> None:
     w0, w1 = sp["write"]
     ax.broken_barh([(w0, max(w1 - w0, 0.02))], (0.6, 0.8), color="tab:purple")
     ax.plot([sp["owner_free_requested"]], [3.0], "kx", markersize=9, label="owner freed (free_requested)")
-    ax.annotate(f"write {w0:.2f}-{w1:.2f} ms", (w0, 1.45), fontsize=8, color="tab:purple", ha="right")
+    ax.annotate(f"write {w0:.2f}-{w1:.2f} ms ", (w0, 1.45), fontsize=8, color="tab:purple", ha="right",
+                va="top")  # below the fresh bar, left of the write
     ax.set_yticks([1, 2, 3], ["side stream writes\nthe owner's block (GPU)",
                               "fresh tensor's block:\n" + ("SAME block" if same else "another block"),
                               "owner's block held\nfor the owner (allocator)"], fontsize=8)
@@ -105,43 +118,98 @@ def plot_timeline(tl: dict, ax, title: str) -> None:
     ax.set_xlim(0, sp["end"] * 1.05)
     src = "the allocator's trace" if sp["from_allocator_trace"] else "host marks (no times in the trace)"
     ax.set_xlabel(f"ms since the trial began\n(blocks: {src}; write: CUDA events)", fontsize=8)
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="lower left")  # the empty corner: bars start at the left, the write is late
     verdict = f"corrupted: {tl['corrupted_elems']:,} of {tl['numel']:,} elements"
     ax.set_title(f"{title}\n{verdict}", fontsize=9)
     ax.grid(alpha=0.3, axis="x")
 
 
-def plot_alloc_time(records: list[dict], ax, title: str) -> None:
+#: The seed story's own allocation times, quoted (the one typed number in this lab: a citation of a
+#: public report, measured on its GPU, not on yours). From the seed file
+#: te-grouped-wgrad-tensor-views-pr.txt (TransformerEngine PR #3049): "A simple benchmark on a GB200
+#: node finds that allocating 64 tensor views takes 50 us while tex.bulk_allocate takes 58 us."
+SEED_VIEWS_US = 50.0
+SEED_BULK_ALLOCATE_US = 58.0
+SEED_GROUPS = 64
+SEED_LABEL = "seed story (TE PR, its GPU)"
+
+
+def plot_alloc_time(records: list[dict], ax, title: str, seed: bool = True) -> None:
+    """Host time to hand out the buffers, one bar per way (median, whiskers p25-p75); with
+    ``seed``, the seed story's two numbers as lines (its GPU and its C++ code, not this run)."""
     rs = [r for r in records if r.get("kind") == "alloc_time"]
     names = [r["allocator"] for r in rs]
     us = [r["us"] for r in rs]
     err = [[r["us"] - r["us_p25"] for r in rs], [r["us_p75"] - r["us"] for r in rs]]
     ax.barh(range(len(rs)), us, xerr=err, color="tab:blue", alpha=0.7)
     ax.set_yticks(range(len(rs)), names, fontsize=8)
-    for i, v in enumerate(us):
-        ax.annotate(f"{v:.1f} µs", (v, i), textcoords="offset points", xytext=(4, -3), fontsize=8)
+    for i, r in enumerate(rs):  # the label starts after the whisker, never on it
+        ax.annotate(f"{r['us']:.1f} µs", (max(r["us_p75"], r["us"]), i), textcoords="offset points",
+                    xytext=(5, -3), fontsize=8)
+    right = max([r["us_p75"] for r in rs] + ([SEED_BULK_ALLOCATE_US] if seed else []), default=1.0)
+    ax.set_xlim(0, right * 1.18)  # room for the labels
+    if seed:
+        for x, what, style in ((SEED_VIEWS_US, f"{SEED_GROUPS} views", "--"),
+                               (SEED_BULK_ALLOCATE_US, "tex.bulk_allocate", ":")):
+            ax.axvline(x, color="tab:purple", ls=style, lw=1.2,
+                       label=f"{SEED_LABEL}: {what}, {x:g} µs")
+        ax.legend(fontsize=7, loc="lower right")
     groups = rs[0]["groups"] if rs else "?"
     ax.set_xlabel(f"host µs to hand out {groups} buffers (median, bars p25-p75)")
     ax.set_title(title, fontsize=9)
 
 
-def plot_gemm_alignment(records: list[dict], ax, title: str) -> None:
+def gemm_ratio_series(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """Per (impl, operands misaligned): one row per offset with the time relative to +0 bytes in
+    the same rounds. ``ratio`` is the median of the per-round paired ratios (``time_vs_aligned``);
+    ``p25``/``p75`` its quartiles where the records carry them (None otherwise); ``tflops_aligned``
+    the median TFLOP/s at +0 of that series."""
     rs = [r for r in records if r.get("kind") == "gemm_alignment"]
-    series = sorted({(r["impl"], r["operands"]) for r in rs})
-    offsets = sorted({r["offset_bytes"] for r in rs})
+    out = {}
+    for key in sorted({(r["impl"], r["operands"]) for r in rs}):
+        series = sorted((r for r in rs if (r["impl"], r["operands"]) == key), key=lambda r: r["offset_bytes"])
+        base = next((r for r in series if r["offset_bytes"] == 0), None)
+        out[key] = [{"offset_bytes": r["offset_bytes"], "ratio": r["time_vs_aligned"],
+                     "p25": r.get("time_vs_aligned_p25"), "p75": r.get("time_vs_aligned_p75"),
+                     "tflops_aligned": base["tflops"] if base else None} for r in series]
+    return out
+
+
+def plot_gemm_alignment(records: list[dict], ax, title: str) -> None:
+    """Each offset's GEMM time over the +0-byte time of the same rounds (paired), per
+    implementation and misaligned operands; a line at 1.0 (as fast as aligned). Whiskers are the
+    quartiles of the paired ratios where the records hold them; the y label says when they do not."""
+    series = gemm_ratio_series(records)
+    offsets = sorted({row["offset_bytes"] for rows in series.values() for row in rows})
     width = 0.8 / max(len(series), 1)
-    for j, (impl, ops) in enumerate(series):
-        ys = {r["offset_bytes"]: r["tflops"] for r in rs if r["impl"] == impl and r["operands"] == ops}
-        xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(offsets))]
-        ax.bar(xs, [ys.get(o, 0) for o in offsets], width, label=f"{impl}, misaligned: {ops}")
+    have_quartiles = all(row["p25"] is not None and row["p75"] is not None
+                         for rows in series.values() for row in rows)
+    for j, ((impl, ops), rows) in enumerate(series.items()):
+        at = {row["offset_bytes"]: row for row in rows}
+        xs = [i + (j - (len(series) - 1) / 2) * width for i, o in enumerate(offsets) if o in at]
+        ys = [at[o]["ratio"] for o in offsets if o in at]
+        yerr = None
+        if have_quartiles:
+            yerr = [[at[o]["ratio"] - at[o]["p25"] for o in offsets if o in at],
+                    [at[o]["p75"] - at[o]["ratio"] for o in offsets if o in at]]
+        base = rows[0]["tflops_aligned"]
+        label = f"{impl}, misaligned: {ops}" + (f" (+0 B: {base:.0f} TFLOP/s)" if base else "")
+        ax.bar(xs, ys, width, yerr=yerr, capsize=2, label=label)
+        for x, y in zip(xs, ys):
+            ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=6)
+    ax.axhline(1.0, color="0.2", lw=1, ls="--", label="1.0: as fast as +0 B")
     ax.set_xticks(range(len(offsets)), [f"+{o} B" for o in offsets])
     ax.set_xlabel("operand pointer offset from a 256-byte boundary")
-    ax.set_ylabel("TFLOP/s (median)")
+    ax.set_ylabel("time / time at +0 B, same round\n(median of paired ratios;\n"
+                  + ("whiskers p25-p75)" if have_quartiles else "quartiles not recorded)"), fontsize=8)
+    rs = [r for r in records if r.get("kind") == "gemm_alignment"]
     if rs:
         r = rs[0]
         title = f"{title}\n{r['dtype']} GEMM {r['m']}x{r['n']}x{r['k']}"
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7)
+    top = max([row["p75"] or row["ratio"] for rows in series.values() for row in rows], default=1.0)
+    ax.set_ylim(0, top * 1.12)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(alpha=0.3, axis="y")
 
 

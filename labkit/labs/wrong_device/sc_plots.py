@@ -47,24 +47,78 @@ def plot_table_error(ax, sc_prec: int = 8, stoc_len: int = 256, a_seq: str = "bi
     return im
 
 
-def plot_speed(ax, sources: dict[str, list[dict]], method: str = "cuda_graph") -> None:
+def table_error_figure(cases=(("counter", 0), ("counter_alt", 0), ("counter_alt", 1)), **options):
+    """One heat map of ``plot_table_error`` per (b_seq, phase) in a row, sharing one colour bar;
+    constrained layout keeps titles, axis labels and the colour bar apart. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(cases), figsize=(4.6 * len(cases) + 1.2, 4.6), layout="constrained",
+                             squeeze=False)
+    ims = [plot_table_error(ax, b_seq=b_seq, phase=phase, **options) for ax, (b_seq, phase) in zip(axes[0], cases)]
+    lim = max(abs(v) for im in ims for v in im.get_clim())
+    for im in ims:  # one scale for every panel, so that one colour bar reads them all
+        im.set_clim(-lim, lim)
+    for ax in axes[0][1:]:
+        ax.set_ylabel("")
+    fig.colorbar(ims[-1], ax=list(axes[0]), shrink=0.85, label="SC product - exact product")
+    return fig
+
+
+def copy_bandwidth(workbench_records: list[dict]) -> tuple[float, int] | None:
+    """(GB/s, bytes) of the largest ``torch.copy_`` in a workbench results file (lab 00's copy
+    benchmark: GB/s counts the read and the write): the HBM bandwidth that machine really reached.
+    None when there is no such record."""
+    copies = [r for r in workbench_records if r.get("impl") == "torch.copy_" and r.get("GBps")]
+    if not copies:
+        return None
+    top = max(copies, key=lambda r: r["bytes"])
+    return top["GBps"], top["bytes"]
+
+
+def hbm_floor_us(K: int, N: int, GBps: float) -> float:
+    """Lower bound on the SC kernel's time for one [K, N] weight: its int8 bytes (K * N) read once
+    at ``GBps`` (activations, scales and output left out, so the true floor is a little higher)."""
+    return K * N / (GBps * 1e3)
+
+
+def plot_speed(ax, sources: dict[str, list[dict]], method: str = "cuda_graph",
+               bandwidths: dict[str, tuple[float, str]] | None = None) -> None:
     """Bars of sc_matmul time / bf16 matmul time per (layer, M), one group of bars per source
-    (``{"your run": records, "reference h200x2": records}``), log scale."""
+    (``{"your run": records, "reference h200x2": records}``), log scale.
+
+    bandwidths: {source label: (GB/s, where it was measured)}: for those sources a black tick over
+    each bar marks the SC kernel's HBM floor (``hbm_floor_us``) over the same source's bf16 time,
+    the ratio the kernel would reach if it only streamed its weight at that bandwidth."""
     keys = sorted({(r["layer"], r["M"]) for recs in sources.values() for r in recs if r["impl"] == "sc_matmul"})
     width = 0.8 / max(1, len(sources))
+    floor_labelled, tallest = False, 1.0
     for i, (label, recs) in enumerate(sources.items()):
-        ratios = []
+        ratios, floors = [], []
         for layer, M in keys:
             match = [r for r in recs if r["impl"] == "sc_matmul" and (r["layer"], r["M"]) == (layer, M)
                      and r.get("method", method) == method]
+            bf16 = [r for r in recs if r["impl"] == "bf16 matmul" and (r["layer"], r["M"]) == (layer, M)
+                    and r.get("method", method) == method]
             ratios.append(match[0]["ratio_vs_bf16"] if match else np.nan)
+            bw = (bandwidths or {}).get(label)
+            floors.append(hbm_floor_us(match[0]["K"], match[0]["N"], bw[0]) / bf16[0]["us"]
+                          if (bw and match and bf16) else np.nan)
         xs = np.arange(len(keys)) + i * width
+        tallest = max([tallest] + [v for v in ratios if np.isfinite(v)])
         ax.bar(xs, ratios, width, label=label)
         for x, v in zip(xs, ratios):
             if np.isfinite(v):
                 ax.text(x, v, f"{v:.3g}x", ha="center", va="bottom", fontsize=7)
+        for x, f in zip(xs, floors):
+            if np.isfinite(f):
+                bw_text = f"{bandwidths[label][0]:.0f} GB/s, {bandwidths[label][1]}"
+                ax.hlines(f, x - width * 0.45, x + width * 0.45, colors="k", lw=2,
+                          label=None if floor_labelled else
+                          f"SC HBM floor: int8 weight bytes / {bw_text}, over bf16 time")
+                floor_labelled = True
     ax.set_yscale("log")
     ax.set_xticks(np.arange(len(keys)) + width * (len(sources) - 1) / 2, [f"{l}\nM={m}" for l, m in keys])
     ax.set_ylabel(f"sc_matmul time / bf16 matmul time ({method})")
     ax.axhline(1, color="0.5", lw=0.8)
-    ax.legend(fontsize=8)
+    ax.set_ylim(top=tallest * 30)  # headroom on the log axis: the legend sits above the bars
+    ax.legend(fontsize=7, loc="upper left")
