@@ -38,7 +38,7 @@ def bytes_axis(ax, axis: str = "x") -> None:
     target.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v)))
 
 
-def caption(fig, yours: dict | None = None, refs: dict | None = None) -> str:
+def caption(fig, yours: dict | None = None, refs: dict | None = None, adjust: bool = True) -> str:
     """Write where the numbers came from under the figure; returns the text.
 
     yours: an environment stamp (``labkit.workbench.env.stamp()``) of the reader's run.
@@ -53,6 +53,7 @@ def caption(fig, yours: dict | None = None, refs: dict | None = None) -> str:
     text = "\n".join(lines)
     if text:
         fig.text(0.01, 0.005, text, fontsize=7, va="bottom", ha="left", color="0.3")
+    if text and adjust:  # adjust=False: the caller lays the axes out above caption_inches(lines)
         # the margin in inches (x-axis labels, then one line per source), whatever the figure's
         # height: a tall figure of many rows keeps a caption-sized margin, not a share of itself
         fig.subplots_adjust(bottom=min(0.5, (0.67 + 0.15 * len(lines)) / fig.get_figheight()))
@@ -112,8 +113,10 @@ def beside(panels, draw, name: str, folder: str | Path | None = None, *, stamp: 
     if suptitle:
         fig.suptitle(suptitle, fontsize=10)
     refs = {p.machine: p.result_set for p in panels if p.result_set is not None}
-    fig.tight_layout()
-    caption(fig, stamp if any(p.live for p in panels) else None, refs)  # leaves room below the axes
+    text = caption(fig, stamp if any(p.live for p in panels) else None, refs, adjust=False)
+    lines = len(text.splitlines())
+    # every row laid out (titles, tick labels) above the caption's own band at the bottom
+    fig.tight_layout(rect=(0, min(0.4, (0.1 + 0.14 * lines) / fig.get_figheight()), 1, 1))
     save(fig, name, folder)
     return fig
 
