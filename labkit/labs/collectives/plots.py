@@ -93,8 +93,9 @@ def _two_phases(ax, ys, world, colors, labels, first_dashed=False):
                     arrowprops={"arrowstyle": "->", "color": colors[0], **({"ls": "--"} if first_dashed else {})})
     for r in range(world):
         ax.annotate("", xy=(2, ys[r]), xytext=(1.1, ys[0]), arrowprops={"arrowstyle": "->", "color": colors[1]})
-    for x, label in zip((1, 2), labels):
-        ax.text(x, -0.8, label, fontsize=7, ha="center", va="top")
+    # phase one's label ends where its arrows meet, phase two's starts there: they never overlap
+    ax.text(0.95, -0.8, labels[0], fontsize=7, ha="right", va="top")
+    ax.text(1.15, -0.8, labels[1], fontsize=7, ha="left", va="top")
 
 
 def _series(records, op, key):
