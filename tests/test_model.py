@@ -65,3 +65,15 @@ def test_sharded_sc_model_runs_guarded_and_layers_really_span_two_gpus():
     res = sandbox.run_isolated(M.unguarded_decode, M.TINY, True, timeout=300)
     assert res.ok, res.summary() + res.stderr[-2000:]
     assert res.value["layers_on"] == ["0", "1"] and res.value["finite"]
+
+
+def test_weight_bytes_counts_every_linear_a_decode_step_reads():
+    """The streaming floor's byte count equals the model's own Linear weights (TINY, built here)."""
+    from torch import nn
+
+    from labkit.labs.wrong_device import model as M
+
+    m = M.build(M.TINY)
+    linear = sum(mod.weight.numel() for mod in m.modules() if isinstance(mod, nn.Linear))
+    assert M.weight_bytes(M.TINY) == 2 * linear
+    assert M.streaming_floor_ms(M.TINY, 1000.0) == pytest.approx(2 * linear / 1e12 * 1e3)

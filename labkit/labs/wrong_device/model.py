@@ -294,6 +294,20 @@ def unguarded_decode(cfg: DecoderConfig = TINY, guarded: bool = False) -> dict:
             "finite": bool(torch.isfinite(logits).all())}
 
 
+def weight_bytes(cfg: DecoderConfig, itemsize: int = 2) -> int:
+    """Bytes of weight one decode step reads: every linear of every layer, and the output head
+    (attention q, k, v, o; MLP gate, up, down; lm_head), at ``itemsize`` bytes per weight."""
+    h, kv = cfg.hidden, cfg.n_kv_heads * cfg.head_dim
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * cfg.intermediate
+    return itemsize * (cfg.n_layers * per_layer + cfg.vocab * h)
+
+
+def streaming_floor_ms(cfg: DecoderConfig, copy_GBps: float) -> float:
+    """The least time a bf16 decode step can take: its weights read once at ``copy_GBps`` (the
+    bandwidth a large ``torch.copy_`` reached on that machine, lab 00's benchmark)."""
+    return weight_bytes(cfg) / (copy_GBps * 1e9) * 1e3
+
+
 def benchmark(profile: str) -> list[dict]:
     """Entry point of ``labkit bench sc_model``: 8B layer shapes on 2 GPUs; TINY on the CPU."""
     if profile == "gpu":
