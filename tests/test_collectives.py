@@ -244,7 +244,7 @@ def test_in_place_chooser_takes_the_copy_engines_only_where_measured():
     assert C.choose_in_place(1 << 30, 4, True) == "two_shot"  # no 4-GPU measurement: no copy engines
 
 
-def test_the_chosen_vs_best_table_reads_the_in_place_series():
+def test_chosen_vs_best_reads_the_in_place_series():
     from labkit.labs.collectives import plots
 
     base = {"kind": "sweep", "op": "all_reduce", "world_size": 2}
@@ -253,9 +253,12 @@ def test_the_chosen_vs_best_table_reads_the_in_place_series():
             dict(base, impl="labkit_two_shot_ce_in_place", bytes=big, us=750.0, graph_us=740.0),
             dict(base, impl="nccl", bytes=small, us=20.0, graph_us=11.0),
             dict(base, impl="labkit_two_shot_in_place", bytes=small, us=28.0, graph_us=7.0)]
-    table = plots.chosen_vs_best_markdown(recs, 2, in_place=True)
-    assert f"| {big:,} | two_shot_ce_in_place | 750.0 / 740.0 | nccl / nccl | 900.0 / 890.0 | yes / yes |" in table
-    assert f"| {small:,} | two_shot_in_place | 28.0 / 7.0 | nccl / nccl | 20.0 / 11.0 | no / yes |" in table
+    rows = {r["bytes"]: r for r in plots.chosen_vs_best(recs, 2, in_place=True)}
+    assert rows[big]["algorithm"] == "two_shot_ce_in_place" and rows[big]["mine"]["us"] == 750.0
+    assert rows[big]["best"]["us"]["impl"] == "nccl" and rows[big]["best"]["graph_us"]["graph_us"] == 890.0
+    assert rows[small]["algorithm"] == "two_shot_in_place" and rows[small]["mine"]["graph_us"] == 7.0
+    assert plots.chosen_vs_best_verdict(recs, 2, in_place=True).endswith(
+        "back to back 1 of 2 sizes (x0.83 at 256 MiB); graph replay 2 of 2 sizes (x0.83 at 256 MiB)")
 
 
 def test_the_explorer_runs_an_in_place_form():

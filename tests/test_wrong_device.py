@@ -121,11 +121,14 @@ def test_sc_speed_plot_draws_the_hbm_floor_only_from_a_measured_bandwidth():
 
     from labkit.labs.wrong_device import sc_plots
 
-    workbench = [{"impl": "torch.copy_", "bytes": 1 << 20, "GBps": 400.0},
-                 {"impl": "torch.copy_", "bytes": 1 << 30, "GBps": 4000.0},
-                 {"impl": "triton copy", "bytes": 1 << 31, "GBps": 9000.0}]
-    assert sc_plots.copy_bandwidth(workbench) == (4000.0, 1 << 30)  # the largest torch copy, not the fastest
-    assert sc_plots.copy_bandwidth([]) is None
+    from labkit.labs.start_here.copy_bandwidth import hbm_reached
+
+    workbench = [{"impl": "torch.copy_", "method": "cuda_events", "bytes": 1 << 20, "GBps": 400.0},
+                 {"impl": "torch.copy_", "method": "cuda_graph", "bytes": 1 << 30, "GBps": 2700.0},
+                 {"impl": "torch.copy_", "method": "cuda_events", "bytes": 1 << 30, "GBps": 4000.0},
+                 {"impl": "triton copy", "method": "cuda_events", "bytes": 1 << 31, "GBps": 9000.0}]
+    assert hbm_reached(workbench) == (4000.0, 1 << 30)  # the largest eager torch copy, not the fastest
+    assert hbm_reached([]) is None
     assert sc_plots.hbm_floor_us(1000, 2000, 4000.0) == pytest.approx(1000 * 2000 / 4000e9 * 1e6)  # bytes / (bytes per s) in µs
     recs = [{"layer": "down", "M": 1, "K": 1000, "N": 2000, "impl": impl, "us": us, "ratio_vs_bf16": us / 10.0,
              "method": "cuda_graph"} for impl, us in (("bf16 matmul", 10.0), ("sc_matmul", 70.0))]

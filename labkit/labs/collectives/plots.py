@@ -201,23 +201,6 @@ def chosen_vs_best(records: list[dict], world_size: int, in_place: bool = False)
     return out
 
 
-def chosen_vs_best_markdown(records: list[dict], world_size: int, in_place: bool = False) -> str:
-    """``chosen_vs_best`` as a table (the notebook draws it: ``plot_chosen_vs_best``)."""
-    rows = chosen_vs_best(records, world_size, in_place)
-    if not rows:
-        return f"(no all-reduce sweep records for W={world_size})"
-    out = ["| bytes | chosen | labkit µs (b2b / graph) | best other | other µs (b2b / graph) | chosen as fast? (b2b / graph) |",
-           "|---|---|---|---|---|---|"]
-    for row in rows:
-        mine, b2b_best, g_best = row["mine"], row["best"]["us"], row["best"]["graph_us"]
-        verdict = " / ".join("yes" if (mine.get(k) and o and mine[k] <= o[k]) else "no"
-                             for o, k in ((b2b_best, "us"), (g_best, "graph_us")))
-        out.append(f"| {row['bytes']:,} | {row['algorithm']} | {mine['us']:.1f} / {mine.get('graph_us') or float('nan'):.1f} | "
-                   f"{b2b_best['impl']} / {g_best['impl'] if g_best else '-'} | "
-                   f"{b2b_best['us']:.1f} / {g_best['graph_us'] if g_best else float('nan'):.1f} | {verdict} |")
-    return "\n".join(out)
-
-
 def chosen_vs_best_verdict(records: list[dict], world_size: int, in_place: bool = False) -> str:
     """One line: at how many sizes of the sweep the chosen all-reduce was as fast as the best of
     NCCL and PyTorch's ops, in each timing, and its ratio at the largest size."""
@@ -262,22 +245,6 @@ def plot_chosen_vs_best(records: list[dict], ax, title: str, world_size: int, in
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     return len(rows)
-
-
-def tune_markdown(rows: list[dict]) -> str:
-    """``labkit.labs.collectives.bench.best_configs`` as a table: the fastest launch per op and size, and the
-    default launch's time beside it."""
-    if not rows:
-        return "(no tune records)"
-    out = ["| W | op | bytes | fastest: vectors x warps x programs | µs | default µs | default / fastest |",
-           "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        b = r["best"]
-        ratio = f"{r['default_us'] / b['us']:.2f}" if r.get("default_us") else "-"
-        default = f"{r['default_us']:.1f}" if r.get("default_us") else "- (not recorded)"
-        out.append(f"| {r['world_size']} | {r['impl']} {r['op']} | {r['bytes']:,} | "
-                   f"{b['vectors']} x {b['num_warps']} x {b['programs']} | {b['us']:.1f} | {default} | {ratio} |")
-    return "\n".join(out)
 
 
 def plot_links(records: list[dict], ax, title: str, sweep: list[dict] | None = None,

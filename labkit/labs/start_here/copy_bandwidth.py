@@ -60,6 +60,18 @@ def benchmark(profile: str) -> list[dict]:
     return copy_sweep(SIZES[profile], reps=reps)
 
 
+def hbm_reached(records: list[dict]) -> tuple[float, int] | None:
+    """(GB/s, bytes) of the largest eager ``torch.copy_`` in this benchmark's records (GB/s counts
+    the read and the write): the HBM bandwidth that machine really reached, which other labs use
+    as a measured floor for memory-bound work. None when there is no such record."""
+    copies = [r for r in records
+              if r.get("impl") == "torch.copy_" and r.get("method") == "cuda_events" and r.get("GBps")]
+    if not copies:
+        return None
+    top = max(copies, key=lambda r: r["bytes"])
+    return top["GBps"], top["bytes"]
+
+
 def graph_vs_events(records: list[dict]) -> list[dict]:
     """Per (impl, size): median time under CUDA-graph replay over median time with events.
 

@@ -64,17 +64,6 @@ def table_error_figure(cases=(("counter", 0), ("counter_alt", 0), ("counter_alt"
     return fig
 
 
-def copy_bandwidth(workbench_records: list[dict]) -> tuple[float, int] | None:
-    """(GB/s, bytes) of the largest ``torch.copy_`` in a workbench results file (lab 00's copy
-    benchmark: GB/s counts the read and the write): the HBM bandwidth that machine really reached.
-    None when there is no such record."""
-    copies = [r for r in workbench_records if r.get("impl") == "torch.copy_" and r.get("GBps")]
-    if not copies:
-        return None
-    top = max(copies, key=lambda r: r["bytes"])
-    return top["GBps"], top["bytes"]
-
-
 def hbm_floor_us(K: int, N: int, GBps: float) -> float:
     """Lower bound on the SC kernel's time for one [K, N] weight: its int8 bytes (K * N) read once
     at ``GBps`` (activations, scales and output left out, so the true floor is a little higher)."""
