@@ -1,0 +1,476 @@
+"""A grouped GEMM for mixture-of-experts layers that reads the token counts on the device.
+
+An MoE layer routes each token to a few experts and then multiplies every expert's rows by
+that expert's weight: E matrix products of different heights, one per expert. The heights
+(``m_splits``, tokens per expert) are computed on the GPU by the router. The common way to run
+the products, a Python loop of ``x_e @ w_e``, needs those heights on the host first
+(``m_splits.tolist()``): a device-to-host copy that waits for the router, stalls the CPU while
+the GPU drains, and cannot be captured in a CUDA graph. ``grouped_mm`` takes ``m_splits`` as a
+CUDA tensor and never looks at it from the host: every program of the kernel reads the counts
+itself and walks the experts' row ranges on the GPU.
+
+The schedule (persistent, after the grouped GEMM of Triton's tutorials and vLLM's ``fused_moe``):
+
+* the grid is a fixed number of programs P (one per SM, sized from what the host knows: M, E,
+  N), so it never depends on the counts;
+* the work is numbered as one list of output tiles: expert 0's tiles (ceil(m_0 / BLOCK_M) x
+  ceil(N / BLOCK_N) of them), then expert 1's, ...; program p takes tiles p, p + P, p + 2P, ...;
+* each program walks the experts in order, reading ``m_splits[e]`` from global memory and keeping
+  a running row offset, so it knows where each expert's rows start without a prefix-sum kernel
+  and without the host. An expert with 0 tokens has no tiles; a split of any size is fine (the
+  last tile of an expert is masked), so nothing is asked of the caller's alignment.
+
+A wrong device-side ``m_splits`` cannot be checked without a sync, so the kernel makes it safe
+instead: a negative count is read as 0, and every expert's range is clamped to the M rows of x,
+so a bad count gives wrong rows (or rows of ``out`` left unwritten), never an out-of-bounds
+access. ``check_splits=True`` adds the check (and its sync) for debugging.
+
+Backward needs two more products over the same ragged rows:
+
+* dgrad, dx_e = dy_e @ w_e^T: the same kernel, given ``w.transpose(1, 2)`` (it takes any
+  strides; nothing is copied);
+* wgrad, dW_e = x_e^T @ dy_e, whose ragged dimension is the REDUCTION: ``grouped_mm_wgrad``,
+  a second kernel with a fixed number of tiles per expert (K/BLOCK_K x N/BLOCK_N), each summing
+  over its expert's rows. It can add into an fp32 ``main_grad`` buffer, per expert: an
+  ``accumulate`` mask held on the device says which experts add (True) and which overwrite.
+
+Precision: bf16, fp16 (fp32 accumulation) or fp32 inputs. Under the Triton interpreter (CPU
+tier) bf16 tiles are upcast to fp32 before ``tl.dot`` (the interpreter multiplies bf16 bit
+patterns: upstream issue #11584); products of bf16 values are exact in fp32, so results agree.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Sequence, Union
+
+import torch
+import triton
+import triton.language as tl
+
+from labkit.workbench import tier
+from labkit.workbench.checks import check_tensor
+from labkit.workbench.guard import common_device, on_device_of
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: dtypes accepted for a tensor of token counts
+COUNT_DTYPES = (torch.int32, torch.int64)
+
+Splits = Union[Sequence[int], torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedConfig:
+    """Tile sizes and launch options of one launch. BLOCK_M runs along the ragged rows (forward)
+    or along K (wgrad); BLOCK_K is the step of the reduction loop."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+#: Hopper (sm_90) forward/dgrad configurations, by tokens per expert (M / E, known on the host
+#: without reading the counts). Large experts want big tiles (fewer loads per FLOP); small ones
+#: waste less of a 64-row tile than of a 128-row one. Chosen by labkit.labs.grouped_gemm.bench's
+#: config sweep on one H200 (reference/h200x1/grouped_gemm.json keeps it).
+HOPPER_FORWARD = (
+    # (tokens per expert at least, config)
+    (512, GroupedConfig(128, 256, 64, 8, 8, 3)),
+    (128, GroupedConfig(128, 128, 64, 8, 8, 4)),
+    (0, GroupedConfig(64, 128, 64, 8, 4, 4)),
+)
+#: Other GPUs: a safe middle (less shared memory than Hopper's 228 KB per SM).
+GENERIC_FORWARD = GroupedConfig(128, 128, 32, 8, 4, 3)
+#: wgrad: output tiles of [BLOCK_M along K, BLOCK_N along N], reduction steps of BLOCK_K rows.
+HOPPER_WGRAD = GroupedConfig(128, 128, 64, 8, 8, 3)
+GENERIC_WGRAD = GroupedConfig(64, 64, 32, 8, 4, 3)
+#: Under the interpreter: large tiles, few programs (each costs about 1 ms per tile op).
+INTERPRETER = GroupedConfig(32, 32, 32, 4, 4, 1)
+INTERPRETER_PROGRAMS = 4
+
+
+def forward_config(M: int, E: int, device: torch.device) -> GroupedConfig:
+    """The configuration ``grouped_mm`` launches with for M rows over E experts on ``device``."""
+    if tier.interpreted() or device.type != "cuda":
+        return INTERPRETER
+    if torch.cuda.get_device_capability(device)[0] != 9:
+        return GENERIC_FORWARD
+    per_expert = M // max(E, 1)
+    return next(cfg for at_least, cfg in HOPPER_FORWARD if per_expert >= at_least)
+
+
+def wgrad_config(device: torch.device) -> GroupedConfig:
+    if tier.interpreted() or device.type != "cuda":
+        return INTERPRETER
+    return HOPPER_WGRAD if torch.cuda.get_device_capability(device)[0] == 9 else GENERIC_WGRAD
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _programs(device: torch.device, upper_bound_tiles: int) -> int:
+    """Persistent grid size: one program per SM, never more than there can be tiles."""
+    most = INTERPRETER_PROGRAMS if device.type != "cuda" else _sm_count(device.index)
+    return max(1, min(most, upper_bound_tiles))
+
+
+def flops(M: int, N: int, K: int) -> int:
+    """Floating-point operations of a grouped product over M rows in all: 2 per multiply-add."""
+    return 2 * M * N * K
+
+
+@triton.jit
+def _grouped_mm_kernel(
+    x_ptr,                    # *T: x[0, 0]; x is [M, K], expert 0's rows first, then expert 1's, ...
+    w_ptr,                    # *T: w[0, 0, 0]; w is [E, K, N] with any strides (a transposed view for dgrad)
+    out_ptr,                  # *T: out[0, 0]; [M, N] with column stride 1
+    bias_ptr,                 # *T: bias[0, 0]; [E, N] with column stride 1 (read only if HAS_BIAS)
+    counts_ptr,               # *int32 or *int64: m_splits, [E], on the device; never read by the host
+    M, N, K, E,               # int: sizes; the counts are clamped so that no expert's rows pass M
+    stride_xm, stride_xk,     # int: elements between rows / columns of x
+    stride_we, stride_wk, stride_wn,  # int: elements between experts / rows / columns of w
+    stride_om,                # int: elements between rows of out
+    stride_be,                # int: elements between experts of bias
+    BLOCK_M: tl.constexpr,    # rows of an output tile (along an expert's tokens)
+    BLOCK_N: tl.constexpr,    # columns of an output tile
+    BLOCK_K: tl.constexpr,    # depth of one step of the reduction over K
+    GROUP_M: tl.constexpr,    # tile-rows per swizzle group (L2 reuse of w's columns)
+    HAS_BIAS: tl.constexpr,   # add bias[e] to expert e's rows
+    EVEN_K: tl.constexpr,     # K % BLOCK_K == 0: no mask along K
+    UPCAST: tl.constexpr,     # convert tiles to fp32 before tl.dot (interpreter + bf16)
+    INPUT_PRECISION: tl.constexpr,  # "ieee" or "tf32": tl.dot on fp32 inputs
+    INT64: tl.constexpr,      # element offsets in int64 (an operand spans >= 2**31 elements)
+):
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    tile = pid        # the next tile (in the global numbering) this program computes
+    first_tile = 0    # global number of expert e's first tile
+    row0 = 0          # expert e's first row in x and out: a running sum of the counts
+    for e in range(E):
+        # The one place m_splits is read: by every program, on the device. Negative counts
+        # count as 0; no expert's rows run past row M (a wrong count cannot fault).
+        m = tl.load(counts_ptr + e).to(tl.int32)
+        m = tl.minimum(tl.maximum(m, 0), M - row0)
+        tiles_m = tl.cdiv(m, BLOCK_M)
+        expert_tiles = tiles_m * tiles_n
+        while tile < first_tile + expert_tiles:
+            # Which tile of expert e: tile-rows in groups of GROUP_M, down a group's rows first,
+            # so programs running together share a few of w_e's column blocks in L2.
+            local = tile - first_tile
+            per_group = GROUP_M * tiles_n
+            group_first_m = (local // per_group) * GROUP_M
+            group_rows = tl.minimum(tiles_m - group_first_m, GROUP_M)
+            tile_m = group_first_m + (local % per_group) % group_rows
+            tile_n = (local % per_group) // group_rows
+
+            rows = row0 + tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_ok = rows < row0 + m
+            # Rows past the expert's end load a valid row of its own (row0) instead of being
+            # masked: loads stay unmasked along M, and those rows are never stored.
+            rows_in = tl.where(row_ok, rows, row0)
+            cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            col_ok = cols < N
+            expert = tl.cast(e, tl.int64) if INT64 else e
+            if INT64:
+                rows_in = rows_in.to(tl.int64)
+                rows = rows.to(tl.int64)
+                cols = cols.to(tl.int64)
+            x_ptrs = x_ptr + rows_in[:, None] * stride_xm + ks[None, :] * stride_xk
+            w_ptrs = w_ptr + expert * stride_we + ks[:, None] * stride_wk + cols[None, :] * stride_wn
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for step in range(tl.cdiv(K, BLOCK_K)):
+                if EVEN_K:
+                    a = tl.load(x_ptrs)
+                    b = tl.load(w_ptrs, mask=col_ok[None, :], other=0.0)
+                else:
+                    k_left = K - step * BLOCK_K
+                    a = tl.load(x_ptrs, mask=ks[None, :] < k_left, other=0.0)
+                    b = tl.load(w_ptrs, mask=(ks[:, None] < k_left) & col_ok[None, :], other=0.0)
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
+                acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+                x_ptrs += BLOCK_K * stride_xk
+                w_ptrs += BLOCK_K * stride_wk
+            if HAS_BIAS:
+                bias = tl.load(bias_ptr + expert * stride_be + cols, mask=col_ok, other=0.0)
+                acc += bias.to(tl.float32)[None, :]
+            out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
+            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+            tile += programs
+        first_tile += expert_tiles
+        row0 += m
+
+
+@triton.jit
+def _grouped_wgrad_kernel(
+    x_ptr,                    # *T: x[0, 0]; [M, K], rows grouped by expert as in the forward
+    dy_ptr,                   # *T: dy[0, 0]; [M, N], the output gradient, same row grouping
+    out_ptr,                  # *fp32 or *T: out[0, 0, 0]; [E, K, N], column stride 1
+    counts_ptr,               # *int32 or *int64: m_splits, [E], on the device
+    accumulate_ptr,           # *int8: [E], 1 = add into out[e], 0 = overwrite (read if MODE == 2)
+    M, K, N, E,               # int: sizes
+    stride_xm, stride_xk,     # int: elements between rows / columns of x
+    stride_dm, stride_dn,     # int: elements between rows / columns of dy
+    stride_oe, stride_ok,     # int: elements between experts / rows of out
+    BLOCK_M: tl.constexpr,    # rows of an output tile (along K)
+    BLOCK_N: tl.constexpr,    # columns of an output tile (along N)
+    BLOCK_K: tl.constexpr,    # tokens per step of the reduction (the ragged dimension)
+    GROUP_M: tl.constexpr,    # tile-rows per swizzle group
+    MODE: tl.constexpr,       # 0: overwrite every expert, 1: add into every expert, 2: per-expert mask
+    UPCAST: tl.constexpr,     # convert tiles to fp32 before tl.dot (interpreter + bf16)
+    INPUT_PRECISION: tl.constexpr,
+    INT64: tl.constexpr,      # element offsets in int64
+):
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    tiles_m = tl.cdiv(K, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    expert_tiles = tiles_m * tiles_n      # the same for every expert: dW_e is K x N whatever m_e is
+    rs = tl.arange(0, BLOCK_K)
+    tile = pid
+    first_tile = 0
+    row0 = 0
+    for e in range(E):
+        m = tl.load(counts_ptr + e).to(tl.int32)
+        m = tl.minimum(tl.maximum(m, 0), M - row0)
+        while tile < first_tile + expert_tiles:
+            local = tile - first_tile
+            per_group = GROUP_M * tiles_n
+            group_first_m = (local // per_group) * GROUP_M
+            group_rows = tl.minimum(tiles_m - group_first_m, GROUP_M)
+            tile_m = group_first_m + (local % per_group) % group_rows
+            tile_n = (local % per_group) // group_rows
+            kk = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            nn = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            k_ok = kk < K
+            n_ok = nn < N
+            expert = tl.cast(e, tl.int64) if INT64 else e
+            start = tl.cast(row0, tl.int64) if INT64 else row0
+            if INT64:
+                kk = kk.to(tl.int64)
+                nn = nn.to(tl.int64)
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            # The reduction runs over expert e's m tokens: a loop whose length only the device
+            # knows. A zero-token expert runs no step and gets dW_e = 0.
+            for r in range(0, m, BLOCK_K):
+                r_ok = r + rs < m
+                rows = start + r + rs
+                xt = tl.load(x_ptr + rows[None, :] * stride_xm + kk[:, None] * stride_xk,
+                             mask=r_ok[None, :] & k_ok[:, None], other=0.0)      # [BLOCK_M, BLOCK_K] = x_e^T
+                g = tl.load(dy_ptr + rows[:, None] * stride_dm + nn[None, :] * stride_dn,
+                            mask=r_ok[:, None] & n_ok[None, :], other=0.0)       # [BLOCK_K, BLOCK_N]
+                if UPCAST:
+                    xt = xt.to(tl.float32)
+                    g = g.to(tl.float32)
+                acc = tl.dot(xt, g, acc, input_precision=INPUT_PRECISION)
+            out_ptrs = out_ptr + expert * stride_oe + kk[:, None] * stride_ok + nn[None, :]
+            ok = k_ok[:, None] & n_ok[None, :]
+            if MODE == 1:
+                acc += tl.load(out_ptrs, mask=ok, other=0.0).to(tl.float32)
+            if MODE == 2:
+                if tl.load(accumulate_ptr + e) != 0:
+                    acc += tl.load(out_ptrs, mask=ok, other=0.0).to(tl.float32)
+            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+            tile += programs
+        first_tile += expert_tiles
+        row0 += m
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers: input checks, the device guard, the launch.
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, m_splits: Splits, *, bias: torch.Tensor | None = None,
+               out: torch.Tensor | None = None, check_splits: bool = False) -> torch.Tensor:
+    """out[rows of expert e] = x[rows of expert e] @ w[e] (+ bias[e]), for every expert at once.
+
+    x: [M, K]; rows grouped by expert (expert 0's m_splits[0] rows, then expert 1's, ...).
+    w: [E, K, N], x's dtype (bfloat16, float16 or float32), any strides (``w.transpose(1, 2)``
+       of a [E, N, K] weight works without a copy: that is dgrad).
+    m_splits: tokens per expert, E non-negative integers summing to M: a list, a CPU tensor
+       (checked here) or a CUDA tensor on x's device (int32/int64; never read by the host, so
+       nothing synchronises and the call can be captured in a CUDA graph).
+    bias: optional [E, N], x's dtype. out: optional [M, N], x's dtype, column stride 1.
+    check_splits: also check a CUDA ``m_splits`` (non-negative, summing to M): this syncs.
+    Accumulates in fp32. Returns ``out``.
+    """
+    for name, t in (("x", x), ("w", w), ("bias", bias), ("out", out)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            check_tensor(name, t)  # raises the TypeError naming the argument
+    common_device(x=x, w=w, bias=bias, out=out)
+    check_tensor("x", x, dtypes=DTYPES, ndim=2, contiguous=False)
+    check_tensor("w", w, dtypes=DTYPES, ndim=3, contiguous=False)
+    if w.dtype != x.dtype:
+        raise TypeError(f"w: dtype {_name(w.dtype)} differs from x's dtype {_name(x.dtype)}")
+    (M, K), (E, Kw, N) = x.shape, w.shape
+    if Kw != K:
+        raise ValueError(f"w: shape {tuple(w.shape)} is not [E, K, N] with K = {K} (x's columns)")
+    counts = device_counts("m_splits", m_splits, E, M, x.device, check=check_splits)
+    if bias is not None:
+        check_tensor("bias", bias, dtypes=DTYPES, ndim=2, contiguous=False)
+        if bias.dtype != x.dtype or tuple(bias.shape) != (E, N) or (N > 1 and bias.stride(1) != 1):
+            raise ValueError(f"bias: expected [E, N] = {[E, N]} of {_name(x.dtype)} with column stride 1, "
+                             f"got {tuple(bias.shape)} of {_name(bias.dtype)}, strides {bias.stride()}")
+    if out is None:
+        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    else:
+        _check_out("out", out, (M, N), x.dtype)
+    if M == 0 or N == 0 or E == 0:
+        return out
+    cfg = forward_config(M, E, x.device)
+    upper_tiles = (triton.cdiv(M, cfg.block_m) + E) * triton.cdiv(N, cfg.block_n)
+    with on_device_of(x=x, w=w, out=out):
+        _grouped_mm_kernel[(_programs(x.device, upper_tiles),)](
+            x, w, out, bias if bias is not None else out, counts,
+            M, N, K, E,
+            x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
+            bias.stride(0) if bias is not None else 0,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            HAS_BIAS=bias is not None, EVEN_K=K % cfg.block_k == 0,
+            UPCAST=tier.interpreted() and x.dtype == torch.bfloat16,
+            INPUT_PRECISION=_input_precision(x.dtype), INT64=_needs_int64(x, w, out, pad=cfg.block_m),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+def grouped_mm_wgrad(x: torch.Tensor, dy: torch.Tensor, m_splits: Splits, *, out: torch.Tensor | None = None,
+                     accumulate: bool | torch.Tensor = False, check_splits: bool = False) -> torch.Tensor:
+    """dW[e] = x[rows of e]^T @ dy[rows of e]: the weight gradient of ``grouped_mm``, [E, K, N].
+
+    x: [M, K] and dy: [M, N], one dtype, rows grouped by expert as in the forward.
+    m_splits: as for ``grouped_mm`` (a CUDA tensor is never read by the host).
+    out: optional [E, K, N] in float32 (a ``main_grad`` buffer) or x's dtype, column stride 1.
+    accumulate: False (overwrite every dW[e]), True (add into every out[e]), or a bool tensor of
+       E flags on out's device (per expert: True adds, False overwrites), read on the device.
+    An expert with 0 tokens gets dW[e] = 0 (or keeps out[e] when it accumulates). Returns out.
+    """
+    for name, t in (("x", x), ("dy", dy), ("out", out)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            check_tensor(name, t)
+    mask = accumulate if isinstance(accumulate, torch.Tensor) else None
+    common_device(x=x, dy=dy, out=out, accumulate=mask)
+    check_tensor("x", x, dtypes=DTYPES, ndim=2, contiguous=False)
+    check_tensor("dy", dy, dtypes=DTYPES, ndim=2, contiguous=False)
+    if dy.dtype != x.dtype:
+        raise TypeError(f"dy: dtype {_name(dy.dtype)} differs from x's dtype {_name(x.dtype)}")
+    (M, K), (Md, N) = x.shape, dy.shape
+    if Md != M:
+        raise ValueError(f"dy: has {Md} rows, x has {M}: both hold the same tokens")
+    if mask is None and not isinstance(accumulate, bool):
+        raise TypeError(f"accumulate: expected a bool or a bool tensor, got {type(accumulate).__name__}")
+    E = _num_experts(m_splits)
+    if E < 0:
+        raise TypeError(f"m_splits: expected a list of ints or a 1-D integer tensor, got {type(m_splits).__name__}"
+                        + (f" of shape {tuple(m_splits.shape)}" if isinstance(m_splits, torch.Tensor) else ""))
+    if out is None:
+        if mask is not None or accumulate:
+            raise ValueError("out: accumulating needs the buffer to add into (pass out=main_grad)")
+        out = torch.empty((E, K, N), dtype=torch.float32, device=x.device)  # fp32: the sum stays exact
+    _check_out("out", out, (E, K, N), None, allowed=(torch.float32, x.dtype))
+    if mask is not None:
+        check_tensor("accumulate", mask, dtypes=(torch.bool,), ndim=1, contiguous=True)
+        if mask.shape[0] != E:
+            raise ValueError(f"accumulate: has {mask.shape[0]} flags for {E} experts")
+    counts = device_counts("m_splits", m_splits, E, M, x.device, check=check_splits)
+    if E == 0 or K == 0 or N == 0:
+        return out
+    cfg = wgrad_config(x.device)
+    mode = 2 if mask is not None else int(bool(accumulate))
+    with on_device_of(x=x, dy=dy, out=out):
+        _grouped_wgrad_kernel[(_programs(x.device, E * triton.cdiv(K, cfg.block_m) * triton.cdiv(N, cfg.block_n)),)](
+            x, dy, out, counts, mask.view(torch.int8) if mask is not None else counts,
+            M, K, N, E,
+            x.stride(0), x.stride(1), dy.stride(0), dy.stride(1), out.stride(0), out.stride(1),
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, MODE=mode,
+            UPCAST=tier.interpreted() and x.dtype == torch.bfloat16,
+            INPUT_PRECISION=_input_precision(x.dtype), INT64=_needs_int64(x, dy, out, pad=cfg.block_m),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return out
+
+
+def device_counts(name: str, m_splits: Splits, E: int, M: int, device: torch.device, *,
+                  check: bool = False) -> torch.Tensor:
+    """``m_splits`` as an int32/int64 tensor of E counts on ``device``, for the kernels to read.
+
+    A list or a CPU tensor is checked here in full (integers, E of them, none negative, summing
+    to M). A tensor already on ``device`` is checked for dtype, shape and device only, unless
+    ``check`` (which reads it back: a sync)."""
+    if isinstance(m_splits, torch.Tensor):
+        if m_splits.dtype not in COUNT_DTYPES:
+            raise TypeError(f"{name}: dtype {_name(m_splits.dtype)} is not an integer count type; "
+                            f"expected int32 or int64")
+        if m_splits.dim() != 1 or m_splits.shape[0] != E:
+            raise ValueError(f"{name}: expected {E} counts (one per expert of w), got shape {tuple(m_splits.shape)}")
+        if m_splits.device == device:
+            if check:
+                _check_values(name, m_splits.tolist(), M)
+            return m_splits if m_splits.is_contiguous() else m_splits.contiguous()
+        if m_splits.device.type != "cpu":
+            raise ValueError(f"{name}: is on {m_splits.device}, x is on {device}: pass the counts on "
+                             f"x's device (or on the CPU, or as a list)")
+        values = m_splits.tolist()
+    elif isinstance(m_splits, (list, tuple)):
+        values = list(m_splits)
+        bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int)]
+        if bad:
+            raise TypeError(f"{name}: expected integer counts, got {type(bad[0]).__name__} {bad[0]!r}")
+        if len(values) != E:
+            raise ValueError(f"{name}: expected {E} counts (one per expert of w), got {len(values)}")
+    else:
+        raise TypeError(f"{name}: expected a list of ints or an integer tensor, got {type(m_splits).__name__}")
+    _check_values(name, values, M)
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def _check_values(name: str, values: list[int], M: int) -> None:
+    negative = [i for i, v in enumerate(values) if v < 0]
+    if negative:
+        raise ValueError(f"{name}: count of expert {negative[0]} is negative ({values[negative[0]]})")
+    if sum(values) != M:
+        raise ValueError(f"{name}: counts sum to {sum(values)}, but x has M = {M} rows")
+
+
+def _num_experts(m_splits: Splits) -> int:
+    if isinstance(m_splits, torch.Tensor):
+        return m_splits.shape[0] if m_splits.dim() == 1 else -1
+    return len(m_splits) if isinstance(m_splits, (list, tuple)) else -1
+
+
+def _check_out(name: str, out: torch.Tensor, shape: tuple, dtype: torch.dtype | None,
+               allowed: tuple = ()) -> None:
+    check_tensor(name, out, dtypes=DTYPES, contiguous=False)
+    if dtype is not None and out.dtype != dtype:
+        raise TypeError(f"{name}: dtype {_name(out.dtype)} differs from x's dtype {_name(dtype)}")
+    if allowed and out.dtype not in allowed:
+        raise TypeError(f"{name}: dtype {_name(out.dtype)}; expected one of {', '.join(map(_name, allowed))}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name}: shape {tuple(out.shape)} is not {tuple(shape)}")
+    if shape[-1] > 1 and out.stride(-1) != 1:
+        raise ValueError(f"{name}: needs column stride 1, got strides {out.stride()}")
+
+
+def _input_precision(dtype: torch.dtype) -> str:
+    if dtype != torch.float32:
+        return "ieee"
+    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
+def _needs_int64(*tensors: torch.Tensor, pad: int = 0) -> bool:
+    return any(sum((size + pad) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= 2**31
+               for t in tensors)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+__all__ = ["COUNT_DTYPES", "DTYPES", "GroupedConfig", "HOPPER_FORWARD", "device_counts", "flops",
+           "forward_config", "grouped_mm", "grouped_mm_wgrad", "wgrad_config"]
