@@ -70,17 +70,21 @@ class GroupedConfig:
     group_m: int
     num_warps: int
     num_stages: int
+    programs_per_sm: int = 1   # persistent programs per SM (2 when two fit in shared memory)
+    tma: bool = False          # load tiles through TMA descriptors where the layout allows (tma_ok)
 
 
 #: Hopper (sm_90) forward/dgrad configurations, by tokens per expert (M / E, known on the host
 #: without reading the counts). Large experts want big tiles (fewer loads per FLOP); small ones
-#: waste less of a 64-row tile than of a 128-row one. Chosen by labkit.labs.grouped_gemm.bench's
-#: config sweep on one H200 (reference/h200x1/grouped_gemm.json keeps it).
+#: waste less of a 64-row tile than of a 128-row one. Picked from a sweep of 13 configurations at
+#: the lab's three shapes on one H100 (pointer loads; the sweep is
+#: labkit.labs.grouped_gemm.bench.tune_benchmark, to be recorded per machine in
+#: reference/<machine>/grouped_gemm_tune.json). The TMA load path is off by default until a GPU
+#: run of that sweep measures it (``GroupedConfig.tma``).
 HOPPER_FORWARD = (
     # (tokens per expert at least, config)
-    (512, GroupedConfig(128, 256, 64, 8, 8, 3)),
-    (128, GroupedConfig(128, 128, 64, 8, 8, 4)),
-    (0, GroupedConfig(64, 128, 64, 8, 4, 4)),
+    (128, GroupedConfig(128, 256, 64, 8, 8, 4)),
+    (0, GroupedConfig(64, 256, 64, 8, 8, 3)),
 )
 #: Other GPUs: a safe middle (less shared memory than Hopper's 228 KB per SM).
 GENERIC_FORWARD = GroupedConfig(128, 128, 32, 8, 4, 3)
@@ -113,9 +117,9 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _programs(device: torch.device, upper_bound_tiles: int) -> int:
-    """Persistent grid size: one program per SM, never more than there can be tiles."""
-    most = INTERPRETER_PROGRAMS if device.type != "cuda" else _sm_count(device.index)
+def _programs(device: torch.device, upper_bound_tiles: int, per_sm: int = 1) -> int:
+    """Persistent grid size: ``per_sm`` programs per SM, never more than there can be tiles."""
+    most = INTERPRETER_PROGRAMS if device.type != "cuda" else per_sm * _sm_count(device.index)
     return max(1, min(most, upper_bound_tiles))
 
 
@@ -145,11 +149,21 @@ def _grouped_mm_kernel(
     UPCAST: tl.constexpr,     # convert tiles to fp32 before tl.dot (interpreter + bf16)
     INPUT_PRECISION: tl.constexpr,  # "ieee" or "tf32": tl.dot on fp32 inputs
     INT64: tl.constexpr,      # element offsets in int64 (an operand spans >= 2**31 elements)
+    USE_TMA: tl.constexpr,    # load x and w tiles through TMA descriptors (16-byte aligned, unit column strides)
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
+    if USE_TMA:
+        # Tensor-memory-accelerator descriptors: the copy engine fetches whole tiles and fills
+        # what lies outside a tensor's bounds with zeros. w's is 3-D, so a tile never reads
+        # past its own expert's K rows; x's rows past an expert's end belong to the next
+        # expert: computed, never stored.
+        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[E, K, N], strides=[stride_we, stride_wk, 1],
+                                           block_shape=[1, BLOCK_K, BLOCK_N])
     tile = pid        # the next tile (in the global numbering) this program computes
     first_tile = 0    # global number of expert e's first tile
     row0 = 0          # expert e's first row in x and out: a running sum of the counts
@@ -186,7 +200,10 @@ def _grouped_mm_kernel(
             w_ptrs = w_ptr + expert * stride_we + ks[:, None] * stride_wk + cols[None, :] * stride_wn
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for step in range(tl.cdiv(K, BLOCK_K)):
-                if EVEN_K:
+                if USE_TMA:
+                    a = x_desc.load([row0 + tile_m * BLOCK_M, step * BLOCK_K])
+                    b = w_desc.load([e, step * BLOCK_K, tile_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
+                elif EVEN_K:
                     a = tl.load(x_ptrs)
                     b = tl.load(w_ptrs, mask=col_ok[None, :], other=0.0)
                 else:
@@ -326,9 +343,12 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, m_splits: Splits, *, bias: torc
     if M == 0 or N == 0 or E == 0:
         return out
     cfg = forward_config(M, E, x.device)
+    use_tma = cfg.tma and tma_ok(x, w) and not _needs_int64(x, w, out, pad=cfg.block_m)
+    if use_tma:
+        _ensure_scratch_allocator()
     upper_tiles = (triton.cdiv(M, cfg.block_m) + E) * triton.cdiv(N, cfg.block_n)
     with on_device_of(x=x, w=w, out=out):
-        _grouped_mm_kernel[(_programs(x.device, upper_tiles),)](
+        _grouped_mm_kernel[(_programs(x.device, upper_tiles, cfg.programs_per_sm),)](
             x, w, out, bias if bias is not None else out, counts,
             M, N, K, E,
             x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
@@ -337,7 +357,7 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, m_splits: Splits, *, bias: torc
             HAS_BIAS=bias is not None, EVEN_K=K % cfg.block_k == 0,
             UPCAST=tier.interpreted() and x.dtype == torch.bfloat16,
             INPUT_PRECISION=_input_precision(x.dtype), INT64=_needs_int64(x, w, out, pad=cfg.block_m),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            USE_TMA=use_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
 
@@ -455,6 +475,38 @@ def _check_out(name: str, out: torch.Tensor, shape: tuple, dtype: torch.dtype | 
         raise ValueError(f"{name}: shape {tuple(out.shape)} is not {tuple(shape)}")
     if shape[-1] > 1 and out.stride(-1) != 1:
         raise ValueError(f"{name}: needs column stride 1, got strides {out.stride()}")
+
+
+def tma_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether the forward can load through TMA descriptors: a GPU with TMA (sm_90+) or the
+    interpreter, unit column strides, and 16-byte aligned base pointers and row strides (what
+    the hardware requires). Otherwise the pointer path runs: same results, any layout."""
+    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
+        return False
+    if not hasattr(tl, "make_tensor_descriptor") or x.stride(1) != 1 or w.stride(2) != 1:
+        return False
+    size = x.element_size()
+    return all(v % 16 == 0 for v in (x.data_ptr(), w.data_ptr(), x.stride(0) * size,
+                                      w.stride(0) * size, w.stride(1) * size))
+
+
+def _scratch(size: int, alignment: int, stream):
+    """Global scratch for device-side TMA descriptors (128 bytes per program), from torch's
+    caching allocator: stream-ordered, and legal inside CUDA-graph capture."""
+    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() and not tier.interpreted() else "cpu")
+
+
+def _ensure_scratch_allocator() -> None:
+    """Give Triton an allocator for descriptor scratch, unless the caller has set one.
+    (Triton keeps it in a context variable: each thread starts without one.)"""
+    try:
+        from triton.runtime import _allocation
+        current = _allocation._allocator.get()
+        if not isinstance(current, _allocation.NullAllocator):
+            return
+    except (ImportError, AttributeError):
+        pass
+    triton.set_allocator(_scratch)
 
 
 def _input_precision(dtype: torch.dtype) -> str:
