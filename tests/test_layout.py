@@ -168,14 +168,24 @@ def test_a_written_lab_has_every_part(lab):
         module = benchmarks.BENCHMARKS[name][0]
         if not (module.startswith(lab.package + ".") or module.startswith("labkit.workbench.")):
             missing.append(f"`labkit bench {name}` runs {module}, outside {lab.package}")
-        if not list((ROOT / "reference").glob(f"*/{name}.json")):
-            missing.append(f"reference/<machine>/{name}.json")
+        if lab.status == "ready" and not list((ROOT / "reference").glob(f"*/{name}.json")):
+            missing.append(f"reference/<machine>/{name}.json")  # a draft's are reported below
     tests = [p for p in (ROOT / "tests").glob("test_*.py") if lab.package in p.read_text()]
     if not tests:
         missing.append(f"a test file importing {lab.package}")
     if f"`{lab.notebook}`" not in (ROOT / "README.md").read_text():
         missing.append("its README row (labkit labs --markdown)")
     assert missing == [], f"{lab.id} lacks: " + "; ".join(missing)
+
+
+@pytest.mark.parametrize("lab", [l for l in catalogue.LABS if l.status == "draft"], ids=lambda l: l.id)
+def test_a_draft_lab_has_recorded_its_references(lab):
+    """A draft lab (notebook runs, its issue open) may still lack GPU reference data: reported as
+    a skip naming the files, never hidden; a ready lab without them fails the test above."""
+    absent = [f"reference/<machine>/{name}.json" for name in lab.benchmarks
+              if not list((ROOT / "reference").glob(f"*/{name}.json"))]
+    if absent:
+        pytest.skip(f"{lab.id} is a draft without recorded GPU results: {', '.join(absent)}")
 
 
 def test_every_registered_benchmark_belongs_to_a_lab():

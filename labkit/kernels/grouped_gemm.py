@@ -102,6 +102,11 @@ def forward_config(M: int, E: int, device: torch.device) -> GroupedConfig:
         return INTERPRETER
     if torch.cuda.get_device_capability(device)[0] != 9:
         return GENERIC_FORWARD
+    return hopper_config(M, E)
+
+
+def hopper_config(M: int, E: int) -> GroupedConfig:
+    """The Hopper configuration for M rows over E experts (what an H100/H200 launches with)."""
     per_expert = M // max(E, 1)
     return next(cfg for at_least, cfg in HOPPER_FORWARD if per_expert >= at_least)
 
@@ -525,4 +530,4 @@ def _name(dtype: torch.dtype) -> str:
 
 
 __all__ = ["COUNT_DTYPES", "DTYPES", "GroupedConfig", "HOPPER_FORWARD", "device_counts", "flops",
-           "forward_config", "grouped_mm", "grouped_mm_wgrad", "wgrad_config"]
+           "forward_config", "grouped_mm", "hopper_config", "grouped_mm_wgrad", "wgrad_config"]

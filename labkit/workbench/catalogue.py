@@ -81,9 +81,13 @@ LABS: tuple[Lab, ...] = (
     Lab("04_grouped_gemm", "Token counts that stay on the device",
         "a grouped GEMM that reads per-expert counts on the device (no host sync, graph-safe), "
         "and a race on a global pinned-buffer index",
-        "te-device-initiated-grouped-gemm-pr.txt", "1", "the grouped GEMM kernel against a loop of matmuls",
-        "planned", 0, (),
-        (Part("grouped GEMM timings and graph capture", {"gpus": 1, "compiled": True}),)),
+        "te-device-initiated-grouped-gemm-pr.txt", "1",
+        "the grouped GEMM, its backward and the MoE layer against float64 loops; the drawn schedule; "
+        "the staging-buffer race and its fixes; recorded timings where a GPU run has recorded them",
+        "draft", 15, ("grouped_gemm", "grouped_gemm_tune"),
+        (Part("grouped GEMM timings, the sync check and graph capture", {"gpus": 1, "compiled": True}),
+         Part("PyTorch's grouped GEMM as the baseline (sm_90+)", {"gpus": 1, "capability": (9, 0), "compiled": True}),
+         Part("the MoE layer in one CUDA graph, and its timeline", {"gpus": 1, "compiled": True}))),
     Lab("05_fp8_dispatch", "FP8 scaling across GPUs",
         "delayed-scaling state made on the current device under accelerate.dispatch_model: an "
         "illegal memory access reported at a later sync point",

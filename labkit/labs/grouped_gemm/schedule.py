@@ -3,7 +3,8 @@
 ``tile_schedule`` walks the experts exactly as ``labkit.kernels.grouped_gemm._grouped_mm_kernel``
 does (each of P programs takes global tiles p, p + P, ...; expert e's tiles are numbered after
 expert e-1's; within an expert, tile-rows in groups of GROUP_M), and returns who computes what.
-A test checks it against the kernel's own output: tiles stamped with their program id.
+Tests check that it covers every output element exactly once, deals tiles round-robin, and uses
+the kernel's tile sizes (``labkit.kernels.grouped_gemm.forward_config``).
 """
 from __future__ import annotations
 
