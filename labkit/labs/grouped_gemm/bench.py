@@ -1,0 +1,554 @@
+"""Lab 04's benchmarks: labkit's grouped GEMM against PyTorch's and against the story's loop.
+
+``labkit bench`` runs ``benchmark(profile)`` (the comparison) and ``tune_benchmark(profile)``
+(the launch configurations ``labkit.kernels.grouped_gemm.HOPPER_FORWARD`` is chosen from).
+
+The comparison, for each shape (E experts, M tokens, K, N; bf16) and each split of the tokens
+(``distributions.token_counts``: "uniform" or Zipf-"skewed" with empty experts):
+
+1. **Correctness first**: every implementation runs once on fresh inputs and is compared with
+   a float32 product on a few experts (the largest, the smallest non-empty, the first and the
+   last non-empty), and labkit with torch over all rows. ``max_rel_err`` is the largest
+   |out - ref| over those rows divided by the largest |ref|; ``correct`` is it <= 1e-2.
+2. **Eager** (``method="eager"``): back-to-back calls between CUDA events, the implementations
+   interleaved in the same rounds (``labkit.workbench.bench.compare``): labkit (counts as a CUDA
+   tensor), torch's grouped GEMM (where it has its device-side path) and the host-sync loop.
+   This is what a Python caller pays, launches and the loop's host stall included.
+3. **Graph** (``method="graph"``): labkit and torch, each as ``inner`` calls captured in one CUDA
+   graph and replayed (the GPU's own time). The host-sync loop cannot be captured: a child
+   process tries (``capture_check`` under ``run_isolated``, as a failed capture can leave the
+   CUDA context unusable) and its error becomes a ``kind="capture"`` record, beside labkit and
+   torch captured once and replayed after the counts were overwritten on the device.
+4. **Host cost** (``cpu_us``): ``time.perf_counter`` around ``inner`` calls without a sync,
+   divided by ``inner``: the launch cost of a call, or for the loop the time the CPU is held.
+
+Ratios are paired per round (time of one implementation / time of the other in the same round,
+median and quartiles over rounds): ``ratio_vs_torch`` < 1 means faster than torch. torch is
+timed with w in both layouts its op takes (N-contiguous as labkit gets it, and a K-contiguous
+copy made once before timing, ``w_layout``); ``ratio_vs_torch`` is against the faster of the two
+in that comparison (``torch_layout_best`` marks it). torch's op allocates its output on every
+call (it has no ``out=``); labkit and the loop write into a preallocated ``out``.
+
+On the CPU tier (Triton interpreter) the same code runs at tiny shapes with ``method="cpu_clock"``:
+labkit and the loop only (torch's fast path needs sm_90); its numbers are interpreter times,
+never GPU performance (records say ``tier``).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import math
+import statistics
+import time
+from typing import Callable, Iterator
+
+import torch
+
+from labkit.kernels import grouped_gemm as gg
+from labkit.labs.grouped_gemm import baselines, distributions
+from labkit.workbench import bench, tier
+
+REQUIRED = ("kind", "impl", "experts", "tokens", "K", "N", "skew", "method", "ms", "tflops")
+
+#: (experts E, tokens M, K, N) per profile. GPU: a Mixtral-like layer (8 experts, 4096 wide), a
+#: DeepSeek-MoE-like one (64 experts, expert width 1408) and a fine-grained one (128 experts).
+#: CPU: tiny, under the interpreter; the second has K and N off the tile sizes (masked edges).
+SHAPES = {
+    "gpu": ((8, 16384, 4096, 4096), (64, 16384, 2048, 1408), (128, 8192, 2048, 768)),
+    "cpu": ((4, 96, 32, 32), (8, 128, 48, 40)),
+}
+#: timing parameters per profile: warm-up calls, rounds, calls per sample, host-cost rounds
+TIMING = {
+    "gpu": {"warmup": 5, "reps": 20, "inner": 10, "host_rounds": 5},
+    "cpu": {"warmup": 1, "reps": 3, "inner": 1, "host_rounds": 2},
+}
+#: the shape the capture check runs at (index into SHAPES[profile])
+CAPTURE_SHAPE = 1
+DTYPE = torch.bfloat16
+#: relative error (to the largest |reference|) under which an implementation counts as correct:
+#: bf16 output rounding is 2**-8 relative; accumulation order differences stay far below 1e-2
+TOLERANCE = 1e-2
+IMPLS = ("labkit", "torch_grouped_mm", "host_sync_loop")
+#: the candidates' names inside one comparison -> (impl, layout of w)
+_CANDIDATES = {"labkit": ("labkit", "N-contiguous"), "host_sync_loop": ("host_sync_loop", "N-contiguous"),
+               "torch_grouped_mm": ("torch_grouped_mm", "N-contiguous"),
+               "torch_grouped_mm[K]": ("torch_grouped_mm", "K-contiguous")}
+_TORCH_NAMES = ("torch_grouped_mm", "torch_grouped_mm[K]")
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared pieces
+
+
+def _profile(profile: str) -> str:
+    if profile not in SHAPES:
+        raise ValueError(f"profile: {profile!r} is not one of {tuple(SHAPES)}")
+    return profile
+
+
+def _gpu_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
+
+
+def _operands(E: int, M: int, K: int, N: int, device: torch.device, seed: int):
+    """x [M, K] and w [E, K, N] in bf16, N(0, 1) and N(0, 1/K): outputs of order 1."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(M, K, generator=g, device=device).to(DTYPE)
+    w = (torch.randn(E, K, N, generator=g, device=device) / math.sqrt(K)).to(DTYPE)
+    return x, w
+
+
+def _checked_experts(counts: list[int]) -> list[int]:
+    """A few experts to check against float32: the largest, the smallest non-empty, the first
+    and the last non-empty (duplicates dropped)."""
+    busy = [e for e, c in enumerate(counts) if c]
+    picks = [max(busy, key=lambda e: counts[e]), min(busy, key=lambda e: counts[e]), busy[0], busy[-1]]
+    return sorted(set(picks))
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, counts: list[int]) -> dict[int, tuple[int, torch.Tensor]]:
+    """expert -> (first row, float32 product) for the checked experts."""
+    starts = list(itertools.accumulate([0] + counts[:-1]))
+    return {e: (starts[e], x[starts[e]:starts[e] + counts[e]].float() @ w[e].float())
+            for e in _checked_experts(counts)}
+
+
+def _rel_err(out: torch.Tensor, ref: dict[int, tuple[int, torch.Tensor]]) -> float:
+    worst, scale = 0.0, 0.0
+    for _, (r0, r) in ref.items():
+        got = out[r0:r0 + r.shape[0]].float()
+        worst = max(worst, float((got - r).abs().max()))
+        scale = max(scale, float(r.abs().max()))
+    return worst / scale if scale else worst
+
+
+def _paired(cmp: bench.Comparison, name: str, base: str) -> tuple[float, float, float]:
+    """Median and quartiles of the per-round ratios time(name) / time(base) of one comparison."""
+    r = sorted(a / b for a, b in zip(cmp.timings[name].samples_us, cmp.timings[base].samples_us))
+    q = lambda p: r[round(p * (len(r) - 1))]  # noqa: E731  (bench.Comparison.ratio_iqr's rule)
+    return statistics.median(r), q(0.25), q(0.75)
+
+
+def _host_us(fn: Callable[[], object], calls: int, rounds: int, cuda: bool) -> float:
+    """Median over ``rounds`` of the host time of ``calls`` calls without a sync, per call (µs):
+    a call's launch cost, or all of its time where it waits for the GPU (the loop's tolist)."""
+    samples = []
+    for _ in range(rounds):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        samples.append((time.perf_counter() - t0) * 1e6 / calls)
+    if cuda:
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def _capture_error(fn: Callable[[], object], device: torch.device) -> str | None:
+    """Capture one call of fn in a CUDA graph (after a warm-up on a side stream); None if that
+    works, else the error in one line. For implementations expected to capture: the one that
+    cannot (the loop) is tried in a child process instead (``capture_check``)."""
+    try:
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            torch.cuda.synchronize()
+            del graph
+        return None
+    except Exception as e:  # noqa: BLE001 (recorded)
+        return _one_line(e)
+
+
+def _one_line(e: BaseException) -> str:
+    """The error in one line, its first cause first: a failed capture raises again when the
+    capture ends ("operation failed due to a previous error during capture"), which would
+    otherwise hide the call that broke it."""
+    def line(x: BaseException) -> str:
+        text = str(x).strip().splitlines()
+        return f"{type(x).__name__}: {text[0][:300] if text else ''}"
+
+    root, seen = e, {id(e)}
+    while root.__context__ is not None and id(root.__context__) not in seen:
+        root = root.__context__
+        seen.add(id(root))
+    return line(root) if root is e else f"{line(root)} (then {line(e)})"
+
+
+#: fields every gemm record carries (None where they do not apply), so tables line up
+_GEMM_FIELDS = dict.fromkeys((
+    "timing_method", "ms", "ms_p25", "ms_p75", "ms_min", "samples", "inner", "tflops", "ratio_vs_torch",
+    "ratio_vs_torch_p25", "ratio_vs_torch_p75", "ratio_vs_loop", "ratio_vs_loop_p25", "ratio_vs_loop_p75",
+    "cpu_us", "torch_layout_best", "error"))
+#: likewise for tune records
+_TUNE_FIELDS = dict.fromkeys((
+    "ms", "ms_p25", "ms_p75", "samples", "inner", "tflops", "ratio_vs_chosen", "ratio_vs_chosen_p25",
+    "ratio_vs_chosen_p75", "best", "max_rel_err", "correct", "error"))
+
+
+def _blank(row: dict) -> dict:
+    for k in REQUIRED:
+        row.setdefault(k, None)
+    return row
+
+
+def _config_fields(cfg: gg.GroupedConfig | None) -> dict:
+    names = [f.name for f in dataclasses.fields(gg.GroupedConfig)]
+    return dataclasses.asdict(cfg) if cfg is not None else dict.fromkeys(names)
+
+
+def _tflops(E: int, M: int, K: int, N: int, ms: float | None) -> float | None:
+    return gg.flops(M, N, K) / ms / 1e9 if ms else None
+
+
+# ----------------------------------------------------------------------------------------------
+# The comparison
+
+
+def compare_case(E: int, M: int, K: int, N: int, skew: str, device: torch.device, timing: dict,
+                 seed: int = 0) -> list[dict]:
+    """Records of one shape and split: correctness, then eager (and on a GPU, graph) timings of
+    every implementation in one comparison each, and the host cost per call."""
+    cuda = device.type == "cuda"
+    counts = distributions.token_counts(E, M, skew, seed=seed)
+    desc = distributions.describe(counts)
+    counts_dev = torch.tensor(counts, dtype=torch.int32, device=device)
+    x, w = _operands(E, M, K, N, device, seed=1 + seed)
+    torch_ok, torch_why = baselines.torch_grouped_mm_available(device)
+    out_lk = torch.empty(M, N, dtype=DTYPE, device=device)
+    out_loop = torch.empty(M, N, dtype=DTYPE, device=device)
+    fns: dict[str, Callable[[], object]] = {
+        "labkit": lambda: gg.grouped_mm(x, w, counts_dev, out=out_lk),
+        "host_sync_loop": lambda: baselines.host_sync_loop(x, w, counts_dev, out=out_loop),
+    }
+    w_k = None
+    # torch's op also runs on the CPU (a per-group loop): there it is checked, never timed
+    if torch_ok or (baselines.op_name() is not None and not cuda):
+        w_k = baselines.k_major(w)
+        fns["torch_grouped_mm"] = lambda: baselines.torch_grouped_mm(x, w, counts_dev)
+        fns["torch_grouped_mm[K]"] = lambda: baselines.torch_grouped_mm(x, w_k, counts_dev)
+
+    case = {"experts": E, "tokens": M, "K": K, "N": N, "skew": skew, "dtype": "bfloat16", "counts": counts,
+            "max_over_mean": desc["max_over_mean"], "zero_experts": desc["zero_experts"],
+            "counts_text": desc["text"], "gpu": _gpu_name(device), "tier": tier.TIER,
+            "torch_available": torch_ok, "torch_reason": torch_why, "torch_op": baselines.op_name(),
+            "flops": gg.flops(M, N, K)}
+    chosen = gg.forward_config(M, E, device)
+    records: list[dict] = []
+
+    # 1. correctness, before any timing
+    ref = _reference(x, w, counts)
+    errors, outputs, failed = {}, {}, {}
+    for name, fn in fns.items():
+        try:
+            y = fn()
+            outputs[name] = y
+            errors[name] = _rel_err(y, ref)
+        except Exception as e:  # noqa: BLE001 (recorded: e.g. a layout this torch refuses)
+            failed[name] = _one_line(e)
+    vs_torch = None
+    if "labkit" in outputs and "torch_grouped_mm" in outputs:
+        t = outputs["torch_grouped_mm"].float()
+        vs_torch = float((outputs["labkit"].float() - t).abs().max() / t.abs().max().clamp_min(1e-30))
+    del outputs
+    timed = [n for n in fns if n not in failed and (cuda or n not in _TORCH_NAMES)
+             and (torch_ok or n not in _TORCH_NAMES)]
+
+    def record(name: str, method: str, **fields) -> dict:
+        impl, layout = _CANDIDATES[name]
+        return _blank({"kind": "gemm", **case, **_GEMM_FIELDS, "impl": impl, "w_layout": layout, "method": method,
+                       "max_rel_err": errors.get(name), "correct": (errors[name] <= TOLERANCE) if name in errors else None,
+                       "labkit_vs_torch_max_rel": vs_torch if impl == "labkit" else None,
+                       **_config_fields(chosen if impl == "labkit" else None), **fields})
+
+    for name, why in failed.items():
+        records.append(record(name, "eager" if cuda else "cpu_clock", error=why))
+    if not cuda:
+        for name in _TORCH_NAMES:
+            if name in errors:  # checked on the CPU, not timed: the reason says why
+                records.append(record(name, "cpu_clock", error=f"not timed: {torch_why}"))
+
+    # 2. eager, interleaved
+    methods = [("eager", "cuda_events")] if cuda else [("cpu_clock", "cpu_clock")]
+    # 3. graph replays (the loop cannot be captured: see capture_check)
+    if cuda:
+        methods.append(("graph", "cuda_graph"))
+    for method, how in methods:
+        names = [n for n in timed if not (method == "graph" and n == "host_sync_loop")]
+        if method == "graph":
+            for n in list(names):
+                err = _capture_error(fns[n], device)
+                if err:
+                    names.remove(n)
+                    records.append(record(n, method, error=f"capture failed: {err}"))
+        if not names:
+            continue
+        try:
+            cmp = bench.compare({n: fns[n] for n in names}, baseline=names[0], device=device if cuda else None,
+                                warmup=timing["warmup"], reps=timing["reps"], inner=timing["inner"], method=how)
+        except Exception as e:  # noqa: BLE001 (recorded; the other cases still run)
+            records += [record(n, method, error=f"timing failed: {_one_line(e)}") for n in names]
+            continue
+        torch_names = [n for n in names if n in _TORCH_NAMES]
+        best = min(torch_names, key=lambda n: cmp.timings[n].median_us) if torch_names else None
+        for n in names:
+            t = cmp.timings[n]
+            ms = t.median_us / 1e3
+            fields = {"timing_method": how, "ms": ms, "ms_p25": t.p25_us / 1e3, "ms_p75": t.p75_us / 1e3,
+                      "ms_min": t.min_us / 1e3, "samples": len(t.samples_us), "inner": t.inner,
+                      "tflops": _tflops(E, M, K, N, ms), "torch_layout_best": (n == best) if n in _TORCH_NAMES else None}
+            for key, base in (("ratio_vs_torch", best), ("ratio_vs_loop", "host_sync_loop" if "host_sync_loop" in names else None)):
+                r = _paired(cmp, n, base) if base else (None, None, None)
+                fields.update({key: r[0], f"{key}_p25": r[1], f"{key}_p75": r[2]})
+            if method != "graph":
+                fields["cpu_us"] = _host_us(fns[n], timing["inner"], timing["host_rounds"], cuda)
+            records.append(record(n, method, **fields))
+    return records
+
+
+def capture_check(E: int, M: int, K: int, N: int, seed: int = 0) -> list[dict]:
+    """Run in a child process (``run_isolated``): capture one call of each implementation in a
+    CUDA graph, with uniform counts in a device buffer. For those that capture, overwrite the
+    buffer with the skewed split and replay: the graph must compute the new split's product
+    (the counts are read on the device at replay time). The host-sync loop goes last: its failed
+    capture may leave this process's CUDA context unusable."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    uniform = distributions.token_counts(E, M, "uniform", seed=seed)
+    skewed = distributions.token_counts(E, M, "skewed", seed=seed)
+    counts_dev = torch.tensor(uniform, dtype=torch.int32, device=device)
+    x, w = _operands(E, M, K, N, device, seed=1 + seed)
+    ref = _reference(x, w, skewed)
+    out = torch.empty(M, N, dtype=DTYPE, device=device)
+    fns = {"labkit": lambda: gg.grouped_mm(x, w, counts_dev, out=out)}
+    if baselines.torch_grouped_mm_available(device)[0]:
+        fns["torch_grouped_mm"] = lambda: baselines.torch_grouped_mm(x, w, counts_dev)
+    fns["host_sync_loop"] = lambda: baselines.host_sync_loop(x, w, counts_dev, out=out)
+    rows = []
+    for name, fn in fns.items():
+        row = {"impl": name, "captured": False, "error": None, "recount_max_rel_err": None, "recount_correct": None}
+        counts_dev.copy_(torch.tensor(uniform, dtype=torch.int32))
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y = fn()
+            torch.cuda.synchronize()
+            row["captured"] = True
+            counts_dev.copy_(torch.tensor(skewed, dtype=torch.int32))  # new counts, same graph
+            graph.replay()
+            torch.cuda.synchronize()
+            err = _rel_err(y, ref)
+            row.update(recount_max_rel_err=err, recount_correct=err <= TOLERANCE)
+        except Exception as e:  # noqa: BLE001 (the point of the experiment: recorded)
+            row["error"] = _one_line(e)
+        rows.append(row)
+    return rows
+
+
+def _capture_records(E: int, M: int, K: int, N: int, device: torch.device, timeout: float = 300.0) -> list[dict]:
+    base = {"kind": "capture", "experts": E, "tokens": M, "K": K, "N": N, "skew": "uniform, then skewed",
+            "method": "graph", "ms": None, "tflops": None, "gpu": _gpu_name(device), "tier": tier.TIER,
+            "captured": None, "error": None, "recount_max_rel_err": None, "recount_correct": None}
+    if device.type != "cuda":
+        return [_blank(dict(base, impl=impl, captured=None, error="not run: CUDA graphs need a CUDA GPU"))
+                for impl in IMPLS]
+    from labkit.workbench import sandbox
+
+    res = sandbox.run_isolated(capture_check, E, M, K, N, timeout=timeout)
+    if res.ok:
+        return [_blank(dict(base, **row)) for row in res.value]
+    return [_blank(dict(base, impl=impl, captured=None, error=f"the capture experiment failed: {res.summary()}"))
+            for impl in IMPLS]
+
+
+def benchmark(profile: str, shapes=None, skews=distributions.SKEWS, timing: dict | None = None,
+              capture: bool = True, progress: bool = True) -> list[dict]:
+    """Entry point of ``labkit bench grouped_gemm``: every shape of ``SHAPES[profile]`` (or
+    ``shapes``: (E, M, K, N) tuples) and split, compared (``compare_case``), then the capture
+    check. ``timing`` overrides ``TIMING[profile]``."""
+    from tqdm.auto import tqdm
+
+    profile = _profile(profile)
+    device = tier.kernel_device()
+    if device.type == "cuda":
+        from labkit.workbench import gates
+
+        gates.requires(gpus=1, compiled=True).check()
+        device = torch.device("cuda", torch.cuda.current_device())
+    shapes = list(shapes or SHAPES[profile])
+    timing = dict(TIMING[profile], **(timing or {}))
+    cases = [(shape, skew) for shape in shapes for skew in skews]
+    records = []
+    for (E, M, K, N), skew in tqdm(cases, desc="grouped GEMM", unit="case", disable=not progress):
+        records += compare_case(E, M, K, N, skew, device, timing)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    if capture:
+        records += _capture_records(*shapes[min(CAPTURE_SHAPE, len(shapes) - 1)], device)
+    return records
+
+
+# ----------------------------------------------------------------------------------------------
+# The configuration sweep
+
+
+#: candidate tile grids per profile (every combination, minus those over SMEM_LIMIT)
+TUNE_GRID = {
+    "gpu": {"block_m": (64, 128), "block_n": (128, 256), "block_k": (64,), "group_m": (8,),
+            "num_warps": (4, 8), "num_stages": (3, 4)},
+    "cpu": {"block_m": (16, 32), "block_n": (32,), "block_k": (32,), "group_m": (4,),
+            "num_warps": (4,), "num_stages": (1,)},
+}
+TUNE_TIMING = {"gpu": {"warmup": 3, "reps": 10, "inner": 10}, "cpu": {"warmup": 1, "reps": 2, "inner": 1}}
+#: shared memory a config may ask for (H100/H200: 228 KiB per SM, 227 KiB per block at most)
+SMEM_LIMIT = 200 * 1024
+
+
+def smem_bytes(cfg: gg.GroupedConfig, itemsize: int = 2) -> int:
+    """Approximate shared memory of a config: one x tile and one w tile per pipeline stage."""
+    return (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * itemsize * cfg.num_stages
+
+
+def candidate_configs(grid: dict, chosen: gg.GroupedConfig | None = None) -> list[gg.GroupedConfig]:
+    """Every combination of ``grid`` whose ``smem_bytes`` fits SMEM_LIMIT, plus ``chosen`` (what
+    ``forward_config`` picks, measured whatever it asks for)."""
+    keys = [f.name for f in dataclasses.fields(gg.GroupedConfig)]
+    missing = [k for k in keys if k not in grid]
+    if missing:
+        raise ValueError(f"grid: lacks {missing}")
+    configs = [gg.GroupedConfig(*values) for values in itertools.product(*(grid[k] for k in keys))]
+    configs = [c for c in configs if smem_bytes(c) <= SMEM_LIMIT]
+    if chosen is not None and chosen not in configs:
+        configs.insert(0, chosen)
+    return configs
+
+
+@contextlib.contextmanager
+def forced_config(cfg: gg.GroupedConfig) -> Iterator[None]:
+    """Benchmark-only hook: while inside, ``grouped_mm`` launches with ``cfg`` whatever the shape.
+    It swaps ``labkit.kernels.grouped_gemm.forward_config`` (which ``grouped_mm`` looks up on each
+    call) and puts it back on exit; not thread-safe, not for use outside the sweep."""
+    if not isinstance(cfg, gg.GroupedConfig):
+        raise TypeError(f"cfg: expected a GroupedConfig, got {type(cfg).__name__}")
+    original = gg.forward_config
+    gg.forward_config = lambda M, E, device: cfg
+    try:
+        yield
+    finally:
+        gg.forward_config = original
+
+
+def _forced_call(cfg, x, w, counts, out):
+    with forced_config(cfg):
+        return gg.grouped_mm(x, w, counts, out=out)
+
+
+def tune_case(E: int, M: int, K: int, N: int, skew: str, device: torch.device, grid: dict, timing: dict,
+              seed: int = 0, bar=None) -> list[dict]:
+    """Records of one shape and split: each candidate config checked against float32, then all
+    timed in one comparison (graph replays on a GPU), paired against ``forward_config``'s choice."""
+    cuda = device.type == "cuda"
+    counts = distributions.token_counts(E, M, skew, seed=seed)
+    desc = distributions.describe(counts)
+    counts_dev = torch.tensor(counts, dtype=torch.int32, device=device)
+    x, w = _operands(E, M, K, N, device, seed=1 + seed)
+    out = torch.empty(M, N, dtype=DTYPE, device=device)
+    chosen = gg.forward_config(M, E, device)
+    configs = candidate_configs(grid, chosen)
+    ref = _reference(x, w, counts)
+    method = "graph" if cuda else "cpu_clock"
+    base = {"kind": "tune", "impl": "labkit", "experts": E, "tokens": M, "K": K, "N": N, "skew": skew,
+            "dtype": "bfloat16", "method": method, "timing_method": "cuda_graph" if cuda else "cpu_clock",
+            "max_over_mean": desc["max_over_mean"], "zero_experts": desc["zero_experts"],
+            "gpu": _gpu_name(device), "tier": tier.TIER, **_TUNE_FIELDS}
+    records, fns, errors = [], {}, {}
+    for cfg in configs:
+        name = f"m{cfg.block_m} n{cfg.block_n} k{cfg.block_k} g{cfg.group_m} w{cfg.num_warps} s{cfg.num_stages}"
+        fields = dict(base, config=name, **dataclasses.asdict(cfg), smem_bytes=smem_bytes(cfg), chosen=cfg == chosen)
+        try:
+            errors[name] = _rel_err(_forced_call(cfg, x, w, counts_dev, out), ref)
+            err = _capture_error(lambda cfg=cfg: _forced_call(cfg, x, w, counts_dev, out), device) if cuda else None
+            if err:
+                raise RuntimeError(f"capture failed: {err}")
+            fns[name] = (cfg, fields)
+        except Exception as e:  # noqa: BLE001 (e.g. out of shared memory on this GPU: recorded)
+            records.append(_blank(dict(fields, error=_one_line(e), max_rel_err=errors.get(name))))
+        if bar is not None:
+            bar.update()
+    if not fns:
+        return records
+    chosen_name = next((n for n, (cfg, _) in fns.items() if cfg == chosen), next(iter(fns)))
+    try:
+        cmp = bench.compare({n: (lambda cfg=cfg: _forced_call(cfg, x, w, counts_dev, out)) for n, (cfg, _) in fns.items()},
+                            baseline=chosen_name, device=device if cuda else None, warmup=timing["warmup"],
+                            reps=timing["reps"], inner=timing["inner"], method="cuda_graph" if cuda else "cpu_clock")
+    except Exception as e:  # noqa: BLE001 (recorded; the other cases still run)
+        return records + [_blank(dict(fields, max_rel_err=errors[n], error=f"timing failed: {_one_line(e)}"))
+                          for n, (_, fields) in fns.items()]
+    best = min(fns, key=lambda n: cmp.timings[n].median_us)
+    for name, (cfg, fields) in fns.items():
+        t = cmp.timings[name]
+        ms = t.median_us / 1e3
+        r = _paired(cmp, name, chosen_name)
+        records.append(_blank(dict(fields, ms=ms, ms_p25=t.p25_us / 1e3, ms_p75=t.p75_us / 1e3, samples=len(t.samples_us),
+                                   inner=t.inner, tflops=_tflops(E, M, K, N, ms), ratio_vs_chosen=r[0],
+                                   ratio_vs_chosen_p25=r[1], ratio_vs_chosen_p75=r[2], best=name == best,
+                                   max_rel_err=errors[name], correct=errors[name] <= TOLERANCE)))
+    return records
+
+
+def tune_benchmark(profile: str, shapes=None, skews=distributions.SKEWS, grid: dict | None = None,
+                   timing: dict | None = None, progress: bool = True) -> list[dict]:
+    """Entry point of ``labkit bench grouped_gemm_tune``: ``tune_case`` for every shape and split
+    of the profile, labkit only. ``chosen`` marks ``forward_config``'s pick, ``best`` the fastest."""
+    from tqdm.auto import tqdm
+
+    profile = _profile(profile)
+    device = tier.kernel_device()
+    if device.type == "cuda":
+        from labkit.workbench import gates
+
+        gates.requires(gpus=1, compiled=True).check()
+        device = torch.device("cuda", torch.cuda.current_device())
+    shapes = list(shapes or SHAPES[profile])
+    grid = grid or TUNE_GRID[profile]
+    timing = dict(TUNE_TIMING[profile], **(timing or {}))
+    cases = [(shape, skew) for shape in shapes for skew in skews]
+    total = sum(len(candidate_configs(grid, gg.forward_config(s[1], s[0], device))) for s, _ in cases)
+    records = []
+    with tqdm(total=total, desc="grouped GEMM configs", unit="config", disable=not progress) as bar:
+        for (E, M, K, N), skew in cases:
+            records += tune_case(E, M, K, N, skew, device, grid, timing, bar=bar)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return records
+
+
+def best_configs(records: list[dict]) -> list[dict]:
+    """Per (experts, tokens, K, N, skew) of ``tune`` records: the fastest correct config and the
+    chosen one's TFLOP/s beside it (the evidence for ``HOPPER_FORWARD``, or against it)."""
+    groups: dict = {}
+    for r in records:
+        if r.get("kind") == "tune" and r.get("ms") and r.get("correct"):
+            groups.setdefault((r["experts"], r["tokens"], r["K"], r["N"], r["skew"]), []).append(r)
+    rows = []
+    for key, rs in sorted(groups.items()):
+        top = min(rs, key=lambda r: r["ms"])
+        chosen = next((r for r in rs if r.get("chosen")), None)
+        rows.append({"experts": key[0], "tokens": key[1], "K": key[2], "N": key[3], "skew": key[4],
+                     "best": top["config"], "best_tflops": top["tflops"],
+                     "chosen": chosen["config"] if chosen else None,
+                     "chosen_tflops": chosen["tflops"] if chosen else None,
+                     "chosen_vs_best": (chosen["ms"] / top["ms"]) if chosen else None})
+    return rows

@@ -1,0 +1,169 @@
+"""Figures of the grouped-GEMM benchmark (``labkit.labs.grouped_gemm.bench`` records).
+
+* ``plot_tflops_vs_experts``: TFLOP/s per shape (by its number of experts), one line per
+  implementation, uniform split solid and skewed dashed, under the datasheet's bf16 dense
+  tensor-core peak where the GPU is listed (a ceiling labelled as a datasheet figure).
+* ``plot_ratio``: labkit's time over torch's (or the loop's) in the same rounds, per shape and
+  split, eager and graph side by side, with the line at 1.0.
+* ``plot_cpu_cost``: host microseconds per call of each implementation (log scale).
+
+torch is timed with w in two layouts; these plots show its faster one per comparison
+(``torch_layout_best``), the baseline the ratios use.
+"""
+from __future__ import annotations
+
+#: NVIDIA datasheets, bf16 dense tensor-core TFLOP/s by the name the device reports: H100 SXM5
+#: 80GB and H200 SXM 141GB both list 1,979 TFLOPS "with sparsity", i.e. 989.4 dense (H100
+#: datasheet; H200 datasheet). A ceiling to draw, labelled as a datasheet figure, never a measurement.
+#: Other variants (PCIe, NVL) have lower clocks and power and are not listed: no ceiling is drawn.
+BF16_DENSE_TFLOPS = {"NVIDIA H100 80GB HBM3": 989.4, "NVIDIA H200": 989.4}
+
+IMPL_COLORS = {"labkit": "tab:blue", "torch_grouped_mm": "tab:orange", "host_sync_loop": "tab:red"}
+SKEW_STYLES = {"uniform": "-", "skewed": "--"}
+METHOD_ORDER = ("graph", "eager", "cpu_clock")
+
+
+def datasheet_bf16_tflops(gpu_name: str | None) -> float | None:
+    """The datasheet bf16 dense tensor-core peak of a GPU by its reported name, or None."""
+    return BF16_DENSE_TFLOPS.get(gpu_name) if gpu_name else None
+
+
+def _shown(records: list[dict]) -> list[dict]:
+    """Timed gemm records, torch only in its faster layout of each comparison."""
+    return [r for r in records if r.get("kind") == "gemm" and r.get("ms")
+            and (r.get("impl") != "torch_grouped_mm" or r.get("torch_layout_best") in (True, None))]
+
+
+def _shape(r: dict) -> tuple:
+    return (r["experts"], r["tokens"], r["K"], r["N"])
+
+
+def _shape_label(shape: tuple) -> str:
+    E, M, K, N = shape
+    return f"E={E}\n{M}×{K}×{N}"
+
+
+def _group_ticks(ax, groups: list[tuple]) -> None:
+    """x ticks of (shape, split) groups: short labels, the shapes spelled out in the axis label."""
+    ax.set_xticks(range(len(groups)), [f"E={s[0]}\n{skew}" for s, skew in groups], fontsize=7)
+    shapes = sorted({s for s, _ in groups})
+    ax.set_xlabel("experts and split; tokens M × K × N: "
+                  + ", ".join(f"E={E} {M}×{K}×{N}" for E, M, K, N in shapes), fontsize=7)
+
+
+def _empty(ax, title: str, text: str) -> None:
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=8, transform=ax.transAxes, wrap=True)
+    ax.set_title(title, fontsize=9)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def plot_tflops_vs_experts(records: list[dict], ax, title: str, method: str | None = None) -> None:
+    """TFLOP/s (2·M·N·K over the median time) per shape, ordered by experts; one colour per
+    implementation, uniform split solid, skewed dashed. ``method``: "graph", "eager" or
+    "cpu_clock" (default: the first of these the records hold)."""
+    rs = _shown(records)
+    if method is None:
+        method = next((m for m in METHOD_ORDER if any(r["method"] == m for r in rs)), None)
+    rs = [r for r in rs if r["method"] == method]
+    if not rs:
+        return _empty(ax, title, f"no timed grouped-GEMM records for method {method!r}")
+    shapes = sorted({_shape(r) for r in rs})
+    pos = {s: i for i, s in enumerate(shapes)}
+    for impl in IMPL_COLORS:
+        for skew, style in SKEW_STYLES.items():
+            pts = sorted((pos[_shape(r)], r["tflops"]) for r in rs if r["impl"] == impl and r["skew"] == skew)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=4,
+                        color=IMPL_COLORS[impl], label=f"{impl}, {skew}")
+    gpus = {r.get("gpu") for r in rs}
+    peak = datasheet_bf16_tflops(next(iter(gpus))) if len(gpus) == 1 else None
+    if peak:
+        ax.axhline(peak, color="0.3", ls=":", lw=1.2,
+                   label=f"datasheet peak, {next(iter(gpus))} bf16 dense: {peak:g} TFLOP/s")
+        ax.set_ylim(0, peak * 1.08)
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set_xticks(range(len(shapes)), [_shape_label(s) for s in shapes], fontsize=7)
+    ax.set_xlabel("experts (tokens M × K × N)")
+    ax.set_ylabel("TFLOP/s (2·M·N·K / median time)")
+    ax.set_title(f"{title}\nmethod: {method}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3)
+
+
+def ratio_rows(records: list[dict], against: str = "torch") -> list[dict]:
+    """labkit's paired ratio per (shape, split, method): {"shape", "skew", "method", "ratio",
+    "p25", "p75"} from ``ratio_vs_torch`` or ``ratio_vs_loop``."""
+    if against not in ("torch", "loop"):
+        raise ValueError(f"against: {against!r} is not 'torch' or 'loop'")
+    key = f"ratio_vs_{against}"
+    return [{"shape": _shape(r), "skew": r["skew"], "method": r["method"], "ratio": r[key],
+             "p25": r.get(f"{key}_p25"), "p75": r.get(f"{key}_p75")}
+            for r in _shown(records) if r["impl"] == "labkit" and r.get(key) is not None]
+
+
+def plot_ratio(records: list[dict], ax, title: str, against: str = "torch") -> None:
+    """labkit's time over torch's grouped GEMM (``against="torch"``) or over the host-sync loop
+    (``"loop"``), paired per round: median bars, quartile whiskers, per shape and split, one bar
+    per method; the line at 1.0 is "as fast as" the other."""
+    rows = ratio_rows(records, against)
+    other = "torch's grouped GEMM" if against == "torch" else "the host-sync loop"
+    if not rows:
+        return _empty(ax, title, f"no paired timing of labkit against {other} in these records"
+                      + (" (torch's device-side path needs sm_90)" if against == "torch" else ""))
+    groups = sorted({(row["shape"], row["skew"]) for row in rows}, key=lambda g: (g[0], g[1] != "uniform"))
+    methods = [m for m in METHOD_ORDER[::-1] if any(row["method"] == m for row in rows)]
+    width = 0.8 / len(methods)
+    colors = {"eager": "tab:green", "graph": "tab:purple", "cpu_clock": "tab:gray"}
+    for j, m in enumerate(methods):
+        at = {(row["shape"], row["skew"]): row for row in rows if row["method"] == m}
+        xs = [i + (j - (len(methods) - 1) / 2) * width for i, g in enumerate(groups) if g in at]
+        sel = [at[g] for g in groups if g in at]
+        ys = [row["ratio"] for row in sel]
+        have_q = all(row["p25"] is not None and row["p75"] is not None for row in sel)
+        yerr = [[row["ratio"] - row["p25"] for row in sel], [row["p75"] - row["ratio"] for row in sel]] if have_q else None
+        ax.bar(xs, ys, width, yerr=yerr, capsize=2, color=colors.get(m), label=m)
+        for x, y in zip(xs, ys):
+            ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=6)
+    ax.axhline(1.0, color="0.2", lw=1, ls="--",
+               label="1.0: as fast as torch" if against == "torch" else "1.0: as fast as the loop")
+    _group_ticks(ax, groups)
+    ax.set_ylabel(f"labkit time / {other} time\n(same round; median of paired ratios,\nwhiskers p25-p75)", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    top = max([row["p75"] or row["ratio"] for row in rows] + [1.0])
+    if against == "loop":
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(0, top * 1.15)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3, axis="y")
+
+
+def plot_cpu_cost(records: list[dict], ax, title: str) -> None:
+    """Host µs per call (``cpu_us``: ``inner`` calls without a sync, divided by ``inner``) per
+    implementation, grouped by shape and split; log scale. For labkit and torch this is the
+    launch cost; for the loop it includes waiting for the GPU at ``tolist()``."""
+    rs = [r for r in _shown(records) if r.get("cpu_us")]
+    if not rs:
+        return _empty(ax, title, "no host-cost measurements in these records")
+    groups = sorted({(_shape(r), r["skew"]) for r in rs}, key=lambda g: (g[0], g[1] != "uniform"))
+    impls = [i for i in IMPL_COLORS if any(r["impl"] == i for r in rs)]
+    width = 0.8 / len(impls)
+    for j, impl in enumerate(impls):
+        at = {(_shape(r), r["skew"]): r for r in rs if r["impl"] == impl}
+        xs = [i + (j - (len(impls) - 1) / 2) * width for i, g in enumerate(groups) if g in at]
+        ys = [at[g]["cpu_us"] for g in groups if g in at]
+        ax.bar(xs, ys, width, color=IMPL_COLORS[impl], label=impl)
+        for x, y in zip(xs, ys):
+            ax.annotate(f"{y:.3g}", (x, y), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=6)
+    ax.set_yscale("log")
+    _group_ticks(ax, groups)
+    ax.set_ylabel("host µs per call (no sync; median)", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(alpha=0.3, axis="y")
+
+
+__all__ = ["BF16_DENSE_TFLOPS", "datasheet_bf16_tflops", "plot_cpu_cost", "plot_ratio",
+           "plot_tflops_vs_experts", "ratio_rows"]

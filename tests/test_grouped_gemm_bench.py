@@ -1,0 +1,374 @@
+import labkit  # noqa: F401  (first: picks the tier before any kernel module is imported)
+
+# labkit.labs.grouped_gemm: token splits, the two baselines, the benchmark records and plots.
+#
+# On the CPU tier the benchmark runs its tiny profile under the Triton interpreter (labkit and
+# the host-sync loop, method="cpu_clock"); the GPU tests check torch's grouped GEMM against
+# labkit's and the capture experiment's claims.
+import json
+import math
+
+import pytest
+import torch
+
+from labkit.kernels import grouped_gemm as gg
+from labkit.labs.grouped_gemm import baselines, bench, distributions, gemm_plots
+from labkit.labs.grouped_gemm.distributions import describe, token_counts
+from labkit.workbench import tier
+
+DEV = tier.kernel_device()
+
+
+# ----------------------------------------------------------------------------------------------
+# distributions
+
+
+@pytest.mark.parametrize("experts,tokens", [(1, 7), (4, 10), (8, 16384), (64, 16384), (128, 8192), (7, 3)])
+def test_uniform_split_is_even_and_exact(experts, tokens):
+    c = token_counts(experts, tokens, "uniform")
+    assert sum(c) == tokens and len(c) == experts
+    assert max(c) - min(c) <= 1
+    assert c == sorted(c, reverse=True)  # the remainder goes to the first experts
+
+
+@pytest.mark.parametrize("experts,tokens", [(2, 1), (2, 5), (4, 96), (8, 16384), (10, 3), (11, 1000),
+                                            (64, 16384), (128, 8192), (100, 12345)])
+def test_skewed_split_sums_exactly_and_empties_a_tenth(experts, tokens):
+    c = token_counts(experts, tokens, "skewed")
+    assert len(c) == experts and sum(c) == tokens
+    assert all(isinstance(v, int) and v >= 0 for v in c)
+    assert sum(v == 0 for v in c) >= math.ceil(experts / 10)
+    assert any(c)
+
+
+def test_skewed_split_is_deterministic_and_the_seed_only_permutes():
+    a = token_counts(64, 16384, "skewed")
+    assert a == token_counts(64, 16384, "skewed", seed=0)
+    b = token_counts(64, 16384, "skewed", seed=1)
+    assert a != b and sorted(a) == sorted(b)
+    assert a != sorted(a, reverse=True)  # shuffled: the heavy expert is not simply expert 0
+
+
+def test_skewed_split_follows_zipf_1_2():
+    E, M = 64, 16384
+    c = sorted(token_counts(E, M, "skewed"), reverse=True)
+    z = distributions.zero_experts(E)
+    weights = [r ** -distributions.ZIPF_S for r in range(1, E - z + 1)]
+    quotas = [M * w / sum(weights) for w in weights]
+    # largest-remainder rounding: every rank is within one token of its quota
+    assert all(abs(got - q) < 1 for got, q in zip(c, quotas))
+    assert c[E - z:] == [0] * z
+    # and the log-log slope over the busy ranks is -1.2
+    xs = [math.log(r) for r in range(1, 41)]
+    ys = [math.log(v) for v in c[:40]]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    assert slope == pytest.approx(-1.2, abs=0.02)
+
+
+@pytest.mark.parametrize("args,kwargs,exc,match", [
+    ((0, 10), {}, ValueError, "experts"),
+    (("4", 10), {}, TypeError, "experts"),
+    ((True, 10), {}, TypeError, "experts"),
+    ((4, 0), {}, ValueError, "tokens"),
+    ((4, 2.5), {}, TypeError, "tokens"),
+    ((4, 10, "zipf"), {}, ValueError, "skew"),
+    ((4, 10, "skewed"), {"seed": "a"}, TypeError, "seed"),
+    ((1, 10, "skewed"), {}, ValueError, "experts"),
+])
+def test_bad_split_arguments_are_named(args, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        token_counts(*args, **kwargs)
+
+
+def test_describe_summarises_a_split():
+    d = describe([6, 0, 2, 0])
+    assert d["experts"] == 4 and d["tokens"] == 8 and d["zero_experts"] == 2
+    assert d["max_over_mean"] == pytest.approx(3.0) and d["largest_share"] == pytest.approx(0.75)
+    assert "2 of 4 experts empty" in d["text"]
+    assert describe(torch.tensor([1, 1]))["max_over_mean"] == pytest.approx(1.0)
+    json.dumps(d)
+    with pytest.raises(ValueError, match="counts"):
+        describe([])
+    with pytest.raises(ValueError, match="counts"):
+        describe([1, -1])
+
+
+# ----------------------------------------------------------------------------------------------
+# baselines on the CPU
+
+
+def _operands(E, M, K, N, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(M, K, generator=g).to(dtype), torch.randn(E, K, N, generator=g).to(dtype)
+
+
+def _reference64(x, w, counts):
+    out, row = torch.zeros(x.shape[0], w.shape[2], dtype=torch.float64), 0
+    for e, m in enumerate(counts):
+        out[row:row + m] = x[row:row + m].double() @ w[e].double()
+        row += m
+    return out
+
+
+@pytest.mark.parametrize("skew", distributions.SKEWS)
+def test_host_sync_loop_matches_a_float64_reference(skew):
+    counts = token_counts(8, 100, skew, seed=3)
+    x, w = _operands(8, 100, 24, 40, torch.float64, seed=1)
+    out = torch.full((100, 40), float("nan"), dtype=torch.float64)
+    got = baselines.host_sync_loop(x, w, torch.tensor(counts), out=out)
+    assert got is out
+    torch.testing.assert_close(got, _reference64(x, w, counts), rtol=1e-12, atol=1e-12)
+    # bf16 inputs, list counts, out allocated by the call
+    xb, wb = _operands(8, 100, 24, 40, torch.bfloat16, seed=2)
+    ref = _reference64(xb, wb, counts)
+    got = baselines.host_sync_loop(xb, wb, counts).double()
+    assert float((got - ref).abs().max()) <= 2 ** -7 * float(ref.abs().max())
+
+
+def test_host_sync_loop_refuses_bad_input():
+    x, w = _operands(4, 12, 8, 8, torch.float32)
+    with pytest.raises(ValueError, match="counts"):
+        baselines.host_sync_loop(x, w, [3, 3, 3])
+    with pytest.raises(ValueError, match="counts"):
+        baselines.host_sync_loop(x, w, [3, 3, 3, 4])
+    with pytest.raises(ValueError, match="w"):
+        baselines.host_sync_loop(x, w[:, :4], [3, 3, 3, 3])
+    with pytest.raises(ValueError, match="out"):
+        baselines.host_sync_loop(x, w, [3, 3, 3, 3], out=torch.empty(12, 9))
+
+
+def test_end_offsets_are_int32_ends():
+    offs = baselines.end_offsets(torch.tensor([2, 0, 5], dtype=torch.int64), torch.device("cpu"))
+    assert offs.dtype == torch.int32 and offs.tolist() == [2, 2, 7]
+    assert baselines.end_offsets([1, 2], torch.device("cpu")).tolist() == [1, 3]
+    with pytest.raises(ValueError, match="counts"):
+        baselines.end_offsets(torch.tensor([[1, 2]]), torch.device("cpu"))
+
+
+def test_torch_grouped_mm_is_not_available_on_the_cpu():
+    ok, reason = baselines.torch_grouped_mm_available("cpu")
+    assert ok is False and reason
+    assert "cpu" in reason or "no torch._grouped_mm" in reason
+
+
+def test_torch_grouped_mm_availability_names_a_missing_op(monkeypatch):
+    monkeypatch.setattr(torch.nn.functional, "grouped_mm", None, raising=False)
+    monkeypatch.setattr(torch, "_grouped_mm", None, raising=False)
+    ok, reason = baselines.torch_grouped_mm_available("cpu")
+    assert not ok and "no torch._grouped_mm" in reason
+    with pytest.raises(RuntimeError, match="no grouped GEMM op"):
+        baselines.torch_grouped_mm(torch.zeros(2, 8), torch.zeros(1, 8, 8), [2])
+
+
+def test_torch_grouped_mm_call_shape_on_the_cpu():
+    """torch >= 2.9 runs its op on the CPU too (a loop over groups): the baseline's call shape,
+    offsets and both layouts of w are checked here where it does; skipped where it does not."""
+    if baselines.op_name() is None:
+        pytest.skip(f"torch {torch.__version__} has no grouped GEMM op")
+    counts = token_counts(4, 64, "skewed")
+    x, w = _operands(4, 64, 32, 48, torch.bfloat16, seed=5)
+    try:
+        got = baselines.torch_grouped_mm(x, w, torch.tensor(counts, dtype=torch.int32))
+    except (RuntimeError, NotImplementedError) as e:
+        pytest.skip(f"torch's grouped GEMM does not run on the CPU here: {e}")
+    ref = _reference64(x, w, counts)
+    assert float((got.double() - ref).abs().max()) <= 2 ** -7 * float(ref.abs().max())
+    got_k = baselines.torch_grouped_mm(x, baselines.k_major(w), counts)
+    assert baselines.k_major(w).stride(1) == 1
+    torch.testing.assert_close(got_k, got)
+
+
+# ----------------------------------------------------------------------------------------------
+# the benchmark's records (CPU profile: interpreter, tiny shapes)
+
+
+@pytest.fixture(scope="module")
+def cpu_records():
+    return bench.benchmark("cpu", progress=False)
+
+
+def test_benchmark_records_carry_the_required_fields(cpu_records):
+    assert cpu_records
+    for r in cpu_records:
+        missing = [k for k in bench.REQUIRED if k not in r]
+        assert not missing, f"{r['kind']} {r['impl']} lacks {missing}"
+    json.dumps(cpu_records)
+
+
+def test_benchmark_times_labkit_and_the_loop_and_checks_them_first(cpu_records):
+    timed = [r for r in cpu_records if r["kind"] == "gemm" and r["ms"] is not None]
+    if DEV.type == "cpu":
+        assert {r["impl"] for r in timed} == {"labkit", "host_sync_loop"}
+        assert {r["method"] for r in timed} == {"cpu_clock"}
+        assert {r["tier"] for r in timed} == {"interpreter"}
+    cases = {(r["experts"], r["tokens"], r["K"], r["N"], r["skew"]) for r in timed}
+    assert len(cases) == len(bench.SHAPES["cpu"]) * len(distributions.SKEWS)
+    for r in timed:
+        for key in ("ms", "ms_p25", "ms_p75", "tflops"):
+            assert math.isfinite(r[key]) and r[key] > 0, (key, r)
+        assert r["ms_p25"] <= r["ms"] <= r["ms_p75"]
+        assert r["tflops"] == pytest.approx(gg.flops(r["tokens"], r["N"], r["K"]) / r["ms"] / 1e9)
+        assert r["correct"] is True and r["max_rel_err"] <= bench.TOLERANCE
+        if r["method"] != "graph":
+            assert math.isfinite(r["cpu_us"]) and r["cpu_us"] > 0
+        assert sum(r["counts"]) == r["tokens"]
+    labkit = [r for r in timed if r["impl"] == "labkit"]
+    assert all(r["block_m"] is not None for r in labkit)
+    assert all(r["ratio_vs_loop"] > 0 for r in labkit)
+
+
+def test_benchmark_records_the_capture_experiment(cpu_records):
+    caps = [r for r in cpu_records if r["kind"] == "capture"]
+    assert {r["impl"] for r in caps} >= {"labkit", "host_sync_loop"}
+    if DEV.type == "cpu":
+        assert all(r["captured"] is None and "CUDA" in r["error"] for r in caps)
+
+
+def test_benchmark_refuses_an_unknown_profile():
+    with pytest.raises(ValueError, match="profile"):
+        bench.benchmark("huge")
+
+
+# ----------------------------------------------------------------------------------------------
+# the configuration sweep
+
+
+def test_forced_config_is_used_and_put_back():
+    cfg = gg.GroupedConfig(16, 32, 32, 4, 4, 1)
+    original = gg.forward_config
+    with bench.forced_config(cfg):
+        assert gg.forward_config(100, 4, DEV) == cfg
+    assert gg.forward_config is original
+    with pytest.raises(KeyError):
+        with bench.forced_config(cfg):
+            raise KeyError("inside")
+    assert gg.forward_config is original
+    with pytest.raises(TypeError, match="cfg"):
+        with bench.forced_config((16, 32)):
+            pass
+
+
+def test_candidate_configs_drop_what_shared_memory_cannot_hold():
+    gpu = bench.candidate_configs(bench.TUNE_GRID["gpu"])
+    assert len(gpu) == 16 and all(bench.smem_bytes(c) <= bench.SMEM_LIMIT for c in gpu)
+    assert all(cfg in gpu for _, cfg in gg.HOPPER_FORWARD)  # the shipped choices are measured
+    big = dict(bench.TUNE_GRID["gpu"], block_k=(64, 128))
+    kept = bench.candidate_configs(big)
+    assert len(kept) < 32 and all(bench.smem_bytes(c) <= bench.SMEM_LIMIT for c in kept)
+    chosen = gg.GroupedConfig(256, 256, 128, 8, 8, 4)  # over the limit, still measured when chosen
+    assert bench.candidate_configs(big, chosen)[0] == chosen
+    with pytest.raises(ValueError, match="grid"):
+        bench.candidate_configs({"block_m": (64,)})
+
+
+def test_tune_benchmark_marks_the_chosen_and_the_best_config():
+    recs = bench.tune_benchmark("cpu", shapes=[(4, 96, 32, 32)], skews=("skewed",), progress=False)
+    assert recs and all(r["kind"] == "tune" for r in recs)
+    assert all(k in r for r in recs for k in bench.REQUIRED)
+    assert sum(r["chosen"] for r in recs) == 1 and sum(bool(r["best"]) for r in recs) == 1
+    assert all(r["correct"] and r["ms"] > 0 and r["tflops"] > 0 for r in recs)
+    chosen = next(r for r in recs if r["chosen"])
+    assert chosen["ratio_vs_chosen"] == pytest.approx(1.0)
+    rows = bench.best_configs(recs)
+    assert len(rows) == 1 and rows[0]["chosen"] == chosen["config"]
+    json.dumps(recs)
+
+
+# ----------------------------------------------------------------------------------------------
+# plots
+
+
+def _gpu_like_records():
+    """Records shaped as the GPU profile writes them (made up numbers): torch in two layouts,
+    eager and graph, the host cost, a datasheet-listed GPU."""
+    rows = []
+    for E, M, K, N in bench.SHAPES["gpu"]:
+        for skew in distributions.SKEWS:
+            for method in ("eager", "graph"):
+                for impl, layout, best, ms in (("labkit", "N-contiguous", None, 1.0),
+                                               ("torch_grouped_mm", "N-contiguous", False, 1.2),
+                                               ("torch_grouped_mm", "K-contiguous", True, 1.1),
+                                               ("host_sync_loop", "N-contiguous", None, 3.0)):
+                    if method == "graph" and impl == "host_sync_loop":
+                        continue
+                    rows.append({"kind": "gemm", "impl": impl, "w_layout": layout, "experts": E, "tokens": M,
+                                 "K": K, "N": N, "skew": skew, "method": method, "ms": ms,
+                                 "tflops": gg.flops(M, N, K) / ms / 1e9, "gpu": "NVIDIA H200",
+                                 "torch_layout_best": best, "ratio_vs_torch": ms / 1.1, "ratio_vs_torch_p25": ms / 1.15,
+                                 "ratio_vs_torch_p75": ms / 1.05, "ratio_vs_loop": ms / 3.0 if method == "eager" else None,
+                                 "cpu_us": 30.0 if method == "eager" else None})
+    return rows
+
+
+@pytest.mark.parametrize("which", ["cpu", "gpu_like", "empty"])
+def test_plots_draw(which, cpu_records):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = {"cpu": cpu_records, "gpu_like": _gpu_like_records(), "empty": []}[which]
+    fig, axes = plt.subplots(1, 5, figsize=(20, 3))
+    gemm_plots.plot_tflops_vs_experts(records, axes[0], "TFLOP/s")
+    gemm_plots.plot_tflops_vs_experts(records, axes[1], "TFLOP/s eager", method="eager")
+    gemm_plots.plot_ratio(records, axes[2], "vs torch")
+    gemm_plots.plot_ratio(records, axes[3], "vs loop", against="loop")
+    gemm_plots.plot_cpu_cost(records, axes[4], "host cost")
+    fig.canvas.draw()
+    if which == "gpu_like":
+        labels = [t.get_text() for t in axes[0].get_legend().get_texts()]
+        assert any("datasheet peak" in s and "989.4" in s for s in labels)
+        assert len(axes[2].patches) == 2 * len(bench.SHAPES["gpu"]) * len(distributions.SKEWS)
+    plt.close(fig)
+    with pytest.raises(ValueError, match="against"):
+        gemm_plots.ratio_rows(records, against="cublas")
+
+
+def test_datasheet_peak_is_only_for_listed_gpus():
+    assert gemm_plots.datasheet_bf16_tflops("NVIDIA H200") == pytest.approx(989.4)
+    assert gemm_plots.datasheet_bf16_tflops("NVIDIA H200 NVL") is None
+    assert gemm_plots.datasheet_bf16_tflops(None) is None
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU
+
+
+def _torch_gate():
+    ok, reason = baselines.torch_grouped_mm_available(torch.device("cuda"))
+    if not ok:
+        pytest.skip(reason)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("skew", distributions.SKEWS)
+def test_torch_grouped_mm_and_labkit_agree(skew):
+    _torch_gate()
+    E, M, K, N = 8, 512, 256, 384
+    counts = token_counts(E, M, skew, seed=7)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(E, K, N, device="cuda", generator=g) / K ** 0.5).bfloat16()
+    c = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    ours = gg.grouped_mm(x, w, c).float()
+    ref = _reference64(x.cpu(), w.cpu(), counts).float().cuda()
+    scale = float(ref.abs().max())
+    for ww in (w, baselines.k_major(w)):
+        theirs = baselines.torch_grouped_mm(x, ww, c).float()
+        assert float((theirs - ref).abs().max()) <= 2 ** -7 * scale
+        assert float((ours - theirs).abs().max()) <= 2 ** -6 * scale
+    loop = baselines.host_sync_loop(x, w, c).float()
+    assert float((loop - ref).abs().max()) <= 2 ** -7 * scale
+
+
+@pytest.mark.gpu
+def test_the_loop_cannot_be_captured_and_labkit_replays_new_counts():
+    from labkit.workbench import sandbox
+
+    res = sandbox.run_isolated(bench.capture_check, 8, 512, 128, 256, timeout=300)
+    rows = {r["impl"]: r for r in res.unwrap()}
+    assert rows["labkit"]["captured"] and rows["labkit"]["recount_correct"], rows["labkit"]
+    assert rows["host_sync_loop"]["captured"] is False and rows["host_sync_loop"]["error"]
+    if "torch_grouped_mm" in rows:
+        assert rows["torch_grouped_mm"]["captured"] and rows["torch_grouped_mm"]["recount_correct"]
