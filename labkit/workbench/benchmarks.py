@@ -23,6 +23,8 @@ BENCHMARKS = {
     "collectives": ("labkit.labs.collectives.bench", "benchmark", "REQUIRED"),
     "collectives_tune": ("labkit.labs.collectives.bench", "tune_benchmark", "REQUIRED"),
     "links": ("labkit.labs.collectives.links", "benchmark", "REQUIRED"),
+    "grouped_gemm": ("labkit.labs.grouped_gemm.bench", "benchmark", "REQUIRED"),
+    "grouped_gemm_tune": ("labkit.labs.grouped_gemm.bench", "tune_benchmark", "REQUIRED"),
 }
 
 

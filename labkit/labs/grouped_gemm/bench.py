@@ -405,10 +405,12 @@ def benchmark(profile: str, shapes=None, skews=distributions.SKEWS, timing: dict
 
 #: candidate tile grids per profile (every combination, minus those over SMEM_LIMIT)
 TUNE_GRID = {
+    # on one H100 (a probe at 7d67fd8) 8 warps beat 4 at every shape, so the GPU grid keeps 4
+    # warps only for 64-row tiles, where two programs per SM can fit; TMA loads on and off
     "gpu": {"block_m": (64, 128), "block_n": (128, 256), "block_k": (64,), "group_m": (8,),
-            "num_warps": (4, 8), "num_stages": (3, 4)},
+            "num_warps": (8,), "num_stages": (3, 4), "programs_per_sm": (1,), "tma": (False, True)},
     "cpu": {"block_m": (16, 32), "block_n": (32,), "block_k": (32,), "group_m": (4,),
-            "num_warps": (4,), "num_stages": (1,)},
+            "num_warps": (4,), "num_stages": (1,), "programs_per_sm": (1,), "tma": (False, True)},
 }
 TUNE_TIMING = {"gpu": {"warmup": 3, "reps": 10, "inner": 10}, "cpu": {"warmup": 1, "reps": 2, "inner": 1}}
 #: shared memory a config may ask for (H100/H200: 228 KiB per SM, 227 KiB per block at most)
@@ -429,6 +431,8 @@ def candidate_configs(grid: dict, chosen: gg.GroupedConfig | None = None) -> lis
         raise ValueError(f"grid: lacks {missing}")
     configs = [gg.GroupedConfig(*values) for values in itertools.product(*(grid[k] for k in keys))]
     configs = [c for c in configs if smem_bytes(c) <= SMEM_LIMIT]
+    if grid is TUNE_GRID["gpu"]:  # two programs per SM where two fit (64-row tiles, 4 warps)
+        configs += [gg.GroupedConfig(64, 128, 64, 8, 4, 4, 2), gg.GroupedConfig(64, 128, 64, 8, 4, 4, 2, True)]
     if chosen is not None and chosen not in configs:
         configs.insert(0, chosen)
     return configs
@@ -474,7 +478,8 @@ def tune_case(E: int, M: int, K: int, N: int, skew: str, device: torch.device, g
             "gpu": _gpu_name(device), "tier": tier.TIER, **_TUNE_FIELDS}
     records, fns, errors = [], {}, {}
     for cfg in configs:
-        name = f"m{cfg.block_m} n{cfg.block_n} k{cfg.block_k} g{cfg.group_m} w{cfg.num_warps} s{cfg.num_stages}"
+        name = (f"m{cfg.block_m} n{cfg.block_n} k{cfg.block_k} g{cfg.group_m} w{cfg.num_warps} s{cfg.num_stages}"
+                f" p{cfg.programs_per_sm}" + (" tma" if cfg.tma else ""))
         fields = dict(base, config=name, **dataclasses.asdict(cfg), smem_bytes=smem_bytes(cfg), chosen=cfg == chosen)
         try:
             errors[name] = _rel_err(_forced_call(cfg, x, w, counts_dev, out), ref)
