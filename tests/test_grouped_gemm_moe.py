@@ -8,12 +8,15 @@ import torch.nn.functional as F
 
 from labkit.labs.grouped_gemm import moe, moe_bench, moe_graph, moe_plots, moe_timeline
 from labkit.workbench.errors import UsageError
+from labkit.workbench.tier import kernel_device
 
-# Tiny sizes: every grouped GEMM runs under the Triton interpreter on the CPU tier.
+# Tiny sizes: every grouped GEMM runs under the Triton interpreter on the CPU tier (on the GPU
+# of a GPU tier).
 T, H, FFN, E, K = 24, 32, 16, 4, 2
+DEV = kernel_device()
 
 
-def make(sync="device", dtype=torch.float32, device="cpu", seed=0, route_bias=None):
+def make(sync="device", dtype=torch.float32, device=DEV, seed=0, route_bias=None):
     torch.manual_seed(seed)
     layer = moe.MoELayer(H, FFN, E, K, sync=sync, dtype=dtype, device=device)
     if route_bias is not None:
@@ -64,7 +67,7 @@ def test_device_and_host_paths_match_each_other_and_a_float64_loop(route_bias):
         assert_close(d, h, 1e-5, f"{name}: device vs host")
         assert_close(d, r, 1e-5, f"{name}: device vs float64 loop")
         assert_close(h, r, 1e-5, f"{name}: host vs float64 loop")
-    assert torch.equal(layer.last_counts, torch.bincount(ids.flatten(), minlength=E))
+    assert torch.equal(layer.last_counts, torch.bincount(ids.flatten(), minlength=E).to(DEV))
 
 
 def test_with_sync_copies_parameters_and_route_bias():
@@ -82,13 +85,13 @@ def test_routing_counts_match_bincount_and_rows_are_grouped_by_expert():
     layer, x, _ = make(route_bias=[0.0, 1.5, -0.5, 0.0])
     weights, ids = moe.route(x, layer.router.weight, layer.route_bias, K)
     assert weights.dtype == torch.float32 and ids.shape == (T, K)
-    assert torch.allclose(weights.sum(-1), torch.ones(T))
+    assert torch.allclose(weights.sum(-1), torch.ones(T, device=DEV))
     assert (ids[:, 0] != ids[:, 1]).all(), "top-k picks k different experts per token"
     rows, order, counts = moe.permute(x, ids, E)
     assert counts.dtype == torch.int64 and int(counts.sum()) == T * K
     assert torch.equal(counts, torch.bincount(ids.flatten(), minlength=E))
     sorted_ids = ids.flatten()[order]
-    assert torch.equal(sorted_ids, torch.repeat_interleave(torch.arange(E), counts)), "rows grouped by expert"
+    assert torch.equal(sorted_ids, torch.repeat_interleave(torch.arange(E, device=DEV), counts)), "grouped by expert"
     assert torch.equal(rows, x[order // K])
 
 
@@ -97,13 +100,13 @@ def test_unpermute_inverts_permute():
     weights, ids = moe.route(x, layer.router.weight, layer.route_bias, K)
     rows, order, _ = moe.permute(x, ids, E)
     inverse = moe.inverse_permutation(order)
-    assert torch.equal(order[inverse], torch.arange(T * K))
-    assert torch.equal(inverse[order], torch.arange(T * K))
+    everyone = torch.arange(T * K, device=DEV)
+    assert torch.equal(order[inverse], everyone) and torch.equal(inverse[order], everyone)
     # each token's k rows are copies of x[t]: weights summing to 1 give x back
     assert torch.allclose(moe.unpermute(rows, order, weights), x, atol=1e-6)
     # and with distinct rows, token t gets sum_j w[t, j] * (row of pair (t, j))
     tagged = rows + order[:, None].float()  # row of flat pair i carries i
-    expected = ((x.repeat_interleave(K, 0) + torch.arange(T * K)[:, None].float()).view(T, K, H)
+    expected = ((x.repeat_interleave(K, 0) + everyone[:, None].float()).view(T, K, H)
                 * weights[..., None]).sum(1)
     assert torch.allclose(moe.unpermute(tagged, order, weights), expected, atol=1e-5)
 
@@ -167,12 +170,13 @@ def test_bad_input_names_the_argument():
         moe.forward_backward(layer, x, grad_out[:3])
     with pytest.raises(TypeError, match=r"^layer:"):
         moe.forward_backward(torch.nn.Linear(H, H), x, grad_out)
-    with pytest.raises(UsageError, match=r"^layer: is on cpu"):
-        moe_graph.CapturedStep(layer, x, grad_out)
     with pytest.raises(UsageError, match=r"^layer: has sync='host'"):
         moe_graph.CapturedStep(moe.with_sync(layer, "host"), x, grad_out)
+    on_cpu, x_cpu, grad_cpu = make(device="cpu")  # built, never run: nothing launches
     with pytest.raises(UsageError, match=r"^layer: is on cpu"):
-        moe_graph.sync_debug_check(layer, x, grad_out)
+        moe_graph.CapturedStep(on_cpu, x_cpu, grad_cpu)
+    with pytest.raises(UsageError, match=r"^layer: is on cpu"):
+        moe_graph.sync_debug_check(on_cpu, x_cpu, grad_cpu)
     with pytest.raises(UsageError, match=r"^profile:"):
         moe_bench.moe_records("tpu")
 
@@ -207,7 +211,7 @@ def test_reduce_trace_measures_idle_and_host_waits():
     assert [s[2] for s in r["syncs"]] == ["cudaMemcpyAsync", "cudaStreamSynchronize"], \
         "the D2H copy and the wait; not the H2D copy, not the synchronize after the step"
     assert r["sync_us"] == 35.0
-    assert r["kernels"][0] == [5.0, 15.0, "sortKernel"]
+    assert r["kernels"][0] == [5.0, 15.0, "sortKernel", 15.0]
     json.dumps(r)
 
 
@@ -225,6 +229,10 @@ def test_reduce_trace_merges_the_smallest_gaps_and_keeps_the_idle_total():
     assert any(b[0] - (a[0] + a[1]) >= 500 for a, b in zip(small["kernels"], small["kernels"][1:])), \
         "the large gap survives merging"
     assert small["merged"] and any("(+" in k[2] for k in small["kernels"])
+    # merged stretches keep how much of them is kernels: 1 µs in every 1.5 µs
+    merged = [k for k in small["kernels"] if "(+" in k[2]]
+    assert all(0.6 < k[3] / k[1] < 0.72 for k in merged if k[1] > 20)
+    assert abs(sum(k[3] for k in small["kernels"]) - full["gpu_busy_us"]) < 0.1
 
 
 def test_reduce_trace_without_device_events_says_so():
@@ -248,7 +256,7 @@ def test_cpu_profile_records_show_the_two_paths_agree():
     records = moe_bench.moe_records("cpu")
     assert {r["kind"] for r in records} == {"paths_equal"} and len(records) == 2
     for r in records:
-        assert r["ok"] and r["max_rel_err"] <= 1e-5 and r["tier"] == "cpu (interpreter)"
+        assert r["ok"] and r["max_rel_err"] <= 1e-5 and r["tier"].startswith("cpu" if labkit.interpreted() else "gpu")
         assert sum(r["counts"]) == moe_bench.PROFILES["cpu"]["tokens"] * moe_bench.PROFILES["cpu"]["top_k"]
         assert all(k in r for k in moe_bench.REQUIRED)
     assert records[0]["counts"] != records[1]["counts"], "the skewed route_bias moved tokens"
@@ -319,10 +327,18 @@ def test_sync_debug_mode_sees_the_host_sync_and_nothing_in_the_device_path():
 
 
 @pytest.mark.gpu
+def test_device_and_host_paths_agree_in_bf16():
+    layer, x, grad_out = gpu_layer()
+    r = moe_bench.paths_agree(layer, x, grad_out)
+    assert r["ok"], {k: v for k, v in r.items() if k.startswith("err_")}
+
+
+@pytest.mark.gpu
 def test_capturing_the_host_path_fails_in_a_child_process():
     r = moe_graph.capture_record(**GPU_SIZES)
     assert r["status"] == "ok", r["error"]  # the child itself ran to the end
     assert r["captured"] is False and r["error"], r
+    assert r["tokens"] == GPU_SIZES["tokens"] and r["experts"] == GPU_SIZES["num_experts"]
 
 
 @pytest.mark.gpu

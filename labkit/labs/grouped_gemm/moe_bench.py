@@ -25,7 +25,7 @@ import torch
 
 from labkit.kernels.grouped_gemm import flops
 from labkit.labs.grouped_gemm import moe, moe_graph, moe_timeline
-from labkit.workbench import bench
+from labkit.workbench import bench, tier
 from labkit.workbench.errors import UsageError
 
 #: Fields every record of ``moe_records`` carries (None where a field does not apply).
@@ -54,6 +54,8 @@ def step_flops(tokens: int, hidden_size: int, ffn_size: int, top_k: int) -> int:
 def cpu_time_us(fn, *, reps: int = 10, device=None) -> tuple[float, float, float]:
     """(median, p25, p75) µs of host time of one ``fn()`` call, the GPU queue drained before each
     call and not waited for after it (outside the measurement)."""
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise UsageError(f"reps: expected a positive int, got {reps!r}")
     samples = []
     for _ in range(reps):
         torch.cuda.synchronize(device)
@@ -145,17 +147,19 @@ def moe_records(profile: str) -> list[dict]:
     gpu (one GPU, compiled kernels): per skew, the device/host paths' agreement and the three
     timings; graph replay vs eager under changed distributions; the host path's capture failure
     (in a child process); torch's sync detector on both paths; one timeline per way of running.
-    cpu (Triton interpreter): only the agreement of the two paths, marked tier="cpu (interpreter)"."""
+    cpu (Triton interpreter; tiny sizes on the GPU of a GPU tier): only the agreement of the two
+    paths, each record marked with its ``tier``."""
     if profile not in PROFILES:
         raise UsageError(f"profile: {profile!r} is not one of {tuple(PROFILES)}")
     p = PROFILES[profile]
-    if profile == "cpu":
-        layer, x, grad_out = _inputs(p, "cpu")
+    if profile == "cpu":  # where the kernels run: the CPU under the interpreter, else the GPU
+        layer, x, grad_out = _inputs(p, tier.kernel_device())
         records = []
         for skew in p["skews"]:
             _set_bias([layer], p, skew)
             records.append(paths_agree(layer, x, grad_out, skew=skew))
-        return _complete(records, tier="cpu (interpreter)", gpu=None)
+        where = "cpu (interpreter)" if tier.interpreted() else "gpu (the cpu profile's tiny sizes)"
+        return _complete(records, tier=where, gpu=None if tier.interpreted() else torch.cuda.get_device_name())
     from labkit.workbench import gates
 
     gates.requires(gpus=1, compiled=True).check()

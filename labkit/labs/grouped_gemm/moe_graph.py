@@ -15,6 +15,8 @@ in one CUDA graph when the counts stay on the device, and cannot be captured whe
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from labkit.labs.grouped_gemm import moe
@@ -63,10 +65,11 @@ class CapturedStep:
     ``replay()``. ``out``, ``grads`` and ``counts`` are the static outputs every replay rewrites
     (read them after the replay, in stream order or after a synchronize).
 
-    Warm-up runs on a side stream first, as torch's graph docs ask: it compiles the Triton
-    kernels, sets up cuBLAS's workspace and lets the caching allocator settle, none of which may
-    happen during capture. Only ``sync="device"``: the host path's ``.tolist()`` cannot be
-    captured (``capture_fails_with_host_sync`` shows the error)."""
+    Warm-up runs on a side stream first, as torch's graph docs ask: the Triton kernels are
+    compiled and loaded, and torch's one-time lazy set-up (cuBLAS handles, the allocator's first
+    blocks) is done before the capture, where such work is either not allowed or would be baked
+    into the graph. Only ``sync="device"``: the host path's ``.tolist()`` cannot be captured
+    (``capture_fails_with_host_sync`` shows the error)."""
 
     def __init__(self, layer: moe.MoELayer, x: torch.Tensor, grad_out: torch.Tensor, *, warmup: int = 3):
         device = cuda_device_of(layer, sync="device")
@@ -135,7 +138,10 @@ def capture_record(timeout: float = 180.0, **sizes) -> dict:
     """``capture_fails_with_host_sync(**sizes)`` in a child process, as one flat record
     (kind="capture"). A child that crashed or hung is recorded with its sandbox status."""
     res = sandbox.run_isolated(capture_fails_with_host_sync, timeout=timeout, **sizes)
-    record = {"kind": "capture", "impl": "host_sync", "method": "graph", "status": res.status}
+    args = {name: p.default for name, p in inspect.signature(capture_fails_with_host_sync).parameters.items()}
+    args.update(sizes)
+    record = {"kind": "capture", "impl": "host_sync", "method": "graph", "status": res.status,
+              "tokens": args["tokens"], "experts": args["num_experts"]}
     if res.ok:
         record.update(res.value)
     else:

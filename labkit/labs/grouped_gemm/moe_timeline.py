@@ -6,8 +6,9 @@ launches the expert loop. ``timeline`` profiles one ``moe.forward_backward`` (or
 its captured graph) after warm-up; ``reduce_trace`` turns the profiler's chrome trace into a
 record a results file can hold (kind="timeline"):
 
-* ``kernels``: GPU activity (kernels, copies, memsets) as [start_us, dur_us, short name], µs
-  from the step's start (the host entering the step);
+* ``kernels``: GPU activity (kernels, copies, memsets) as [start_us, dur_us, short name,
+  busy_us], µs from the step's start (the host entering the step); busy_us < dur_us for an
+  interval merged from several (below);
 * ``syncs``: the host calls that wait for the GPU (stream/device/event synchronize, a blocking
   device-to-host copy, ``aten::item`` / ``aten::_local_scalar_dense``), same form;
 * ``gpu_idle_us``: the step's span minus the union of the GPU intervals, computed on the full
@@ -62,20 +63,26 @@ def union_us(intervals: list[tuple[float, float]], lo: float, hi: float) -> floa
 
 
 def merge_smallest_gaps(intervals: list[list], max_intervals: int) -> list[list]:
-    """[[start, end, name], ...] sorted by start, cut to at most ``max_intervals`` by merging the
-    neighbours with the smallest gaps between them; a merged interval is named after its first
-    member with the count of the others ("gemm (+12)")."""
-    if len(intervals) <= max_intervals:
-        return [list(iv) for iv in intervals]
-    gaps = sorted(b[0] - a[1] for a, b in zip(intervals, intervals[1:]))
-    threshold = gaps[len(intervals) - max_intervals - 1]  # merging every gap <= this is enough
-    merged, members = [list(intervals[0])], [1]
-    for iv in intervals[1:]:
-        if iv[0] - merged[-1][1] <= threshold:
-            merged[-1][1] = max(merged[-1][1], iv[1])
+    """[[start, end, name], ...] sorted by start -> at most ``max_intervals`` of
+    [start, end, name, busy]: the neighbours with the smallest gaps between them are merged.
+
+    A merged interval is named after its first member with the count of the others
+    ("gemm (+12)"), and ``busy`` keeps how much of it its members really cover: a stretch of many
+    short kernels with gaps between them (a launch-bound loop) must not be drawn as solid work."""
+    if len(intervals) > max_intervals:
+        gaps = sorted(b[0] - a[1] for a, b in zip(intervals, intervals[1:]))
+        threshold = gaps[len(intervals) - max_intervals - 1]  # merging every gap <= this is enough
+    else:
+        threshold = float("-inf")  # nothing to merge
+    merged, members = [], []
+    for start, stop, name in intervals:
+        if merged and start - merged[-1][1] <= threshold:
+            last = merged[-1]
+            last[3] += max(0.0, stop - max(start, last[1]))  # the part not already covered
+            last[1] = max(last[1], stop)
             members[-1] += 1
         else:
-            merged.append(list(iv))
+            merged.append([start, stop, name, stop - start])
             members.append(1)
     for iv, n in zip(merged, members):
         if n > 1:
@@ -125,7 +132,8 @@ def reduce_trace(events: list[dict], *, max_intervals: int = 300) -> dict:
     busy = union_us([(a, b) for a, b, _ in gpu], t0, end)  # on the full trace, before merging
 
     def rows(intervals):
-        return [[round(a - t0, 2), round(b - a, 2), n] for a, b, n in merge_smallest_gaps(intervals, max_intervals)]
+        return [[round(a - t0, 2), round(b - a, 2), n, round(busy, 2)]
+                for a, b, n, busy in merge_smallest_gaps(intervals, max_intervals)]
 
     record = {"device_events": bool(gpu), "span_us": round(end - t0, 2), "host_us": round(host_end - t0, 2),
               "gpu_events": len(gpu), "gpu_busy_us": None, "gpu_idle_us": None, "gpu_idle_share": None,
