@@ -220,8 +220,8 @@ def test_counts_on_another_gpu_are_refused():
 def test_tma_and_pointer_loads_give_the_same_product(K, N, tma, monkeypatch):
     """With a configuration that asks for TMA, aligned layouts load through TMA descriptors and
     others through pointers: both paths checked on both tiers (on a GPU, TMA needs sm_90)."""
-    cfg = gg.forward_config(40, 4, DEV)
-    monkeypatch.setattr(gg, "forward_config", lambda M, E, device: dataclasses.replace(cfg, tma=True))
+    cfg = gg.forward_config(40, 4, DEV, torch.float32)
+    monkeypatch.setattr(gg, "forward_config", lambda M, E, device, dtype=None: dataclasses.replace(cfg, tma=True))
     g = torch.Generator().manual_seed(K + N)
     splits = [9, 0, 30, 1]
     x = torch.randn(sum(splits), K, generator=g).to(DEV)

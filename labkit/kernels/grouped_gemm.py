@@ -86,6 +86,8 @@ HOPPER_FORWARD = (
     (128, GroupedConfig(128, 256, 64, 8, 8, 4)),
     (0, GroupedConfig(64, 256, 64, 8, 8, 3)),
 )
+#: fp32 inputs on any GPU (tf32 or ieee dots): half the bytes per stage of the 2-byte configs.
+FP32 = GroupedConfig(64, 128, 32, 8, 4, 3)
 #: Other GPUs: a safe middle (less shared memory than Hopper's 228 KB per SM).
 GENERIC_FORWARD = GroupedConfig(128, 128, 32, 8, 4, 3)
 #: wgrad: output tiles of [BLOCK_M along K, BLOCK_N along N], reduction steps of BLOCK_K rows.
@@ -96,10 +98,12 @@ INTERPRETER = GroupedConfig(32, 32, 32, 4, 4, 1)
 INTERPRETER_PROGRAMS = 4
 
 
-def forward_config(M: int, E: int, device: torch.device) -> GroupedConfig:
+def forward_config(M: int, E: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> GroupedConfig:
     """The configuration ``grouped_mm`` launches with for M rows over E experts on ``device``."""
     if tier.interpreted() or device.type != "cuda":
         return INTERPRETER
+    if dtype == torch.float32:  # 4-byte tiles: the 2-byte configs would overflow shared memory
+        return FP32
     if torch.cuda.get_device_capability(device)[0] != 9:
         return GENERIC_FORWARD
     return hopper_config(M, E)
@@ -111,9 +115,11 @@ def hopper_config(M: int, E: int) -> GroupedConfig:
     return next(cfg for at_least, cfg in HOPPER_FORWARD if per_expert >= at_least)
 
 
-def wgrad_config(device: torch.device) -> GroupedConfig:
+def wgrad_config(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> GroupedConfig:
     if tier.interpreted() or device.type != "cuda":
         return INTERPRETER
+    if dtype == torch.float32:
+        return FP32
     return HOPPER_WGRAD if torch.cuda.get_device_capability(device)[0] == 9 else GENERIC_WGRAD
 
 
@@ -347,7 +353,7 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, m_splits: Splits, *, bias: torc
         _check_out("out", out, (M, N), x.dtype)
     if M == 0 or N == 0 or E == 0:
         return out
-    cfg = forward_config(M, E, x.device)
+    cfg = forward_config(M, E, x.device, x.dtype)
     use_tma = cfg.tma and tma_ok(x, w) and not _needs_int64(x, w, out, pad=cfg.block_m)
     if use_tma:
         _ensure_scratch_allocator()
@@ -407,7 +413,7 @@ def grouped_mm_wgrad(x: torch.Tensor, dy: torch.Tensor, m_splits: Splits, *, out
     counts = device_counts("m_splits", m_splits, E, M, x.device, check=check_splits)
     if E == 0 or K == 0 or N == 0:
         return out
-    cfg = wgrad_config(x.device)
+    cfg = wgrad_config(x.device, x.dtype)
     mode = 2 if mask is not None else int(bool(accumulate))
     with on_device_of(x=x, dy=dy, out=out):
         _grouped_wgrad_kernel[(_programs(x.device, E * triton.cdiv(K, cfg.block_m) * triton.cdiv(N, cfg.block_n)),)](

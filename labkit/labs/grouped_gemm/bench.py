@@ -373,10 +373,13 @@ def _capture_records(E: int, M: int, K: int, N: int, device: torch.device, timeo
 
 
 def benchmark(profile: str, shapes=None, skews=distributions.SKEWS, timing: dict | None = None,
-              capture: bool = True, progress: bool = True) -> list[dict]:
+              capture: bool = True, progress: bool = True, moe: bool = True, staging: bool = True) -> list[dict]:
     """Entry point of ``labkit bench grouped_gemm``: every shape of ``SHAPES[profile]`` (or
     ``shapes``: (E, M, K, N) tuples) and split, compared (``compare_case``), then the capture
-    check. ``timing`` overrides ``TIMING[profile]``."""
+    check; then the MoE layer's records (``moe_bench.moe_records``: timings, graph vs eager, the
+    sync check, timelines) and the staging-buffer scenarios (``staging.all_scenarios``), each
+    with the fields of REQUIRED that do not apply to it set to None. ``timing`` overrides
+    ``TIMING[profile]``."""
     from tqdm.auto import tqdm
 
     profile = _profile(profile)
@@ -396,7 +399,21 @@ def benchmark(profile: str, shapes=None, skews=distributions.SKEWS, timing: dict
             torch.cuda.empty_cache()
     if capture:
         records += _capture_records(*shapes[min(CAPTURE_SHAPE, len(shapes) - 1)], device)
+    if moe:
+        from labkit.labs.grouped_gemm import moe_bench
+
+        records += [_with_required(r) for r in moe_bench.moe_records(profile)]
+    if staging:
+        from labkit.labs.grouped_gemm import staging as staging_model
+
+        records += [_with_required(dict(r, impl=r["design"], method=r["scenario"]))
+                    for r in staging_model.all_scenarios(str(device))]
     return records
+
+
+def _with_required(record: dict) -> dict:
+    """A record of another kind (moe_layer, timeline, staging, ...) given every REQUIRED field."""
+    return {**{k: None for k in REQUIRED}, **record}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -446,7 +463,7 @@ def forced_config(cfg: gg.GroupedConfig) -> Iterator[None]:
     if not isinstance(cfg, gg.GroupedConfig):
         raise TypeError(f"cfg: expected a GroupedConfig, got {type(cfg).__name__}")
     original = gg.forward_config
-    gg.forward_config = lambda M, E, device: cfg
+    gg.forward_config = lambda M, E, device, dtype=None: cfg
     try:
         yield
     finally:
