@@ -157,18 +157,18 @@ def test_int64_offsets_path_is_correct_and_chosen_for_large_spans():
     # Meta tensors have shapes and strides but no memory: a 2**31-element span costs nothing.
     small = torch.empty(1024, 1024, device="meta")
     huge = torch.empty_strided((2, 2**30 + 1), (2**30 + 1, 1), device="meta")
-    assert not mm._needs_int64(small, small, small, pad=128)
-    assert mm._needs_int64(small, huge, small, pad=128)
-    assert mm._needs_int64(torch.empty(2**31 - 64, 1, device="meta"), pad=128)
+    assert not mm.needs_int64(small, small, small, pad=128)
+    assert mm.needs_int64(small, huge, small, pad=128)
+    assert mm.needs_int64(torch.empty(2**31 - 64, 1, device="meta"), pad=128)
 
 
 def test_fp32_dot_precision_follows_torch():
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("highest")
-        assert mm._fp32_precision() == "ieee"
+        assert mm.fp32_input_precision() == "ieee"
         torch.set_float32_matmul_precision("high")
-        assert mm._fp32_precision() == "tf32"
+        assert mm.fp32_input_precision() == "tf32"
         a, b = _randn(65, 129, dtype=torch.float32, seed=50), _randn(129, 77, dtype=torch.float32, seed=51)
         ref = a.double() @ b.double()
         # TF32 keeps 10 mantissa bits of each input: products off by ~2**-10, summed over K.

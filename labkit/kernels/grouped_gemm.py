@@ -48,6 +48,7 @@ import torch
 import triton
 import triton.language as tl
 
+from labkit.kernels.launch_helpers import dtype_name, fp32_input_precision, needs_int64
 from labkit.workbench import tier
 from labkit.workbench.checks import check_tensor
 from labkit.workbench.guard import common_device, on_device_of
@@ -140,6 +141,16 @@ def flops(M: int, N: int, K: int) -> int:
 
 
 @triton.jit
+def _tile_of(local, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """(tile-row, tile-column) of an expert's ``local``-th tile: tile-rows in groups of GROUP_M,
+    down a group's rows first, so programs running together share a few column blocks in L2."""
+    per_group = GROUP_M * tiles_n
+    group_first_m = (local // per_group) * GROUP_M
+    group_rows = tl.minimum(tiles_m - group_first_m, GROUP_M)
+    return group_first_m + (local % per_group) % group_rows, (local % per_group) // group_rows
+
+
+@triton.jit
 def _grouped_mm_kernel(
     x_ptr,                    # *T: x[0, 0]; x is [M, K], expert 0's rows first, then expert 1's, ...
     w_ptr,                    # *T: w[0, 0, 0]; w is [E, K, N] with any strides (a transposed view for dgrad)
@@ -186,14 +197,7 @@ def _grouped_mm_kernel(
         tiles_m = tl.cdiv(m, BLOCK_M)
         expert_tiles = tiles_m * tiles_n
         while tile < first_tile + expert_tiles:
-            # Which tile of expert e: tile-rows in groups of GROUP_M, down a group's rows first,
-            # so programs running together share a few of w_e's column blocks in L2.
-            local = tile - first_tile
-            per_group = GROUP_M * tiles_n
-            group_first_m = (local // per_group) * GROUP_M
-            group_rows = tl.minimum(tiles_m - group_first_m, GROUP_M)
-            tile_m = group_first_m + (local % per_group) % group_rows
-            tile_n = (local % per_group) // group_rows
+            tile_m, tile_n = _tile_of(tile - first_tile, tiles_m, tiles_n, GROUP_M)
 
             rows = row0 + tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
             row_ok = rows < row0 + m
@@ -270,12 +274,7 @@ def _grouped_wgrad_kernel(
         m = tl.load(counts_ptr + e).to(tl.int32)
         m = tl.minimum(tl.maximum(m, 0), M - row0)
         while tile < first_tile + expert_tiles:
-            local = tile - first_tile
-            per_group = GROUP_M * tiles_n
-            group_first_m = (local // per_group) * GROUP_M
-            group_rows = tl.minimum(tiles_m - group_first_m, GROUP_M)
-            tile_m = group_first_m + (local % per_group) % group_rows
-            tile_n = (local % per_group) // group_rows
+            tile_m, tile_n = _tile_of(tile - first_tile, tiles_m, tiles_n, GROUP_M)
             kk = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
             nn = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
             k_ok = kk < K
@@ -337,7 +336,7 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, m_splits: Splits, *, bias: torc
     check_tensor("x", x, dtypes=DTYPES, ndim=2, contiguous=False)
     check_tensor("w", w, dtypes=DTYPES, ndim=3, contiguous=False)
     if w.dtype != x.dtype:
-        raise TypeError(f"w: dtype {_name(w.dtype)} differs from x's dtype {_name(x.dtype)}")
+        raise TypeError(f"w: dtype {dtype_name(w.dtype)} differs from x's dtype {dtype_name(x.dtype)}")
     (M, K), (E, Kw, N) = x.shape, w.shape
     if Kw != K:
         raise ValueError(f"w: shape {tuple(w.shape)} is not [E, K, N] with K = {K} (x's columns)")
@@ -345,8 +344,8 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, m_splits: Splits, *, bias: torc
     if bias is not None:
         check_tensor("bias", bias, dtypes=DTYPES, ndim=2, contiguous=False)
         if bias.dtype != x.dtype or tuple(bias.shape) != (E, N) or (N > 1 and bias.stride(1) != 1):
-            raise ValueError(f"bias: expected [E, N] = {[E, N]} of {_name(x.dtype)} with column stride 1, "
-                             f"got {tuple(bias.shape)} of {_name(bias.dtype)}, strides {bias.stride()}")
+            raise ValueError(f"bias: expected [E, N] = {[E, N]} of {dtype_name(x.dtype)} with column stride 1, "
+                             f"got {tuple(bias.shape)} of {dtype_name(bias.dtype)}, strides {bias.stride()}")
     if out is None:
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     else:
@@ -354,7 +353,7 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, m_splits: Splits, *, bias: torc
     if M == 0 or N == 0 or E == 0:
         return out
     cfg = forward_config(M, E, x.device, x.dtype)
-    use_tma = cfg.tma and tma_ok(x, w) and not _needs_int64(x, w, out, pad=cfg.block_m)
+    use_tma = cfg.tma and tma_ok(x, w) and not needs_int64(x, w, out, pad=cfg.block_m)
     if use_tma:
         _ensure_scratch_allocator()
     upper_tiles = (triton.cdiv(M, cfg.block_m) + E) * triton.cdiv(N, cfg.block_n)
@@ -367,7 +366,7 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, m_splits: Splits, *, bias: torc
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             HAS_BIAS=bias is not None, EVEN_K=K % cfg.block_k == 0,
             UPCAST=tier.interpreted() and x.dtype == torch.bfloat16,
-            INPUT_PRECISION=_input_precision(x.dtype), INT64=_needs_int64(x, w, out, pad=cfg.block_m),
+            INPUT_PRECISION=_input_precision(x.dtype), INT64=needs_int64(x, w, out, pad=cfg.block_m),
             USE_TMA=use_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
@@ -391,7 +390,7 @@ def grouped_mm_wgrad(x: torch.Tensor, dy: torch.Tensor, m_splits: Splits, *, out
     check_tensor("x", x, dtypes=DTYPES, ndim=2, contiguous=False)
     check_tensor("dy", dy, dtypes=DTYPES, ndim=2, contiguous=False)
     if dy.dtype != x.dtype:
-        raise TypeError(f"dy: dtype {_name(dy.dtype)} differs from x's dtype {_name(x.dtype)}")
+        raise TypeError(f"dy: dtype {dtype_name(dy.dtype)} differs from x's dtype {dtype_name(x.dtype)}")
     (M, K), (Md, N) = x.shape, dy.shape
     if Md != M:
         raise ValueError(f"dy: has {Md} rows, x has {M}: both hold the same tokens")
@@ -422,7 +421,7 @@ def grouped_mm_wgrad(x: torch.Tensor, dy: torch.Tensor, m_splits: Splits, *, out
             x.stride(0), x.stride(1), dy.stride(0), dy.stride(1), out.stride(0), out.stride(1),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, MODE=mode,
             UPCAST=tier.interpreted() and x.dtype == torch.bfloat16,
-            INPUT_PRECISION=_input_precision(x.dtype), INT64=_needs_int64(x, dy, out, pad=cfg.block_m),
+            INPUT_PRECISION=_input_precision(x.dtype), INT64=needs_int64(x, dy, out, pad=cfg.block_m),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
@@ -436,7 +435,7 @@ def device_counts(name: str, m_splits: Splits, E: int, M: int, device: torch.dev
     ``check`` (which reads it back: a sync)."""
     if isinstance(m_splits, torch.Tensor):
         if m_splits.dtype not in COUNT_DTYPES:
-            raise TypeError(f"{name}: dtype {_name(m_splits.dtype)} is not an integer count type; "
+            raise TypeError(f"{name}: dtype {dtype_name(m_splits.dtype)} is not an integer count type; "
                             f"expected int32 or int64")
         if m_splits.dim() != 1 or m_splits.shape[0] != E:
             raise ValueError(f"{name}: expected {E} counts (one per expert of w), got shape {tuple(m_splits.shape)}")
@@ -479,9 +478,9 @@ def _check_out(name: str, out: torch.Tensor, shape: tuple, dtype: torch.dtype | 
                allowed: tuple = ()) -> None:
     check_tensor(name, out, dtypes=DTYPES, contiguous=False)
     if dtype is not None and out.dtype != dtype:
-        raise TypeError(f"{name}: dtype {_name(out.dtype)} differs from x's dtype {_name(dtype)}")
+        raise TypeError(f"{name}: dtype {dtype_name(out.dtype)} differs from x's dtype {dtype_name(dtype)}")
     if allowed and out.dtype not in allowed:
-        raise TypeError(f"{name}: dtype {_name(out.dtype)}; expected one of {', '.join(map(_name, allowed))}")
+        raise TypeError(f"{name}: dtype {dtype_name(out.dtype)}; expected one of {', '.join(map(_name, allowed))}")
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"{name}: shape {tuple(out.shape)} is not {tuple(shape)}")
     if shape[-1] > 1 and out.stride(-1) != 1:
@@ -521,18 +520,7 @@ def _ensure_scratch_allocator() -> None:
 
 
 def _input_precision(dtype: torch.dtype) -> str:
-    if dtype != torch.float32:
-        return "ieee"
-    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
-
-
-def _needs_int64(*tensors: torch.Tensor, pad: int = 0) -> bool:
-    return any(sum((size + pad) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= 2**31
-               for t in tensors)
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
+    return fp32_input_precision() if dtype == torch.float32 else "ieee"
 
 
 __all__ = ["COUNT_DTYPES", "DTYPES", "GroupedConfig", "HOPPER_FORWARD", "device_counts", "flops",

@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from labkit.kernels.launch_helpers import dtype_name, fp32_input_precision, needs_int64
 from labkit.workbench import tier
 from labkit.workbench.checks import check_tensor
 from labkit.workbench.guard import common_device, on_device_of
@@ -151,7 +152,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
     check_tensor("a", a, dtypes=DTYPES, ndim=2, contiguous=False)
     check_tensor("b", b, dtypes=DTYPES, ndim=2, contiguous=False)
     if b.dtype != a.dtype:
-        raise TypeError(f"b: dtype {_name(b.dtype)} differs from a's dtype {_name(a.dtype)}")
+        raise TypeError(f"b: dtype {dtype_name(b.dtype)} differs from a's dtype {dtype_name(a.dtype)}")
     (M, K), (Kb, N) = a.shape, b.shape
     if Kb != K:
         raise ValueError(f"a, b: inner dimensions differ: a has shape {tuple(a.shape)}, b has shape "
@@ -161,7 +162,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
     else:
         check_tensor("out", out, dtypes=DTYPES, ndim=2)
         if out.dtype != a.dtype:
-            raise TypeError(f"out: dtype {_name(out.dtype)} differs from a's dtype {_name(a.dtype)}")
+            raise TypeError(f"out: dtype {dtype_name(out.dtype)} differs from a's dtype {dtype_name(a.dtype)}")
         if tuple(out.shape) != (M, N):
             raise ValueError(f"out: shape {tuple(out.shape)} is not (M, N) = {(M, N)}")
         for name, t in (("a", a), ("b", b)):
@@ -180,7 +181,7 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, config: Matm
     cfg = config or launch_config()
     (M, K), N = a.shape, b.shape[1]
     if int64_offsets is None:
-        int64_offsets = _needs_int64(a, b, out, pad=max(cfg.block_m, cfg.block_n, cfg.block_k))
+        int64_offsets = needs_int64(a, b, out, pad=max(cfg.block_m, cfg.block_n, cfg.block_k))
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
     with on_device_of(a=a, b=b, out=out):
         _matmul_kernel[grid](
@@ -188,22 +189,10 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, config: Matm
             a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             UPCAST=tier.interpreted() and a.dtype == torch.bfloat16,
-            INPUT_PRECISION=_fp32_precision() if a.dtype == torch.float32 else "ieee",
+            INPUT_PRECISION=fp32_input_precision() if a.dtype == torch.float32 else "ieee",
             INT64=int64_offsets,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
-
-
-def _fp32_precision() -> str:
-    """tl.dot's input_precision for fp32 operands, following torch's fp32 matmul setting."""
-    return "ieee" if torch.get_float32_matmul_precision() == "highest" else "tf32"
-
-
-def _needs_int64(*tensors: torch.Tensor, pad: int = 0) -> bool:
-    """True if an element offset the kernel forms (up to ``pad`` elements past each edge,
-    for masked lanes) might not fit in int32."""
-    return any(sum((size + pad) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= 2**31
-               for t in tensors)
 
 
 def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -217,10 +206,6 @@ def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
 
     (x0, x1), (y0, y1) = span(x), span(y)
     return x0 < y1 and y0 < x1
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def misaligned(shape, dtype: torch.dtype, device, offset_bytes: int, *,
@@ -242,7 +227,7 @@ def misaligned(shape, dtype: torch.dtype, device, offset_bytes: int, *,
     if not 0 <= offset_bytes < ALIGNMENT:
         raise ValueError(f"offset_bytes: expected 0 <= offset_bytes < {ALIGNMENT}, got {offset_bytes}")
     if offset_bytes % itemsize:
-        raise ValueError(f"offset_bytes: {offset_bytes} is not a multiple of the {_name(dtype)} "
+        raise ValueError(f"offset_bytes: {offset_bytes} is not a multiple of the {dtype_name(dtype)} "
                          f"item size ({itemsize} bytes)")
     shape = torch.Size((shape,) if isinstance(shape, int) else shape)
     numel = math.prod(shape)

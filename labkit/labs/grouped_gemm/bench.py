@@ -87,6 +87,18 @@ def _profile(profile: str) -> str:
     return profile
 
 
+def _bench_device() -> torch.device:
+    """Where a benchmark runs: the current GPU (checked: one GPU, compiled kernels), else the CPU
+    under the interpreter."""
+    device = tier.kernel_device()
+    if device.type == "cuda":
+        from labkit.workbench import gates
+
+        gates.requires(gpus=1, compiled=True).check()
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _gpu_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)"
 
@@ -146,21 +158,28 @@ def _host_us(fn: Callable[[], object], calls: int, rounds: int, cuda: bool) -> f
     return statistics.median(samples)
 
 
+def _capture_one(fn: Callable[[], object]):
+    """One call of fn captured in a CUDA graph on the current device, after a warm-up call on a
+    side stream (compilation, lazy allocations); returns (graph, what the captured call returned)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    torch.cuda.synchronize()
+    return graph, out
+
+
 def _capture_error(fn: Callable[[], object], device: torch.device) -> str | None:
     """Capture one call of fn in a CUDA graph (after a warm-up on a side stream); None if that
     works, else the error in one line. For implementations expected to capture: the one that
     cannot (the loop) is tried in a child process instead (``capture_check``)."""
     try:
         with torch.cuda.device(device):
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-            torch.cuda.synchronize()
+            graph, _ = _capture_one(fn)
             del graph
         return None
     except Exception as e:  # noqa: BLE001 (recorded)
@@ -335,15 +354,7 @@ def capture_check(E: int, M: int, K: int, N: int, seed: int = 0) -> list[dict]:
         row = {"impl": name, "captured": False, "error": None, "recount_max_rel_err": None, "recount_correct": None}
         counts_dev.copy_(torch.tensor(uniform, dtype=torch.int32))
         try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                y = fn()
-            torch.cuda.synchronize()
+            graph, y = _capture_one(fn)
             row["captured"] = True
             counts_dev.copy_(torch.tensor(skewed, dtype=torch.int32))  # new counts, same graph
             graph.replay()
@@ -383,12 +394,7 @@ def benchmark(profile: str, shapes=None, skews=distributions.SKEWS, timing: dict
     from tqdm.auto import tqdm
 
     profile = _profile(profile)
-    device = tier.kernel_device()
-    if device.type == "cuda":
-        from labkit.workbench import gates
-
-        gates.requires(gpus=1, compiled=True).check()
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = _bench_device()
     shapes = list(shapes or SHAPES[profile])
     timing = dict(TIMING[profile], **(timing or {}))
     cases = [(shape, skew) for shape in shapes for skew in skews]
@@ -537,12 +543,7 @@ def tune_benchmark(profile: str, shapes=None, skews=distributions.SKEWS, grid: d
     from tqdm.auto import tqdm
 
     profile = _profile(profile)
-    device = tier.kernel_device()
-    if device.type == "cuda":
-        from labkit.workbench import gates
-
-        gates.requires(gpus=1, compiled=True).check()
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = _bench_device()
     shapes = list(shapes or SHAPES[profile])
     grid = grid or TUNE_GRID[profile]
     timing = dict(TUNE_TIMING[profile], **(timing or {}))
