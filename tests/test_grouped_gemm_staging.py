@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from labkit.labs.grouped_gemm import plots as gg_plots, staging
+from labkit.labs.grouped_gemm import staging, staging_plots
 from labkit.workbench.errors import UsageError
 
 
@@ -136,12 +136,12 @@ def test_plot_staging_draws_a_bar_per_record():
 
     recs = staging.all_scenarios("cpu", trials=2, free_trials=2)
     fig, ax = plt.subplots()
-    gg_plots.plot_staging(recs, ax, "staging")
+    staging_plots.plot_staging(recs, ax, "staging")
     assert len([p for p in ax.patches if p.get_width() > 0]) == len(recs)
     assert "% of calls" in ax.get_ylabel()
     plt.close(fig)
     with pytest.raises(UsageError, match="records"):
-        gg_plots.plot_staging([{"kind": "race"}], ax, "x")
+        staging_plots.plot_staging([{"kind": "race"}], ax, "x")
 
 
 # --- bad input -------------------------------------------------------------------------------------

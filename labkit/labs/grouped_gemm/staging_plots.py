@@ -1,5 +1,5 @@
-"""Plots for lab 04 (token counts on the device, the pinned staging buffer), drawn from records of
-a live run or of the reference files: the same functions draw both."""
+"""Plots of lab 04's pinned staging buffer (records of labkit.labs.grouped_gemm.staging), drawn
+from a live run or from the reference files alike."""
 from __future__ import annotations
 
 from labkit.workbench.errors import UsageError
