@@ -284,7 +284,7 @@ _READ_CONTROLS = r"""el => {
     const l = w.querySelector(':scope > .widget-label');
     return (l && l.textContent.trim()) || '';
   };
-  const out = [];
+  const out = [], seen = {};
   el.querySelectorAll('.widget-dropdown, .widget-toggle-buttons, .widget-checkbox, .widget-slider, '
                       + '.widget-text, .widget-button').forEach(w => {
     if (w.classList.contains('widget-toggle-button') || w.closest('.widget-toggle-buttons') && w.classList.contains('widget-button')) return;
@@ -295,7 +295,8 @@ _READ_CONTROLS = r"""el => {
       : w.classList.contains('widget-text') ? 'text' : 'button';
     const disabled = !!w.querySelector('[disabled]') || w.hasAttribute('disabled') || w.classList.contains('mod-disabled');
     const name = kind === 'button' ? (w.textContent.trim() || w.getAttribute('title') || '') : label(w);
-    out.push({kind, name, disabled});
+    const index = seen[kind] = (kind in seen) ? seen[kind] + 1 : 0;   // nth of its kind in the panel
+    out.push({kind, name, disabled, index});
   });
   const outputs = el.querySelectorAll('.widget-html-content, .widget-htmlmath-content, .widget-output, '
                                       + '.widget-label-basic, .widget-textarea, .widget-image').length;
@@ -370,12 +371,17 @@ class NotebookPage:
         """Run > Run All Cells, then wait until no cell is queued or running and the kernel is idle
         (page and server, twice in a row a second apart). Returns (finished, seconds)."""
         t0 = time.monotonic()
+        self.running: list[int] = []
         self.menu("Run", "runmenu:run-all")
         deadline, calm = t0 + timeout_s, 0
         time.sleep(1.0)
         while time.monotonic() < deadline:
-            prompts = [c["prompt"] for c in self.cells() if c["code"]]
-            busy = any("*" in p for p in prompts)
+            if self.dialog():
+                return False, time.monotonic() - t0
+            running = [i for i, c in enumerate(self.cells()) if c["code"] and "*" in c["prompt"]]
+            if running:
+                self.running = running[:1]  # the cell running now: the first of those queued
+            busy = bool(running)
             if not busy and self.status() == "idle" and self.kernel_state().get("execution_state") == "idle":
                 calm += 1
                 if calm >= 2:
@@ -384,6 +390,11 @@ class NotebookPage:
                 calm = 0
             time.sleep(1.0)
         return False, time.monotonic() - t0
+
+    def dialog(self) -> str:
+        """The text of a dialog JupyterLab shows (e.g. "Kernel Restarting": the kernel died), or ""."""
+        d = self.page.locator(".jp-Dialog")
+        return d.first.inner_text().strip() if d.count() else ""
 
     def wait_widgets_settled(self, timeout_s: float = 30.0) -> None:
         """Until no output says "Loading widget..." (a missing model turns into an error by then)."""
@@ -475,11 +486,12 @@ def check_notebook(ctx, server: LabServer, path: str, name: str, timeout_s: floa
     try:
         nb.open()
         finished, seconds = nb.run_all(timeout_s)
-        res.lines.append(f"Run > Run All Cells: {'kernel idle' if finished else 'still running'} after {seconds:.0f} s")
+        res.lines.append(f"Run > Run All Cells: {'kernel idle' if finished else 'stopped'} after {seconds:.0f} s")
         if not finished:
-            running = [i for i, c in enumerate(nb.cells()) if "*" in c["prompt"]]
-            res.problem(f"did not finish in {timeout_s:.0f} s (the profile's timeout); cells still running or "
-                        f"queued: {running}")
+            cell = f"cell {nb.running[0]}" if nb.running else "an unknown cell"
+            dialog = " | ".join(ln for ln in nb.dialog().splitlines() if ln.strip())
+            res.problem(f"JupyterLab shows a dialog while running {cell}: {dialog[:300]}" if dialog else
+                        f"did not finish in {timeout_s:.0f} s (the profile's timeout); running {cell}")
             return res
         nb.wait_widgets_settled()
         if not nb.save(file):
@@ -591,7 +603,10 @@ def _use_panel(res: NotebookCheck, nb: NotebookPage, tag: str, where: str, widge
             did.append(_change(el, c))
             break
     if buttons:
-        el.locator("button.widget-button:not(.widget-toggle-button)").first.click()
+        button = el.locator("button.widget-button:not(.widget-toggle-button)")
+        if buttons[0]["name"]:
+            button = button.filter(has_text=buttons[0]["name"])
+        button.first.click()
         did.append(f"pressed {buttons[0]['name']!r}")
     action = ", ".join(d for d in did if d)
     # wait: the output changed, the kernel is idle again and the output stayed the same 1.5 s;
@@ -638,7 +653,7 @@ def _change(el, c: dict) -> str:
     """Change one control the way a reader would; returns what was done."""
     name = c["name"] or c["kind"]
     if c["kind"] == "dropdown":
-        sel = el.locator(".widget-dropdown select").first
+        sel = el.locator(".widget-dropdown select").nth(c["index"])
         options = sel.evaluate("s => Array.from(s.options).map(o => o.value)")
         cur = sel.input_value()
         if len(options) < 2:
@@ -647,16 +662,16 @@ def _change(el, c: dict) -> str:
         sel.select_option(new)
         return f"set dropdown {name!r} from {cur!r} to {new!r}"
     if c["kind"] == "toggle":
-        box = el.locator(".widget-toggle-buttons").first
+        box = el.locator(".widget-toggle-buttons").nth(c["index"])
         other = box.locator("button.widget-toggle-button:not(.mod-active)").first
         text = other.inner_text().strip()
         other.click()
         return f"picked {text!r} in {name!r}"
     if c["kind"] == "checkbox":
-        el.locator(".widget-checkbox input[type=checkbox]").first.click()
+        el.locator(".widget-checkbox input[type=checkbox]").nth(c["index"]).click()
         return f"toggled checkbox {name!r}"
     if c["kind"] == "slider":
-        box = el.locator(".widget-slider").first
+        box = el.locator(".widget-slider").nth(c["index"])
         handle = box.locator(".noUi-handle").first
         readout = box.locator(".widget-readout").first
         before = readout.inner_text()
@@ -666,7 +681,7 @@ def _change(el, c: dict) -> str:
             handle.press("ArrowLeft")
         return f"moved slider {name!r} from {before!r} to {readout.inner_text()!r}"
     if c["kind"] == "text":
-        inp = el.locator(".widget-text input").first
+        inp = el.locator(".widget-text").nth(c["index"]).locator("input").first
         cur = inp.input_value()
         try:
             new = str(int(float(cur)) + 1)

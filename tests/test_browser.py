@@ -202,6 +202,17 @@ def test_checker_fails_a_notebook_with_broken_widgets(lab, capsys):
                if c["cell_type"] == "code" for o in c.get("outputs", []))
 
 
+@pytest.mark.browser
+def test_checker_stops_at_a_dead_kernel(lab, capsys):
+    """A kernel that dies makes JupyterLab show a dialog: the check reports it at once instead of
+    waiting for the notebook's timeout (300 s in the fixture's profile)."""
+    res = _run_in_browser(lab, FIXTURES / "kernel_dies.ipynb", "kernel_dies", "fixtures",
+                          profiles_file=FIXTURES / "profiles.yml", notebooks_dir=FIXTURES, capsys=capsys)
+    assert len(res.problems) == 1 and re.search(r"^kernel_dies: JupyterLab shows a dialog while running "
+                                                r"cell 2: Kernel Restarting.*appears to have died", res.problems[0], re.I), res.problems
+    assert res.seconds < 120, res.seconds
+
+
 # --- a labkit run's index.html -------------------------------------------------------------
 
 def _smallest_notebook_with_figures() -> str:
