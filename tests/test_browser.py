@@ -116,9 +116,10 @@ def test_comparison_passes_a_rendered_widget_on_to_be_used():
 
 # --- fixtures ---------------------------------------------------------------------------------
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """One JupyterLab server (through labkit lab) and one headless Chromium for the session;
+    """One JupyterLab server (through labkit lab) and one headless Chromium for this file's tests
+    (stopped when they are done, not at the end of the whole suite);
     ``lab.run_dir`` is runs/<timestamp>_browser/ (screenshots, saved notebooks, the server's log)."""
     why = jb.missing()
     if why:
