@@ -3,6 +3,10 @@
 #
 #   make workbook   execute every notebook into runs/<timestamp>_<profile>/   (command 1)
 #   make test       run the test suite                                       (command 2)
+#   make lab        JupyterLab on notebooks/ (labkit lab; --allow-root added as root)
+#
+# ARGS goes to the command: `make workbook ARGS="--only 00_start_here"`,
+# `make lab ARGS="--port=8899 --IdentityProvider.token=abc --no-browser"`.
 #
 # TORCH_SPEC picks the torch to install into a new .venv. The default, torch==2.13.0, is a local
 # CPU build on the project's CPU machines; elsewhere it may pull the CUDA packages (gigabytes).
@@ -24,7 +28,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/labkit lab $(ARGS)
 
 doctor: $(STAMP)
 	$(BIN)/labkit doctor

@@ -1,4 +1,4 @@
-"""The ``labkit`` command: doctor, run, bench, labs.
+"""The ``labkit`` command: doctor, run, bench, labs, lab.
 
 Errors in what was asked (unknown notebook, unknown parameter, wrong value type, ...) print
 one line, ``labkit <command>: error: ...``, and exit with status 2; never a traceback.
@@ -6,6 +6,7 @@ one line, ``labkit <command>: error: ...``, and exit with status 2; never a trac
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 EPILOG = """examples:
@@ -14,7 +15,30 @@ EPILOG = """examples:
   labkit run --only 00_start_here --set 00_start_here.REPS=10
   labkit run --profile cpu --params my_overrides.yml
   labkit bench workbench --reference          # GPU tier: write reference/<machine>/workbench.json
-  labkit labs --markdown"""
+  labkit labs --markdown
+  labkit lab --port=8899 --no-browser         # JupyterLab on notebooks/ (what `make lab` runs)"""
+
+#: Options of ``jupyter lab`` that choose the folder it serves; given one, ``labkit lab`` adds none.
+_ROOT_OPTIONS = ("root_dir", "notebook_dir", "notebook-dir", "preferred_dir")
+
+
+def lab_argv(extra: list[str], euid: int | None = None) -> list[str]:
+    """The command ``labkit lab EXTRA...`` runs: JupyterLab from this Python on the workbook.
+
+    It serves notebooks/ unless ``extra`` names a folder (a path, or a root_dir/notebook_dir option).
+    As root (the usual user in containers on GPU clouds) it adds ``--allow-root``: without it
+    jupyter exits at once with "Running as root is not recommended". ``extra`` comes last, so a
+    reader's options (port, token, ip, --no-browser, ...) are passed through as given."""
+    from labkit.workbench.runner.notebooks import NOTEBOOKS_DIR
+
+    euid = os.geteuid() if euid is None and hasattr(os, "geteuid") else euid
+    argv = [sys.executable, "-m", "jupyterlab"]
+    if euid == 0 and "--allow-root" not in extra:
+        argv.append("--allow-root")
+    names_root = any(not a.startswith("-") or any(o in a for o in _ROOT_OPTIONS) for a in extra)
+    if not names_root:
+        argv.append(f"--ServerApp.root_dir={NOTEBOOKS_DIR}")
+    return argv + list(extra)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,11 +63,21 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", metavar="DIR", help="folder instead of the default")
     lb = sub.add_parser("labs", help="the map of labs")
     lb.add_argument("--markdown", action="store_true", help="print the README's lab table")
+    sub.add_parser("lab", help="start JupyterLab on notebooks/ (adds --allow-root as root); "
+                   "other arguments go to jupyter lab, e.g. --port=8899 --IdentityProvider.token=abc",
+                   usage="labkit lab [JUPYTER LAB ARGUMENTS ...]",
+                   description="JupyterLab from this Python, serving notebooks/. Every argument goes to "
+                               "jupyter lab (its own options: jupyter lab --help-all).")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "lab":
+        return _lab(extra)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     # Imported here so that `labkit --help` is instant and tier set-up happens once.
     import labkit  # noqa: F401
     from labkit.workbench.errors import UsageError
@@ -53,6 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"labkit {args.command}: error: {e}", file=sys.stderr)
         return 2
+
+
+def _lab(extra: list[str]) -> int:
+    """Replace this process by JupyterLab: signals (Ctrl+C, a test's kill) reach the server itself."""
+    argv = lab_argv(extra)
+    print("labkit lab: " + " ".join(argv), file=sys.stderr, flush=True)
+    os.execv(argv[0], argv)
+    return 1  # not reached
 
 
 def _dispatch(args) -> int:

@@ -112,6 +112,25 @@ def _running_cell(nbformat, path: str) -> int | None:
     return started[-1] if started else None
 
 
+def kernel_env(profile: str) -> dict[str, str]:
+    """Environment a notebook's kernel gets under ``profile``, whatever this process chose.
+
+    The tier each profile means (the Triton interpreter for cpu) and matplotlib's inline backend.
+    ``labkit run`` gives it to papermill's child (the kernel inherits it); the browser test gives
+    it to the JupyterLab server, whose kernels inherit it the same way."""
+    return {"TRITON_INTERPRET": "1" if profile == "cpu" else "0", "MPLBACKEND": KERNEL_MPLBACKEND}
+
+
+def prepare(input_path: str | os.PathLike, output_path: str | os.PathLike, parameters: dict) -> None:
+    """Write a copy of a notebook with ``parameters`` injected, as ``labkit run`` does before it
+    executes one (papermill's own injection: an ``injected-parameters`` cell after the
+    ``parameters`` cell), without starting a kernel. Validate the names first (:func:`plan`)."""
+    input_path = Path(input_path)
+    outcome = _execute(str(input_path), str(output_path), parameters, str(input_path.parent), 1, prepare_only=True)
+    if outcome["status"] != "ran":
+        raise RunError(f"notebook {input_path.stem}: could not inject parameters: {outcome.get('detail')}")
+
+
 def choose_profile(profile: str) -> str:
     has_gpu = hardware.snapshot().gpu_count > 0
     if profile == "auto":
@@ -172,9 +191,7 @@ def run(only=None, profile="auto", params_file=None, sets=(), runs_dir=None, not
     """Validate, then execute the selected notebooks into a new run folder; see ``labkit run -h``."""
     profile, jobs = plan(only, profile, params_file, sets, notebooks_dir, profiles_file, timeout_s)
     run_dir = results.new_run_dir(profile, runs_dir)
-    # The tier each profile means, whatever this process chose: the interpreter for cpu. The
-    # kernel (a child of the papermill child) inherits both variables.
-    tier_env = {"TRITON_INTERPRET": "1" if profile == "cpu" else "0", "MPLBACKEND": KERNEL_MPLBACKEND}
+    tier_env = kernel_env(profile)
     report = RunReport(run_dir, profile, [])
     bar = tqdm(jobs, desc="notebooks", unit="nb", disable=not progress)
     for name, path, params, timeout, needs in bar:
