@@ -107,5 +107,5 @@ def schedule_explorer(live: bool):
         rows.append(w.HBox([run_button("Time it on this GPU", timing,
                                        lambda: timing_text(experts.value, skew.value, tokens.value)), timing]))
     else:
-        rows.append(w.HTML(pre("timing needs a CUDA GPU: the recorded sweep is plotted above")))
+        rows.append(w.HTML(pre("timing needs a CUDA GPU (recorded timings, where a GPU run has made them, are in section 4)")))
     return w.VBox(rows)
