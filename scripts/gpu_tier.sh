@@ -16,7 +16,7 @@
 #   bench            every reference benchmark below
 #   bench:LAB        one reference benchmark, labkit bench LAB --profile gpu --reference, LAB one of
 #                    doctor workbench sc_kernel sc_launch device_guard sc_model streams
-#                    collectives collectives_tune links grouped_gemm grouped_gemm_tune
+#                    collectives collectives_tune links grouped_gemm grouped_gemm_tune fp8
 #                                                                -> reference/<machine>/LAB.json
 # --only NOTEBOOK: the part 'notebooks' runs only these notebooks (repeatable; labkit run --only).
 # -k EXPR:  the part 'tests' runs only the tests pytest -k EXPR selects.
@@ -33,7 +33,7 @@
 set -uo pipefail
 # The benchmarks, in the order they run: the registry labkit.workbench.benchmarks.BENCHMARKS (a test
 # checks the two agree).
-labs=(doctor workbench sc_kernel sc_launch device_guard sc_model streams collectives collectives_tune links grouped_gemm grouped_gemm_tune)
+labs=(doctor workbench sc_kernel sc_launch device_guard sc_model streams collectives collectives_tune links grouped_gemm grouped_gemm_tune fp8)
 valid=(all doctor tests notebooks bench "${labs[@]/#/bench:}")
 usage_line="usage: gpu_tier.sh --out DIR [--part PART]... [--only NOTEBOOK]... [-k EXPR] [--wheels DIR] [--python PY] [--dry-run] | --list-parts"
 out="" wheels="" py=${PYTHON:-python3} kexpr="" dry=0

@@ -25,6 +25,7 @@ BENCHMARKS = {
     "links": ("labkit.labs.collectives.links", "benchmark", "REQUIRED"),
     "grouped_gemm": ("labkit.labs.grouped_gemm.bench", "benchmark", "REQUIRED"),
     "grouped_gemm_tune": ("labkit.labs.grouped_gemm.bench", "tune_benchmark", "REQUIRED"),
+    "fp8": ("labkit.labs.fp8_dispatch.bench", "benchmark", "REQUIRED"),
 }
 
 

@@ -92,9 +92,13 @@ LABS: tuple[Lab, ...] = (
         "delayed-scaling state made on the current device under accelerate.dispatch_model: an "
         "illegal memory access reported at a later sync point",
         "te-multi-gpu-fp8-dispatch-model-issue.txt", "2",
-        "the dispatch and scaling logic on CPU devices",
-        "planned", 0, (),
-        (Part("multi-GPU FP8 forward", {"gpus": 2, "capability": (8, 9)}),)),
+        "the FP8 numerics (one-pass quantise, delayed scaling, the FP8 GEMM emulated) against references; "
+        "the story's stack at 1/256 size in every mode on the CPU, each mechanism on one device; "
+        "recorded matrix and timings where a GPU run has recorded them",
+        "draft", 16, ("fp8",),
+        (Part("the story's matrix on two GPUs, each cell in a child process", {"gpus": 2, "compiled": True}),
+         Part("CUDA_LAUNCH_BLOCKING: where the error is reported", {"gpus": 2, "compiled": True}),
+         Part("FP8 vs bf16 GEMM speed at the MLP shapes", {"gpus": 1, "capability": (8, 9), "compiled": True}))),
 )
 
 

@@ -1,9 +1,11 @@
 """What ``run_case`` measures on each FP8 run, independently of the code under test.
 
-* ``fp8_steps``: runs the steps and checks every amax and scale the context recorded against a
-  second, independent model of delayed scaling: CPU copies of each module's state, fed with the
-  TRUE amaxes (``x.abs().amax()`` of each layer's real input, taken by a forward pre-hook: a torch
-  op, always on the right device) and updated by the pure rules of ``labkit.kernels.fp8.recipe``.
+* ``fp8_steps``: runs the steps (the same input each step, or that input times a per-step factor,
+  ``input_scales``, to show how delayed scaling follows a change) and checks every amax and scale
+  the context recorded against a second, independent model of delayed scaling: CPU copies of each
+  module's state, fed with the TRUE amaxes (``x.abs().amax()`` of each layer's real input, taken by
+  a forward pre-hook: a torch op, always on the right device) and updated by the pure rules of
+  ``labkit.kernels.fp8.recipe``.
   An amax folded into the wrong state, an update that wrote elsewhere, or one still running on
   another GPU's stream when the state is read back (the read syncs only the state's own device)
   shows up as a mismatch ("wrong_scale"), even when nothing raised. A cast that READ a stale
@@ -39,9 +41,12 @@ def digest(outs) -> str:
     return h.hexdigest()[:16]
 
 
-def fp8_steps(model, x, ref, recipe, policy, steps: int, rec: dict):
+def fp8_steps(model, x, ref, recipe, policy, steps: int, rec: dict, input_scales=None):
     """``steps`` FP8 forwards, each in its own context; checks every recorded forward amax and
-    scale against an independent CPU model of delayed scaling fed with the true amaxes."""
+    scale against an independent CPU model of delayed scaling fed with the true amaxes.
+
+    input_scales: None (step s runs ``x``, compared with ``ref``) or one factor per step (step s
+    runs ``x * input_scales[s]``, compared with the bf16 forward of that input)."""
     linears = {m.fp8_name: m for m in model.modules() if isinstance(m, FP8Linear)}
     true_amax = {}
     hooks = [m.register_forward_pre_hook(lambda mod, args: true_amax.__setitem__(
@@ -51,10 +56,14 @@ def fp8_steps(model, x, ref, recipe, policy, steps: int, rec: dict):
     try:
         for step in range(steps):
             casts = {n: m.weight_casts for n, m in linears.items()}
+            x_s, ref_s = x, ref
+            if input_scales is not None:
+                x_s = x * input_scales[step]
+                ref_s = model(x_s)       # outside the FP8 context: the bf16 forward of this input
             with fp8_autocast(recipe=recipe, mode=policy, record=True) as ac:
-                out = model(x)
-            rec["rel_err_per_step"].append(rel_err(out, ref))
-            rec["norm_rel_err_per_step"].append(norm_rel_err(out, ref))
+                out = model(x_s)
+            rec["rel_err_per_step"].append(rel_err(out, ref_s))
+            rec["norm_rel_err_per_step"].append(norm_rel_err(out, ref_s))
             rec["records"] += [dict(r, step=step) for r in ac.records]
             for name, m in linears.items():
                 sh = shadow[name]

@@ -33,8 +33,13 @@ from labkit.labs.fp8_dispatch.naive import MECHANISMS, mechanism_label, policy_f
 from labkit.workbench.checks import check_device
 
 FULL = {"hidden": 8192, "kv": 1024, "intermediate": 28672, "tokens": 12000}
-#: placement -> (device of the attention block, device of the MLP block)
-PLACEMENTS = {"cpu": ("cpu", "cpu"), "one_gpu": ("cuda:0", "cuda:0"), "two_gpus": ("cuda:0", "cuda:1")}
+#: placement -> (device of the attention block, device of the MLP block). The current device stays
+#: cuda:0 throughout (dispatch_model never changes it): "other_gpu" puts the whole stack on cuda:1
+#: while cuda:0 is current, the community fix's 11-line reduction of the story.
+PLACEMENTS = {"cpu": ("cpu", "cpu"), "one_gpu": ("cuda:0", "cuda:0"), "two_gpus": ("cuda:0", "cuda:1"),
+              "other_gpu": ("cuda:1", "cuda:1")}
+#: input drifts for showing delayed scaling (the story's run keeps its input constant: "constant")
+DRIFTS = ("constant", "spike", "growing")
 MODES = ("bf16", "fp8_naive", "fp8_device_aware") + MECHANISMS
 #: above this norm-wise relative error vs bf16 (last step) a run that raised nothing is "wrong_output".
 #: Expected about 0.1: each E4M3 rounding adds ~0.027 rms relative error (3 mantissa bits), and the
@@ -122,6 +127,21 @@ def make_input(size: float, seed: int, device) -> torch.Tensor:
     return torch.randn((d["tokens"], d["hidden"]), generator=g, device=device, dtype=torch.float32).to(torch.bfloat16)
 
 
+def drift_scales(drift: str, steps: int) -> list[float] | None:
+    """Per-step input factors: "constant" (None: the same input every step), "spike" (x16 at step
+    ``steps // 2``, else x1) or "growing" (x2 per step: 1, 2, 4, ...). Powers of two, so the scaled
+    bf16 input is exact."""
+    if drift not in DRIFTS:
+        raise ValueError(f"drift: {drift!r} is not one of {', '.join(map(repr, DRIFTS))}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps: expected an int >= 1, got {steps!r}")
+    if drift == "constant":
+        return None
+    if drift == "spike":
+        return [16.0 if s == steps // 2 else 1.0 for s in range(steps)]
+    return [2.0 ** s for s in range(steps)]
+
+
 def _sync(devices) -> None:
     for d in {torch.device(d) for d in devices if d != "cpu"}:
         torch.cuda.synchronize(d)
@@ -154,23 +174,34 @@ def _outcome(rec: dict) -> str:
 
 
 def run_case(placement: str = "cpu", mode: str = "fp8_device_aware", size: float = 1 / 256, steps: int = 3,
-             seed: int = 0, recipe: dict | None = None, reps: int = 5, backend: str = "auto") -> dict:
+             seed: int = 0, recipe: dict | None = None, reps: int = 5, backend: str = "auto",
+             input_scales: list | None = None) -> dict:
     """One cell of the story's matrix: build, dispatch, run ``steps`` forwards, compare with bf16.
 
-    placement: "cpu", "one_gpu" or "two_gpus". mode: "bf16", "fp8_naive", "fp8_device_aware" or one
-    mechanism's name (``naive.MECHANISMS``). recipe: ``DelayedScaling`` keyword arguments.
+    placement: "cpu", "one_gpu", "two_gpus" or "other_gpu" (``PLACEMENTS``). mode: "bf16",
+    "fp8_naive", "fp8_device_aware" or one mechanism's name (``naive.MECHANISMS``). recipe: ``DelayedScaling`` keyword arguments.
     rel_err_vs_bf16: max |out - ref| / max |ref| at the last step (norm_rel_err_vs_bf16: the
     Frobenius ratio), the worst of out, k and v. forward_ms: median of ``reps`` timed steps (forward
     and scale update; the weights stay cast), None on the CPU. outcome: "ok", "wrong_scale" (an
     amax or scale differs from the independent model), "wrong_output" (norm error above
     WRONG_OUTPUT), "illegal_memory_access" or "exception: Type: message". A failure of the run is
-    the result (``errors``: the chain, with where each surfaced); only bad arguments raise."""
+    the result (``errors``: the chain, with where each surfaced); only bad arguments raise.
+    input_scales: None (the story: one input, every step) or a factor per step (``drift_scales``);
+    the bf16 reference is then the bf16 forward of each step's input, and forward_ms is timed on
+    the unscaled input."""
     if placement not in PLACEMENTS:
         raise ValueError(f"placement: {placement!r} is not one of {', '.join(map(repr, PLACEMENTS))}")
     if mode not in MODES:
         raise ValueError(f"mode: {mode!r} is not one of {', '.join(map(repr, MODES))}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps: expected an int >= 1, got {steps!r}")
+    if input_scales is not None:
+        if not isinstance(input_scales, (list, tuple)) or len(input_scales) < steps or not all(
+                isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f < float("inf")
+                for f in input_scales[:steps]):
+            raise ValueError(f"input_scales: expected None or at least {steps} positive finite numbers, "
+                             f"got {input_scales!r}")
+        input_scales = [float(f) for f in input_scales[:steps]]
     r = DelayedScaling(**(recipe or {}))
     devices = PLACEMENTS[placement]
     for d in devices:
@@ -178,8 +209,8 @@ def run_case(placement: str = "cpu", mode: str = "fp8_device_aware", size: float
     rec = dict(placement=placement, mode=mode, mechanism=mechanism_label(mode), outcome=None,
                rel_err_vs_bf16=None, norm_rel_err_vs_bf16=None, forward_ms=None, bf16_forward_ms=None,
                size=size, steps=steps, seed=seed, recipe=dataclasses.asdict(r), dims=dims(size),
-               devices=list(devices), output_digest=None, rel_err_per_step=[], norm_rel_err_per_step=[],
-               mismatches=[], errors=[], records=[])
+               devices=list(devices), input_scales=input_scales, output_digest=None, rel_err_per_step=[],
+               norm_rel_err_per_step=[], mismatches=[], errors=[], records=[])
     try:
         model = dispatch(build(size, seed, devices, r, backend), devices)
         x = make_input(size, seed, devices[0])
@@ -191,7 +222,7 @@ def run_case(placement: str = "cpu", mode: str = "fp8_device_aware", size: float
                 rec["rel_err_per_step"], rec["norm_rel_err_per_step"] = [0.0], [0.0]
             else:
                 policy = policy_for(mode)
-                out = fp8_steps(model, x, ref, r, policy, steps, rec)
+                out = fp8_steps(model, x, ref, r, policy, steps, rec, input_scales)
 
                 def step():
                     with fp8_autocast(recipe=r, mode=policy):
@@ -206,5 +237,5 @@ def run_case(placement: str = "cpu", mode: str = "fp8_device_aware", size: float
     return rec
 
 
-__all__ = ["FULL", "PLACEMENTS", "MODES", "WRONG_OUTPUT", "dims", "build", "dispatch", "make_input", "run_case",
-           "Stack"]
+__all__ = ["FULL", "PLACEMENTS", "MODES", "DRIFTS", "WRONG_OUTPUT", "dims", "build", "dispatch", "make_input",
+           "drift_scales", "run_case", "Stack"]
