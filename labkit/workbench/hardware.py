@@ -55,6 +55,19 @@ class Hardware:
 DATASHEET_HBM_TBPS = {"NVIDIA H100 80GB HBM3": 3.35, "NVIDIA H200": 4.8}
 
 
+#: NVIDIA datasheets, dense tensor-core TFLOP/s by the name the device reports. The H100 SXM5 80GB
+#: and H200 SXM 141GB datasheets list FP8 3,958 and BF16 1,979 TFLOPS "with sparsity"; dense is half
+#: (1,978.9 and 989.4). Other variants (PCIe, NVL) run at lower clocks and power and are not listed:
+#: no ceiling is drawn for them. Ceilings to draw, labelled as datasheet figures, never measurements.
+DATASHEET_DENSE_TFLOPS = {"NVIDIA H100 80GB HBM3": {"bf16": 989.4, "fp8": 1978.9},
+                          "NVIDIA H200": {"bf16": 989.4, "fp8": 1978.9}}
+
+
+def datasheet_dense_tflops(gpu_name: str | None, dtype: str) -> float | None:
+    """The datasheet dense tensor-core TFLOP/s of a GPU ("bf16" or "fp8"), or None if not listed."""
+    return DATASHEET_DENSE_TFLOPS.get(gpu_name or "", {}).get(dtype)
+
+
 def datasheet_hbm_tbps(gpu_name: str) -> float | None:
     """The datasheet HBM bandwidth of a GPU by its reported name, or None when not listed."""
     return DATASHEET_HBM_TBPS.get(gpu_name)

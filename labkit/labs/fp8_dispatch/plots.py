@@ -17,13 +17,7 @@ from __future__ import annotations
 import textwrap
 
 from labkit.labs.fp8_dispatch.model import MODES, PLACEMENTS
-
-#: NVIDIA datasheets, dense tensor-core TFLOP/s by the name the device reports. The H100 SXM5 80GB
-#: and H200 SXM 141GB datasheets list FP8 3,958 and BF16 1,979 TFLOPS "with sparsity"; dense is half
-#: (1,978.9 and 989.4). Other variants (PCIe, NVL) run at lower clocks and power and are not listed:
-#: no ceiling is drawn for them. Ceilings to draw, labelled as datasheet figures, never measurements.
-DENSE_TFLOPS = {"NVIDIA H100 80GB HBM3": {"bf16": 989.4, "fp8": 1978.9},
-                "NVIDIA H200": {"bf16": 989.4, "fp8": 1978.9}}
+from labkit.workbench import hardware
 
 #: outcome -> cell colour: green correct; amber / orange silent; red / purple loud; grey not run
 OUTCOME_COLOURS = {"ok": "#4caf50", "wrong_output": "#ff9800", "wrong_scale": "#ffc107",
@@ -42,7 +36,7 @@ SPEED_LABELS = {"bf16": "bf16 GEMM", "fp8_gemm": "FP8 GEMM alone", "fp8_quantize
 
 def datasheet_tflops(gpu_name: str | None, dtype: str) -> float | None:
     """The datasheet dense tensor-core TFLOP/s of a GPU ("bf16" or "fp8"), or None if not listed."""
-    return DENSE_TFLOPS.get(gpu_name or "", {}).get(dtype)
+    return hardware.datasheet_dense_tflops(gpu_name, dtype)  # labkit.workbench.hardware.DATASHEET_DENSE_TFLOPS
 
 
 def outcome_class(outcome: str | None) -> str:
@@ -248,4 +242,4 @@ def plot_speed(records: list[dict], ax, title: str = "") -> None:
 
 
 __all__ = ["plot_matrix", "plot_meta_history", "plot_case", "plot_speed", "meta_of", "speed_rows", "outcome_class",
-           "datasheet_tflops", "OUTCOME_COLOURS", "DENSE_TFLOPS"]
+           "datasheet_tflops", "OUTCOME_COLOURS"]

@@ -12,11 +12,7 @@ torch is timed with w in two layouts; these plots show its faster one per compar
 """
 from __future__ import annotations
 
-#: NVIDIA datasheets, bf16 dense tensor-core TFLOP/s by the name the device reports: H100 SXM5
-#: 80GB and H200 SXM 141GB both list 1,979 TFLOPS "with sparsity", i.e. 989.4 dense (H100
-#: datasheet; H200 datasheet). A ceiling to draw, labelled as a datasheet figure, never a measurement.
-#: Other variants (PCIe, NVL) have lower clocks and power and are not listed: no ceiling is drawn.
-BF16_DENSE_TFLOPS = {"NVIDIA H100 80GB HBM3": 989.4, "NVIDIA H200": 989.4}
+from labkit.workbench import hardware
 
 IMPL_COLORS = {"labkit": "tab:blue", "torch_grouped_mm": "tab:orange", "host_sync_loop": "tab:red"}
 SKEW_STYLES = {"uniform": "-", "skewed": "--"}
@@ -24,8 +20,9 @@ METHOD_ORDER = ("graph", "eager", "cpu_clock")
 
 
 def datasheet_bf16_tflops(gpu_name: str | None) -> float | None:
-    """The datasheet bf16 dense tensor-core peak of a GPU by its reported name, or None."""
-    return BF16_DENSE_TFLOPS.get(gpu_name) if gpu_name else None
+    """The datasheet bf16 dense tensor-core peak of a GPU by its reported name, or None
+    (``labkit.workbench.hardware.DATASHEET_DENSE_TFLOPS``: a ceiling to draw, never a measurement)."""
+    return hardware.datasheet_dense_tflops(gpu_name, "bf16")
 
 
 def _shown(records: list[dict]) -> list[dict]:
@@ -165,5 +162,5 @@ def plot_cpu_cost(records: list[dict], ax, title: str) -> None:
     ax.grid(alpha=0.3, axis="y")
 
 
-__all__ = ["BF16_DENSE_TFLOPS", "datasheet_bf16_tflops", "plot_cpu_cost", "plot_ratio",
+__all__ = ["datasheet_bf16_tflops", "plot_cpu_cost", "plot_ratio",
            "plot_tflops_vs_experts", "ratio_rows"]
