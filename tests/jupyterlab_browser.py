@@ -597,11 +597,18 @@ def _use_panel(res: NotebookCheck, nb: NotebookPage, tag: str, where: str, widge
     logs_before = nb.log_console_count()
     activity = nb.kernel_state().get("last_activity")
     did = []
+    # the first control, in this order of kinds, that can be changed (a one-option dropdown cannot)
     for kind in ("dropdown", "toggle", "checkbox", "slider", "text"):
-        c = next((c for c in controls if c["kind"] == kind), None)
-        if c:
-            did.append(_change(el, c))
+        for c in (c for c in controls if c["kind"] == kind):
+            done = _change(el, c)
+            if done:
+                did.append(done)
+                break
+        if did:
             break
+    if not did and not buttons:
+        res.problem(f"{label}: none of its controls could be changed (each has one value only)")
+        return
     if buttons:
         button = el.locator("button.widget-button:not(.widget-toggle-button)")
         if buttons[0]["name"]:

@@ -217,7 +217,9 @@ def test_changing_a_control_reruns_and_changes_the_verdict(monkeypatch):
 
 def test_case_report_text_and_figure():
     text, fig = widgets.case_report("cpu", "fp8_naive", drift="spike", steps=6, size=SIZE)
-    assert text.startswith("fp8_naive on cpu: ok") and "worst" in text and "at step 3" in text
+    recipe, result = text.split("\n", 1)
+    assert recipe == "recipe: margin 0, amax history 16, amax algo max, format HYBRID; input spike over 6 steps"
+    assert result.startswith("fp8_naive on cpu: ok") and "worst" in result and "at step 3" in result
     assert "state on each layer's weight's device (cpu)" in text
     amax_ax, scale_ax, err_ax = fig.axes[:3]
     assert len(amax_ax.lines) == 7 and len(err_ax.lines[0].get_xdata()) == 6

@@ -118,7 +118,10 @@ def case_report(placement: str = "cpu", mode: str = "fp8_device_aware", margin: 
                 size: float | None = None) -> tuple[str, object]:
     """(verdict text, figure) of one tiny run: what the panel shows."""
     rec = case_record(placement, mode, margin, amax_history_len, amax_compute_algo, fp8_format, drift, steps, size)
-    text = verdict(rec)
+    # what was run, first: two recipes can give the same numbers (a growing input makes the
+    # history's max its most recent amax), and the reader should see that it did rerun
+    text = (f"recipe: margin {margin}, amax history {amax_history_len}, amax algo {amax_compute_algo}, "
+            f"format {fp8_format}; input {drift} over {steps} steps\n" + verdict(rec))
     if fp8_format != "HYBRID" and mode != "bf16":
         text += "\n" + FORMAT_NOTE
     return text, case_figure(rec)
