@@ -196,6 +196,8 @@ def test_checker_fails_a_notebook_with_broken_widgets(lab, capsys):
     assert len(res.problems) == len(expected), text
     assert "Working button" not in text, text
     assert any("'Working button'" in line and "output changed" in line for line in res.lines), res.lines
+    # a panel whose first control has one option: the next control that can change is used
+    assert any("picked 'most_recent' in 'algo'" in line and "output changed" in line for line in res.lines), res.lines
     # the copy opened is the parameterised one (the runner's injection), run in the page
     saved = json.loads(res.saved.read_text())
     assert any("injected-parameters" in c["metadata"].get("tags", []) for c in saved["cells"])
