@@ -353,7 +353,8 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, m_splits: Splits, *, bias: torc
     if M == 0 or N == 0 or E == 0:
         return out
     cfg = forward_config(M, E, x.device, x.dtype)
-    use_tma = cfg.tma and tma_ok(x, w) and not needs_int64(x, w, out, pad=cfg.block_m)
+    int64 = needs_int64(x, w, out, pad=cfg.block_m)
+    use_tma = cfg.tma and not int64 and tma_ok(x, w)
     if use_tma:
         _ensure_scratch_allocator()
     upper_tiles = (triton.cdiv(M, cfg.block_m) + E) * triton.cdiv(N, cfg.block_n)
@@ -366,7 +367,7 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, m_splits: Splits, *, bias: torc
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             HAS_BIAS=bias is not None, EVEN_K=K % cfg.block_k == 0,
             UPCAST=tier.interpreted() and x.dtype == torch.bfloat16,
-            INPUT_PRECISION=_input_precision(x.dtype), INT64=needs_int64(x, w, out, pad=cfg.block_m),
+            INPUT_PRECISION=_input_precision(x.dtype), INT64=int64,
             USE_TMA=use_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out
 
@@ -403,7 +404,7 @@ def grouped_mm_wgrad(x: torch.Tensor, dy: torch.Tensor, m_splits: Splits, *, out
     if out is None:
         if mask is not None or accumulate:
             raise ValueError("out: accumulating needs the buffer to add into (pass out=main_grad)")
-        out = torch.empty((E, K, N), dtype=torch.float32, device=x.device)  # fp32: the sum stays exact
+        out = torch.empty((E, K, N), dtype=torch.float32, device=x.device)  # fp32: accumulated gradients are not rounded to bf16
     _check_out("out", out, (E, K, N), None, allowed=(torch.float32, x.dtype))
     if mask is not None:
         check_tensor("accumulate", mask, dtypes=(torch.bool,), ndim=1, contiguous=True)
