@@ -24,6 +24,9 @@ from labkit.workbench import benchmarks, gates, sandbox
 from labkit.workbench.gates import HardwareUnavailable
 
 SIZE = 1 / 512
+#: where the small runs go: "cpu" under the interpreter, "one_gpu" on a GPU machine's compiled tier
+HERE = model.local_placement()
+HERE_DEVICE = model.PLACEMENTS[HERE][0]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +46,8 @@ def test_cpu_benchmark_records_carry_required_and_sane_values(cpu_records):
     matrix = [r for r in cpu_records if r["kind"] == "matrix"]
     assert [r["mode"] for r in matrix] == list(model.MODES)
     for r in matrix:
-        assert r["placement"] == "cpu" and r["outcome"] == "ok" and r["forward_ms"] is None, r
+        assert r["placement"] == HERE and r["outcome"] == "ok", r
+        assert r["forward_ms"] is None if HERE == "cpu" else r["forward_ms"] > 0, r
         assert r["mechanism"] == naive.mechanism_label(r["mode"]) and r["sandbox"] is None
         assert "records" not in r and r["reported_at"] is None
         assert r["rel_err_vs_bf16"] == 0.0 if r["mode"] == "bf16" else 0 < r["rel_err_vs_bf16"] < 0.3
@@ -52,7 +56,7 @@ def test_cpu_benchmark_records_carry_required_and_sane_values(cpu_records):
     # 2 steps x 7 layers x (input, weight) per FP8 mode; backward state left out
     assert len(meta) == len(fp8_modes) * 2 * 7 * 2
     assert {r["tensor"] for r in meta} == {"input", "weight"} and {r["step"] for r in meta} == {0, 1}
-    assert all(r["device"] == r["weight_device"] == "cpu" and r["outcome"] is None for r in meta)
+    assert all(r["device"] == r["weight_device"] == HERE_DEVICE and r["outcome"] is None for r in meta)
     inputs = [r for r in meta if r["tensor"] == "input"]
     assert all(r["amax"] > 0 for r in inputs)
     for r in inputs:  # the default recipe: "max" over the history, margin 0
@@ -110,12 +114,15 @@ def test_reported_at_is_the_first_error_of_the_chain():
 
 
 def test_speed_comparison_code_runs_at_tiny_shapes():
-    """Under the interpreter (emulated GEMM) the times say nothing about a GPU: only the records."""
+    """Under the interpreter (emulated GEMM) the times say nothing about a GPU: only the records.
+    On a GPU machine the same small comparison runs on cuda:0 (scaled_mm where FP8 runs)."""
     rows = bench.speed_records("cpu", shapes={"gate/up": (32, 48, 64)})
     assert [r["impl"] for r in rows] == list(bench.SPEED_IMPLS)
+    on_cpu = HERE == "cpu"
     for r in rows:
         assert set(bench.REQUIRED) <= set(r) and r["kind"] == "speed" and r["ms"] > 0 and r["outcome"] == "ok"
-        assert r["timing_method"] == "cpu_clock" and r["backend"] == "emulated"
+        assert r["timing_method"] == ("cpu_clock" if on_cpu else "cuda_events")
+        assert r["backend"] == "emulated" if on_cpu else r["backend"] in ("scaled_mm", "emulated")
     by = {r["impl"]: r for r in rows}
     assert by["bf16"]["ratio_vs_bf16"] == 1.0 and by["bf16"]["rel_err_vs_bf16"] == 0.0
     # E4M3 x E4M3 against bf16: a few percent of the largest output
@@ -130,8 +137,8 @@ def test_drift_scales_and_the_delayed_scale_they_show():
     with pytest.raises(ValueError, match="drift: 'wave' is not one of"):
         model.drift_scales("wave", 3)
     with pytest.raises(ValueError, match="input_scales: expected None or at least 3"):
-        model.run_case("cpu", size=SIZE, steps=3, input_scales=[1.0, 2.0])
-    rec = model.run_case("cpu", size=SIZE, steps=4, input_scales=[1.0, 1.0, 16.0, 1.0])
+        model.run_case(HERE, size=SIZE, steps=3, input_scales=[1.0, 2.0])
+    rec = model.run_case(HERE, size=SIZE, steps=4, input_scales=[1.0, 1.0, 16.0, 1.0])
     assert rec["outcome"] == "ok" and not rec["mismatches"]       # the checker follows the drift
     errs = rec["norm_rel_err_per_step"]
     assert errs[2] > 0.5 > model.WRONG_OUTPUT > errs[1]          # the spike is cast with the old scale: saturated
@@ -143,7 +150,7 @@ def test_plots_draw_from_benchmark_records(cpu_records):
     fig, axes = plt.subplots(2, 3, figsize=(15, 7))
     plots.plot_matrix(cpu_records, axes[0][0], "matrix")
     assert len(axes[0][0].patches) == len(model.MODES)
-    plots.plot_meta_history(cpu_records, axes[0][1:], "naive", "cpu", "fp8_naive")
+    plots.plot_meta_history(cpu_records, axes[0][1:], "naive", HERE, "fp8_naive")
     assert len(axes[0][1].lines) == 7 and axes[0][1].get_yscale() == "log"
     speed = bench.speed_records("cpu", shapes={"gate/up": (32, 48, 64), "down": (32, 64, 48)})
     plots.plot_speed(speed, axes[1][0], "speed")
@@ -195,13 +202,14 @@ def _controls(panel):
 def test_changing_a_control_reruns_and_changes_the_verdict(monkeypatch):
     shown = []   # the figures the panel displays (outside a kernel its Output widget keeps nothing)
     monkeypatch.setattr(widgets, "display", shown.append)
-    c = _controls(widgets.recipe_explorer(widgets.CPU_MAPS, size=SIZE))
+    maps = widgets.CPU_MAPS if HERE == "cpu" else widgets.ONE_GPU_MAPS
+    c = _controls(widgets.recipe_explorer(maps, size=SIZE))
     assert len(shown) == 1 and "growing" in shown[0].axes[0].get_title()
-    assert list(c["device_map"].options) == list(widgets.CPU_MAPS)
+    assert list(c["device_map"].options) == list(maps)
     first = c["text"].value
-    assert "fp8_device_aware on cpu: wrong_output" in first          # a doubling input, no margin: saturated
+    assert f"fp8_device_aware on {HERE}: wrong_output" in first          # a doubling input, no margin: saturated
     c["margin"].value = 1
-    assert "fp8_device_aware on cpu: ok" in c["text"].value and c["text"].value != first
+    assert f"fp8_device_aware on {HERE}: ok" in c["text"].value and c["text"].value != first
     assert len(shown) == 2   # redrawn: the scales halve with one more bit of margin
     assert shown[1].axes[1].lines[0].get_ydata()[0] == shown[0].axes[1].lines[0].get_ydata()[0] / 2
     c["drift"].value = "spike"
@@ -216,11 +224,11 @@ def test_changing_a_control_reruns_and_changes_the_verdict(monkeypatch):
 
 
 def test_case_report_text_and_figure():
-    text, fig = widgets.case_report("cpu", "fp8_naive", drift="spike", steps=6, size=SIZE)
+    text, fig = widgets.case_report(HERE, "fp8_naive", drift="spike", steps=6, size=SIZE)
     recipe, result = text.split("\n", 1)
     assert recipe == "recipe: margin 0, amax history 16, amax algo max, format HYBRID; input spike over 6 steps"
-    assert result.startswith("fp8_naive on cpu: ok") and "worst" in result and "at step 3" in result
-    assert "state on each layer's weight's device (cpu)" in text
+    assert result.startswith(f"fp8_naive on {HERE}: ok") and "worst" in result and "at step 3" in result
+    assert f"state on each layer's weight's device ({HERE_DEVICE})" in text
     amax_ax, scale_ax, err_ax = fig.axes[:3]
     assert len(amax_ax.lines) == 7 and len(err_ax.lines[0].get_xdata()) == 6
     plt.close(fig)

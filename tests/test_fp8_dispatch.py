@@ -21,6 +21,9 @@ from labkit.workbench import sandbox
 from labkit.workbench.errors import UsageError
 
 SIZE = 1 / 512          # hidden 16, kv 16, intermediate 64, tokens 32
+#: where the small runs go: "cpu" under the interpreter, "one_gpu" on a GPU machine's compiled tier
+HERE = story.local_placement()
+HERE_DEVICE = story.PLACEMENTS[HERE][0]
 
 
 def test_mechanisms_switch_one_at_a_time():
@@ -59,8 +62,8 @@ def test_lazy_state_lands_on_the_current_device_not_the_weights(monkeypatch):
 
 
 def test_lazy_state_is_used_instead_of_the_buffers():
-    lin = FP8Linear(32, 16, dtype=torch.bfloat16)
-    x = torch.randn(16, 32).to(torch.bfloat16)
+    lin = FP8Linear(32, 16, dtype=torch.bfloat16, device=HERE_DEVICE)
+    x = torch.randn(16, 32, device=HERE_DEVICE).to(torch.bfloat16)
     with fp8_autocast(mode=naive.StoryPolicy(naive.Mechanisms.only("lazy_meta_on_current_device"))):
         lin(x)
     assert lin.fp8_forward_scale.eq(1).all() and lin.fp8_forward_amax_history.eq(0).all()
@@ -71,7 +74,7 @@ def test_lazy_state_is_used_instead_of_the_buffers():
 def _random_states(m, length, n, g):
     metas = []
     for _ in range(m):
-        meta = FP8Meta.create(n, length, "cpu")
+        meta = FP8Meta.create(n, length, HERE_DEVICE)
         meta.amax_history.copy_(torch.rand(length, n, generator=g) * 100)
         meta.scale.copy_(torch.rand(n, generator=g) * 10 + 0.1)
         metas.append(meta)
@@ -98,14 +101,16 @@ def test_one_kernel_update_equals_the_per_device_update_bit_for_bit(length, n, a
             assert torch.equal(a, b), (a, b)
 
 
-def test_every_mode_runs_on_the_cpu_and_agrees():
-    """On one device every mechanism is harmless: same outputs, bit for bit, and sane records."""
-    records = {mode: story.run_case("cpu", mode, size=SIZE, steps=2) for mode in story.MODES}
+def test_every_mode_runs_on_one_device_and_agrees():
+    """On one device every mechanism is harmless: same outputs, bit for bit, and sane records
+    (the CPU under the interpreter, cuda:0 on a GPU machine)."""
+    records = {mode: story.run_case(HERE, mode, size=SIZE, steps=2) for mode in story.MODES}
     digests = {mode: r["output_digest"] for mode, r in records.items() if mode != "bf16"}
     assert len(set(digests.values())) == 1, digests
     for mode, r in records.items():
         assert r["outcome"] == "ok", (mode, r["outcome"], r["errors"], r["mismatches"][:3])
-        assert r["placement"] == "cpu" and r["mode"] == mode and r["forward_ms"] is None
+        assert r["placement"] == HERE and r["mode"] == mode
+        assert r["forward_ms"] is None if HERE == "cpu" else r["forward_ms"] > 0
         assert r["mechanism"] == naive.mechanism_label(mode)
         json.dumps(r)
     bf16, fp8 = records["bf16"], records["fp8_device_aware"]
@@ -118,7 +123,7 @@ def test_every_mode_runs_on_the_cpu_and_agrees():
                                              for p in ps} | {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
     assert all(r["amax"] > 0 and r["scale"] == pytest.approx(448.0 / r["amax"], rel=1e-6) for r in inputs
                if r["step"] == 0)
-    assert {(r["device"], r["weight_device"]) for r in fp8["records"]} == {("cpu", "cpu")}
+    assert {(r["device"], r["weight_device"]) for r in fp8["records"]} == {(HERE_DEVICE, HERE_DEVICE)}
 
 
 class _Stuck(DeviceAware):
@@ -131,8 +136,9 @@ class _Stuck(DeviceAware):
 
 def test_the_checker_catches_a_scale_that_is_not_updated():
     recipe = DelayedScaling()
-    model = story.dispatch(story.build(SIZE, 0, ("cpu", "cpu"), recipe), ("cpu", "cpu"))
-    x = story.make_input(SIZE, 0, "cpu")
+    devices = story.PLACEMENTS[HERE]
+    model = story.dispatch(story.build(SIZE, 0, devices, recipe), devices)
+    x = story.make_input(SIZE, 0, HERE_DEVICE)
     rec = {"rel_err_per_step": [], "norm_rel_err_per_step": [], "records": [], "mismatches": []}
     with torch.no_grad():
         measure.fp8_steps(model, x, model(x), recipe, _Stuck(), 2, rec)

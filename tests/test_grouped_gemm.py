@@ -276,9 +276,13 @@ def test_one_graph_serves_every_token_distribution():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("E, M, K, N", [(8, 4096, 1024, 1024), (64, 4096, 512, 704), (128, 2048, 512, 384)])
+@pytest.mark.parametrize("E, M, K, N", [(4, 8192, 1024, 1024), (8, 4096, 1024, 1024), (64, 4096, 512, 704),
+                                        (128, 2048, 512, 384)])
 def test_hopper_configs_at_lab_shapes(E, M, K, N):
-    """Each configuration forward_config picks (by tokens per expert) against the loop, skewed."""
+    """Each configuration forward_config picks (by tokens per expert) against the loop, skewed:
+    between them the shapes reach every row of HOPPER_FORWARD (checked first)."""
+    if E == 4:
+        assert {gg.hopper_config(*s) for s in ((8192, 4), (4096, 8), (4096, 64))} == {c for _, c in gg.HOPPER_FORWARD}
     g = torch.Generator(device="cuda").manual_seed(E)
     splits = random_splits(random.Random(E), E, M)
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)

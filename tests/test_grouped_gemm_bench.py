@@ -215,7 +215,9 @@ def test_benchmark_times_labkit_and_the_loop_and_checks_them_first(cpu_records):
         assert sum(r["counts"]) == r["tokens"]
     labkit = [r for r in timed if r["impl"] == "labkit"]
     assert all(r["block_m"] is not None for r in labkit)
-    assert all(r["ratio_vs_loop"] > 0 for r in labkit)
+    # the loop has no graph-replay timing (it syncs with the host): only eager records compare
+    assert all(r["ratio_vs_loop"] > 0 for r in labkit if r["method"] != "graph")
+    assert all(r["ratio_vs_loop"] is None for r in labkit if r["method"] == "graph")
 
 
 def test_benchmark_records_the_capture_experiment(cpu_records):

@@ -76,16 +76,22 @@ class GroupedConfig:
 
 
 #: Hopper (sm_90) forward/dgrad configurations, by tokens per expert (M / E, known on the host
-#: without reading the counts). Large experts want big tiles (fewer loads per FLOP); small ones
-#: waste less of a 64-row tile than of a 128-row one. Picked from a sweep of 13 configurations at
-#: the lab's three shapes on one H100 (pointer loads; the sweep is
-#: labkit.labs.grouped_gemm.bench.tune_benchmark, to be recorded per machine in
-#: reference/<machine>/grouped_gemm_tune.json). The TMA load path is off by default until a GPU
-#: run of that sweep measures it (``GroupedConfig.tma``).
+#: without reading the counts). Chosen from the sweep labkit.labs.grouped_gemm.bench.tune_benchmark
+#: (18 configurations x the lab's three shapes x two splits), recorded on one H200 in
+#: reference/h200x1/grouped_gemm_tune.json (graph replays, TFLOP/s of the pick vs the old pick):
+#: - 2048 tokens per expert (E=8, K=N=4096): 64-row tiles, 4 stages, TMA loads: 667 vs 547
+#:   uniform, 657 vs 533 skewed. Big experts still gain from half-height tiles: twice the tiles
+#:   (1024 for 132 SMs) spread the last wave thinner; TMA frees the warps from address math (+3.5%).
+#: - 256 tokens per expert (E=64): 128x256, 4 stages, pointer loads: best uniform (565); skewed,
+#:   128x128 with TMA is 4% faster (430 vs 413), within the spread of one split, so kept simple.
+#: - 64 tokens per expert (E=128): 64x128 tiles, 4 warps, two programs per SM: 223 vs 211
+#:   uniform, 206 vs 181 skewed (a 128-row tile would be half padding).
+#: An H100 sweep (13 configurations, pointer loads only) had picked 128x256 s4 / 64x256 s3 before.
 HOPPER_FORWARD = (
     # (tokens per expert at least, config)
+    (1024, GroupedConfig(64, 256, 64, 8, 8, 4, 1, True)),
     (128, GroupedConfig(128, 256, 64, 8, 8, 4)),
-    (0, GroupedConfig(64, 256, 64, 8, 8, 3)),
+    (0, GroupedConfig(64, 128, 64, 8, 4, 4, 2)),
 )
 #: fp32 inputs on any GPU (tf32 or ieee dots): half the bytes per stage of the 2-byte configs.
 FP32 = GroupedConfig(64, 128, 32, 8, 4, 3)

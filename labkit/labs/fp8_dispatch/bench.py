@@ -11,7 +11,8 @@ Records, each with ``kind`` and the ``REQUIRED`` fields (None where they do not 
   the story's mechanisms alone), each cell in its own child process with a time limit: an illegal
   memory access, a crash or a hang becomes a record with the sandbox's status, never an exception
   here. A cell this machine cannot run (two GPUs needed) is a record whose outcome says why.
-  Profile "cpu": placement "cpu" at ``size=1/256``, in this process (seconds).
+  Profile "cpu": placement ``model.local_placement()`` ("cpu" under the interpreter, "one_gpu" on
+  a GPU machine's compiled tier) at ``size=1/256``, in this process (seconds).
 * ``kind="launch_blocking"``: the naive cells on two GPUs again with ``CUDA_LAUNCH_BLOCKING=1``:
   the debugging lesson, where the error is reported when every launch waits for its kernel.
 * ``kind="meta"``: one per (cell, step, module, tensor) of the forward state, flattened from the
@@ -97,7 +98,8 @@ def plan(profile: str, gpu_count: int) -> list[dict]:
     placement, mode, env and ``skip`` (None, or the one-line reason the cell cannot run here)."""
     _profile(profile)
     if profile == "cpu":
-        return [{"kind": "matrix", "placement": "cpu", "mode": m, "env": None, "skip": None} for m in model.MODES]
+        here = model.local_placement()
+        return [{"kind": "matrix", "placement": here, "mode": m, "env": None, "skip": None} for m in model.MODES]
     cells = []
     for placement, (need, modes) in GPU_PLACEMENTS.items():
         why = None if gpu_count >= need else \

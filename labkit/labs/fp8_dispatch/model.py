@@ -38,6 +38,15 @@ FULL = {"hidden": 8192, "kv": 1024, "intermediate": 28672, "tokens": 12000}
 #: while cuda:0 is current, the community fix's 11-line reduction of the story.
 PLACEMENTS = {"cpu": ("cpu", "cpu"), "one_gpu": ("cuda:0", "cuda:0"), "two_gpus": ("cuda:0", "cuda:1"),
               "other_gpu": ("cuda:1", "cuda:1")}
+
+
+def local_placement() -> str:
+    """Where the small (CPU-profile) runs go on this machine: "cpu" under the Triton interpreter,
+    "one_gpu" on a compiled tier, where labkit's kernels take CUDA tensors only."""
+    from labkit.workbench import tier
+    return "cpu" if tier.interpreted() else "one_gpu"
+
+
 #: input drifts for showing delayed scaling (the story's run keeps its input constant: "constant")
 DRIFTS = ("constant", "spike", "growing")
 MODES = ("bf16", "fp8_naive", "fp8_device_aware") + MECHANISMS
@@ -237,5 +246,5 @@ def run_case(placement: str = "cpu", mode: str = "fp8_device_aware", size: float
     return rec
 
 
-__all__ = ["FULL", "PLACEMENTS", "MODES", "DRIFTS", "WRONG_OUTPUT", "dims", "build", "dispatch", "make_input",
+__all__ = ["FULL", "PLACEMENTS", "local_placement", "MODES", "DRIFTS", "WRONG_OUTPUT", "dims", "build", "dispatch", "make_input",
            "drift_scales", "run_case", "Stack"]
