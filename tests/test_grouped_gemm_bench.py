@@ -320,7 +320,7 @@ def test_plots_draw(which, cpu_records):
     fig.canvas.draw()
     if which == "gpu_like":
         labels = [t.get_text() for t in axes[0].get_legend().get_texts()]
-        assert any("datasheet peak" in s and "989.4" in s for s in labels)
+        assert any("datasheet bf16 dense peak" in s and "989.4" in s for s in labels)
         assert len(axes[2].patches) == 2 * len(bench.SHAPES["gpu"]) * len(distributions.SKEWS)
     plt.close(fig)
     with pytest.raises(ValueError, match="against"):

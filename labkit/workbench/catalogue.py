@@ -83,8 +83,8 @@ LABS: tuple[Lab, ...] = (
         "and a race on a global pinned-buffer index",
         "te-device-initiated-grouped-gemm-pr.txt", "1",
         "the grouped GEMM, its backward and the MoE layer against float64 loops; the drawn schedule; "
-        "the staging-buffer race and its fixes; recorded timings where a GPU run has recorded them",
-        "draft", 15, ("grouped_gemm", "grouped_gemm_tune"),
+        "the staging-buffer race and its fixes; the recorded timings, sync check, capture and timeline",
+        "ready", 15, ("grouped_gemm", "grouped_gemm_tune"),
         (Part("grouped GEMM timings, the sync check and graph capture", {"gpus": 1, "compiled": True}),
          Part("PyTorch's grouped GEMM as the baseline (sm_90+)", {"gpus": 1, "capability": (9, 0), "compiled": True}),
          Part("the MoE layer in one CUDA graph, and its timeline", {"gpus": 1, "compiled": True}))),

@@ -77,7 +77,7 @@ def plot_tflops_vs_experts(records: list[dict], ax, title: str, method: str | No
     peak = datasheet_bf16_tflops(next(iter(gpus))) if len(gpus) == 1 else None
     if peak:
         ax.axhline(peak, color="0.3", ls=":", lw=1.2,
-                   label=f"datasheet peak, {next(iter(gpus))} bf16 dense: {peak:g} TFLOP/s")
+                   label=f"datasheet bf16 dense peak:\n{peak:g} TFLOP/s (the ceiling)")
         ax.set_ylim(0, peak * 1.08)
     else:
         ax.set_ylim(bottom=0)
@@ -85,7 +85,8 @@ def plot_tflops_vs_experts(records: list[dict], ax, title: str, method: str | No
     ax.set_xlabel("experts (tokens M × K × N)")
     ax.set_ylabel("TFLOP/s (2·M·N·K / median time)")
     ax.set_title(f"{title}\nmethod: {method}", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    # below the axes, two columns: panels side by side keep their width
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.24), ncol=2, frameon=False)
     ax.grid(alpha=0.3)
 
 
