@@ -99,7 +99,8 @@ def test_bad_input_is_refused():
         quantize(x, s, amax, torch.bfloat16)
     with pytest.raises(TypeError, match="scale: expected a torch.Tensor, got float"):
         quantize(x, 1.0, amax)
-    with pytest.raises(ValueError, match=f"x on {DEV}, scale on {DEV}, amax on meta"):
+    where = x.device   # "cpu", or "cuda:0" (with its index) on a GPU
+    with pytest.raises(ValueError, match=f"x on {where}, scale on {where}, amax on meta"):
         quantize(x, s, torch.zeros(1, device="meta"))
 
 

@@ -174,11 +174,12 @@ def test_scaled_mm_shapes_must_be_multiples_of_16():
 
 @pytest.mark.parametrize("api", ["F.scaled_mm", "torch._scaled_mm"])
 def test_both_scaled_mm_calls_match_the_emulation(api, monkeypatch):
-    """torch's CPU build runs _scaled_mm too (2.13 does): the call's arguments are checked here."""
+    """Both calls' arguments, checked on the kernels' device: torch's CPU build runs _scaled_mm too
+    (2.13 does), a GPU with FP8 runs both for real."""
     if api == "F.scaled_mm" and gemm_mod.scaled_mm_api() != "F.scaled_mm":
         pytest.skip(f"torch {torch.__version__} has no F.scaled_mm")
     monkeypatch.setattr(gemm_mod, "scaled_mm_api", lambda: api)
-    a, b = _operands(32, 48, 64, "cpu")
+    a, b = _operands(32, 48, 64, DEV)
     try:
         got = fp8_gemm(a, b, out_dtype=torch.float32, backend="scaled_mm")
     except (RuntimeError, NotImplementedError) as e:
