@@ -184,7 +184,11 @@ def test_both_scaled_mm_calls_match_the_emulation(api, monkeypatch):
         got = fp8_gemm(a, b, out_dtype=torch.float32, backend="scaled_mm")
     except (RuntimeError, NotImplementedError) as e:
         pytest.skip(f"{api} does not run on this torch's CPU: {str(e).splitlines()[0]}")
-    assert torch.allclose(got, fp8_gemm(a, b, out_dtype=torch.float32, backend="emulated"), rtol=1e-5, atol=1e-5)
+    want = fp8_gemm(a, b, out_dtype=torch.float32, backend="emulated")
+    # the CPU's _scaled_mm accumulates in fp32 as the emulation does; Hopper's FP8 tensor cores
+    # accumulate with fewer bits (seen on one H200: about 1e-4 of the largest output at K = 48)
+    bound = 1e-5 if got.device.type == "cpu" else 1e-3
+    assert ((got - want).abs().max() / want.abs().max()).item() <= bound
 
 
 def test_a_gpu_without_fp8_warns_and_emulates(monkeypatch):
