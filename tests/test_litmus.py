@@ -236,6 +236,15 @@ def test_a_barrier_that_cannot_complete_becomes_a_timeout_count():
     assert res.timeouts == programs - 1 and sum(res.counts.values()) == 64
 
 
+def test_many_instances_are_split_into_launches_of_resident_programs():
+    """programs_per_launch=4 with 2 roles and 32 lanes: 64 instances a launch, 200 in 4 launches."""
+    res = run_litmus("MP", "plain", None, "cross_cta", 200, programs_per_launch=4, lanes=32)
+    assert res.launches == 4 and sum(res.counts.values()) == 200 and res.unwritten == 0
+    assert set(res.counts) <= model.outcomes("MP", "sc" if INTERPRETED else "relaxed")
+    with pytest.raises(UsageError, match="stress.programs: 4 leaves no room"):
+        run_litmus("MP", "plain", None, "cross_cta", 200, programs_per_launch=4, stress=Stress(programs=4))
+
+
 def test_buffers_are_reused_and_layouts_follow_the_seed():
     bufs = allocate(300)
     a = run_litmus("SB", "plain", None, "cross_cta", 300, buffers=bufs, seed=5, keep_records=True)
@@ -245,13 +254,16 @@ def test_buffers_are_reused_and_layouts_follow_the_seed():
     assert a.records.shape == (300, 2)
     with pytest.raises(UsageError, match="instances: 301 is more than the buffers hold"):
         run_litmus("SB", "plain", None, "cross_cta", 301, buffers=bufs)
+    with pytest.raises(UsageError, match="stride: 8 differs"):
+        run_litmus("SB", "plain", None, "cross_cta", 30, buffers=bufs, stride=8)
 
 
 @pytest.mark.skipif(not INTERPRETED, reason="under the interpreter only")
 def test_two_gpus_runs_on_emulated_ranks_and_says_whose_memory_model_applies():
-    res = run_litmus("MP", "plain", None, "two_gpus", 64, seed=1, timeout=120)
+    res = run_litmus("MP", "plain", None, "two_gpus", 100, seed=1, timeout=120, programs_per_launch=2)
     assert res.note.startswith("emulated ranks") and "x86-TSO" in res.note
-    assert sum(res.counts.values()) == 64 and res.unwritten == 0
+    assert res.launches == 2  # one role per rank, 2 programs of 32 lanes: 64 instances a launch
+    assert sum(res.counts.values()) == 100 and res.unwritten == 0
     # real processes run concurrently: only what the host's TSO allows (MP's weak outcome is not)
     assert set(res.counts) <= model.outcomes("MP", "sc")
 
@@ -270,6 +282,7 @@ def test_two_gpus_runs_on_emulated_ranks_and_says_whose_memory_model_applies():
     ({"lanes": 48}, "lanes"),
     ({"stress": Stress(programs=-1)}, "stress.programs"),
     ({"stress": {"programs": 1}}, "stress: expected"),
+    ({"programs_per_launch": 0}, "programs_per_launch"),
 ])
 def test_bad_arguments_are_named(kwargs, match):
     args = {"test": "MP", "semantics": "plain", "scope": None, "placement": "cross_cta", "instances": 32}
@@ -319,6 +332,8 @@ PTX_CASES = [
      {"fence.sc"}),
     (("2+2W", "relaxed", "sys", "cross_cta"), {"st.relaxed.sys.global.b32"}, {"fence", "st.release"}),
     (("MP", "plain", None, "cross_cta"), {"ld.global.b32", "st.global.b32"}, {"ld.acquire", "ld.relaxed.", "fence"}),
+    (("RWC", "acq_rel", "sys", "same_cta"), {"ld.acquire.sys.global.b32", "st.release.sys.global.b32"}, {"fence"}),
+    (("MP", "volatile", None, "same_cta"), {"ld.volatile.global.b32", "st.global.b32"}, {"ld.acquire", "fence"}),
 ]
 
 
@@ -331,6 +346,11 @@ def test_gpu_variants_compile_to_the_ptx_the_model_assumes():
         ops = set(row["ops"])
         assert must <= ops, (variant, sorted(ops))
         assert not any(op.startswith(bad) for op in ops for bad in must_not), (variant, sorted(ops))
+        if variant[3] == "same_cta":  # one lane per thread, 32 lanes per warp: each role on its own warps
+            warps = len(catalogue.TESTS[variant[0]].threads)
+            warps = 1 << (warps - 1).bit_length()
+            assert row["layouts"] == [f"#ttg.blocked<{{sizePerThread = [1], threadsPerWarp = [32], "
+                                      f"warpsPerCTA = [{warps}], order = [0]}}>"], row["layouts"]
 
 
 # --- GPU tier ------------------------------------------------------------------------------------------

@@ -107,7 +107,8 @@ class LitmusRun:
     counts: dict[tuple[int, ...], int]   # outcome tuple (test.observed order) -> instances
     unwritten: int        # instances with a register never written (excluded from counts): a bug if > 0
     timeouts: int         # programs whose start-barrier wait ran out (a would-be hang)
-    seconds: float        # the launch, until the device finished
+    seconds: float        # the launches, until the device finished
+    launches: int = 1     # launches the instances were split into (one resident wave each)
     note: str = ""        # e.g. the emulated world's memory model
     records: torch.Tensor | None = dataclasses.field(default=None, repr=False)  # [instances, observed]
 
@@ -170,23 +171,62 @@ def _lanes(lanes, placement) -> int:
 
 # --- layout of one run: where locations sit, which program plays what ------------------------
 
-def layout(test: LitmusTest, instances: int, placement: str, lanes: int, stride: int, seed: int,
-           world: int = 1, rank: int = 0):
-    """(slots [N, 2], homes [N, 2], jobs) as CPU int32 tensors, the same on every rank for a
-    seed: the shuffled location slots, the rank holding each location, this rank's job table."""
+def layout(instances: int, stride: int, seed: int, world: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """(slots [N, 2], homes [N, 2]) as CPU int32 tensors, the same on every rank for a seed:
+    where x and y of each instance sit (shuffled slots, ``stride`` words apart) and which rank's
+    buffer holds them. Every rank's buffer is as large as one GPU's, so slots never collide."""
     g = torch.Generator().manual_seed(seed)
     perm = torch.randperm(instances * 2, generator=g)
     homes = torch.randint(0, world, (instances, 2), generator=g, dtype=torch.int32)
-    # one global slot order; each rank's buffer is as large as one GPU's, so slots never collide
-    slots = (perm.view(instances, 2) * stride).to(torch.int32)
+    return (perm.view(instances, 2) * stride).to(torch.int32), homes
+
+
+def roles_on(test: LitmusTest, world: int, rank: int) -> int:
+    """Thread roles rank ``rank`` plays: thread t runs on rank t % world."""
+    return sum(1 for t in range(len(test.threads)) if t % world == rank)
+
+
+def job_table(test: LitmusTest, instances: int, placement: str, lanes: int, seed: int,
+              world: int = 1, rank: int = 0) -> torch.Tensor:
+    """This rank's programs of one launch, shuffled (int32): cross_cta / two_gpus: group *
+    threads + role, for its roles only; same_cta: the group (every role in one program)."""
+    g = torch.Generator().manual_seed(seed)
     groups = -(-instances // lanes)
     threads = len(test.threads)
     if placement == "same_cta":
-        jobs = torch.randperm(groups, generator=g)
-    else:
-        jobs = torch.randperm(groups * threads, generator=g)
-        jobs = jobs[(jobs % threads) % world == rank]   # thread t runs on rank t % world
-    return slots, homes, jobs.to(torch.int32)
+        return torch.randperm(groups, generator=g).to(torch.int32)
+    jobs = torch.randperm(groups * threads, generator=g)
+    return jobs[(jobs % threads) % world == rank].to(torch.int32)
+
+
+def resident_programs(device: torch.device, num_warps: int) -> int | None:
+    """About how many programs of ``num_warps`` warps one GPU runs at once (half the thread and
+    block limits allow, since registers may allow fewer); None off a GPU."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    per_sm = min(32, props.max_threads_per_multi_processor // (32 * num_warps))
+    return max(1, props.multi_processor_count * per_sm // 2)
+
+
+def instances_per_launch(test: LitmusTest, placement: str, lanes: int, stress: Stress, programs: int | None,
+                         world: int = 1) -> int | None:
+    """Instances one launch may hold so that all its programs run at once (the start barrier
+    can only complete then); None: no limit (one launch)."""
+    if programs is None:
+        return None
+    room = programs - stress.programs
+    per_group = 1 if placement == "same_cta" else max(roles_on(test, world, r) for r in range(world))
+    if room < per_group:
+        raise UsageError(f"stress.programs: {stress.programs} leaves no room for the test in a launch of "
+                         f"{programs} programs (programs_per_launch); use fewer stress programs")
+    return (room // per_group) * lanes
+
+
+def chunks(instances: int, per_launch: int | None) -> list[tuple[int, int]]:
+    if per_launch is None:
+        return [(0, instances)]
+    return [(c, min(instances, c + per_launch)) for c in range(0, instances, per_launch)]
 
 
 def _block(test: LitmusTest, placement: str, lanes: int) -> int:
@@ -238,8 +278,9 @@ def _counts(test: LitmusTest, records: torch.Tensor) -> tuple[dict, int]:
 
 def run_litmus(test, semantics: str = "plain", scope: str | None = None, placement: str = "cross_cta",
                instances: int = 4096, *, stress: Stress | None = None, device=None, seed: int = 0,
-               stride: int = 4, lanes: int | None = None, buffers: LitmusBuffers | None = None,
-               timeout: float = 300.0, keep_records: bool = False) -> LitmusRun:
+               stride: int | None = None, lanes: int | None = None, buffers: LitmusBuffers | None = None,
+               timeout: float = 300.0, programs_per_launch: int | None = None,
+               keep_records: bool = False) -> LitmusRun:
     """Run ``instances`` instances of ``test`` in one launch and count their outcomes.
 
     test:       a name of ``catalogue.TESTS`` ("MP", "SB", "LB", "CoRR", "IRIW", "2+2W", "RWC")
@@ -249,27 +290,40 @@ def run_litmus(test, semantics: str = "plain", scope: str | None = None, placeme
                 emulated world of two processes under the interpreter: see EMULATED_NOTE)
     stress:     ``Stress(...)``; default none
     seed:       draws the location slots and the job order (same seed, same layout)
-    stride:     int32 words between location slots (4: 16 bytes, as cuda-litmus's memStride)
+    stride:     int32 words between location slots (default 4: 16 bytes, as cuda-litmus's
+                memStride; with ``buffers``, theirs)
     lanes:      instances per program (default 128 on a GPU, 32 under the interpreter and for same_cta)
     buffers:    ``allocate(...)`` buffers to reuse (one device only), at least ``instances`` large
     timeout:    two_gpus only: seconds for the whole two-rank run
+    programs_per_launch: programs (test + stress) per launch; more instances are split over
+                several launches, so that every program of a launch is resident and the start
+                barrier completes (None: about one wave of the GPU; no limit under the interpreter)
+    keep_records: keep the per-instance records ([instances, observed]) in the result
     """
     t = get_test(test)
     model.check_variant(semantics, scope, placement)
     _check_count("instances", instances)
     _check_count("seed", seed, low=0)
-    _check_count("stride", stride)
+    if stride is not None:
+        _check_count("stride", stride)
+    if buffers is not None and isinstance(buffers, LitmusBuffers) and stride not in (None, buffers.stride):
+        raise UsageError(f"stride: {stride} differs from the buffers' stride {buffers.stride}; "
+                         "pass stride=None to use theirs")
+    stride = stride or (buffers.stride if isinstance(buffers, LitmusBuffers) else 4)
     stress = Stress() if stress is None else stress
     if not isinstance(stress, Stress):
         raise UsageError(f"stress: expected a labkit.kernels.litmus.Stress, got {type(stress).__name__}")
     stress.check()
     _check_runnable(semantics)
     lanes = _lanes(lanes, placement)
+    if programs_per_launch is not None:
+        _check_count("programs_per_launch", programs_per_launch)
     if placement == "two_gpus":
         if buffers is not None:
             raise UsageError("buffers: placement='two_gpus' needs symmetric memory, which each rank "
                              "allocates itself (labkit.kernels.comm.symm); pass buffers=None")
-        return _run_two_ranks(t, semantics, scope, instances, stress, seed, stride, lanes, timeout, keep_records)
+        return _run_two_ranks(t, semantics, scope, instances, stress, seed, stride, lanes, timeout,
+                              programs_per_launch, keep_records)
     if buffers is None:
         buffers = allocate(instances, stride, device, stress_lines=stress.lines)
     elif not isinstance(buffers, LitmusBuffers):
@@ -284,29 +338,36 @@ def run_litmus(test, semantics: str = "plain", scope: str | None = None, placeme
         raise UsageError(f"device: {device!r} but the buffers are on {buffers.out.device}")
     checks.check_kernel_device("buffers", buffers.out)
     dev = buffers.out.device
-    slots, homes, jobs = (a.to(dev) for a in layout(t, instances, placement, lanes, buffers.stride, seed))
+    slots, homes = (a.to(dev) for a in layout(instances, buffers.stride, seed))
     buffers.locations.zero_()
     buffers.out.fill_(kernels.UNWRITTEN)
-    buffers.sync.zero_()
     loc_bases = torch.tensor([buffers.locations.data_ptr()], dtype=torch.int64, device=dev)
     sync_bases = torch.tensor([buffers.sync.data_ptr()], dtype=torch.int64, device=dev)
-    start = time.perf_counter()
-    launch(t, semantics, scope, placement, instances, lanes, stress, loc_bases, slots, homes, jobs,
-           buffers.out, sync_bases, buffers.scratch, jobs.numel() + stress.programs)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    seconds = time.perf_counter() - start
+    if programs_per_launch is None:
+        programs_per_launch = resident_programs(dev, max(1, _block(t, placement, lanes) // 32))
+    timeouts, seconds = 0, 0.0
+    parts = chunks(instances, instances_per_launch(t, placement, lanes, stress, programs_per_launch))
+    for i, (c0, c1) in enumerate(parts):
+        jobs = job_table(t, c1 - c0, placement, lanes, seed * 1_000_003 + i).to(dev)
+        buffers.sync.zero_()
+        start = time.perf_counter()
+        launch(t, semantics, scope, placement, c1 - c0, lanes, stress, loc_bases, slots[c0:c1], homes[c0:c1],
+               jobs, buffers.out[c0:c1], sync_bases, buffers.scratch, jobs.numel() + stress.programs)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        seconds += time.perf_counter() - start
+        timeouts += int(buffers.sync[1])
     finals = buffers.locations[slots.long()]
     records = records_of(t, buffers.out[:instances], finals).cpu()
     counts, unwritten = _counts(t, records)
     return LitmusRun(t.name, semantics, scope, placement, instances, stress, seed, buffers.stride, lanes,
-                     str(dev), counts, unwritten, int(buffers.sync[1]), seconds,
-                     records=records if keep_records else None)
+                     str(dev), counts, unwritten, timeouts, seconds, launches=len(parts), records=records if keep_records else None)
 
 
 # --- two GPUs (or two emulated ranks) --------------------------------------------------------
 
-def _run_two_ranks(t, semantics, scope, instances, stress, seed, stride, lanes, timeout, keep_records):
+def _run_two_ranks(t, semantics, scope, instances, stress, seed, stride, lanes, timeout, programs_per_launch,
+                   keep_records):
     from labkit.kernels.comm.ranks import run_ranks
 
     emulated = tier.interpreted()
@@ -315,7 +376,8 @@ def _run_two_ranks(t, semantics, scope, instances, stress, seed, stride, lanes, 
         if not gate.ok:
             raise HardwareUnavailable(f"placement='two_gpus': {gate.reason}")
     spec = {"test": t.name, "semantics": semantics, "scope": scope, "instances": instances,
-            "stress": dataclasses.asdict(stress), "seed": seed, "stride": stride, "lanes": lanes}
+            "stress": dataclasses.asdict(stress), "seed": seed, "stride": stride, "lanes": lanes,
+            "programs_per_launch": programs_per_launch}
     res = run_ranks(rank_litmus, 2, spec, timeout=timeout)
     parts = res.unwrap()
     out = torch.full((instances, MAX_REGS), kernels.UNWRITTEN, dtype=torch.int32)
@@ -326,7 +388,7 @@ def _run_two_ranks(t, semantics, scope, instances, stress, seed, stride, lanes, 
     counts, unwritten = _counts(t, records)
     return LitmusRun(t.name, semantics, scope, "two_gpus", instances, stress, seed, stride, lanes,
                      parts[0]["device"] + " + " + parts[1]["device"], counts, unwritten,
-                     parts[0]["timeouts"], max(p["seconds"] for p in parts),
+                     parts[0]["timeouts"], max(p["seconds"] for p in parts), launches=parts[0]["launches"],
                      note=EMULATED_NOTE if emulated else "", records=records if keep_records else None)
 
 
@@ -342,23 +404,33 @@ def rank_litmus(ctx, spec: dict) -> dict:
     # symm buffers are float32 or bf16: an int32 view of a float32 buffer has the same bytes
     locs = symm.empty(n * 2 * stride, torch.float32, device=dev, max_blocks=1, scratch_dir=ctx.scratch_dir)
     sync = symm.empty(2, torch.float32, device=dev, max_blocks=1, scratch_dir=ctx.scratch_dir)
-    slots, homes, jobs = layout(t, n, "two_gpus", lanes, stride, spec["seed"], world=2, rank=ctx.rank)
-    all_jobs = sum(layout(t, n, "two_gpus", lanes, stride, spec["seed"], world=2, rank=r)[2].numel()
-                   for r in range(2))
+    slots, homes = layout(n, stride, spec["seed"], world=2)
     out = torch.full((n, MAX_REGS), kernels.UNWRITTEN, dtype=torch.int32, device=dev)
     scratch = torch.zeros(stress.lines * 32 + 1, dtype=torch.int32, device=dev)
-    ctx.barrier()  # both ranks' buffers are zero before either starts
-    start = time.perf_counter()
-    launch(t, spec["semantics"], spec["scope"], "two_gpus", n, lanes, stress, locs.data_ptrs,
-           slots.to(dev), homes.to(dev), jobs.to(dev), out, sync.data_ptrs[:1], scratch,
-           all_jobs + 2 * stress.programs)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    seconds = time.perf_counter() - start
-    ctx.barrier()  # both ranks are done before anyone reads the final values
+    slots_d, homes_d = slots.to(dev), homes.to(dev)
+    programs = spec["programs_per_launch"] or resident_programs(dev, max(1, lanes // 32))
+    sync_mine = sync.tensor.view(torch.int32)   # rank 0's is the barrier; each rank zeroes its own
+    timeouts, seconds, parts = 0, 0.0, chunks(n, instances_per_launch(t, "two_gpus", lanes, stress, programs, 2))
+    for i, (c0, c1) in enumerate(parts):
+        seed = spec["seed"] * 1_000_003 + i
+        jobs = job_table(t, c1 - c0, "two_gpus", lanes, seed, 2, ctx.rank).to(dev)
+        everyone = sum(job_table(t, c1 - c0, "two_gpus", lanes, seed, 2, r).numel() for r in range(2))
+        sync_mine.zero_()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        ctx.barrier()  # the barrier counter and (first time) both ranks' locations are zero
+        start = time.perf_counter()
+        launch(t, spec["semantics"], spec["scope"], "two_gpus", c1 - c0, lanes, stress, locs.data_ptrs,
+               slots_d[c0:c1], homes_d[c0:c1], jobs, out[c0:c1], sync.data_ptrs[:1], scratch,
+               everyone + 2 * stress.programs)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        seconds += time.perf_counter() - start
+        ctx.barrier()  # both ranks are done before rank 0's counter is read or reset
+        timeouts += int(sync.peers[0].view(torch.int32)[1])
+        ctx.barrier()
     mine = locs.tensor.view(torch.int32)
     finals = mine[slots.long().to(dev)].cpu()
-    timeouts = int(sync.peers[0].view(torch.int32)[1])
     ctx.barrier()  # nobody frees its buffer while the other still reads
     return {"out": out.cpu(), "finals": finals, "homes": homes, "timeouts": timeouts,
-            "seconds": seconds, "device": str(dev)}
+            "seconds": seconds, "device": str(dev), "launches": len(parts)}
