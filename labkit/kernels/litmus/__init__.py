@@ -14,9 +14,9 @@ kernel that runs any of them many times per launch, and the statistics of what c
 from labkit.kernels.litmus.catalogue import TESTS, get_test
 # (the function classify stays in its module: re-exported here it would hide the module itself)
 from labkit.kernels.litmus.classify import Classified, histogram, lower_bound, upper_bound
-from labkit.kernels.litmus.model import PLACEMENTS, SCOPES, SEMANTICS, outcomes, ptx_verdict, verdict
+from labkit.kernels.litmus.model import PLACEMENTS, SCOPES, SEMANTICS, outcomes, possible, ptx_verdict, verdict
 from labkit.kernels.litmus.run import LitmusBuffers, LitmusRun, Stress, allocate, run_litmus
 
-__all__ = ["TESTS", "get_test", "SEMANTICS", "SCOPES", "PLACEMENTS", "outcomes", "verdict", "ptx_verdict",
+__all__ = ["TESTS", "get_test", "SEMANTICS", "SCOPES", "PLACEMENTS", "outcomes", "possible", "verdict", "ptx_verdict",
            "run_litmus", "allocate", "Stress", "LitmusRun", "LitmusBuffers", "Classified",
            "histogram", "upper_bound", "lower_bound"]

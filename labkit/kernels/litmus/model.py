@@ -186,6 +186,17 @@ def guaranteed_forbidden(test, semantics, scope, placement) -> bool:
         ptx_verdict(test, semantics, scope, placement)[0] == "forbidden"
 
 
+def possible(test, semantics, scope, placement) -> frozenset[tuple[int, ...]]:
+    """Outcomes that are no bug on a GPU: what the relaxed model allows, plus the weak outcome
+    where PTX allows it although the model does not. For these seven tests every other outcome
+    is sequentially consistent, so this is the whole of what PTX allows."""
+    t = get_test(test)
+    allowed = outcomes(t, "relaxed", semantics, scope, placement)
+    if ptx_verdict(t, semantics, scope, placement)[0] == "allowed":
+        allowed = allowed | {t.weak}
+    return allowed
+
+
 def variants() -> list[tuple[str, str | None, str]]:
     """Every (semantics, scope, placement) there is: unscoped semantics once per placement."""
     out = []
