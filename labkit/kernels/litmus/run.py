@@ -1,4 +1,4 @@
-"""``run_litmus``: one litmus test, many instances, one launch; outcome counts back.
+"""``run_litmus``: one litmus test, many instances, a few launches; outcome counts back.
 
     res = run_litmus("MP", "acq_rel", "gpu", "cross_cta", instances=100_000)
     res.counts          # {(0, 0): 51234, (0, 1): 12, (1, 1): 48754}  (outcome tuple -> count)
@@ -281,7 +281,8 @@ def run_litmus(test, semantics: str = "plain", scope: str | None = None, placeme
                stride: int | None = None, lanes: int | None = None, buffers: LitmusBuffers | None = None,
                timeout: float = 300.0, programs_per_launch: int | None = None,
                keep_records: bool = False) -> LitmusRun:
-    """Run ``instances`` instances of ``test`` in one launch and count their outcomes.
+    """Run ``instances`` instances of ``test`` and count their outcomes (one launch per wave of
+    resident programs: see ``programs_per_launch``).
 
     test:       a name of ``catalogue.TESTS`` ("MP", "SB", "LB", "CoRR", "IRIW", "2+2W", "RWC")
     semantics:  see ``model.SEMANTICS``; all but plain/volatile need a compiled GPU
