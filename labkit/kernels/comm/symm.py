@@ -56,6 +56,14 @@ class SymmBuffer:
     #: a second symmetric allocation (``empty(..., workspace=True)``) where peers deposit
     #: shards for this rank: W slots of ``workspace_shard`` elements (``two_shot_ce``)
     workspace: SymmBuffer | None = None
+    #: launch plans of the collectives called on this buffer (``labkit.kernels.comm.plan``):
+    #: kept on the buffer so that they live and die with it, never serving another allocation
+    _plans: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self):
+        # where the allocation is: the pointer tables were made from it, and the kernels read
+        # through them, whatever ``tensor`` says later (``check_buffer`` compares)
+        self._ptr, self._shape = self.tensor.data_ptr(), self.tensor.shape
 
     @property
     def numel(self) -> int:
@@ -189,10 +197,18 @@ def _cuda_alloc(shape, dtype, pad_shape, device, rank, world):
 
 
 def check_buffer(name: str, buf) -> SymmBuffer:
-    """The error for a tensor that is not in symmetric memory (the most common misuse)."""
+    """The error for a tensor that is not in symmetric memory (the most common misuse), or for a
+    buffer whose ``tensor`` no longer is the memory it was allocated with."""
     if isinstance(buf, SymmBuffer):
+        x = buf.tensor
+        if x.data_ptr() != buf._ptr or x.shape != buf._shape:
+            raise UsageError(f"{name}: buf.tensor is no longer the symmetric allocation (it was at {buf._ptr:#x}, shape "
+                             f"{tuple(buf._shape)}; now {x.data_ptr():#x}, {tuple(x.shape)}: re-assigned, set_, "
+                             "resized or its storage freed); the kernels read every rank's buffer through the "
+                             "pointers taken at allocation, so they would not see what is in it now")
         return buf
     if isinstance(buf, torch.Tensor):
         raise TypeError(f"{name}: a plain tensor is not in symmetric memory; allocate it with "
                         "labkit.kernels.comm.symm.empty(...) on every rank and write your data into .tensor")
     raise TypeError(f"{name}: expected a labkit.kernels.comm.symm.SymmBuffer, got {type(buf).__name__}")
+
