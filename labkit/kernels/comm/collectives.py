@@ -440,7 +440,8 @@ class Graphed:
     """One call of a labkit collective captured in a CUDA graph, replayed on demand.
 
     A Python-level call pays for the argument checks, the device guard and Triton's launcher
-    (tens of µs, more than the kernel at small sizes); a replay pays one graph launch. The
+    (tens of µs without a plan, a few with one: ``labkit.labs.collectives.host_cost``); a replay
+    pays one graph launch. The
     captured call keeps its buffer, output and pointers: write new inputs into ``buf.tensor``
     and call again. Legal because the kernels leave the signal pads as they found them (zero).
 
