@@ -133,6 +133,15 @@ def plans_and_cache(ctx, n: int = 4096 + 24, dtype_name: str = "float32") -> dic
     found["unhashable config"] = _error(lambda: C.all_reduce(buf, config={"vectors": 2}))
     found["out not a tensor"] = _error(lambda: C.all_reduce(buf, [1.0]))
 
+    # the cache switched off: the same sums, nothing kept
+    P.CACHE_PLANS = False
+    try:
+        before = len(buf._plans)
+        buf.tensor.copy_(x)
+        found["cache off"] = _close(C.all_reduce(buf, algorithm="tree"), xs, dtype, w) and len(buf._plans) == before
+    finally:
+        P.CACHE_PLANS = True
+
     # stale plans: an out that moved, a buffer whose tensor moved, a freed buffer
     _sync(ctx)
     ctx.barrier()

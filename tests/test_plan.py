@@ -37,7 +37,7 @@ def test_plans_sum_right(world):
 def test_eager_calls_keep_one_plan_per_arguments(world):
     for found in world:
         for k in ("cached sums", "cached plan reused", "cached plans hold the buffer weakly", "another out",
-                  "bounded cache", "shard ops cached", "other buffer"):
+                  "bounded cache", "shard ops cached", "other buffer", "cache off"):
             assert found[k] is True, (k, found)
         # one_shot new, one_shot into out, two_shot new, in place
         assert found["cached plans"] == 4
@@ -308,3 +308,12 @@ def test_a_plan_costs_less_host_time_than_the_eager_call_on_gpus(host_records):
     assert mine[("plan()", "whole call")] < mine[("eager call", "whole call")]
     assert mine[("all_reduce, cached plan", "whole call")] < mine[("eager call", "whole call")]
     assert mine[("plan()", "kernel")] > 0
+
+
+def test_a_plan_for_one_call_prepares_no_fast_path(monkeypatch):
+    """The eager calls that cannot cache (plan cache off, an unhashable argument) launch a plan
+    once: it goes Triton's way and builds nothing for later."""
+    k, src, launch = _fast_launch(monkeypatch)
+    launch.armable = False
+    launch(torch.zeros(8))
+    assert not launch.fast and launch.fallback_reason == "a plan for one call (not cached)"

@@ -253,9 +253,9 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
     buffer as a plan (``labkit.kernels.comm.plan``; ``all_reduce_plan`` makes one to hold)."""
     if type(buf) is SymmBuffer and plan.CACHE_PLANS and (out is None or isinstance(out, torch.Tensor)):
         key = ("all_reduce", plan.out_key(out), algorithm, blocks, variant, config)
-        return plan.call_cached(buf, key, lambda: make_all_reduce_plan(buf, out, algorithm, blocks, variant,
-                                                                       config, keep=False), out)
-    return make_all_reduce_plan(buf, out, algorithm, blocks, variant, config, keep=False).launch(out)
+        return plan.call_cached(buf, key, lambda fast=True: make_all_reduce_plan(
+            buf, out, algorithm, blocks, variant, config, keep=False, fast=fast), out)
+    return make_all_reduce_plan(buf, out, algorithm, blocks, variant, config, keep=False, fast=False).launch(out)
 
 
 def check_all_reduce(buf, out, algorithm: str) -> tuple[SymmBuffer, torch.Tensor | None, bool]:
@@ -321,13 +321,15 @@ def choose_all_reduce(buf: SymmBuffer, in_place: bool, algorithm: str = "auto", 
 
 def make_all_reduce_plan(buf, out=None, algorithm: str = "auto", blocks: int | None = None,
                          variant: str = "correct", config: LaunchConfig | None = None,
-                         keep: bool = True) -> plan.CollectivePlan:
+                         keep: bool = True, fast: bool = True) -> plan.CollectivePlan:
     """``check_all_reduce`` then ``choose_all_reduce``, as a plan (``plan.all_reduce_plan``).
-    keep=False: a plan for the buffer's own cache (holds the buffer weakly, and not ``out``)."""
+    keep=False: a plan for the buffer's own cache (holds the buffer weakly, and not ``out``);
+    fast=False: a plan launched once, which prepares no compiled-launcher path."""
     buf, out, in_place = check_all_reduce(buf, out, algorithm)
     algorithm, steps = choose_all_reduce(buf, in_place, algorithm, blocks, variant, config)
     return plan.CollectivePlan("all_reduce", buf, steps, algorithm=algorithm, in_place=in_place,
-                               out_shape=tuple(buf.tensor.shape), out=out if keep else None, keep_buffer=keep)
+                               out_shape=tuple(buf.tensor.shape), out=out if keep else None, keep_buffer=keep,
+                               fast=fast)
 
 
 def _two_shot_ce(buf: SymmBuffer, n: int, sem: int, blocks, config: LaunchConfig, block: int, common: dict) -> tuple:
@@ -379,9 +381,9 @@ def reduce_scatter(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: 
     Checks and choices are kept on the buffer as a plan, as ``all_reduce``'s are."""
     if type(buf) is SymmBuffer and plan.CACHE_PLANS and (out is None or isinstance(out, torch.Tensor)):
         key = ("reduce_scatter", plan.out_key(out), blocks, variant, config)
-        return plan.call_cached(buf, key, lambda: make_shards_plan("reduce_scatter", buf, out, blocks, variant,
-                                                                   config, keep=False), out)
-    return make_shards_plan("reduce_scatter", buf, out, blocks, variant, config, keep=False).launch(out)
+        return plan.call_cached(buf, key, lambda fast=True: make_shards_plan(
+            "reduce_scatter", buf, out, blocks, variant, config, keep=False, fast=fast), out)
+    return make_shards_plan("reduce_scatter", buf, out, blocks, variant, config, keep=False, fast=False).launch(out)
 
 
 def all_gather(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
@@ -390,9 +392,9 @@ def all_gather(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int 
     Checks and choices are kept on the buffer as a plan, as ``all_reduce``'s are."""
     if type(buf) is SymmBuffer and plan.CACHE_PLANS and (out is None or isinstance(out, torch.Tensor)):
         key = ("all_gather", plan.out_key(out), blocks, variant, config)
-        return plan.call_cached(buf, key, lambda: make_shards_plan("all_gather", buf, out, blocks, variant,
-                                                                   config, keep=False), out)
-    return make_shards_plan("all_gather", buf, out, blocks, variant, config, keep=False).launch(out)
+        return plan.call_cached(buf, key, lambda fast=True: make_shards_plan(
+            "all_gather", buf, out, blocks, variant, config, keep=False, fast=fast), out)
+    return make_shards_plan("all_gather", buf, out, blocks, variant, config, keep=False, fast=False).launch(out)
 
 
 def check_shards(op: str, buf, out) -> tuple[SymmBuffer, torch.Tensor | None, tuple]:
@@ -411,9 +413,9 @@ def check_shards(op: str, buf, out) -> tuple[SymmBuffer, torch.Tensor | None, tu
 
 
 def make_shards_plan(op: str, buf, out=None, blocks: int | None = None, variant: str = "correct",
-                     config: LaunchConfig | None = None, keep: bool = True) -> plan.CollectivePlan:
+                     config: LaunchConfig | None = None, keep: bool = True, fast: bool = True) -> plan.CollectivePlan:
     """``reduce_scatter``'s or ``all_gather``'s checks and choices, as a plan (``plan.reduce_scatter_plan``,
-    ``plan.all_gather_plan``); keep as for ``make_all_reduce_plan``."""
+    ``plan.all_gather_plan``); keep and fast as for ``make_all_reduce_plan``."""
     if op not in ("reduce_scatter", "all_gather"):
         raise UsageError(f"op: {op!r} is not 'reduce_scatter' or 'all_gather'")
     buf, out, shape = check_shards(op, buf, out)
@@ -424,7 +426,7 @@ def make_shards_plan(op: str, buf, out=None, blocks: int | None = None, variant:
     else:
         steps = _shard_steps(scatter_gather.all_gather_kernel, buf, x.numel(), blocks, variant, config)
     return plan.CollectivePlan(op, buf, steps, algorithm="direct", in_place=False, out_shape=shape,
-                               out=out if keep else None, keep_buffer=keep)
+                               out=out if keep else None, keep_buffer=keep, fast=fast)
 
 
 def barrier(buf: SymmBuffer, blocks: int = 1, variant: str = "correct") -> None:

@@ -97,12 +97,19 @@ class _Out:
 OUT = _Out()
 
 
+_runtime_knobs = None
+
+
 def _hooks():
     """Triton's launch hooks (a profiler's), or (None, None) when none is registered: then the
-    launcher skips them and nobody needs the launch metadata."""
-    from triton import knobs
+    launcher skips them and nobody needs the launch metadata. Read on every launch: a profiler
+    attached after the plan was made still sees its launches."""
+    global _runtime_knobs
+    if _runtime_knobs is None:
+        from triton import knobs
 
-    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        _runtime_knobs = knobs.runtime
+    enter, leave = _runtime_knobs.launch_enter_hook, _runtime_knobs.launch_exit_hook
     if not getattr(enter, "calls", enter is not None) and not getattr(leave, "calls", leave is not None):
         return None, None  # None, or an empty HookChain (triton >= 3.5)
     return enter, leave
@@ -128,7 +135,7 @@ class KernelLaunch:
     (16-byte alignment of pointers, integers equal to 1 or divisible by 16); every argument but the
     output is fixed, and an output whose alignment differs goes through the normal path."""
 
-    __slots__ = ("kernel", "grid", "args", "kwargs", "device", "out_pos", "compiled", "fallback_reason",
+    __slots__ = ("kernel", "grid", "args", "kwargs", "device", "out_pos", "compiled", "fallback_reason", "armable",
                  "_full", "_full_out_pos", "_aligned", "_stream", "_grid3")
 
     def __init__(self, kernel, grid: tuple, args: tuple, kwargs: dict, device: torch.device):
@@ -136,6 +143,7 @@ class KernelLaunch:
         self.out_pos = next((i for i, a in enumerate(self.args) if a is OUT), -1)
         self.compiled = None          # the CompiledKernel, once the fast path is armed
         self.fallback_reason = "not launched yet"
+        self.armable = True           # False: launched once and dropped, preparing a fast path would be waste
 
     def __call__(self, out: torch.Tensor | None) -> None:
         c = self.compiled
@@ -152,7 +160,10 @@ class KernelLaunch:
         args = self.args if self.out_pos < 0 else self.args[:self.out_pos] + (out,) + self.args[self.out_pos + 1:]
         compiled = self.kernel[self.grid](*args, **self.kwargs)
         if c is None:
-            self._arm(compiled, args)
+            if self.armable:
+                self._arm(compiled, args)
+            else:
+                self.fallback_reason = "a plan for one call (not cached)"
 
     def _arm(self, compiled, args: tuple) -> None:
         """Prepare the fast path from the first launch, or record why there is none."""
@@ -213,8 +224,11 @@ class CollectivePlan:
     (``KernelLaunch``, ``CopySteps``) in order."""
 
     def __init__(self, op: str, buf, steps, *, algorithm: str, in_place: bool, out_shape: tuple,
-                 out: torch.Tensor | None = None, keep_buffer: bool = True):
+                 out: torch.Tensor | None = None, keep_buffer: bool = True, fast: bool = True):
         x = buf.tensor
+        for s in steps:
+            if isinstance(s, KernelLaunch):
+                s.armable = fast
         self.op, self.algorithm, self.in_place, self.steps = op, algorithm, in_place, tuple(steps)
         self.out_shape, self.dtype, self.device = tuple(out_shape), x.dtype, x.device
         self.world_size, self.rank = buf.world_size, buf.rank
@@ -290,13 +304,14 @@ def out_key(out) -> tuple | None:
 
 def call_cached(buf, key: tuple, make, out):
     """Launch the plan cached on ``buf`` under ``key`` into ``out``; ``make()`` builds it (the
-    eager call's full checks) when there is none, or when the one there went stale. ``key`` holds
-    every argument of the call but the buffer, and ``out_key(out)``."""
+    eager call's full checks; ``make(fast=False)`` for a plan used once) when there is none, or when
+    the one there went stale. ``key`` holds every argument of the call but the buffer, and
+    ``out_key(out)``."""
     plans = buf._plans
     try:
         p = plans.get(key)
     except TypeError:  # an unhashable argument: make() runs the check that names it
-        return make().launch(out)
+        return make(fast=False).launch(out)
     if p is None or p.stale() is not None:
         p = make()
         if len(plans) >= MAX_PLANS and key not in plans:

@@ -170,7 +170,14 @@ def breakdown(buf, out: torch.Tensor | None = None, *, algorithm: str = "one_sho
 
     launch = timed(lambda: _triton_launches(steps, target), guarded=True)
     plan_launch = timed(lambda: [s(target) for s in held.steps], guarded=True)
-    eager_whole = timed(lambda: C.make_all_reduce_plan(buf, out, algorithm, keep=False).launch(out))
+    def eager_call():  # the call as it was before plans: checks, choices, guard, Triton's launch
+        b, o, ip = C.check_all_reduce(buf, out, algorithm)
+        _, st = C.choose_all_reduce(b, ip, algorithm)
+        with on_device_of(buf=b.tensor, out=o):
+            _triton_launches(st, b.tensor if ip else (o if o is not None else torch.empty(shape, dtype=x.dtype,
+                                                                                            device=dev)))
+
+    eager_whole = timed(eager_call)
     cached_whole = timed(lambda: C.all_reduce(buf, out, algorithm=algorithm))
     plan_whole = timed(held)
     kernel = None if interp or dev.type != "cuda" else _kernel_us(held, dev)
