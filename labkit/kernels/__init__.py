@@ -8,7 +8,9 @@ inputs' device) and checks its inputs. This layer imports the workbench only, ne
 * ``kernels.grouped_gemm``: ``grouped_mm`` (x_e @ w[e] for every expert, reading ``m_splits``
   on the device) and ``grouped_mm_wgrad``; ``kernels.grouped_linear.GroupedLinear``, the module;
 * ``kernels.comm``: symmetric-memory buffers, barriers, the rank launcher ``run_ranks`` and the
-  all-reduce / reduce-scatter / all-gather kernels (``kernels.comm.collectives``);
+  all-reduce / reduce-scatter / all-gather kernels (``kernels.comm.collectives``), and their
+  launch plans (``kernels.comm.plan``);
+* ``kernels.ops`` (imported on demand): ``torch.ops.labkit.*``, the kernels as PyTorch custom ops;
 * ``kernels.litmus``: memory-model litmus tests (MP, SB, LB, CoRR, IRIW, 2+2W, RWC) as data,
   what SC and a scoped relaxed model allow, one Triton kernel for all, ``run_litmus``.
 

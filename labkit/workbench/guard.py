@@ -32,17 +32,15 @@ def common_device(**tensors) -> torch.device:
     return next(iter(devices.values()))
 
 
-class on_device_of:
-    """Enter the (single) CUDA device of the given tensors for the duration of a launch.
-
-    A small class rather than a generator context manager, and one exchange of the current
-    device each way (what ``torch.cuda.device`` does too): this sits on every launch, so its
-    cost is measured (``labkit.labs.wrong_device.experiments.guard_overhead``)."""
+class on_device:
+    """Enter a device already known to be the one every tensor of a launch lives on: the cheap
+    half of ``on_device_of``, for callers that checked the devices once (a launch plan,
+    ``labkit.kernels.comm.plan``) and launch many times. Does nothing for a CPU device."""
 
     __slots__ = ("device", "_previous")
 
-    def __init__(self, **tensors):
-        self.device = common_device(**tensors)
+    def __init__(self, device: torch.device):
+        self.device = device
         self._previous = -1
 
     def __enter__(self) -> torch.device:
@@ -53,3 +51,16 @@ class on_device_of:
     def __exit__(self, *exc) -> None:
         if self._previous >= 0:
             torch.cuda._maybe_exchange_device(self._previous)
+
+
+class on_device_of(on_device):
+    """Enter the (single) CUDA device of the given tensors for the duration of a launch.
+
+    A small class rather than a generator context manager, and one exchange of the current
+    device each way (what ``torch.cuda.device`` does too): this sits on every launch, so its
+    cost is measured (``labkit.labs.wrong_device.experiments.guard_overhead``)."""
+
+    __slots__ = ()
+
+    def __init__(self, **tensors):
+        super().__init__(common_device(**tensors))

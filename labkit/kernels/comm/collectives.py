@@ -19,7 +19,7 @@ import torch
 import triton
 
 from labkit.workbench import tier
-from labkit.kernels.comm import one_shot, scatter_gather, tree, two_shot
+from labkit.kernels.comm import one_shot, plan, scatter_gather, tree, two_shot
 from labkit.kernels.comm.signals import barrier_kernel, SEM_ACQ_REL, SEM_RELAXED
 from labkit.kernels.comm.symm import check_buffer, SymmBuffer, WORKSPACE_UNIT
 from labkit.workbench.errors import UsageError
@@ -160,12 +160,13 @@ def _is_in_place(out, buf: SymmBuffer) -> bool:
             and tuple(out.shape) == tuple(x.shape) and out.is_contiguous() and out.data_ptr() == x.data_ptr())
 
 
-def _out(name: str, out, shape: tuple, like: torch.Tensor, buf: SymmBuffer) -> torch.Tensor:
-    """The output tensor, checked; it may not share memory with any rank's buffer: the kernels
-    read those buffers while they write ``out`` (an output inside a peer's buffer, or inside
-    this rank's, would be overwritten by, or overwrite, data still being read)."""
+def _out(name: str, out, shape: tuple, like: torch.Tensor, buf: SymmBuffer) -> torch.Tensor | None:
+    """The output tensor, checked (None stays None: the launch makes one); it may not share
+    memory with any rank's buffer: the kernels read those buffers while they write ``out`` (an
+    output inside a peer's buffer, or inside this rank's, would be overwritten by, or overwrite,
+    data still being read)."""
     if out is None:
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
+        return None
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(out).__name__}")
     if out.device != like.device:
@@ -246,28 +247,48 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
     launch (default: as many as useful, up to ``config.programs`` and the buffer's signal pad);
     variant: "correct" or a broken one (``VARIANTS``), for the lab; config: ``LaunchConfig``
     (default: ``default_config`` for this size). Every rank must pass the same algorithm, blocks and config:
-    program b meets program b of every peer, so the grids must match."""
+    program b meets program b of every peer, so the grids must match.
+
+    The checks and choices of a call are made once per buffer and set of arguments and kept on the
+    buffer as a plan (``labkit.kernels.comm.plan``; ``all_reduce_plan`` makes one to hold)."""
+    if type(buf) is SymmBuffer and plan.CACHE_PLANS and (out is None or isinstance(out, torch.Tensor)):
+        key = ("all_reduce", plan.out_key(out), algorithm, blocks, variant, config)
+        return plan.call_cached(buf, key, lambda fast=True: make_all_reduce_plan(
+            buf, out, algorithm, blocks, variant, config, keep=False, fast=fast), out)
+    return make_all_reduce_plan(buf, out, algorithm, blocks, variant, config, keep=False, fast=False).launch(out)
+
+
+def check_all_reduce(buf, out, algorithm: str) -> tuple[SymmBuffer, torch.Tensor | None, bool]:
+    """The argument checks of ``all_reduce``: (buf, out or None, in place?). Errors name the argument."""
     buf = check_buffer("buf", buf)
     x = buf.tensor
-    n = x.numel()
     in_place = _is_in_place(out, buf)
     if in_place:
-        if algorithm == "auto":
-            algorithm = choose_in_place(n * x.element_size(), buf.world_size, buf.workspace is not None)
-        elif algorithm in ("one_shot", "tree"):
+        if algorithm in ("one_shot", "tree"):
             raise UsageError(f"out: is buf.tensor (in place), which algorithm={algorithm!r} cannot do: it reads "
                              "every rank's whole buffer until its end barrier, so writing the sum there races with "
                              "the peers' reads; use algorithm='two_shot', 'two_shot_ce' or 'auto', or pass "
                              "another out")
-        elif algorithm == "two_shot_ce" and buf.workspace is None:
+        if algorithm == "two_shot_ce" and buf.workspace is None:
             raise UsageError("algorithm 'two_shot_ce': buf has no workspace for the copy engines to fill; allocate "
                              "it with symm.empty(..., workspace=True)")
     else:
         if algorithm == "two_shot_ce":
             raise UsageError("algorithm 'two_shot_ce' works in place only: pass out=buf.tensor")
         out = _out("out", out, tuple(x.shape), x, buf)
+    return buf, out, in_place
+
+
+def choose_all_reduce(buf: SymmBuffer, in_place: bool, algorithm: str = "auto", blocks: int | None = None,
+                      variant: str = "correct", config: LaunchConfig | None = None) -> tuple[str, tuple]:
+    """The choices of ``all_reduce`` for a checked buffer: (algorithm, launch steps): the
+    algorithm ("auto" resolved), its launch configuration and grid, and every kernel argument,
+    the output marked ``plan.OUT``."""
+    x = buf.tensor
+    n = x.numel()
     if algorithm == "auto":
-        algorithm = choose(n * x.element_size(), buf.world_size)
+        algorithm = (choose_in_place(n * x.element_size(), buf.world_size, buf.workspace is not None) if in_place
+                     else choose(n * x.element_size(), buf.world_size))
     if algorithm not in ALGORITHMS + IN_PLACE_ALGORITHMS:
         raise UsageError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS + IN_PLACE_ALGORITHMS} or 'auto'")
     sem, end, guard_leaf = _sem_end(variant, algorithm)
@@ -275,30 +296,46 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
     block = config.block(x.element_size())
     common = {"WORLD": buf.world_size, "MAX_BLOCKS": buf.max_blocks, "BLOCK": block, "SEM": sem, "END_BARRIER": end,
               "num_warps": config.num_warps}
-    with on_device_of(buf=x, out=out):
-        if algorithm == "one_shot":
-            p = _programs(triton.cdiv(n, block), buf, blocks, config)
-            one_shot.one_shot_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, buf.rank, **common)
-        elif algorithm == "two_shot":
-            shard = triton.cdiv(triton.cdiv(n, buf.world_size), block) * block
-            p = _programs(triton.cdiv(shard, block), buf, blocks, config)
-            kernel = two_shot.two_shot_all_reduce_in_place_kernel if in_place else two_shot.two_shot_all_reduce_kernel
-            kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, shard // block, buf.rank, **common)
-        elif algorithm == "two_shot_ce":
-            _two_shot_ce(buf, n, sem, blocks, config, block, common)
-        else:
-            half = triton.cdiv(triton.cdiv(n, 2), block) * block
-            p = _programs(2 * triton.cdiv(half, block), buf, blocks, config, even=True)
-            links = tree.tree_links(buf.rank, buf.world_size)
-            tree.tree_all_reduce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, n, half, buf.rank, *links,
-                                              GUARD_LEAF=guard_leaf, **common)
-    return out
+    dev, OUT = x.device, plan.OUT
+    if algorithm == "one_shot":
+        p = _programs(triton.cdiv(n, block), buf, blocks, config)
+        steps = (plan.KernelLaunch(one_shot.one_shot_all_reduce_kernel, (p,),
+                                   (buf.data_ptrs, buf.pad_ptrs, OUT, n, buf.rank), common, dev),)
+    elif algorithm == "two_shot":
+        shard = triton.cdiv(triton.cdiv(n, buf.world_size), block) * block
+        p = _programs(triton.cdiv(shard, block), buf, blocks, config)
+        kernel = two_shot.two_shot_all_reduce_in_place_kernel if in_place else two_shot.two_shot_all_reduce_kernel
+        steps = (plan.KernelLaunch(kernel, (p,), (buf.data_ptrs, buf.pad_ptrs, OUT, n, shard // block, buf.rank),
+                                   common, dev),)
+    elif algorithm == "two_shot_ce":
+        steps = _two_shot_ce(buf, n, sem, blocks, config, block, common)
+    else:
+        half = triton.cdiv(triton.cdiv(n, 2), block) * block
+        p = _programs(2 * triton.cdiv(half, block), buf, blocks, config, even=True)
+        links = tree.tree_links(buf.rank, buf.world_size)
+        steps = (plan.KernelLaunch(tree.tree_all_reduce_kernel, (p,),
+                                   (buf.data_ptrs, buf.pad_ptrs, OUT, n, half, buf.rank, *links),
+                                   dict(common, GUARD_LEAF=guard_leaf), dev),)
+    return algorithm, steps
 
 
-def _two_shot_ce(buf: SymmBuffer, n: int, sem: int, blocks, config: LaunchConfig, block: int, common: dict) -> None:
+def make_all_reduce_plan(buf, out=None, algorithm: str = "auto", blocks: int | None = None,
+                         variant: str = "correct", config: LaunchConfig | None = None,
+                         keep: bool = True, fast: bool = True) -> plan.CollectivePlan:
+    """``check_all_reduce`` then ``choose_all_reduce``, as a plan (``plan.all_reduce_plan``).
+    keep=False: a plan for the buffer's own cache (holds the buffer weakly, and not ``out``);
+    fast=False: a plan launched once, which prepares no compiled-launcher path."""
+    buf, out, in_place = check_all_reduce(buf, out, algorithm)
+    algorithm, steps = choose_all_reduce(buf, in_place, algorithm, blocks, variant, config)
+    return plan.CollectivePlan("all_reduce", buf, steps, algorithm=algorithm, in_place=in_place,
+                               out_shape=tuple(buf.tensor.shape), out=out if keep else None, keep_buffer=keep,
+                               fast=fast)
+
+
+def _two_shot_ce(buf: SymmBuffer, n: int, sem: int, blocks, config: LaunchConfig, block: int, common: dict) -> tuple:
     """In-place two-shot whose first shot is done by ``cudaMemcpyAsync`` (``Tensor.copy_``
     between this rank's buffer and a peer's workspace: the copy engines, which ``labkit bench
-    links`` measured moving more GB/s over NVLink than SM loads or stores).
+    links`` measured moving more GB/s over NVLink than SM loads or stores). The steps:
 
     1. a one-program barrier: every peer has finished its previous call, so nobody still reads
        the workspace slot this rank is about to overwrite;
@@ -308,57 +345,88 @@ def _two_shot_ce(buf: SymmBuffer, n: int, sem: int, blocks, config: LaunchConfig
     ws, r, w = buf.workspace, buf.rank, buf.world_size
     shard = buf.workspace_shard
     flat = buf.tensor.view(-1)
-    barrier_kernel[(1,)](buf.pad_ptrs, r, WORLD=w, MAX_BLOCKS=buf.max_blocks, SEM=sem)
+    dev = buf.tensor.device
+    barrier = plan.KernelLaunch(barrier_kernel, (1,), (buf.pad_ptrs, r),
+                                {"WORLD": w, "MAX_BLOCKS": buf.max_blocks, "SEM": sem}, dev)
+    copies = []
     for k in range(1, w):  # each rank starts at a different peer, as the kernels do
         s = (r + k) % w
         length = max(0, min(shard, n - s * shard))
         if length:
-            ws.peers[s][r * shard: r * shard + length].copy_(flat[s * shard: s * shard + length])
+            copies.append((ws.peers[s][r * shard: r * shard + length], flat[s * shard: s * shard + length]))
     p = _programs(triton.cdiv(shard, block), buf, blocks, config)
-    two_shot.two_shot_ce_kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, buf.tensor, ws.tensor, n, shard // WORKSPACE_UNIT, r,
-                                      UNIT=WORKSPACE_UNIT, **common)
+    reduce = plan.KernelLaunch(two_shot.two_shot_ce_kernel, (p,),
+                               (buf.data_ptrs, buf.pad_ptrs, buf.tensor, ws.tensor, n, shard // WORKSPACE_UNIT, r),
+                               dict(common, UNIT=WORKSPACE_UNIT), dev)
+    return barrier, plan.CopySteps(copies), reduce
 
 
-def _launch_shards(kernel, buf: SymmBuffer, out: torch.Tensor, shard: int, blocks, variant: str,
-                   config) -> torch.Tensor:
+def _shard_steps(kernel, buf: SymmBuffer, shard: int, blocks, variant: str, config) -> tuple:
     """Reduce-scatter and all-gather share a launch: ``shard`` elements per rank, start and end
     barriers, the same programs. The message size that picks the default launch is W x shard
     (the reduce-scatter input, the all-gather output)."""
+    x = buf.tensor
     sem, end, _ = _sem_end(variant, "shards")
-    config = _config(config, shard * buf.world_size * out.element_size(), buf.world_size, out.device)
-    block = config.block(buf.tensor.element_size())
+    config = _config(config, shard * buf.world_size * x.element_size(), buf.world_size, x.device)
+    block = config.block(x.element_size())
     p = _programs(triton.cdiv(shard, block), buf, blocks, config)
-    with on_device_of(buf=buf.tensor, out=out):
-        kernel[(p,)](buf.data_ptrs, buf.pad_ptrs, out, shard, buf.rank, WORLD=buf.world_size,
-                     MAX_BLOCKS=buf.max_blocks, BLOCK=block, SEM=sem, END_BARRIER=end,
-                     num_warps=config.num_warps)
-    return out
+    return (plan.KernelLaunch(kernel, (p,), (buf.data_ptrs, buf.pad_ptrs, plan.OUT, shard, buf.rank),
+                              {"WORLD": buf.world_size, "MAX_BLOCKS": buf.max_blocks, "BLOCK": block, "SEM": sem,
+                               "END_BARRIER": end, "num_warps": config.num_warps}, x.device),)
 
 
 def reduce_scatter(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
                    variant: str = "correct", config: LaunchConfig | None = None) -> torch.Tensor:
-    """Rank r gets the sum over ranks of shard r of ``buf.tensor`` (W equal shards of dim 0)."""
-    buf = check_buffer("buf", buf)
-    x = buf.tensor
-    w = buf.world_size
-    if x.shape[0] % w:
-        raise ValueError(f"buf: dim 0 of shape {tuple(x.shape)} does not split into {w} equal shards "
-                         f"({x.shape[0]} % {w} = {x.shape[0] % w})")
-    shape = (x.shape[0] // w,) + tuple(x.shape[1:])
-    out = _out("out", out, shape, x, buf)
-    return _launch_shards(scatter_gather.reduce_scatter_kernel, buf, out, x.numel() // w, blocks, variant,
-                          config)
+    """Rank r gets the sum over ranks of shard r of ``buf.tensor`` (W equal shards of dim 0).
+    Checks and choices are kept on the buffer as a plan, as ``all_reduce``'s are."""
+    if type(buf) is SymmBuffer and plan.CACHE_PLANS and (out is None or isinstance(out, torch.Tensor)):
+        key = ("reduce_scatter", plan.out_key(out), blocks, variant, config)
+        return plan.call_cached(buf, key, lambda fast=True: make_shards_plan(
+            "reduce_scatter", buf, out, blocks, variant, config, keep=False, fast=fast), out)
+    return make_shards_plan("reduce_scatter", buf, out, blocks, variant, config, keep=False, fast=False).launch(out)
 
 
 def all_gather(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
                variant: str = "correct", config: LaunchConfig | None = None) -> torch.Tensor:
-    """Every rank gets all ranks' ``buf.tensor`` concatenated along dim 0."""
+    """Every rank gets all ranks' ``buf.tensor`` concatenated along dim 0.
+    Checks and choices are kept on the buffer as a plan, as ``all_reduce``'s are."""
+    if type(buf) is SymmBuffer and plan.CACHE_PLANS and (out is None or isinstance(out, torch.Tensor)):
+        key = ("all_gather", plan.out_key(out), blocks, variant, config)
+        return plan.call_cached(buf, key, lambda fast=True: make_shards_plan(
+            "all_gather", buf, out, blocks, variant, config, keep=False, fast=fast), out)
+    return make_shards_plan("all_gather", buf, out, blocks, variant, config, keep=False, fast=False).launch(out)
+
+
+def check_shards(op: str, buf, out) -> tuple[SymmBuffer, torch.Tensor | None, tuple]:
+    """The argument checks of ``reduce_scatter`` / ``all_gather``: (buf, out or None, out shape)."""
     buf = check_buffer("buf", buf)
     x = buf.tensor
     w = buf.world_size
-    shape = (x.shape[0] * w,) + tuple(x.shape[1:])
-    out = _out("out", out, shape, x, buf)
-    return _launch_shards(scatter_gather.all_gather_kernel, buf, out, x.numel(), blocks, variant, config)
+    if op == "reduce_scatter":
+        if x.shape[0] % w:
+            raise ValueError(f"buf: dim 0 of shape {tuple(x.shape)} does not split into {w} equal shards "
+                             f"({x.shape[0]} % {w} = {x.shape[0] % w})")
+        shape = (x.shape[0] // w,) + tuple(x.shape[1:])
+    else:
+        shape = (x.shape[0] * w,) + tuple(x.shape[1:])
+    return buf, _out("out", out, shape, x, buf), shape
+
+
+def make_shards_plan(op: str, buf, out=None, blocks: int | None = None, variant: str = "correct",
+                     config: LaunchConfig | None = None, keep: bool = True, fast: bool = True) -> plan.CollectivePlan:
+    """``reduce_scatter``'s or ``all_gather``'s checks and choices, as a plan (``plan.reduce_scatter_plan``,
+    ``plan.all_gather_plan``); keep and fast as for ``make_all_reduce_plan``."""
+    if op not in ("reduce_scatter", "all_gather"):
+        raise UsageError(f"op: {op!r} is not 'reduce_scatter' or 'all_gather'")
+    buf, out, shape = check_shards(op, buf, out)
+    x = buf.tensor
+    if op == "reduce_scatter":
+        steps = _shard_steps(scatter_gather.reduce_scatter_kernel, buf, x.numel() // buf.world_size, blocks,
+                             variant, config)
+    else:
+        steps = _shard_steps(scatter_gather.all_gather_kernel, buf, x.numel(), blocks, variant, config)
+    return plan.CollectivePlan(op, buf, steps, algorithm="direct", in_place=False, out_shape=shape,
+                               out=out if keep else None, keep_buffer=keep, fast=fast)
 
 
 def barrier(buf: SymmBuffer, blocks: int = 1, variant: str = "correct") -> None:
@@ -374,7 +442,8 @@ class Graphed:
     """One call of a labkit collective captured in a CUDA graph, replayed on demand.
 
     A Python-level call pays for the argument checks, the device guard and Triton's launcher
-    (tens of µs, more than the kernel at small sizes); a replay pays one graph launch. The
+    (tens of µs without a plan, a few with one: ``labkit.labs.collectives.host_cost``); a replay
+    pays one graph launch. The
     captured call keeps its buffer, output and pointers: write new inputs into ``buf.tensor``
     and call again. Legal because the kernels leave the signal pads as they found them (zero).
 

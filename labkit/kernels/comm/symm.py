@@ -56,6 +56,14 @@ class SymmBuffer:
     #: a second symmetric allocation (``empty(..., workspace=True)``) where peers deposit
     #: shards for this rank: W slots of ``workspace_shard`` elements (``two_shot_ce``)
     workspace: SymmBuffer | None = None
+    #: launch plans of the collectives called on this buffer (``labkit.kernels.comm.plan``):
+    #: kept on the buffer so that they live and die with it, never serving another allocation
+    _plans: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self):
+        # where the allocation is: the pointer tables were made from it, and the kernels read
+        # through them, whatever ``tensor`` says later (``check_buffer`` compares)
+        self._ptr, self._shape = self.tensor.data_ptr(), self.tensor.shape
 
     @property
     def numel(self) -> int:
@@ -189,10 +197,61 @@ def _cuda_alloc(shape, dtype, pad_shape, device, rank, world):
 
 
 def check_buffer(name: str, buf) -> SymmBuffer:
-    """The error for a tensor that is not in symmetric memory (the most common misuse)."""
+    """The error for a tensor that is not in symmetric memory (the most common misuse), or for a
+    buffer whose ``tensor`` no longer is the memory it was allocated with."""
     if isinstance(buf, SymmBuffer):
+        x = buf.tensor
+        if x.data_ptr() != buf._ptr or x.shape != buf._shape:
+            raise UsageError(f"{name}: buf.tensor is no longer the symmetric allocation (it was at {buf._ptr:#x}, shape "
+                             f"{tuple(buf._shape)}; now {x.data_ptr():#x}, {tuple(x.shape)}: re-assigned, set_, "
+                             "resized or its storage freed); the kernels read every rank's buffer through the "
+                             "pointers taken at allocation, so they would not see what is in it now")
         return buf
     if isinstance(buf, torch.Tensor):
         raise TypeError(f"{name}: a plain tensor is not in symmetric memory; allocate it with "
                         "labkit.kernels.comm.symm.empty(...) on every rank and write your data into .tensor")
     raise TypeError(f"{name}: expected a labkit.kernels.comm.symm.SymmBuffer, got {type(buf).__name__}")
+
+
+# ---- names for buffers: what the custom ops (``labkit.kernels.ops``) take instead of a buffer ----
+
+#: name -> SymmBuffer. A torch op takes tensors, numbers and strings, not a SymmBuffer; as
+#: ``torch.ops.symm_mem`` names its process group by a string, labkit's ops name their buffer.
+_REGISTRY: dict[str, SymmBuffer] = {}
+_registered = 0
+
+
+def register(buf: SymmBuffer, name: str | None = None) -> str:
+    """Give ``buf`` a name the custom ops accept (``torch.ops.labkit.all_reduce(x, name)``);
+    returns it. Default name: ``labkit_symm_<k>`` for this process's k-th registration, the same
+    on every rank when every rank registers its buffers in the same order (as it allocates them).
+    The registry keeps the buffer alive until ``unregister(name)``. A name already taken by
+    another buffer is refused: a stale name would silently send a collective to the wrong buffer."""
+    global _registered
+    buf = check_buffer("buf", buf)
+    if name is None:
+        _registered += 1
+        name = f"labkit_symm_{_registered}"
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name: expected a non-empty str, got {name!r}")
+    held = _REGISTRY.get(name)
+    if held is not None and held is not buf:
+        raise UsageError(f"name: {name!r} already names another symmetric buffer; unregister({name!r}) first "
+                         "or choose another name")
+    _REGISTRY[name] = buf
+    return name
+
+
+def unregister(name: str) -> None:
+    """Forget a name (the buffer is freed once nothing else holds it). Unknown names: no error."""
+    _REGISTRY.pop(name, None)
+
+
+def lookup(name: str) -> SymmBuffer:
+    """The buffer registered as ``name``; UsageError naming the registered ones otherwise."""
+    buf = _REGISTRY.get(name) if isinstance(name, str) else None
+    if buf is None:
+        known = ", ".join(sorted(_REGISTRY)) or "none"
+        raise UsageError(f"handle: {name!r} names no symmetric buffer of this process (registered: {known}); "
+                         "call labkit.kernels.comm.symm.register(buf, name) on every rank first")
+    return buf

@@ -1,0 +1,347 @@
+"""Launch plans: a collective's checks, choices and compiled kernel resolved once per buffer, then
+launched for a few microseconds of host work.
+
+Called eagerly, ``collectives.all_reduce(buf)`` used to spend tens of microseconds on the host
+before its kernel started (``labkit.labs.collectives.host_cost`` measures each stage): the
+argument checks, the device guard, choosing the algorithm and launch configuration, and Triton's
+Python launch path (binding the arguments, computing the specialisation key, finding the
+compiled kernel). For a buffer used again and again almost all of that gives the same answer
+every time. A plan computes it once:
+
+    plan = all_reduce_plan(buf, out)     # every rank: the same plan (same algorithm, grid, config)
+    buf.tensor.copy_(x)                  # this rank's input, in stream order
+    y = plan()                           # = all_reduce(buf, out), same barrier semantics
+
+and ``collectives.all_reduce`` / ``reduce_scatter`` / ``all_gather`` keep plans of their own
+on the buffer (``call_cached``), so a plain call gets most of the saving too.
+
+What a plan fixes when it is made (the full checks of the eager call run then, and only then):
+the buffer, the output's shape, dtype and device, in place or not, the algorithm, the launch
+configuration, the grid and every kernel argument. What it checks on every call, because it can
+change behind the plan's back and would otherwise give a wrong answer silently:
+
+* the buffer still exists and ``buf.tensor`` is the same tensor at the same address with the same
+  shape (a tensor re-assigned, ``set_`` to other memory, or whose storage was freed is refused);
+* a plan made with an ``out`` tensor: that tensor still has the address and shape it had;
+* the device: every launch enters the buffer's device (``workbench.guard.on_device``), whatever
+  device is current;
+* the stream is never fixed: each launch goes to the current stream of the buffer's device, as
+  the eager call's does (so a plan is also what a CUDA graph captures).
+
+A standalone plan keeps its buffer alive; a cached one holds it weakly (it lives on the buffer).
+
+The launch itself: the first call goes through Triton's normal path (``kernel[grid](...)``),
+which compiles if needed and returns the ``CompiledKernel``; later calls hand the bound
+arguments straight to ``CompiledKernel.run``, Triton's compiled launcher, skipping the binder
+and the cache lookup. That reaches into Triton internals (triton >= 3.4: ``triton.knobs`` and
+the launcher taking every argument, constexprs included), so it is guarded: ``FAST_LAUNCH``
+(environment ``LABKIT_FAST_LAUNCH=0`` turns it off) and ``fast_launch_status()`` say whether it
+is used; under the interpreter (the CPU tier) there is no compiled launcher and every launch
+takes the normal path.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+import triton
+
+from labkit.workbench import tier
+from labkit.workbench.errors import UsageError
+from labkit.workbench.guard import on_device
+
+#: Launch through ``CompiledKernel.run`` after the first call (see ``fast_launch_status``).
+FAST_LAUNCH = os.environ.get("LABKIT_FAST_LAUNCH", "1") != "0"
+#: Let ``all_reduce`` / ``reduce_scatter`` / ``all_gather`` keep plans on their buffer.
+CACHE_PLANS = os.environ.get("LABKIT_PLAN_CACHE", "1") != "0"
+#: Plans kept per buffer (one per op, output, algorithm and launch); the oldest is dropped first.
+MAX_PLANS = 16
+#: The first Triton whose JIT path calls ``kernel.run(..., knobs.runtime.launch_enter_hook,
+#: knobs.runtime.launch_exit_hook, *all_arguments)``, which the fast path repeats.
+MIN_TRITON = (3, 4)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = []
+    for p in text.split("+")[0].split(".")[:2]:
+        digits = "".join(c for c in p if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def fast_launch_status() -> tuple[bool, str]:
+    """(whether plans launch through Triton's compiled launcher here, why or why not)."""
+    if not FAST_LAUNCH:
+        return False, "switched off (labkit.kernels.comm.plan.FAST_LAUNCH is False; LABKIT_FAST_LAUNCH=0)"
+    if tier.interpreted():
+        return False, "Triton interpreter: kernels run in Python, there is no compiled launcher"
+    if _version(triton.__version__) < MIN_TRITON:
+        return False, f"triton {triton.__version__} is older than 3.4, whose launcher API the fast path repeats"
+    try:
+        from triton import knobs
+
+        knobs.runtime.launch_enter_hook  # noqa: B018 (exists?)
+    except (ImportError, AttributeError):
+        return False, f"triton {triton.__version__} has no triton.knobs.runtime launch hooks"
+    return True, f"triton {triton.__version__}: CompiledKernel.run after the first launch"
+
+
+class _Out:
+    """Marks where a launch's output tensor goes among its arguments (given on every call)."""
+
+    def __repr__(self):
+        return "OUT"
+
+
+OUT = _Out()
+
+
+_runtime_knobs = None
+
+
+def _hooks():
+    """Triton's launch hooks (a profiler's), or (None, None) when none is registered: then the
+    launcher skips them and nobody needs the launch metadata. Read on every launch: a profiler
+    attached after the plan was made still sees its launches."""
+    global _runtime_knobs
+    if _runtime_knobs is None:
+        from triton import knobs
+
+        _runtime_knobs = knobs.runtime
+    enter, leave = _runtime_knobs.launch_enter_hook, _runtime_knobs.launch_exit_hook
+    if not getattr(enter, "calls", enter is not None) and not getattr(leave, "calls", leave is not None):
+        return None, None  # None, or an empty HookChain (triton >= 3.5)
+    return enter, leave
+
+
+def _stream_getter():
+    """Triton's own way to the current stream of a device (torch's raw current stream): the
+    stream its JIT path would launch on."""
+    from triton.runtime.driver import driver
+
+    return driver.active.get_current_stream
+
+
+class KernelLaunch:
+    """One Triton launch with every argument resolved: ``kernel[grid](*args, **kwargs)``, the
+    output (``OUT`` in ``args``) given per call.
+
+    After the first launch, when ``fast_launch_status()`` allows it, ``CompiledKernel.run`` is
+    called directly with the arguments Triton's JIT path would give it: the grid as three ints,
+    the current stream of the device, the kernel's function handle and packed metadata, the launch
+    metadata and hooks, then every parameter of the kernel in order (constexprs included: the
+    launcher drops them). The compiled kernel was specialised on the first call's arguments
+    (16-byte alignment of pointers, integers equal to 1 or divisible by 16); every argument but the
+    output is fixed, and an output whose alignment differs goes through the normal path."""
+
+    __slots__ = ("kernel", "grid", "args", "kwargs", "device", "out_pos", "compiled", "fallback_reason", "armable",
+                 "_full", "_full_out_pos", "_aligned", "_stream", "_grid3")
+
+    def __init__(self, kernel, grid: tuple, args: tuple, kwargs: dict, device: torch.device):
+        self.kernel, self.grid, self.args, self.kwargs, self.device = kernel, tuple(grid), tuple(args), kwargs, device
+        self.out_pos = next((i for i, a in enumerate(self.args) if a is OUT), -1)
+        self.compiled = None          # the CompiledKernel, once the fast path is armed
+        self.fallback_reason = "not launched yet"
+        self.armable = True           # False: launched once and dropped, preparing a fast path would be waste
+
+    def __call__(self, out: torch.Tensor | None) -> None:
+        c = self.compiled
+        if c is not None and (self.out_pos < 0 or (out.data_ptr() % 16 == 0) == self._aligned):
+            args = self._full
+            if self._full_out_pos >= 0:
+                args = list(args)
+                args[self._full_out_pos] = out
+            stream = self._stream(self.device.index)
+            enter, leave = _hooks()
+            meta = c.launch_metadata(self._grid3, stream, *args) if enter is not None else None
+            c.run(*self._grid3, stream, c.function, c.packed_metadata, meta, enter, leave, *args)
+            return
+        args = self.args if self.out_pos < 0 else self.args[:self.out_pos] + (out,) + self.args[self.out_pos + 1:]
+        compiled = self.kernel[self.grid](*args, **self.kwargs)
+        if c is None:
+            if self.armable:
+                self._arm(compiled, args)
+            else:
+                self.fallback_reason = "a plan for one call (not cached)"
+
+    def _arm(self, compiled, args: tuple) -> None:
+        """Prepare the fast path from the first launch, or record why there is none."""
+        ok, why = fast_launch_status()
+        if not ok:
+            self.fallback_reason = why
+            return
+        if hasattr(compiled, "result"):  # an asynchronous compile hands back a future
+            compiled = compiled.result()
+        missing = [a for a in ("run", "function", "packed_metadata", "launch_metadata") if not hasattr(compiled, a)]
+        params = getattr(self.kernel, "params", None)
+        if missing or params is None:
+            self.fallback_reason = (f"triton {triton.__version__}: the launch returned "
+                                    f"{type(compiled).__name__} without {missing or ['kernel.params']}")
+            return
+        full, out_pos = [], -1
+        for i, p in enumerate(params):  # every parameter in order, as Triton's binder binds them
+            if i < len(args):
+                value = args[i]
+            elif p.name in self.kwargs:
+                value = self.kwargs[p.name]
+            else:
+                value = p.default
+            if self.out_pos >= 0 and i == self.out_pos:
+                out_pos = i
+            full.append(value)
+        self._full, self._full_out_pos = tuple(full), out_pos
+        self._aligned = out_pos < 0 or args[self.out_pos].data_ptr() % 16 == 0
+        self._stream = _stream_getter()
+        self._grid3 = (self.grid + (1, 1))[:3]
+        self.compiled = compiled
+        self.fallback_reason = None
+
+    @property
+    def fast(self) -> bool:
+        return self.compiled is not None
+
+
+class CopySteps:
+    """Copies between buffers made with ``Tensor.copy_`` (the copy engines): ``two_shot_ce``'s first shot."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs):
+        self.pairs = tuple(pairs)  # (destination view, source view), in launch order
+
+    def __call__(self, out) -> None:
+        for dst, src in self.pairs:
+            dst.copy_(src)
+
+
+class CollectivePlan:
+    """One collective on one buffer with everything decided: call it to launch (see the module
+    docstring for what it fixes and what it checks on every call).
+
+    op, algorithm: what runs; in_place: the result is ``buf.tensor``; out: the output tensor the
+    plan was made for (None: a new one per call, like the eager call); steps: the launches
+    (``KernelLaunch``, ``CopySteps``) in order."""
+
+    def __init__(self, op: str, buf, steps, *, algorithm: str, in_place: bool, out_shape: tuple,
+                 out: torch.Tensor | None = None, keep_buffer: bool = True, fast: bool = True):
+        x = buf.tensor
+        for s in steps:
+            if isinstance(s, KernelLaunch):
+                s.armable = fast
+        self.op, self.algorithm, self.in_place, self.steps = op, algorithm, in_place, tuple(steps)
+        self.out_shape, self.dtype, self.device = tuple(out_shape), x.dtype, x.device
+        self.world_size, self.rank = buf.world_size, buf.rank
+        self._buf = weakref.ref(buf)
+        self.buf = buf if keep_buffer else None  # a standalone plan keeps its buffer alive
+        self._x, self._x_ptr, self._x_shape = x, x.data_ptr(), x.shape
+        self.out = out
+        if out is not None:
+            self._out_ptr, self._out_shape = out.data_ptr(), out.shape
+        self._guard = on_device(x.device)
+
+    def __repr__(self):
+        where = "in place" if self.in_place else ("into its out" if self.out is not None else "into a new tensor")
+        return (f"CollectivePlan({self.op}, {self.algorithm}, rank {self.rank} of {self.world_size}, "
+                f"{tuple(self._x_shape)} {str(self.dtype).replace('torch.', '')} on {self.device}, {where}, "
+                f"launch: {self.launch_path})")
+
+    @property
+    def launch_path(self) -> str:
+        """How the plan's kernels launch now: "compiled launcher", or "triton (<why>)"."""
+        kernels = [s for s in self.steps if isinstance(s, KernelLaunch)]
+        if kernels and all(s.fast for s in kernels):
+            return "compiled launcher"
+        return f"triton ({kernels[0].fallback_reason if kernels else 'no kernel'})"
+
+    def stale(self) -> str | None:
+        """Why this plan can no longer launch (its buffer freed or changed), or None."""
+        buf = self._buf()
+        if buf is None:
+            return "its symmetric buffer has been freed"
+        x = buf.tensor
+        if x is not self._x:
+            return "buf.tensor is no longer the tensor the plan was made for (re-assigned)"
+        if x.data_ptr() != self._x_ptr or x.shape != self._x_shape:
+            return (f"buf.tensor moved or changed shape since the plan was made (address {self._x_ptr:#x} "
+                    f"shape {tuple(self._x_shape)}, now {x.data_ptr():#x} {tuple(x.shape)}: set_, resize_ or "
+                    "its storage freed)")
+        return None
+
+    def __call__(self) -> torch.Tensor:
+        """Launch on the current stream of the buffer's device; returns the output (``buf.tensor``
+        in place). Same barrier semantics as the eager call: the input must be in ``buf.tensor``
+        (in stream order) on every rank, and every rank must call its plan."""
+        why = self.stale()
+        out = self.out
+        if why is None and out is not None and (out.data_ptr() != self._out_ptr or out.shape != self._out_shape):
+            why = (f"its out tensor moved or changed shape since the plan was made (address {self._out_ptr:#x} "
+                   f"shape {tuple(self._out_shape)}, now {out.data_ptr():#x} {tuple(out.shape)})")
+        if why is not None:
+            raise UsageError(f"plan: {why}; make a new plan ({self.op}_plan(buf, ...))")
+        return self.launch(out)
+
+    def launch(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The launches alone, into ``out`` (checked by the caller: same address, shape, dtype and
+        device as the plan's), or a new tensor when None, or ``buf.tensor`` in place."""
+        if self.in_place:
+            out = self._x
+        elif out is None:
+            out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        with self._guard:
+            for step in self.steps:
+                step(out)
+        return out
+
+
+def out_key(out) -> tuple | None:
+    """What a cached plan depends on in ``out``: the memory it covers and how (its address, shape,
+    strides, dtype and device decide the checks and the compiled kernel's specialisation)."""
+    if out is None:
+        return ()
+    return (out.data_ptr(), out.shape, out.stride(), out.dtype, out.device)
+
+
+def call_cached(buf, key: tuple, make, out):
+    """Launch the plan cached on ``buf`` under ``key`` into ``out``; ``make()`` builds it (the
+    eager call's full checks; ``make(fast=False)`` for a plan used once) when there is none, or when
+    the one there went stale. ``key`` holds every argument of the call but the buffer, and
+    ``out_key(out)``."""
+    plans = buf._plans
+    try:
+        p = plans.get(key)
+    except TypeError:  # an unhashable argument: make() runs the check that names it
+        return make(fast=False).launch(out)
+    if p is None or p.stale() is not None:
+        p = make()
+        if len(plans) >= MAX_PLANS and key not in plans:
+            del plans[next(iter(plans))]
+        plans[key] = p
+    return p.launch(out)
+
+
+def all_reduce_plan(buf, out: torch.Tensor | None = None, *, algorithm: str = "auto", blocks: int | None = None,
+                    variant: str = "correct", config=None) -> CollectivePlan:
+    """A plan for ``collectives.all_reduce(buf, out, ...)`` (same arguments, same checks, made
+    now); ``plan()`` launches it. out=None: each call returns a new tensor; out=buf.tensor: in
+    place. Every rank makes the same plan and calls it the same number of times (the barriers
+    pair program b of every rank's launch). The plan keeps ``buf`` alive."""
+    from labkit.kernels.comm import collectives  # collectives keeps its plans here: imported late
+
+    return collectives.make_all_reduce_plan(buf, out, algorithm, blocks, variant, config)
+
+
+def reduce_scatter_plan(buf, out: torch.Tensor | None = None, *, blocks: int | None = None,
+                        variant: str = "correct", config=None) -> CollectivePlan:
+    """A plan for ``collectives.reduce_scatter(buf, out, ...)``; as ``all_reduce_plan``."""
+    from labkit.kernels.comm import collectives
+
+    return collectives.make_shards_plan("reduce_scatter", buf, out, blocks, variant, config)
+
+
+def all_gather_plan(buf, out: torch.Tensor | None = None, *, blocks: int | None = None,
+                    variant: str = "correct", config=None) -> CollectivePlan:
+    """A plan for ``collectives.all_gather(buf, out, ...)``; as ``all_reduce_plan``."""
+    from labkit.kernels.comm import collectives
+
+    return collectives.make_shards_plan("all_gather", buf, out, blocks, variant, config)

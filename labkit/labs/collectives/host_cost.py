@@ -1,0 +1,319 @@
+"""Where the host time of one eager collective call goes, and what a plan saves (issue 18).
+
+Called from Python, ``all_reduce(buf, out)`` used to take 27-60 µs per call on 2xH200 where
+torch's symmetric-memory ops take 9-12 µs, although the kernels themselves, replayed from a CUDA
+graph, are as fast. The difference is host work before the kernel starts. ``breakdown`` times each
+stage of that work on its own (``time.perf_counter_ns`` around every repetition, the median of
+many), for three ways to make the same call:
+
+* ``eager call``: the call without a plan, stage by stage: the argument checks
+  (``collectives.check_all_reduce``), the choice of algorithm, launch configuration and grid
+  (``collectives.choose_all_reduce``), the device guard (``workbench.guard.on_device_of``,
+  entered and left), the output's allocation (out=None only), and Triton's launch
+  (``kernel[grid](...)``: binding, specialisation key, cache lookup, the launcher);
+* ``all_reduce, cached plan``: ``collectives.all_reduce`` as it is now: the cache key, the
+  lookup and the per-call checks of the plan it keeps on the buffer, the guard of a known device
+  (``workbench.guard.on_device``), the plan's launch;
+* ``plan()``: a plan held by the caller (``labkit.kernels.comm.plan.all_reduce_plan``): its
+  per-call checks, the guard, its launch (Triton's compiled launcher where
+  ``plan.fast_launch_status()`` allows, else Triton's normal path).
+
+Each path also gets a "whole call" record: the call timed whole, which the stages should add up
+to (they are timed apart, so they are a model of the call; the whole call is the measurement).
+On GPUs a last stage, ``kernel``, is the kernel's own time on the device (a CUDA graph of many
+calls replayed, divided by the calls), the floor no host work can lower. Under the Triton
+interpreter (the CPU tier) the "launch" stages run the kernel itself in Python, so they measure
+the interpreter, not a launch; records carry ``interpreted`` and the plot says so.
+
+Every stage that launches is a collective: call ``breakdown`` on every rank (``measure`` is the
+rank function for ``run_ranks``), with the same arguments.
+"""
+from __future__ import annotations
+
+import statistics
+import textwrap
+import time
+
+import torch
+
+from labkit.kernels.comm import collectives as C
+from labkit.kernels.comm import plan as P
+from labkit.kernels.comm import symm
+from labkit.workbench import tier
+from labkit.workbench.guard import on_device, on_device_of
+
+PATHS = ("eager call", "all_reduce, cached plan", "plan()")
+#: stage -> (what it is, colour)
+STAGES = {
+    "checks": ("argument checks (check_all_reduce)", "tab:blue"),
+    "config": ("algorithm, launch config, grid (choose_all_reduce)", "tab:orange"),
+    "cache lookup + checks": ("cache key, lookup, the plan's per-call checks", "tab:purple"),
+    "plan checks": ("the plan's per-call checks (buffer, out)", "tab:cyan"),
+    "guard": ("device guard, entered and left", "tab:green"),
+    "alloc out": ("allocating the output", "tab:olive"),
+    "triton launch": ("Triton's launch path, kernel[grid](...)", "tab:red"),
+    "plan launch": ("the plan's launch (compiled launcher where possible)", "tab:pink"),
+    "kernel": ("the kernel on the GPU (graph replay)", "0.55"),
+}
+REQUIRED = ("path", "stage", "us", "reps", "op", "algorithm", "bytes", "world_size", "rank", "interpreted")
+
+
+def _median_us(fn, reps: int) -> float:
+    """Median µs of ``reps`` calls of ``fn``, each timed on its own."""
+    samples = []
+    clock = time.perf_counter_ns
+    for _ in range(reps):
+        t0 = clock()
+        fn()
+        samples.append(clock() - t0)
+    return statistics.median(samples) / 1e3
+
+
+def _line_up(device: torch.device) -> None:
+    """Every rank starts the next timed loop of launches together, its GPU idle."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def _triton_launches(steps, out) -> None:
+    """The steps through Triton's own launch path (what the eager call did before plans)."""
+    for s in steps:
+        if isinstance(s, P.KernelLaunch):
+            args = s.args if s.out_pos < 0 else s.args[:s.out_pos] + (out,) + s.args[s.out_pos + 1:]
+            s.kernel[s.grid](*args, **s.kwargs)
+        else:
+            s(out)
+
+
+def _kernel_us(p: P.CollectivePlan, device: torch.device, iters: int = 20, rounds: int = 5) -> float:
+    """GPU µs per call: ``iters`` calls of the plan captured in a CUDA graph, replayed ``rounds``
+    times with every rank lined up; the median round."""
+    from labkit.labs.collectives.bench import _samples
+
+    return statistics.median(_samples(p, iters, rounds, graph=True))
+
+
+def breakdown(buf, out: torch.Tensor | None = None, *, algorithm: str = "one_shot", reps: int | None = None,
+              launch_reps: int | None = None, warmup: int = 2) -> list[dict]:
+    """Median µs of each stage of ``all_reduce(buf, out, algorithm=algorithm)`` on this rank, for
+    each of ``PATHS`` (see the module docstring); one record per (path, stage), and one per path
+    with stage "whole call": the call timed whole, a check on the sum of its stages.
+
+    reps: repetitions of the stages that launch nothing (default 2000 on GPUs, 200 interpreted);
+    launch_reps: of the stages that launch, every one a collective (default 500 on GPUs, 3
+    interpreted: an interpreted launch runs the kernel, tens of milliseconds). Call on every rank."""
+    interp = tier.interpreted()
+    reps = reps or (200 if interp else 2000)
+    launch_reps = launch_reps or (3 if interp else 500)
+    buf = symm.check_buffer("buf", buf)
+    x = buf.tensor
+    dev = x.device
+    nbytes = x.numel() * x.element_size()
+
+    # the host-only stages: nothing launched, nothing to line up
+    checks = _median_us(lambda: C.check_all_reduce(buf, out, algorithm), reps)
+    buf, checked_out, in_place = C.check_all_reduce(buf, out, algorithm)
+    config = _median_us(lambda: C.choose_all_reduce(buf, in_place, algorithm), reps)
+    chosen, steps = C.choose_all_reduce(buf, in_place, algorithm)
+
+    def enter_leave():
+        with on_device_of(buf=x, out=checked_out):
+            pass
+
+    guard = _median_us(enter_leave, reps)
+    known = on_device(dev)
+
+    def enter_known():
+        with known:
+            pass
+
+    plan_guard = _median_us(enter_known, reps)
+    shape = tuple(x.shape)
+    alloc = None
+    if checked_out is None and not in_place:
+        alloc = _median_us(lambda: torch.empty(shape, dtype=x.dtype, device=dev), reps)
+    target = x if in_place else (checked_out if checked_out is not None else torch.empty_like(x))
+
+    held = P.all_reduce_plan(buf, out, algorithm=algorithm)
+    for _ in range(warmup):  # compiles, arms the fast path, fills the buffer's plan cache
+        _triton_launches(steps, target)
+        C.all_reduce(buf, out, algorithm=algorithm)
+        held()
+    key = ("all_reduce", P.out_key(out), algorithm, None, "correct", None)
+    if key not in buf._plans:
+        raise RuntimeError(f"host_cost: the cache key written here, {key}, is not the one all_reduce used "
+                           f"({list(buf._plans)}): update breakdown")
+
+    def lookup():
+        p = buf._plans.get(("all_reduce", P.out_key(out), algorithm, None, "correct", None))
+        return p.stale()
+
+    cache_checks = _median_us(lookup, reps)
+    plan_out = held.out
+
+    def plan_checks():
+        held.stale()
+        if plan_out is not None:
+            plan_out.data_ptr() == held._out_ptr and plan_out.shape == held._out_shape  # noqa: B015 (what __call__ does)
+
+    plan_checks_us = _median_us(plan_checks, reps)
+
+    # the stages that launch: a collective each, the same count on every rank, ranks lined up
+    def timed(fn, guarded=False):
+        _line_up(dev)
+        if guarded:
+            with known:
+                return _median_us(fn, launch_reps)
+        return _median_us(fn, launch_reps)
+
+    launch = timed(lambda: _triton_launches(steps, target), guarded=True)
+    plan_launch = timed(lambda: [s(target) for s in held.steps], guarded=True)
+    def eager_call():  # the call as it was before plans: checks, choices, guard, Triton's launch
+        b, o, ip = C.check_all_reduce(buf, out, algorithm)
+        _, st = C.choose_all_reduce(b, ip, algorithm)
+        with on_device_of(buf=b.tensor, out=o):
+            _triton_launches(st, b.tensor if ip else (o if o is not None else torch.empty(shape, dtype=x.dtype,
+                                                                                            device=dev)))
+
+    eager_whole = timed(eager_call)
+    cached_whole = timed(lambda: C.all_reduce(buf, out, algorithm=algorithm))
+    plan_whole = timed(held)
+    kernel = None if interp or dev.type != "cuda" else _kernel_us(held, dev)
+    _line_up(dev)
+
+    base = {"op": "all_reduce", "algorithm": chosen, "bytes": nbytes, "dtype": str(x.dtype).replace("torch.", ""),
+            "world_size": buf.world_size, "rank": buf.rank, "interpreted": interp, "in_place": in_place,
+            "out": "in place" if in_place else ("given" if out is not None else "new"),
+            "launch_path": held.launch_path}
+    allocs = [("alloc out", alloc, reps)] if alloc is not None else []
+    stages = {
+        "eager call": [("checks", checks, reps), ("config", config, reps), ("guard", guard, reps), *allocs,
+                       ("triton launch", launch, launch_reps), ("whole call", eager_whole, launch_reps)],
+        "all_reduce, cached plan": [("cache lookup + checks", cache_checks, reps), ("guard", plan_guard, reps),
+                                    *allocs, ("plan launch", plan_launch, launch_reps),
+                                    ("whole call", cached_whole, launch_reps)],
+        "plan()": [("plan checks", plan_checks_us, reps), ("guard", plan_guard, reps), *allocs,
+                   ("plan launch", plan_launch, launch_reps), ("whole call", plan_whole, launch_reps)],
+    }
+    records = []
+    for path, rows in stages.items():
+        if kernel is not None:
+            rows = rows + [("kernel", kernel, 5)]
+        records += [dict(base, path=path, stage=stage, us=us, reps=n) for stage, us, n in rows]
+    return records
+
+
+def measure(ctx, n: int = 2048, dtype_name: str = "bfloat16", algorithm: str = "one_shot",
+            out: str = "given", reps: int | None = None, launch_reps: int | None = None) -> list[dict]:
+    """Rank function (``run_ranks(measure, W, ...)``): a buffer of ``n`` elements, random
+    inputs, then ``breakdown``. out: "given" (a tensor made once, as a training loop would pass),
+    "new" (out=None: one allocated per call) or "in_place" (out=buf.tensor)."""
+    if out not in ("given", "new", "in_place"):
+        raise ValueError(f"out: {out!r} is not 'given', 'new' or 'in_place'")
+    dtype = getattr(torch, dtype_name)
+    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    g = torch.Generator().manual_seed(ctx.rank)
+    buf.tensor.copy_(torch.randn(n, generator=g).to(dtype))
+    target = {"given": lambda: torch.empty(n, dtype=dtype, device=ctx.device), "new": lambda: None,
+              "in_place": lambda: buf.tensor}[out]()
+    return breakdown(buf, target, algorithm=algorithm, reps=reps, launch_reps=launch_reps)
+
+
+def totals(records: list[dict]) -> dict:
+    """path -> µs of its host stages added up (the kernel left out: it overlaps the next call's
+    host work when calls are back to back; the "whole call" check left out)."""
+    out = {}
+    for r in records:
+        if r["stage"] not in ("kernel", "whole call"):
+            out[r["path"]] = out.get(r["path"], 0.0) + r["us"]
+    return out
+
+
+def _mine(records: list[dict]) -> tuple[int, list[dict]]:
+    rank = min(r["rank"] for r in records)
+    return rank, [r for r in records if r["rank"] == rank]
+
+
+def verdict(records: list[dict]) -> str:
+    """One line: each path's host µs (stages added up, and timed whole), and the kernel's."""
+    if not records:
+        return "no host-cost records"
+    rank, mine = _mine(records)
+    t = totals(mine)
+    whole = {r["path"]: r["us"] for r in mine if r["stage"] == "whole call"}
+    kernel = next((r["us"] for r in mine if r["stage"] == "kernel"), None)
+    head = mine[0]
+    where = "Triton interpreter (launches run the kernel in Python)" if head["interpreted"] else "GPU"
+    parts = [f"{p} {t[p]:.1f} µs" + (f" (whole {whole[p]:.1f})" if p in whole else "") for p in PATHS if p in t]
+    text = (f"{head['op']} {head['algorithm']} {head['bytes']} B, W={head['world_size']}, rank {rank}, {where}: "
+            + ", ".join(parts))
+    if kernel is not None:
+        text += f"; kernel {kernel:.1f} µs on the GPU"
+    return text + f"; plan launches via {head['launch_path']}"
+
+
+def plot_host_cost(records: list[dict], ax, title: str = "") -> int:
+    """A horizontal stacked bar per path (rank 0's records, or the lowest rank's): each stage a
+    segment in µs, its value written in it where it fits, the kernel hatched; a black tick where
+    the call timed whole ends, and the host total at the end of the bar. Returns the number of bars."""
+    if not records:
+        ax.text(0.5, 0.5, "no host-cost records", ha="center", va="center", transform=ax.transAxes)
+        ax.axis("off")
+        return 0
+    rank, mine = _mine(records)
+    paths = [p for p in PATHS if any(r["path"] == p for r in mine)]
+    sums = totals(mine)
+    kernel_us = max((r["us"] for r in mine if r["stage"] == "kernel"), default=0.0)
+    whole = {r["path"]: r["us"] for r in mine if r["stage"] == "whole call"}
+    widest = max([sums[p] + kernel_us for p in paths] + list(whole.values()))
+    shown = set()
+    for y, path in enumerate(paths):
+        left = 0.0
+        for stage, (label, colour) in STAGES.items():
+            rec = next((r for r in mine if r["path"] == path and r["stage"] == stage), None)
+            if rec is None:
+                continue
+            ax.barh(y, rec["us"], left=left, color=colour, edgecolor="white",
+                    hatch="//" if stage == "kernel" else None,
+                    label=None if stage in shown else f"{stage}: {label}")
+            shown.add(stage)
+            if rec["us"] >= 0.06 * widest:
+                ax.text(left + rec["us"] / 2, y, f"{rec['us']:.1f}", ha="center", va="center", fontsize=7)
+            left += rec["us"]
+        if path in whole:
+            ax.plot([whole[path]], [y], marker="|", ms=22, mew=2, color="black",
+                    label=None if "whole" in shown else "the call timed whole (host)")
+            shown.add("whole")
+        text = f"host {sums[path]:.1f} µs" + (f" (whole {whole[path]:.1f})" if path in whole else "")
+        ax.text(max(left, whole.get(path, 0.0)) + 0.01 * widest, y, text, va="center", fontsize=8)
+    ax.set_yticks(range(len(paths)))
+    ax.set_yticklabels(paths)
+    ax.invert_yaxis()
+    ax.set_xlim(0, widest * 1.35)
+    head = mine[0]
+    reps = max(r["reps"] for r in mine)
+    ax.set_xlabel(f"µs per call (median of up to {reps} calls each), rank {rank}"
+                  + (" -- Triton interpreter: not GPU numbers" if head["interpreted"] else ""))
+    what = textwrap.fill(f"{head['op']} {head['algorithm']}, {head['bytes']} B {head['dtype']}, "
+                         f"W={head['world_size']}, out {head['out']}; plan launches via {head['launch_path']}", 100)
+    ax.set_title(f"{title}\n{what}" if title else what, fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    return len(paths)
+
+
+def host_cost_figure(records: list[dict], stamp: dict | None = None, name: str = "host_cost", folder=None,
+                     title: str = "Host time of one call"):
+    """The stacked bars with the caption naming the machine and versions (``workbench.plot.caption``),
+    saved as ``name``.png in ``folder`` (default: the notebook's output folder) and shown once."""
+    from labkit.workbench import plot
+
+    fig, (ax,) = plot.new_figure(width=10.0, height=5.2)
+    plot_host_cost(records, ax, title)
+    text = plot.caption(fig, yours=stamp, adjust=False)
+    # the bars, their labels and the legend under them, above the caption's band at the bottom
+    fig.tight_layout(rect=(0, min(0.3, (0.1 + 0.14 * len(text.splitlines())) / fig.get_figheight()), 1, 1))
+    plot.save(fig, name, folder)
+    return fig

@@ -1,0 +1,381 @@
+"""Rank functions for tests/test_plan.py and tests/test_ops.py (every rank imports its function by
+name, so they live in a module: see tests/rank_fns.py).
+
+Each returns a dict of named outcomes, so that one start of the emulated world (a few seconds per
+rank) checks many things; the tests read the dict."""
+from __future__ import annotations
+
+import gc
+
+import torch
+
+
+def _sync(ctx):
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+
+
+def _inputs(ctx, n, dtype, seed):
+    from labkit.labs.collectives import experiments
+
+    return experiments._inputs(ctx, n, dtype, seed)
+
+
+def _close(y, xs, dtype, w):
+    from labkit.labs.collectives import experiments
+
+    return experiments._close(y, xs, dtype, w)
+
+
+def _error(fn) -> str:
+    try:
+        fn()
+    except (TypeError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def plans_and_cache(ctx, n: int = 4096 + 24, dtype_name: str = "float32") -> dict:
+    """Plans against fp64 sums, the plan cache of the eager calls, and stale plans refused."""
+    from labkit.kernels.comm import collectives as C
+    from labkit.kernels.comm import plan as P
+    from labkit.kernels.comm import symm
+
+    dtype = getattr(torch, dtype_name)
+    w = ctx.world_size
+    found = {}
+    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    out = torch.empty(n, dtype=dtype, device=ctx.device)
+
+    # a plan with an out, called on new inputs each time
+    p = P.all_reduce_plan(buf, out, algorithm="one_shot")
+    found["repr"] = repr(p)
+    found["launch_path"] = p.launch_path
+    ok = []
+    for seed in (1, 2):
+        x, xs = _inputs(ctx, n, dtype, seed)
+        buf.tensor.copy_(x)
+        y = p()
+        ok.append(y is out and _close(y, xs, dtype, w))
+    found["plan with out"] = all(ok)
+    found["launch_path after"] = p.launch_path
+
+    # out=None: a new tensor per call; two-shot in place
+    x, xs = _inputs(ctx, n, dtype, 3)
+    q = P.all_reduce_plan(buf, algorithm="two_shot")
+    buf.tensor.copy_(x)
+    y1 = q()
+    buf.tensor.copy_(x)
+    y2 = q()
+    found["plan new outs"] = y1 is not y2 and y1.data_ptr() != y2.data_ptr() and _close(y1, xs, dtype, w) \
+        and _close(y2, xs, dtype, w)
+    ip = P.all_reduce_plan(buf, buf.tensor)
+    buf.tensor.copy_(x)
+    y = ip()
+    found["plan in place"] = y is buf.tensor and ip.in_place and ip.algorithm == "two_shot" and _close(y.clone(), xs, dtype, w)
+    found["tree plan"] = P.all_reduce_plan(buf, algorithm="tree").algorithm == "tree"
+    buf.tensor.copy_(x)
+    found["tree plan sums"] = _close(P.all_reduce_plan(buf, algorithm="tree")(), xs, dtype, w)
+
+    # reduce-scatter and all-gather plans
+    s = n // w
+    buf.tensor.copy_(x)
+    rs = P.reduce_scatter_plan(buf)()
+    found["reduce_scatter plan"] = _close(rs, [v[ctx.rank * s:(ctx.rank + 1) * s] for v in xs], dtype, w)
+    g = symm.empty(s, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    g.tensor.copy_(x[:s])
+    ag = P.all_gather_plan(g)()
+    found["all_gather plan"] = bool(torch.equal(ag.cpu(), torch.cat([v[:s] for v in xs])))
+
+    # the eager calls keep plans on the buffer: one per (op, out, algorithm, blocks, variant, config)
+    buf._plans.clear()
+    buf.tensor.copy_(x)
+    a = C.all_reduce(buf, algorithm="one_shot")
+    first = dict(buf._plans)
+    buf.tensor.copy_(x)
+    b = C.all_reduce(buf, algorithm="one_shot")
+    found["cached sums"] = _close(a, xs, dtype, w) and _close(b, xs, dtype, w) and a is not b
+    found["cached plan reused"] = len(buf._plans) == 1 and all(buf._plans[k] is v for k, v in first.items())
+    buf.tensor.copy_(x)
+    C.all_reduce(buf, out, algorithm="one_shot")   # another out: another plan
+    buf.tensor.copy_(x)
+    C.all_reduce(buf, algorithm="two_shot")        # another algorithm: another plan
+    buf.tensor.copy_(x)
+    C.all_reduce(buf, buf.tensor)                  # in place
+    found["cached plans"] = len(buf._plans)
+    found["cached plans hold the buffer weakly"] = all(v.buf is None and v.out is None for v in buf._plans.values())
+    # a different out at another address, same shape: its own plan, the right answer
+    other = torch.empty(n, dtype=dtype, device=ctx.device)
+    buf.tensor.copy_(x)
+    y = C.all_reduce(buf, other, algorithm="one_shot")
+    found["another out"] = y is other and _close(other, xs, dtype, w) and len(buf._plans) == 5
+    # many outs: the cache stays bounded, the answers right
+    outs = [torch.empty(n, dtype=dtype, device=ctx.device) for _ in range(P.MAX_PLANS + 3)]
+    good = True
+    for o in outs:
+        buf.tensor.copy_(x)
+        good &= _close(C.all_reduce(buf, o, algorithm="one_shot"), xs, dtype, w)
+    found["bounded cache"] = good and len(buf._plans) == P.MAX_PLANS
+    # reduce-scatter / all-gather go through the cache too
+    buf.tensor.copy_(x)
+    C.reduce_scatter(buf)
+    g.tensor.copy_(x[:s])
+    C.all_gather(g)
+    found["shard ops cached"] = any(k[0] == "reduce_scatter" for k in buf._plans) and \
+        any(k[0] == "all_gather" for k in g._plans)
+    # a buffer of another size or dtype is another buffer: its own plans
+    b2 = symm.empty(2 * n, torch.bfloat16, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    x2, xs2 = _inputs(ctx, 2 * n, torch.bfloat16, 4)
+    b2.tensor.copy_(x2)
+    found["other buffer"] = _close(C.all_reduce(b2, algorithm="one_shot"), xs2, torch.bfloat16, w) \
+        and len(b2._plans) == 1
+    # bad arguments still reach the checks that name them (unhashable, wrong types)
+    found["unhashable config"] = _error(lambda: C.all_reduce(buf, config={"vectors": 2}))
+    found["out not a tensor"] = _error(lambda: C.all_reduce(buf, [1.0]))
+
+    # the cache switched off: the same sums, nothing kept
+    P.CACHE_PLANS = False
+    try:
+        before = len(buf._plans)
+        buf.tensor.copy_(x)
+        found["cache off"] = _close(C.all_reduce(buf, algorithm="tree"), xs, dtype, w) and len(buf._plans) == before
+    finally:
+        P.CACHE_PLANS = True
+
+    # stale plans: an out that moved, a buffer whose tensor moved, a freed buffer
+    _sync(ctx)
+    ctx.barrier()
+    moved = torch.empty(n, dtype=dtype, device=ctx.device)
+    p_out = torch.empty(n, dtype=dtype, device=ctx.device)
+    pp = P.all_reduce_plan(buf, p_out, algorithm="one_shot")
+    p_out.set_(moved)  # same tensor object, other memory
+    found["plan out moved"] = _error(pp)
+    held = buf.tensor
+    buf.tensor = torch.empty_like(held)  # re-assigned: not the symmetric allocation any more
+    found["plan buffer re-assigned"] = _error(p)
+    found["eager on re-assigned buffer"] = _error(lambda: C.all_reduce(buf, algorithm="one_shot"))
+    buf.tensor = held
+    held.set_(torch.empty(n, dtype=dtype, device=ctx.device))  # the same tensor moved to other memory
+    found["plan buffer moved"] = _error(p)
+    found["eager on moved buffer"] = _error(lambda: C.all_reduce(buf, algorithm="one_shot"))
+    # a cached plan lives on its buffer and holds it weakly: once the buffer is gone, it refuses
+    b3 = symm.empty(64, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    C.all_reduce(b3, algorithm="one_shot")
+    (cached,) = b3._plans.values()
+    # a standalone plan keeps its buffer alive
+    b4 = symm.empty(64, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    keeper = P.all_reduce_plan(b4, algorithm="one_shot")
+    del b3, b4
+    gc.collect()
+    found["cached plan after free"] = _error(cached)
+    found["standalone plan keeps its buffer"] = keeper.stale() is None
+    keeper()  # every rank launches it once more: a collective
+    _sync(ctx)
+    ctx.barrier()
+    return found
+
+
+def host_cost(ctx, n: int = 1024, reps: int = 20, launch_reps: int = 3) -> list[dict]:
+    """``labkit.labs.collectives.host_cost.measure`` on every rank."""
+    from labkit.labs.collectives import host_cost
+
+    return host_cost.measure(ctx, n=n, reps=reps, launch_reps=launch_reps)
+
+
+def ops_in_the_world(ctx, n: int = 2 * 1024) -> dict:
+    """torch.ops.labkit's collectives on every rank: against fp64 sums, the fake implementations'
+    shapes, opcheck, and torch.compile(fullgraph=True) over them (backend "aot_eager")."""
+    import labkit.kernels.ops  # noqa: F401  (registers torch.ops.labkit)
+    from labkit.kernels.comm import symm
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    w = ctx.world_size
+    found = {}
+    dtype = torch.float32
+    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    name = symm.register(buf, "ops_test")
+    found["lookup"] = symm.lookup(name) is buf
+    x, xs = _inputs(ctx, n, dtype, 11)
+    s = n // w
+    found["all_reduce"] = _close(torch.ops.labkit.all_reduce(x, name), xs, dtype, w)
+    found["all_reduce one_shot"] = _close(torch.ops.labkit.all_reduce(x, name, "one_shot"), xs, dtype, w)
+    buf.tensor.copy_(x)
+    found["all_reduce from the buffer itself"] = _close(torch.ops.labkit.all_reduce(buf.tensor, name), xs, dtype, w)
+    found["reduce_scatter"] = _close(torch.ops.labkit.reduce_scatter(x, name),
+                                     [v[ctx.rank * s:(ctx.rank + 1) * s] for v in xs], dtype, w)
+    g = symm.empty(s, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    gname = symm.register(g)
+    found["default name"] = gname.startswith("labkit_symm_")
+    found["all_gather"] = bool(torch.equal(torch.ops.labkit.all_gather(x[:s].contiguous(), gname).cpu(),
+                                           torch.cat([v[:s] for v in xs])))
+    mode = FakeTensorMode()
+    fx, fg = mode.from_tensor(x), mode.from_tensor(x[:s].contiguous())
+    with mode:
+        shapes = {"all_reduce": torch.ops.labkit.all_reduce(fx, name),
+                  "reduce_scatter": torch.ops.labkit.reduce_scatter(fx, name),
+                  "all_gather": torch.ops.labkit.all_gather(fg, gname)}
+    found["fake"] = {k: (tuple(v.shape), str(v.dtype)) for k, v in shapes.items()}
+    found["wrong shape"] = _error(lambda: torch.ops.labkit.all_reduce(x[:-1].contiguous(), name))
+    found["unknown handle"] = _error(lambda: torch.ops.labkit.all_reduce(x, "nobody"))
+    # opcheck calls the op several times, the same number on every rank: collectives pair up
+    try:
+        found["opcheck"] = torch.library.opcheck(torch.ops.labkit.all_reduce.default, (x, name, "one_shot"))
+    except Exception as e:  # reported, not raised: the test says what failed
+        found["opcheck"] = f"{type(e).__name__}: {e}"
+
+    def step(t):
+        return torch.ops.labkit.all_reduce(t * 2, name, "one_shot") + 1
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    found["compiled"] = _close(compiled(x) - 1, [2 * v for v in xs], dtype, w)
+    symm.unregister(name)
+    symm.unregister(gname)
+    found["unregistered"] = _error(lambda: symm.lookup(name))
+    _sync(ctx)
+    ctx.barrier()
+    return found
+
+
+def fast_path_on_gpu(ctx, n: int = (1 << 16) + 8) -> dict:
+    """GPU tier: plans launch through Triton's compiled launcher and stay right on new inputs, on
+    a side stream, with another device current, under CUDA-graph capture, and with the fast path
+    switched off."""
+    from labkit.kernels.comm import collectives as C
+    from labkit.kernels.comm import plan as P
+    from labkit.kernels.comm import symm
+
+    dtype = torch.bfloat16
+    w = ctx.world_size
+    dev = ctx.device
+    found = {"status": P.fast_launch_status()}
+    buf = symm.empty(n, dtype, device=dev, scratch_dir=ctx.scratch_dir)
+    out = torch.empty(n, dtype=dtype, device=dev)
+
+    def fresh(seed):
+        x, xs = _inputs(ctx, n, dtype, seed)
+        buf.tensor.copy_(x)
+        return xs
+
+    p = P.all_reduce_plan(buf, out, algorithm="one_shot")
+    ok = []
+    for seed in range(3):
+        xs = fresh(seed)
+        ok.append(_close(p(), xs, dtype, w))
+    found["plan sums"] = all(ok)
+    found["launch_path"] = p.launch_path
+    for alg in ("two_shot", "tree"):
+        q = P.all_reduce_plan(buf, algorithm=alg)
+        fresh(10)
+        q()
+        xs = fresh(11)
+        found[alg] = _close(q(), xs, dtype, w) and q.launch_path == "compiled launcher"
+    ip = P.all_reduce_plan(buf, buf.tensor)
+    fresh(12)
+    ip()
+    xs = fresh(13)
+    found["in place"] = _close(ip().clone(), xs, dtype, w) and ip.launch_path == "compiled launcher"
+
+    # a side stream: the plan launches on the current stream, which is s, not the default one
+    # (the default stream sleeps first: a launch there would start after the clone on s read out)
+    xs = fresh(14)
+    out.zero_()
+    _sync(ctx)
+    ctx.barrier()
+    s = torch.cuda.Stream(dev)
+    torch.cuda._sleep(int(2e8))
+    with torch.cuda.stream(s):
+        p()
+        seen = out.clone()
+    s.synchronize()
+    found["side stream"] = _close(seen, xs, dtype, w)
+    _sync(ctx)
+    ctx.barrier()
+
+    # another device current: the plan enters the buffer's
+    others = [i for i in range(torch.cuda.device_count()) if i != dev.index]
+    if others:
+        xs = fresh(15)
+        torch.cuda.set_device(others[0])
+        try:
+            y = p()
+        finally:
+            torch.cuda.set_device(dev)
+        found["other device current"] = _close(y, xs, dtype, w)
+
+    # CUDA-graph capture of a plan, replayed on new inputs
+    g = torch.cuda.CUDAGraph()
+    s.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(s):
+        p()
+        with torch.cuda.graph(g, stream=s):
+            p()
+    torch.cuda.current_stream(dev).wait_stream(s)
+    ok = []
+    for seed in (16, 17):
+        xs = fresh(seed)
+        g.replay()
+        ok.append(_close(out, xs, dtype, w))
+    found["graph replay"] = all(ok)
+
+    # the eager calls' cached plans go fast too
+    buf._plans.clear()
+    for seed in (18, 19):
+        xs = fresh(seed)
+        y = C.all_reduce(buf, algorithm="one_shot")
+    found["cached fast"] = _close(y, xs, dtype, w) and \
+        [v.launch_path for v in buf._plans.values()] == ["compiled launcher"]
+
+    # switched off: Triton's normal path, the same sums
+    P.FAST_LAUNCH = False
+    try:
+        q = P.all_reduce_plan(buf, algorithm="one_shot")
+        fresh(20)
+        q()
+        xs = fresh(21)
+        found["switched off"] = _close(q(), xs, dtype, w) and q.launch_path.startswith("triton (switched off")
+    finally:
+        P.FAST_LAUNCH = True
+    _sync(ctx)
+    ctx.barrier()
+    return found
+
+
+def ops_under_graphs_on_gpu(ctx, n: int = 1 << 14) -> dict:
+    """GPU tier: torch.ops.labkit.all_reduce captured in a CUDA graph and under
+    torch.compile(fullgraph=True) with Inductor."""
+    import labkit.kernels.ops  # noqa: F401
+    from labkit.kernels.comm import symm
+
+    dtype = torch.float32
+    w = ctx.world_size
+    dev = ctx.device
+    buf = symm.empty(n, dtype, device=dev, scratch_dir=ctx.scratch_dir)
+    name = symm.register(buf, "graph_test")
+    x = torch.empty(n, dtype=dtype, device=dev)
+    found = {}
+    s = torch.cuda.Stream(dev)
+    s.wait_stream(torch.cuda.current_stream(dev))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        torch.ops.labkit.all_reduce(x, name, "one_shot")
+        with torch.cuda.graph(g, stream=s):
+            y = torch.ops.labkit.all_reduce(x, name, "one_shot")
+    torch.cuda.current_stream(dev).wait_stream(s)
+    ok = []
+    for seed in (1, 2):
+        v, xs = _inputs(ctx, n, dtype, seed)
+        x.copy_(v)
+        g.replay()
+        ok.append(_close(y, xs, dtype, w))
+    found["graph"] = all(ok)
+
+    def step(t):
+        return torch.ops.labkit.all_reduce(t * 2, name, "one_shot") + 1
+
+    compiled = torch.compile(step, fullgraph=True)  # Inductor
+    v, xs = _inputs(ctx, n, dtype, 3)
+    found["inductor"] = _close(compiled(v) - 1, [2 * u for u in xs], dtype, w)
+    symm.unregister(name)
+    _sync(ctx)
+    ctx.barrier()
+    return found
