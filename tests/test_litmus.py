@@ -234,6 +234,7 @@ def test_every_test_runs_and_every_outcome_is_possible(name, placement):
         assert set(res.counts) <= allowed, (seed, sem, res.counts)
 
 
+@pytest.mark.skipif(not INTERPRETED, reason="checks the interpreter's sequential programs (a GPU may show weak outcomes)")
 def test_stress_and_delay_change_nothing_under_the_interpreter():
     res = run_litmus("IRIW", "volatile", None, "cross_cta", 100, seed=3,
                      stress=Stress(programs=3, iterations=4, lines=4, delay=2))

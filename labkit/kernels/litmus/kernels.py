@@ -1,7 +1,7 @@
 """One Triton kernel that runs any litmus test of the catalogue, many instances per launch.
 
-The test arrives as data (``PROGRAM``, a constexpr: per thread, per access ``(kind, loc,
-value, reg)``), so the kernel cannot disagree with ``labkit.kernels.litmus.catalogue``. Each
+The test arrives as data (``PROGRAM``, a flat constexpr tuple: per thread, two access slots of
+``(kind, loc, value, reg)``, kind -1 for an empty slot), so the kernel cannot disagree with ``labkit.kernels.litmus.catalogue``. Each
 program (CTA) runs 32-lane groups of instances:
 
 * ``cross_cta``: a program plays one thread role for ``LANES`` instances; which role and which
@@ -112,29 +112,33 @@ def run_thread(t: tl.constexpr, role, active, inst, x, y, out_ptr, delay_ptr, PR
                NREG: tl.constexpr, SEM: tl.constexpr, LD_ASM: tl.constexpr, ST_ASM: tl.constexpr,
                FENCE_ASM: tl.constexpr, DELAY: tl.constexpr, BLOCK: tl.constexpr):
     """Thread t's one or two accesses on the lanes that play it, then its registers recorded
-    (after both accesses: a record store between them would be one more access)."""
+    (after both accesses: a record store between them would be one more access).
+    PROGRAM is flat (Triton 3.4-3.6 cannot index a constexpr tuple of tuples): access s of thread
+    t is PROGRAM[(t * 2 + s) * 4 + field], fields (kind, loc, value, reg), kind -1 where thread t
+    has no access s."""
     mine = active & (role == t)
     first = tl.full([BLOCK], _UNWRITTEN, tl.int32)
     second = tl.full([BLOCK], _UNWRITTEN, tl.int32)
-    for s in tl.static_range(len(PROGRAM[t])):
-        if s == 1:
-            between(mine, delay_ptr, FENCE_ASM, DELAY)
-        if PROGRAM[t][s][1] == 0:
-            ptr = x
-        else:
-            ptr = y
-        if PROGRAM[t][s][0] == 0:
-            store_op(ptr, tl.full([BLOCK], PROGRAM[t][s][2], tl.int32), mine, SEM, ST_ASM)
-        elif s == 0:
-            first = load_op(ptr, mine, SEM, LD_ASM)
-        else:
-            second = load_op(ptr, mine, SEM, LD_ASM)
-    for s in tl.static_range(len(PROGRAM[t])):
-        if PROGRAM[t][s][0] == 1:
-            if s == 0:
-                tl.store(out_ptr + inst * NREG + PROGRAM[t][s][3], first, mask=mine)
+    for s in tl.static_range(2):
+        if PROGRAM[(t * 2 + s) * 4] >= 0:
+            if s == 1:
+                between(mine, delay_ptr, FENCE_ASM, DELAY)
+            if PROGRAM[(t * 2 + s) * 4 + 1] == 0:
+                ptr = x
             else:
-                tl.store(out_ptr + inst * NREG + PROGRAM[t][s][3], second, mask=mine)
+                ptr = y
+            if PROGRAM[(t * 2 + s) * 4] == 0:
+                store_op(ptr, tl.full([BLOCK], PROGRAM[(t * 2 + s) * 4 + 2], tl.int32), mine, SEM, ST_ASM)
+            elif s == 0:
+                first = load_op(ptr, mine, SEM, LD_ASM)
+            else:
+                second = load_op(ptr, mine, SEM, LD_ASM)
+    for s in tl.static_range(2):
+        if PROGRAM[(t * 2 + s) * 4] == 1:
+            if s == 0:
+                tl.store(out_ptr + inst * NREG + PROGRAM[(t * 2 + s) * 4 + 3], first, mask=mine)
+            else:
+                tl.store(out_ptr + inst * NREG + PROGRAM[(t * 2 + s) * 4 + 3], second, mask=mine)
 
 
 @triton.jit
@@ -149,7 +153,7 @@ def litmus_kernel(
     n_instances,              # N
     n_test_programs,          # programs that play test roles; the rest of the grid is stress
     expected,                 # programs (on every rank) the start barrier waits for
-    PROGRAM: tl.constexpr,    # the test: per thread, per access (kind 0 st / 1 ld, loc, value, reg)
+    PROGRAM: tl.constexpr,    # the test, flat: per thread 2 accesses x (kind 0 st / 1 ld / -1 none, loc, value, reg)
     NREG: tl.constexpr,       # registers per instance (columns of out)
     SAME_CTA: tl.constexpr,   # True: every role in one program, a warp group per role
     LANES: tl.constexpr,      # instances per program (a multiple of 32)
@@ -175,13 +179,13 @@ def litmus_kernel(
             role = lanes // LANES
             group = job
         else:
-            role = tl.zeros([BLOCK], tl.int32) + job % len(PROGRAM)
-            group = job // len(PROGRAM)
+            role = tl.zeros([BLOCK], tl.int32) + job % (len(PROGRAM) // 8)
+            group = job // (len(PROGRAM) // 8)
         inst = group * LANES + lanes % LANES
-        active = (inst < n_instances) & (role < len(PROGRAM))
+        active = (inst < n_instances) & (role < len(PROGRAM) // 8)
         x = location(loc_bases, loc_slots, loc_homes, inst, active, 0)
         y = location(loc_bases, loc_slots, loc_homes, inst, active, 1)
-        for t in tl.static_range(len(PROGRAM)):
+        for t in tl.static_range(len(PROGRAM) // 8):
             run_thread(t, role, active, inst, x, y, out_ptr, delay_ptr, PROGRAM, NREG, SEM, LD_ASM,
                        ST_ASM, FENCE_ASM, DELAY, BLOCK)
     elif STRESS_ITERS > 0:

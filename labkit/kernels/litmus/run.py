@@ -153,12 +153,23 @@ def _check_runnable(semantics: str) -> None:
                          "interpreter (TRITON_INTERPRET=1) cannot run; here use 'plain' or 'volatile'")
 
 
+#: access slots per thread in PROGRAM (every test of the catalogue has one or two accesses a thread)
+SLOTS = 2
+
+
 def program_of(test: LitmusTest) -> tuple:
-    """The test as the kernel's PROGRAM constexpr: per thread, per access (kind, loc, value, reg)."""
+    """The test as the kernel's PROGRAM constexpr, a flat tuple of ints (Triton 3.4-3.6 cannot
+    index nested constexpr tuples): per thread, SLOTS accesses of (kind 0 st / 1 ld, loc, value,
+    reg), an empty slot (-1, 0, 0, 0). len(PROGRAM) // (4 * SLOTS) is the thread count."""
     regs = test.registers
-    return tuple(tuple((0 if a.kind == "st" else 1, LOCATIONS.index(a.loc), a.value,
-                        regs.index(a.reg) if a.kind == "ld" else 0) for a in accesses)
-                 for accesses in test.threads)
+    flat = []
+    for accesses in test.threads:
+        if not 1 <= len(accesses) <= SLOTS:
+            raise ValueError(f"test {test.name}: a thread has {len(accesses)} accesses; the kernel runs 1 to {SLOTS}")
+        for a in accesses:
+            flat += [0 if a.kind == "st" else 1, LOCATIONS.index(a.loc), a.value, regs.index(a.reg) if a.kind == "ld" else 0]
+        flat += [-1, 0, 0, 0] * (SLOTS - len(accesses))
+    return tuple(flat)
 
 
 def _lanes(lanes, placement) -> int:
