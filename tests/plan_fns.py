@@ -379,3 +379,142 @@ def ops_under_graphs_on_gpu(ctx, n: int = 1 << 14) -> dict:
     _sync(ctx)
     ctx.barrier()
     return found
+
+
+def choices_agree(ctx) -> dict:
+    """For each case: the algorithm and launches of a held plan (``all_reduce_plan``), of the plan
+    ``all_reduce`` keeps on the buffer, of the call without a plan (``host_cost.eager_uncached``'s
+    checks and choices), of what ``Graphed`` would capture (``collectives.graph_target``), and the
+    chooser's own answer; whether the eager call summed right. Run on W=3 (a crossover that is not
+    "always one-shot") with the copy engines' threshold lowered for the in-place case."""
+    from labkit.kernels.comm import collectives as C
+    from labkit.kernels.comm import plan as P
+    from labkit.kernels.comm import symm
+
+    w = ctx.world_size
+    dtype = torch.float32
+    found = {}
+    small, large = 1024, (C.DEFAULT_CROSSOVER_ABOVE_2 // 4) + 4 * w  # fp32: just above 256 KiB
+    cases = [("small out", small, "out", {}, False), ("large out", large, "out", {}, False),
+             ("small new", small, "new", {}, False), ("small in place", small, "in_place", {}, False),
+             ("in place ce", small, "in_place", {}, True),
+             ("explicit launch", small, "out", {"algorithm": "two_shot", "blocks": 3,
+                                                "config": C.LaunchConfig(num_warps=4)}, False)]
+    saved = C.CE_FROM_BYTES
+    C.CE_FROM_BYTES = {**saved, w: 0}  # in place with a workspace: two_shot_ce at every size
+    try:
+        for label, n, where, kwargs, workspace in cases:
+            buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=workspace)
+            target = {"out": lambda: torch.empty(n, dtype=dtype, device=ctx.device), "new": lambda: None,
+                      "in_place": lambda: buf.tensor}[where]()
+            held = P.all_reduce_plan(buf, target, **kwargs)
+            x, xs = _inputs(ctx, n, dtype, 30 + len(found))
+            buf.tensor.copy_(x)
+            y = C.all_reduce(buf, target, **kwargs)
+            sums = _close(y.clone(), xs, dtype, w)
+            key = ("all_reduce", P.out_key(target), kwargs.get("algorithm", "auto"), kwargs.get("blocks"), "correct",
+                   kwargs.get("config"))
+            cached = buf._plans[key]
+            b, o, in_place = C.check_all_reduce(buf, target, kwargs.get("algorithm", "auto"))
+            alg, steps = C.choose_all_reduce(b, in_place, **kwargs)
+            uncached = P.CollectivePlan("all_reduce", b, steps, algorithm=alg, in_place=in_place,
+                                        out_shape=tuple(b.tensor.shape))
+            _, graphed = C.graph_target(C.all_reduce, buf, target, **kwargs)
+            nbytes = n * dtype.itemsize
+            chooser = kwargs.get("algorithm") or (C.choose_in_place(nbytes, w, workspace) if in_place
+                                                  else C.choose(nbytes, w))
+            found[label] = {"held": held.algorithm, "cached": cached.algorithm, "uncached": alg,
+                            "graphed": graphed.algorithm, "chooser": chooser, "sums": sums,
+                            "same launches": held.describe() == cached.describe() == uncached.describe()
+                            == graphed.describe(),
+                            "kernels": [d.get("kernel", "copies") for d in held.describe()]}
+        # reduce-scatter and all-gather: Graphed's plan is the cached one's
+        n = 64 * w
+        buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+        C.reduce_scatter(buf)
+        (rs,) = [p for k, p in buf._plans.items() if k[0] == "reduce_scatter"]
+        found["reduce_scatter same launches"] = C.graph_target(C.reduce_scatter, buf)[1].describe() == rs.describe()
+        C.all_gather(buf)
+        (ag,) = [p for k, p in buf._plans.items() if k[0] == "all_gather"]
+        found["all_gather same launches"] = C.graph_target(C.all_gather, buf)[1].describe() == ag.describe()
+        found["graph_target of a plan"] = C.graph_target(ag)[1] is ag
+        found["graph_target, bad argument"] = _error(lambda: C.graph_target(C.all_reduce, buf, bogus=1))
+        found["graph_target, other callable"] = C.graph_target(len, [1, 2])[0]() == 2
+    finally:
+        C.CE_FROM_BYTES = saved
+    _sync(ctx)
+    ctx.barrier()
+    return found
+
+
+def eager_series_in_the_world(ctx, n: int = 1024, stand_in: bool = True) -> list[dict]:
+    """``labkit.labs.collectives.bench.eager_series`` on the emulated world: every labkit path, in
+    place and out of place; torch's symm_mem ops need GPUs, so a stand-in "torch" op (labkit's
+    one-shot on a buffer of its own) exercises the paired ratios."""
+    from labkit.kernels.comm import collectives as C
+    from labkit.kernels.comm import symm
+    from labkit.labs.collectives import bench
+
+    dtype = torch.float32
+    w = ctx.world_size
+    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    out = torch.empty(n, dtype=dtype, device=ctx.device)
+    x, xs = _inputs(ctx, n, dtype, 40)
+    close = lambda y: _close(y, xs, dtype, w)  # noqa: E731
+    ops = {}
+    if stand_in:
+        other = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+        ops["torch_stand_in"] = ({"impl": "torch_stand_in", "in_place": False, "algorithm": "one_shot"},
+                                 lambda: C.all_reduce(other, algorithm="one_shot"),
+                                 lambda: (other.tensor.copy_(x), close(C.all_reduce(other, algorithm="one_shot")))[-1])
+    records = bench.eager_series(ctx, buf, out, x, close, ops, iters=1, reps=3, warmup=1, dtype_name="float32")
+    _sync(ctx)
+    ctx.barrier()
+    return records
+
+
+def graphed_on_gpu(ctx, n: int = (1 << 14) + 8) -> dict:
+    """GPU tier: ``Graphed`` captures the plan of its call (the algorithm and launches of the eager
+    call's own plan) and replays it right on new inputs; ``Graphed(plan)`` too."""
+    from labkit.kernels.comm import collectives as C
+    from labkit.kernels.comm import plan as P
+    from labkit.kernels.comm import symm
+
+    dtype = torch.bfloat16
+    w = ctx.world_size
+    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=True)
+    out = torch.empty(n, dtype=dtype, device=ctx.device)
+    found = {}
+
+    def fresh(seed):
+        x, xs = _inputs(ctx, n, dtype, seed)
+        buf.tensor.copy_(x)
+        return xs
+
+    cases = (("all_reduce out", (out,), {}), ("all_reduce in place", (buf.tensor,), {}),
+             ("all_reduce one_shot new", (), {"algorithm": "one_shot"}),
+             ("all_reduce two_shot out", (out,), {"algorithm": "two_shot"}))
+    for label, args, kwargs in cases:
+        fresh(50)
+        g = C.Graphed(C.all_reduce, buf, *args, **kwargs)
+        ok = []
+        for seed in (51, 52):
+            xs = fresh(seed)
+            ok.append(_close(g().clone(), xs, dtype, w))
+        fresh(53)
+        C.all_reduce(buf, *args, **kwargs)  # the eager call: its plan, kept on the buffer
+        key = ("all_reduce", P.out_key(args[0] if args else None), kwargs.get("algorithm", "auto"), None, "correct",
+               None)
+        found[label] = {"replays sum": all(ok), "algorithm": g.plan.algorithm,
+                        "same as the eager call's": g.plan.describe() == buf._plans[key].describe()}
+    held = P.all_reduce_plan(buf, out, algorithm="two_shot")
+    g = C.Graphed(held)
+    ok = []
+    for seed in (54, 55):
+        xs = fresh(seed)
+        ok.append(_close(g().clone(), xs, dtype, w))
+    found["held plan"] = {"replays sum": all(ok), "algorithm": g.plan.algorithm,
+                          "same as the eager call's": g.plan is held}
+    _sync(ctx)
+    ctx.barrier()
+    return found

@@ -477,3 +477,70 @@ def test_ptx_summary_of_some_kernels_only_and_a_bad_name_refused():
 
     with pytest.raises(ValueError, match="algorithms: 'bogus' is not one of"):
         ptx.summarize_all(algorithms=["bogus"])
+
+
+def _eager(world=2):
+    """Eager-series records as ``bench.eager_series`` writes them: torch's two ops, labkit's three
+    paths in place and out of place, at 4 KiB and 1 MiB."""
+    base = {"kind": "eager", "op": "all_reduce", "world_size": world, "dtype": "bfloat16", "correct": True,
+            "busbw_GBps": None}
+    out = []
+    for b, torch_us in ((4096, (9.0, 8.0)), (1 << 20, (16.0, 12.0))):
+        out += [dict(base, impl="torch_one_shot", path="torch_eager", in_place=False, bytes=b, us=torch_us[0],
+                     us_p25=torch_us[0] - 0.5, us_p75=torch_us[0] + 0.5),
+                dict(base, impl="torch_two_shot", path="torch_eager", in_place=True, bytes=b, us=torch_us[1],
+                     us_p25=torch_us[1] - 0.5, us_p75=torch_us[1] + 0.5)]
+        for path, us in (("eager_uncached", 40.0), ("plan_cached", 11.0), ("plan", 9.0)):
+            for in_place in (False, True):
+                out.append(dict(base, impl="labkit_all_reduce", path=path, in_place=in_place, bytes=b,
+                                us=us + in_place, us_p25=us - 1, us_p75=us + 2, target=1.2,
+                                ratio_to_torch_best=(us + in_place) / min(torch_us)))
+    return out
+
+
+def test_eager_plot_draws_every_path_beside_torch_and_the_target():
+    from labkit.labs.collectives import plots
+
+    for in_place in (False, True):
+        plt, fig, ax = _axes()
+        assert plots.plot_eager(_eager() + _sweep(), ax, "t", in_place=in_place) == 5
+        lines = {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+        assert "target: 1.2x torch's best eager op" in lines
+        assert list(lines["target: 1.2x torch's best eager op"].get_ydata()) == pytest.approx([1.2 * 8, 1.2 * 12])
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert [lb for lb in labels if lb.startswith("labkit")] == [
+            "labkit, no plan (every call checks, chooses, Triton launch)", "labkit all_reduce(...), its cached plan",
+            "labkit plan() (held by the caller)"]
+        assert ("in place" if in_place else "out of place") in ax.get_title()
+        plt.close(fig)
+
+
+def test_old_sweep_files_still_plot_and_say_they_lack_the_eager_series():
+    """A reference file recorded before the eager series (reference/h200x2/collectives.json, or
+    the minimal fields of one): every sweep plot as before, and the eager plot says what is missing.
+    The new records (kinds "eager", "host_cost") leave the sweep's plots, tables and crossover alone."""
+    from labkit.labs.collectives import bench, plots
+    from labkit.workbench import results
+
+    plt, fig, ax = _axes()
+    assert plots.plot_eager(_sweep(), ax, "old") == 0
+    assert "no eager-series records here" in _texts(ax)[0]
+    plt.close(fig)
+    refs = results.load_references("collectives")
+    old = refs["h200x2"].records if "h200x2" in refs else _sweep()
+    host = [{"kind": "host_cost", "impl": "labkit_all_reduce", "op": "all_reduce", "world_size": 2, "bytes": 4096,
+             "us": 3.0, "path": "plan()", "stage": "plan launch"}]
+    new = old + _eager() + host
+    assert plots.headline_markdown(new) == plots.headline_markdown(old)
+    assert plots.chosen_vs_best(new, 2) == plots.chosen_vs_best(old, 2)
+    assert bench.crossover_bytes(new, 2) == bench.crossover_bytes(old, 2)
+    assert plots._series(new, "all_reduce", "us") == plots._series(old, "all_reduce", "us")
+    for recs in (old, new):
+        plt, fig, ax = _axes()
+        plots.plot_latency(recs, ax, "t")
+        assert len(ax.get_lines()) == len(plots._series(old, "all_reduce", "us"))
+        plt.close(fig)
+    assert bench.eager_target_verdicts(old) == []
+    assert bench.eager_target_verdicts(new)[1] == (
+        "W=2, plan_cached, out of place: x0.92..x1.38 of torch's best eager op (paired medians) at 4 KiB..1 MiB; "
+        "within x1.2 at 1 of 2 sizes")

@@ -258,6 +258,13 @@ def test_the_plot_stacks_the_stages(host_records, tmp_path):
     fig, ax = plt.subplots()
     assert host_cost.plot_host_cost([], ax) == 0
     plt.close(fig)
+    # the stages that launch nothing (what the CPU tier's notebook draws): every path, no whole-call tick
+    host = host_cost.host_only(host_records)
+    assert {r["stage"] for r in host} <= set(host_cost.HOST_STAGES) and {r["path"] for r in host} == set(host_cost.PATHS)
+    fig, ax = plt.subplots()
+    assert host_cost.plot_host_cost(host, ax, "t") == 3
+    assert not [t for t in ax.texts if "(whole " in t.get_text()]
+    plt.close(fig)
 
 
 def test_measure_checks_its_out():
@@ -329,3 +336,110 @@ def test_a_plan_for_one_call_prepares_no_fast_path(monkeypatch):
     launch.armable = False
     launch(torch.zeros(8))
     assert not launch.fast and launch.fallback_reason == "a plan for one call (not cached)"
+
+
+# ---- the chooser, the plans, the eager call and Graphed agree (issue 18, item 4)
+
+@pytest.fixture(scope="module")
+def choices():
+    skip_without_a_world()
+    return run_ranks(plan_fns.choices_agree, 3, timeout=300).unwrap()
+
+
+def test_a_plan_and_the_eager_call_choose_alike(choices):
+    """Held plan, the eager call's kept plan, the call without a plan and what Graphed captures:
+    one algorithm (the chooser's), the same kernels with the same grid and arguments."""
+    for found in choices:
+        for label in ("small out", "large out", "small new", "small in place", "in place ce", "explicit launch"):
+            f = found[label]
+            assert f["sums"] is True, (label, f)
+            assert f["held"] == f["cached"] == f["uncached"] == f["graphed"] == f["chooser"], (label, f)
+            assert f["same launches"] is True, (label, f)
+        assert found["small out"]["held"] == "one_shot" and found["large out"]["held"] == "two_shot"
+        assert found["small in place"]["held"] == "two_shot" and found["in place ce"]["held"] == "two_shot_ce"
+        assert found["in place ce"]["kernels"] == ["barrier_kernel", "copies", "two_shot_ce_kernel"]
+        assert found["explicit launch"]["held"] == "two_shot"
+        for k in ("reduce_scatter same launches", "all_gather same launches", "graph_target of a plan",
+                  "graph_target, other callable"):
+            assert found[k] is True, (k, found[k])
+        assert found["graph_target, bad argument"].startswith("TypeError: got an unexpected keyword argument 'bogus'")
+
+
+def test_graphed_takes_no_arguments_with_a_plan():
+    from labkit.kernels.comm import collectives as C
+
+    p = object.__new__(P.CollectivePlan)
+    with pytest.raises(TypeError, match="a plan takes no arguments"):
+        C.graph_target(p, 1)
+
+
+# ---- the sweep's eager series (issue 18, item 4), on the emulated world
+
+@pytest.fixture(scope="module")
+def eager_records():
+    skip_without_a_world()
+    return run_ranks(plan_fns.eager_series_in_the_world, 2, timeout=300).unwrap()
+
+
+def test_the_eager_series_times_every_path_in_place_and_not(eager_records):
+    from labkit.labs.collectives import bench
+
+    for records in eager_records:
+        labkit = [r for r in records if r["impl"] == "labkit_all_reduce"]
+        assert {(r["path"], r["in_place"]) for r in labkit} == {(p, ip) for p in bench.EAGER_PATHS for ip in (False, True)}
+        for r in records:
+            assert set(bench.REQUIRED) <= set(r), r
+            assert r["kind"] == "eager" and r["correct"] is True and r["us"] > 0 and r["op"] == "all_reduce"
+            assert r["us_p25"] <= r["us"] <= r["us_p75"] and r["samples"] == 3 and r["inner"] == 1
+            assert r["method"] == ("cpu_clock" if tier.interpreted() else "cuda_events")
+            assert r["world_size"] == 2 and r["bytes"] == 1024 * 4 and r["dtype"] == "float32"
+        for r in labkit:
+            assert r["target"] == bench.EAGER_TARGET and r["baseline"] == "torch_stand_in"
+            assert r["ratio_p25"] <= r["ratio_to_torch_best"] <= r["ratio_p75"]
+            assert r["algorithm"] == ("two_shot" if r["in_place"] else "one_shot")
+        paths = {r["path"]: r["launch_path"] for r in labkit if not r["in_place"]}
+        assert paths["eager_uncached"] == "triton (no plan)"
+        if tier.interpreted():
+            assert paths["plan"].startswith("triton (Triton interpreter") and paths["plan_cached"] == paths["plan"]
+        (stand_in,) = [r for r in records if r["impl"] == "torch_stand_in"]
+        assert stand_in["path"] == "torch_eager" and "ratio_to_torch_best" not in stand_in
+
+
+def test_the_eager_verdict_reads_the_ratios(eager_records):
+    from labkit.labs.collectives import bench
+
+    lines = bench.eager_target_verdicts(eager_records[0])
+    assert len(lines) == 6, lines
+    assert lines[0].startswith("W=2, eager_uncached, out of place: x") and "of 1 sizes" in lines[0]
+    fake = [dict(r, ratio_to_torch_best=1.1) for r in eager_records[0]]
+    assert all(line.endswith("within x1.2 at 1 of 1 sizes") for line in bench.eager_target_verdicts(fake))
+    none = [dict(r, ratio_to_torch_best=None) for r in eager_records[0]]
+    assert "no torch eager op timed beside it" in bench.eager_target_verdicts(none)[0]
+    assert bench.eager_target_verdicts([]) == []
+
+
+def test_the_benchmark_records_the_breakdown_with_every_field():
+    """``labkit bench collectives``'s host-cost records (small cases here): every field of the
+    benchmark's records and of the breakdown's, every rank's, one breakdown per case."""
+    skip_without_a_world()
+    from labkit.labs.collectives import bench, host_cost
+
+    cases = ((256, "auto", "given"), (256, "auto", "in_place"))
+    records = bench.host_cost_records(2, cases, reps=10, launch_reps=1)
+    for r in records:
+        assert set(bench.REQUIRED) <= set(r) and set(host_cost.REQUIRED) <= set(r), r
+        assert r["kind"] == "host_cost" and r["impl"] == "labkit_all_reduce" and r["busbw_GBps"] is None
+    assert {r["rank"] for r in records} == {0, 1}
+    assert host_cost.cases(records) == [(512, "given"), (512, "in place")]
+    one = host_cost.select(records, 512, "in place")
+    assert {r["algorithm"] for r in one} == {"two_shot"} and len(one) == len(records) // 2
+    assert host_cost.verdict(one).startswith("all_reduce two_shot 512 B, W=2, rank 0")
+
+
+@pytest.mark.multigpu
+def test_graphed_captures_the_plan_of_its_call_on_gpus():
+    for found in run_ranks(plan_fns.graphed_on_gpu, 2, timeout=600).unwrap():
+        for label, f in found.items():
+            assert f["replays sum"] is True and f["same as the eager call's"] is True, (label, f)
+        assert found["all_reduce out"]["algorithm"] == "one_shot"  # 2 ranks: one-shot at every size
+        assert found["all_reduce in place"]["algorithm"] == "two_shot"

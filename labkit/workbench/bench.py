@@ -157,8 +157,12 @@ def time_fn(fn: Callable[[], object], *, device=None, warmup: int = 5, reps: int
 
 
 def compare(candidates: dict[str, Callable[[], object]], *, baseline: str, device=None,
-            warmup: int = 5, reps: int = 30, inner: int = 1, method: str = "auto") -> Comparison:
-    """Time every candidate in the same interleaved rounds; ratios are paired per round."""
+            warmup: int = 5, reps: int = 30, inner: int = 1, method: str = "auto",
+            line_up: Callable[[], object] | None = None) -> Comparison:
+    """Time every candidate in the same interleaved rounds; ratios are paired per round.
+
+    line_up: called before every sample (e.g. synchronize the device and wait at a barrier of all
+    ranks, so that each sample of a collective starts with the GPUs idle and the ranks together)."""
     if baseline not in candidates:
         raise ValueError(f"baseline: {baseline!r} is not one of the candidates {list(candidates)}")
     _check_counts(warmup, reps, inner)
@@ -175,6 +179,8 @@ def compare(candidates: dict[str, Callable[[], object]], *, baseline: str, devic
         for r in range(reps):
             # rotate the order each round so no candidate always runs first
             for name in names[r % len(names):] + names[:r % len(names)]:
+                if line_up is not None:
+                    line_up()
                 samplers[name].sample()
         timings = {name: s.finish() for name, s in samplers.items()}
     base = timings[baseline].samples_us

@@ -250,7 +250,11 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
     program b meets program b of every peer, so the grids must match.
 
     The checks and choices of a call are made once per buffer and set of arguments and kept on the
-    buffer as a plan (``labkit.kernels.comm.plan``; ``all_reduce_plan`` makes one to hold)."""
+    buffer as a plan (``labkit.kernels.comm.plan``; ``all_reduce_plan`` makes one to hold): the same
+    ``check_all_reduce`` and ``choose_all_reduce`` as a held plan's, so both run the same algorithm
+    and launch. A kept plan holds the algorithm "auto" resolved to when it was made: changing the
+    chooser's tables afterwards (``CE_FROM_BYTES``, the crossovers) reaches a buffer's new plans,
+    not the ones it keeps (``buf._plans.clear()`` drops those)."""
     if type(buf) is SymmBuffer and plan.CACHE_PLANS and (out is None or isinstance(out, torch.Tensor)):
         key = ("all_reduce", plan.out_key(out), algorithm, blocks, variant, config)
         return plan.call_cached(buf, key, lambda fast=True: make_all_reduce_plan(
@@ -438,29 +442,63 @@ def barrier(buf: SymmBuffer, blocks: int = 1, variant: str = "correct") -> None:
         barrier_kernel[(p,)](buf.pad_ptrs, buf.rank, WORLD=buf.world_size, MAX_BLOCKS=buf.max_blocks, SEM=sem)
 
 
+def graph_target(collective, *args, **kwargs) -> tuple:
+    """What ``Graphed`` captures for ``collective(*args, **kwargs)``: (a callable of no
+    arguments, the plan it launches or None). A plan is captured as it is; ``all_reduce``,
+    ``reduce_scatter`` and ``all_gather`` become the plan of the same arguments (``plan.all_reduce_plan``
+    etc.: the same checks, the same chooser, so the graph runs the algorithm and launch the eager
+    call would); any other callable is called with its arguments."""
+    if isinstance(collective, plan.CollectivePlan):
+        if args or kwargs:
+            raise TypeError("Graphed(plan): a plan takes no arguments (they were fixed when it was made)")
+        return collective, collective
+    makers = {all_reduce: make_all_reduce_plan,
+              reduce_scatter: functools.partial(make_shards_plan, "reduce_scatter"),
+              all_gather: functools.partial(make_shards_plan, "all_gather")}
+    if collective in makers:
+        made = _plan_from_call(makers[collective], collective, args, kwargs)
+        return made, made
+    return functools.partial(collective, *args, **kwargs), None
+
+
+def _plan_from_call(make, collective, args: tuple, kwargs: dict) -> plan.CollectivePlan:
+    """``make`` (``make_all_reduce_plan`` or ``make_shards_plan``) with the arguments of a call of
+    ``collective``, bound by its own signature (so a wrong argument fails as the call would)."""
+    import inspect
+
+    bound = inspect.signature(collective).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return make(**bound.arguments)
+
+
 class Graphed:
     """One call of a labkit collective captured in a CUDA graph, replayed on demand.
 
     A Python-level call pays for the argument checks, the device guard and Triton's launcher
     (tens of µs without a plan, a few with one: ``labkit.labs.collectives.host_cost``); a replay
-    pays one graph launch. The
-    captured call keeps its buffer, output and pointers: write new inputs into ``buf.tensor``
+    pays one graph launch. What is captured is a plan (``graph_target``): ``Graphed(all_reduce,
+    buf, out, ...)`` makes the plan of those arguments, the one the eager call would keep on its
+    buffer (same algorithm, same launch), and ``Graphed(p)`` captures a plan made by the caller.
+    The captured call keeps its buffer, output and pointers: write new inputs into ``buf.tensor``
     and call again. Legal because the kernels leave the signal pads as they found them (zero).
 
         ar = Graphed(all_reduce, buf, out, algorithm="one_shot")
         buf.tensor.copy_(x); y = ar()
+
+    ``plan``: the plan captured (None for another callable); ``out``: what the captured call returned.
     """
 
     def __init__(self, collective, *args, **kwargs):
         import torch
 
+        target, self.plan = graph_target(collective, *args, **kwargs)
         self.stream = torch.cuda.Stream()
         self.stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self.stream):
-            collective(*args, **kwargs)  # compile and warm up outside the capture
+            target()  # compile, arm the plan's fast launch and warm up, outside the capture
             self.graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(self.graph, stream=self.stream):
-                self.out = collective(*args, **kwargs)
+                self.out = target()
         torch.cuda.current_stream().wait_stream(self.stream)
 
     def __call__(self):

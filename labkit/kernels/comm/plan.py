@@ -254,6 +254,22 @@ class CollectivePlan:
             return "compiled launcher"
         return f"triton ({kernels[0].fallback_reason if kernels else 'no kernel'})"
 
+    def describe(self) -> list[dict]:
+        """The launches as data, one dict per step: a kernel's name, grid, arguments (a tensor as
+        its address, shape and dtype; the output as "OUT") and launch options; a copy step's
+        (destination, source) addresses and lengths. Two plans with equal descriptions launch the
+        same kernels with the same configuration: how tests check that ``all_reduce`` and
+        ``all_reduce_plan`` (and ``collectives.Graphed``) choose alike."""
+        out = []
+        for s in self.steps:
+            if isinstance(s, KernelLaunch):
+                out.append({"kernel": getattr(s.kernel, "fn", s.kernel).__name__, "grid": s.grid,
+                            "args": tuple(_describe_arg(a) for a in s.args),
+                            "options": {k: _describe_arg(v) for k, v in sorted(s.kwargs.items())}})
+            else:
+                out.append({"copies": tuple((d.data_ptr(), s_.data_ptr(), d.numel()) for d, s_ in s.pairs)})
+        return out
+
     def stale(self) -> str | None:
         """Why this plan can no longer launch (its buffer freed or changed), or None."""
         buf = self._buf()
@@ -292,6 +308,14 @@ class CollectivePlan:
             for step in self.steps:
                 step(out)
         return out
+
+
+def _describe_arg(a):
+    if a is OUT:
+        return "OUT"
+    if isinstance(a, torch.Tensor):
+        return ("tensor", a.data_ptr(), tuple(a.shape), str(a.dtype).replace("torch.", ""))
+    return a
 
 
 def out_key(out) -> tuple | None:

@@ -152,6 +152,148 @@ def _cases(ctx, n: int, dtype, x: torch.Tensor, ref: torch.Tensor, scale: torch.
     return cases
 
 
+#: Issue 18: the ways to call labkit's all-reduce eagerly that the sweep times beside torch's eager
+#: symm_mem ops (records of kind "eager", field ``path``).
+EAGER_PATHS = {
+    "eager_uncached": "no plan: checks, choices, guard and Triton's launch on every call (the call before plans)",
+    "plan_cached": "collectives.all_reduce(buf, out): the plan it keeps on the buffer",
+    "plan": "plan() of a plan held by the caller (plan.all_reduce_plan)",
+}
+#: The target: labkit's eager all-reduce at most this many times torch's best eager symm_mem op,
+#: at every size from ``EAGER_TARGET_BYTES[0]`` to ``[1]``, in place and out of place.
+EAGER_TARGET = 1.2
+EAGER_TARGET_BYTES = (4 << 10, 1 << 20)
+
+
+def _torch_eager_ops(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
+    """torch's eager symm_mem all-reduces for ``eager_series``: name -> (fields, call, check), on
+    a symmetric tensor of their own; {} where this torch lacks them."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    group = dist.group.WORLD.group_name
+    st = symm_mem.empty(n, dtype=dtype, device=ctx.device)
+    symm_mem.rendezvous(st, group)
+    ops = {}
+    one = getattr(torch.ops.symm_mem, "one_shot_all_reduce", None)
+    if one is not None:
+        ops["torch_one_shot"] = ({"impl": "torch_one_shot", "in_place": False, "algorithm": "one_shot"},
+                                 lambda: one(st, "sum", group), lambda: (st.copy_(x), close(one(st, "sum", group)))[-1])
+    two = getattr(torch.ops.symm_mem, "two_shot_all_reduce_", None)
+    if two is not None:  # in place
+        ops["torch_two_shot"] = ({"impl": "torch_two_shot", "in_place": True, "algorithm": "two_shot"},
+                                 lambda: two(st, "sum", group), lambda: (st.copy_(x), two(st, "sum", group), close(st))[-1])
+    return ops
+
+
+def eager_series(ctx, buf, out: torch.Tensor, x: torch.Tensor, close, torch_ops: dict | None = None, *,
+                 iters: int, reps: int, warmup: int = 3, dtype_name: str = "bfloat16") -> list[dict]:
+    """Records of kind "eager": labkit's all-reduce called eagerly on every path of ``EAGER_PATHS``,
+    out of place (into ``out``) and in place (``out=buf.tensor``), algorithm "auto", beside
+    ``torch_ops`` (``_torch_eager_ops``: name -> (fields, call, check)), all at one size.
+
+    Each candidate is checked once on this rank's input ``x`` (``close(y)``: y is the sum over
+    ranks; the outcome agreed by every rank), then all are timed in the same rounds, interleaved
+    (``labkit.workbench.bench.compare``: CUDA events around ``iters`` back-to-back calls per sample
+    on GPUs, the CPU clock on the emulated world), every sample starting with the device idle and
+    the ranks lined up at a barrier, ``reps`` samples each: the median µs per call and its
+    quartiles. Each labkit record has ``ratio_to_torch_best``: the median over rounds of its time
+    over that round's time of torch's fastest op at this size (``baseline``), with quartiles, and
+    ``target`` (``EAGER_TARGET``). Call on every rank with the same arguments."""
+    from labkit.kernels.comm import plan as P
+    from labkit.labs.collectives import host_cost
+    from labkit.workbench import bench as wb
+
+    w, dev = ctx.world_size, buf.tensor.device
+    nbytes = buf.tensor.numel() * buf.tensor.element_size()
+    cands = dict(torch_ops or {})
+    for in_place in (False, True):
+        target = buf.tensor if in_place else out
+        held = P.all_reduce_plan(buf, target)
+        suffix = "_in_place" if in_place else ""
+        key = ("all_reduce", P.out_key(target), "auto", None, "correct", None)  # all_reduce's own cache key
+        calls = {"eager_uncached": lambda t=target: host_cost.eager_uncached(buf, t),
+                 "plan_cached": lambda t=target: C.all_reduce(buf, t),
+                 "plan": held}
+        for path, call in calls.items():
+            fields = {"impl": "labkit_all_reduce", "path": path, "in_place": in_place, "algorithm": held.algorithm,
+                      "_plan": (lambda: "triton (no plan)") if path == "eager_uncached" else
+                      (lambda h=held: h.launch_path) if path == "plan" else
+                      (lambda k=key: buf._plans[k].launch_path if k in buf._plans else None)}
+            cands[f"labkit_{path}{suffix}"] = (fields, call,
+                                               lambda c=call: (buf.tensor.copy_(x), close(c()))[-1])
+    base = {"kind": "eager", "op": "all_reduce", "world_size": w, "bytes": nbytes, "dtype": dtype_name}
+    rows, timed = {}, {}
+    for name, (fields, call, check) in cands.items():
+        rec = {**base, "path": "torch_eager", **{k: v for k, v in fields.items() if not k.startswith("_")}}
+        try:
+            rec["correct"] = _everywhere(bool(check()), dev)
+            timed[name] = call
+        except Exception as e:  # noqa: BLE001 (recorded: the candidate is not timed)
+            rec.update(correct=False, us=None, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        rows[name] = rec
+
+    def line_up():
+        ctx.barrier()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    cmp = wb.compare(timed, baseline=next(iter(timed)), device=dev if dev.type == "cuda" else None, warmup=warmup,
+                     reps=reps, inner=iters, method="cuda_events" if dev.type == "cuda" else "cpu_clock",
+                     line_up=line_up) if timed else None
+    torch_timed = [nm for nm in timed if rows[nm]["impl"].startswith("torch_")]
+    best = min(torch_timed, key=lambda nm: cmp.timings[nm].median_us) if torch_timed else None
+    records = []
+    for name, rec in rows.items():
+        fields = cands[name][0]
+        if name in timed:
+            t = cmp.timings[name]
+            rec.update(t.as_dict())
+            rec["busbw_GBps"] = nbytes / t.median_us / 1e3 * BUS_FACTOR["all_reduce"](w)
+        else:
+            rec.setdefault("busbw_GBps", None)
+        if "_plan" in fields:
+            rec["launch_path"] = fields["_plan"]()
+            rec["target"] = EAGER_TARGET
+            rec["baseline"] = best
+            if best is not None and name in timed:
+                ratios = sorted(a / b for a, b in zip(cmp.timings[name].samples_us, cmp.timings[best].samples_us))
+                q = lambda p: ratios[round(p * (len(ratios) - 1))]  # noqa: E731
+                rec.update(ratio_to_torch_best=statistics.median(ratios), ratio_p25=q(0.25), ratio_p75=q(0.75))
+            else:
+                rec.update(ratio_to_torch_best=None, ratio_p25=None, ratio_p75=None)
+        records.append(rec)
+    return records
+
+
+def eager_target_verdicts(records: list[dict]) -> list[str]:
+    """One line per world size, out of place and in place, and labkit path: its paired ratio to
+    torch's best eager op at each size of ``EAGER_TARGET_BYTES``, and whether every one is within
+    ``EAGER_TARGET``. [] without eager records."""
+    from labkit.workbench.plot import format_bytes
+
+    lo, hi = EAGER_TARGET_BYTES
+    eager = [r for r in records if r.get("kind") == "eager" and r.get("impl") == "labkit_all_reduce"]
+    lines = []
+    for w in sorted({r["world_size"] for r in eager}):
+        for in_place in (False, True):
+            for path in EAGER_PATHS:
+                pts = sorted((r["bytes"], r.get("ratio_to_torch_best")) for r in eager
+                             if r["world_size"] == w and r["in_place"] == in_place and r["path"] == path
+                             and lo <= r["bytes"] <= hi)
+                if not pts:
+                    continue
+                where = "in place" if in_place else "out of place"
+                if any(v is None for _, v in pts):
+                    lines.append(f"W={w}, {path}, {where}: no torch eager op timed beside it at "
+                                 f"{sum(v is None for _, v in pts)} of {len(pts)} sizes: no ratio")
+                    continue
+                met = sum(v <= EAGER_TARGET for _, v in pts)
+                lines.append(f"W={w}, {path}, {where}: x{min(v for _, v in pts):.2f}..x{max(v for _, v in pts):.2f} "
+                             f"of torch's best eager op (paired medians) at {format_bytes(pts[0][0])}.."
+                             f"{format_bytes(pts[-1][0])}; within x{EAGER_TARGET} at {met} of {len(pts)} sizes")
+    return lines
+
+
 def _everywhere(ok: bool, device) -> bool:
     flag = torch.tensor([1 if ok else 0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
@@ -198,6 +340,10 @@ def sweep(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 7, graphs:
             for key, bw in (("us", "busbw_GBps"), ("graph_us", "graph_busbw_GBps")):
                 rec[bw] = rec["bytes"] / rec[key] / 1e3 * factor if rec.get(key) else None
             records.append(rec)
+        records += eager_series(ctx, symm.empty(n, dtype, device=ctx.device), torch.empty_like(x), x,
+                                lambda y: _close(y, ref, w, scale), _torch_eager_ops(ctx, n, dtype, x, lambda y: _close(
+                                    y, ref, w, scale)), iters=_iters(nbytes), reps=max(reps, 15), dtype_name=dtype_name)
+        _progress(ctx, {"phase": "eager", "bytes": n * dtype.itemsize})
         torch.cuda.synchronize()
         dist.barrier()
         _progress(ctx, {"bytes": n * dtype.itemsize, "records": len(records)})
@@ -222,7 +368,7 @@ def crossover_bytes(records: list[dict], world_size: int, key: str = "us") -> in
     as its two-shot, above which two-shot wins at every measured size (None: one-shot always)."""
     def at(impl):
         return {r["bytes"]: r.get(key) for r in records if r.get("impl") == impl and r.get("op") == "all_reduce"
-                and r.get("world_size") == world_size and r.get(key)}
+                and r.get("world_size") == world_size and r.get(key) and r.get("kind", "sweep") == "sweep"}
     one, two = at("labkit_one_shot"), at("labkit_two_shot")
     sizes = sorted(set(one) & set(two))
     for i in range(len(sizes)):
@@ -394,6 +540,21 @@ def _crash_record(w: int) -> dict:
             "statuses": [r.status for r in res.results], "outcome": res.summary()}
 
 
+def host_cost_records(w: int, cases=None, reps: int | None = None, launch_reps: int | None = None,
+                      timeout: float = 300) -> list[dict]:
+    """Records of kind "host_cost": the breakdowns of ``cases`` (default
+    ``labkit.labs.collectives.host_cost.BENCH_CASES``) on ``w`` ranks, every rank's records (one eager
+    call, stage by stage, per path), with the fields every record of this benchmark carries
+    (``REQUIRED``)."""
+    from labkit.labs.collectives import host_cost
+    from labkit.kernels.comm.ranks import run_ranks
+
+    per_rank = run_ranks(host_cost.measure_cases, w, cases or host_cost.BENCH_CASES, "bfloat16", reps, launch_reps,
+                         timeout=timeout).unwrap()
+    return [dict(r, kind="host_cost", impl="labkit_all_reduce", busbw_GBps=None, correct=None)
+            for rs in per_rank for r in rs]
+
+
 def _progress_main(line: dict) -> None:
     import types
 
@@ -410,8 +571,10 @@ def benchmark(profile: str) -> list[dict]:
 
     gates.requires(gpus=2, peer_access=True, compiled=True).check()
     w = torch.cuda.device_count()
-    records = [dict(r, kind="sweep") for r in run_ranks(sweep, w, timeout=900).unwrap()[0]]
+    records = [dict(r, kind=r.get("kind", "sweep")) for r in run_ranks(sweep, w, timeout=900).unwrap()[0]]
     _progress_main({"phase": "sweep done"})
+    records += host_cost_records(w)
+    _progress_main({"phase": "host cost done"})
     records += _broken_records(w)
     _progress_main({"phase": "broken variants done"})
     records.append(_crash_record(w))

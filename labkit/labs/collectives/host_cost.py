@@ -55,6 +55,9 @@ STAGES = {
     "plan launch": ("the plan's launch (compiled launcher where possible)", "tab:pink"),
     "kernel": ("the kernel on the GPU (graph replay)", "0.55"),
 }
+#: the stages that launch nothing: the same Python work whatever runs the kernels (under the
+#: interpreter, the launch stages run the kernel itself and dwarf them)
+HOST_STAGES = ("checks", "config", "cache lookup + checks", "plan checks", "guard", "alloc out")
 REQUIRED = ("path", "stage", "us", "reps", "op", "algorithm", "bytes", "world_size", "rank", "interpreted")
 
 
@@ -85,6 +88,20 @@ def _triton_launches(steps, out) -> None:
             s.kernel[s.grid](*args, **s.kwargs)
         else:
             s(out)
+
+
+def eager_uncached(buf, out: torch.Tensor | None = None, algorithm: str = "auto") -> torch.Tensor:
+    """``all_reduce(buf, out, algorithm=algorithm)`` as it was before plans: every call runs the
+    argument checks, the choices (algorithm, launch, grid), the device guard and Triton's own launch
+    path (``kernel[grid](...)``). The breakdown's "eager call" and the sweep's ``eager_uncached``
+    series; the same checks and choices as a plan's, so the same kernels with the same launch."""
+    b, o, ip = C.check_all_reduce(buf, out, algorithm)
+    _, st = C.choose_all_reduce(b, ip, algorithm)
+    x = b.tensor
+    with on_device_of(buf=x, out=o):
+        target = x if ip else (o if o is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device))
+        _triton_launches(st, target)
+    return target
 
 
 def _kernel_us(p: P.CollectivePlan, device: torch.device, iters: int = 20, rounds: int = 5) -> float:
@@ -170,14 +187,7 @@ def breakdown(buf, out: torch.Tensor | None = None, *, algorithm: str = "one_sho
 
     launch = timed(lambda: _triton_launches(steps, target), guarded=True)
     plan_launch = timed(lambda: [s(target) for s in held.steps], guarded=True)
-    def eager_call():  # the call as it was before plans: checks, choices, guard, Triton's launch
-        b, o, ip = C.check_all_reduce(buf, out, algorithm)
-        _, st = C.choose_all_reduce(b, ip, algorithm)
-        with on_device_of(buf=b.tensor, out=o):
-            _triton_launches(st, b.tensor if ip else (o if o is not None else torch.empty(shape, dtype=x.dtype,
-                                                                                            device=dev)))
-
-    eager_whole = timed(eager_call)
+    eager_whole = timed(lambda: eager_uncached(buf, out, algorithm))
     cached_whole = timed(lambda: C.all_reduce(buf, out, algorithm=algorithm))
     plan_whole = timed(held)
     kernel = None if interp or dev.type != "cuda" else _kernel_us(held, dev)
@@ -219,6 +229,37 @@ def measure(ctx, n: int = 2048, dtype_name: str = "bfloat16", algorithm: str = "
     target = {"given": lambda: torch.empty(n, dtype=dtype, device=ctx.device), "new": lambda: None,
               "in_place": lambda: buf.tensor}[out]()
     return breakdown(buf, target, algorithm=algorithm, reps=reps, launch_reps=launch_reps)
+
+
+#: the breakdowns ``labkit bench collectives`` records, (elements per rank, algorithm, out): 4 KiB and
+#: 1 MiB of bf16, into a given out and in place, the algorithm the chooser picks
+BENCH_CASES = ((2048, "auto", "given"), (2048, "auto", "in_place"), (1 << 19, "auto", "given"),
+               (1 << 19, "auto", "in_place"))
+
+
+def measure_cases(ctx, cases=BENCH_CASES, dtype_name: str = "bfloat16", reps: int | None = None,
+                  launch_reps: int | None = None) -> list[dict]:
+    """Rank function: ``measure`` for each of ``cases`` (elements, algorithm, out) in one world."""
+    records = []
+    for n, algorithm, out in cases:
+        records += measure(ctx, n, dtype_name, algorithm, out, reps, launch_reps)
+    return records
+
+
+def cases(records: list[dict]) -> list[tuple]:
+    """The (bytes, out) of each breakdown in ``records``, in order of size, then out."""
+    return sorted({(r["bytes"], r["out"]) for r in records if "stage" in r})
+
+
+def select(records: list[dict], nbytes: int, out: str) -> list[dict]:
+    """The records of one breakdown (``cases``), every rank's: what ``plot_host_cost`` draws."""
+    return [r for r in records if "stage" in r and r["bytes"] == nbytes and r["out"] == out]
+
+
+def host_only(records: list[dict]) -> list[dict]:
+    """The records of ``HOST_STAGES`` only (no launch, no kernel, no whole call): what the
+    breakdown under the interpreter can show of a call's host work."""
+    return [r for r in records if r["stage"] in HOST_STAGES]
 
 
 def totals(records: list[dict]) -> dict:
@@ -305,14 +346,15 @@ def plot_host_cost(records: list[dict], ax, title: str = "") -> int:
 
 
 def host_cost_figure(records: list[dict], stamp: dict | None = None, name: str = "host_cost", folder=None,
-                     title: str = "Host time of one call"):
-    """The stacked bars with the caption naming the machine and versions (``workbench.plot.caption``),
-    saved as ``name``.png in ``folder`` (default: the notebook's output folder) and shown once."""
+                     title: str = "Host time of one call", refs: dict | None = None):
+    """The stacked bars with the caption naming the machine and versions (``workbench.plot.caption``:
+    ``stamp`` the reader's run, ``refs`` {machine: ResultSet} a recorded one), saved as ``name``.png
+    in ``folder`` (default: the notebook's output folder) and shown once."""
     from labkit.workbench import plot
 
     fig, (ax,) = plot.new_figure(width=10.0, height=5.2)
     plot_host_cost(records, ax, title)
-    text = plot.caption(fig, yours=stamp, adjust=False)
+    text = plot.caption(fig, yours=stamp, refs=refs, adjust=False)
     # the bars, their labels and the legend under them, above the caption's band at the bottom
     fig.tight_layout(rect=(0, min(0.3, (0.1 + 0.14 * len(text.splitlines())) / fig.get_figheight()), 1, 1))
     plot.save(fig, name, folder)

@@ -119,6 +119,77 @@ def plot_latency(records: list[dict], ax, title: str, op: str = "all_reduce", ke
     ax.legend(fontsize=7)
 
 
+#: the eager series (records of kind "eager", ``bench.eager_series``): (impl, path) -> label, colour, style
+EAGER_STYLE = {("labkit_all_reduce", "eager_uncached"): ("labkit, no plan (every call checks, chooses, Triton launch)",
+                                                         "tab:red", ":"),
+               ("labkit_all_reduce", "plan_cached"): ("labkit all_reduce(...), its cached plan", "tab:blue", "-"),
+               ("labkit_all_reduce", "plan"): ("labkit plan() (held by the caller)", "tab:cyan", "--"),
+               ("torch_one_shot", "torch_eager"): ("torch one_shot_all_reduce (out of place)", "0.45", "--"),
+               ("torch_two_shot", "torch_eager"): ("torch two_shot_all_reduce_ (in place)", "black", "-")}
+
+
+def eager_records(records: list[dict]) -> list[dict]:
+    """The timed records of the sweep's eager series (kind "eager"); [] in files made before it."""
+    return [r for r in records if r.get("kind") == "eager" and r.get("us")]
+
+
+def plot_eager(records: list[dict], ax, title: str, in_place: bool = False) -> int:
+    """µs per call against message size: labkit's all-reduce called eagerly on each path (no plan,
+    the cached plan of ``all_reduce``, a held ``plan()``), out of place or in place, beside both of
+    torch's eager symm_mem ops; each point the median, its bar the quartiles (records of kind
+    "eager": every candidate timed in the same interleaved rounds). The target is drawn:
+    ``bench.EAGER_TARGET`` x torch's best eager op at each size, over ``bench.EAGER_TARGET_BYTES``
+    (shaded). Returns the number of series drawn; without eager records, says so on the axes."""
+    from labkit.labs.collectives.bench import EAGER_TARGET, EAGER_TARGET_BYTES
+
+    recs = eager_records(records)
+    worlds = sorted({r["world_size"] for r in recs})
+    if not recs:
+        ax.text(0.5, 0.5, "no eager-series records here\n(files recorded before issue 18's eager series lack them)",
+                ha="center", va="center", transform=ax.transAxes, fontsize=8)
+        ax.axis("off")
+        return 0
+    drawn = 0
+    for (impl, path), (label, color, ls) in EAGER_STYLE.items():
+        pts = sorted((r["bytes"], r["us"], r.get("us_p25", r["us"]), r.get("us_p75", r["us"])) for r in recs
+                     if r["impl"] == impl and r.get("path") == path
+                     and (impl != "labkit_all_reduce" or bool(r.get("in_place")) == in_place))
+        if not pts:
+            continue
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        ax.errorbar(xs, ys, yerr=[[y - p[2] for y, p in zip(ys, pts)], [p[3] - y for y, p in zip(ys, pts)]],
+                    marker="o", ms=3, ls=ls, color=color, capsize=2, lw=1.3, label=label)
+        drawn += 1
+    best = {}
+    for r in recs:
+        if r["impl"].startswith("torch_"):
+            best[r["bytes"]] = min(best.get(r["bytes"], float("inf")), r["us"])
+    lo, hi = EAGER_TARGET_BYTES
+    if best:
+        xs = sorted(best)
+        ax.plot(xs, [EAGER_TARGET * best[b] for b in xs], color="tab:green", lw=2, alpha=0.7,
+                label=f"target: {EAGER_TARGET}x torch's best eager op")
+        ax.axvspan(lo / 1.2, hi * 1.2, color="tab:green", alpha=0.07, lw=0)
+    else:
+        ax.text(0.99, 0.01, "no torch eager op in these records: no target drawn", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=7, color="0.35")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    bytes_axis(ax, "x")
+    ax.set_xlabel("message size per rank")
+    from matplotlib.ticker import FuncFormatter
+
+    for axis in (ax.yaxis,):  # plain numbers on the log axis (4, 10, 40 rather than 4x10^0 ...)
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "245" else ""))
+    ax.set_ylabel("µs per call, called from Python (median, quartiles)")
+    ax.set_title(f"{title}, W={'/'.join(map(str, worlds))}\nall_reduce, labkit {'in place' if in_place else 'out of place'}"
+                 f"; target shaded at {format_bytes(lo)}..{format_bytes(hi)}", fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+    return drawn
+
+
 def plot_busbw(records: list[dict], ax, title: str, op: str = "all_reduce", key: str = "busbw_GBps",
                crossover: int | None = None, ceiling: dict | None = None, no_ceiling: str | None = None) -> None:
     """Bus bandwidth against message size per implementation; ``ceiling`` (``link_ceiling``): the
