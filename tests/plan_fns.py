@@ -48,7 +48,7 @@ def plans_and_cache(ctx, n: int = 4096 + 24, dtype_name: str = "float32") -> dic
     out = torch.empty(n, dtype=dtype, device=ctx.device)
 
     # a plan with an out, called on new inputs each time
-    p = P.all_reduce_plan(buf, out, algorithm="one_shot")
+    p = C.all_reduce_plan(buf, out, algorithm="one_shot")
     found["repr"] = repr(p)
     found["launch_path"] = p.launch_path
     ok = []
@@ -62,29 +62,29 @@ def plans_and_cache(ctx, n: int = 4096 + 24, dtype_name: str = "float32") -> dic
 
     # out=None: a new tensor per call; two-shot in place
     x, xs = _inputs(ctx, n, dtype, 3)
-    q = P.all_reduce_plan(buf, algorithm="two_shot")
+    q = C.all_reduce_plan(buf, algorithm="two_shot")
     buf.tensor.copy_(x)
     y1 = q()
     buf.tensor.copy_(x)
     y2 = q()
     found["plan new outs"] = y1 is not y2 and y1.data_ptr() != y2.data_ptr() and _close(y1, xs, dtype, w) \
         and _close(y2, xs, dtype, w)
-    ip = P.all_reduce_plan(buf, buf.tensor)
+    ip = C.all_reduce_plan(buf, buf.tensor)
     buf.tensor.copy_(x)
     y = ip()
     found["plan in place"] = y is buf.tensor and ip.in_place and ip.algorithm == "two_shot" and _close(y.clone(), xs, dtype, w)
-    found["tree plan"] = P.all_reduce_plan(buf, algorithm="tree").algorithm == "tree"
+    found["tree plan"] = C.all_reduce_plan(buf, algorithm="tree").algorithm == "tree"
     buf.tensor.copy_(x)
-    found["tree plan sums"] = _close(P.all_reduce_plan(buf, algorithm="tree")(), xs, dtype, w)
+    found["tree plan sums"] = _close(C.all_reduce_plan(buf, algorithm="tree")(), xs, dtype, w)
 
     # reduce-scatter and all-gather plans
     s = n // w
     buf.tensor.copy_(x)
-    rs = P.reduce_scatter_plan(buf)()
+    rs = C.reduce_scatter_plan(buf)()
     found["reduce_scatter plan"] = _close(rs, [v[ctx.rank * s:(ctx.rank + 1) * s] for v in xs], dtype, w)
     g = symm.empty(s, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
     g.tensor.copy_(x[:s])
-    ag = P.all_gather_plan(g)()
+    ag = C.all_gather_plan(g)()
     found["all_gather plan"] = bool(torch.equal(ag.cpu(), torch.cat([v[:s] for v in xs])))
 
     # the eager calls keep plans on the buffer: one per (op, out, algorithm, blocks, variant, config)
@@ -147,7 +147,7 @@ def plans_and_cache(ctx, n: int = 4096 + 24, dtype_name: str = "float32") -> dic
     ctx.barrier()
     moved = torch.empty(n, dtype=dtype, device=ctx.device)
     p_out = torch.empty(n, dtype=dtype, device=ctx.device)
-    pp = P.all_reduce_plan(buf, p_out, algorithm="one_shot")
+    pp = C.all_reduce_plan(buf, p_out, algorithm="one_shot")
     p_out.set_(moved)  # same tensor object, other memory
     found["plan out moved"] = _error(pp)
     held = buf.tensor
@@ -164,7 +164,7 @@ def plans_and_cache(ctx, n: int = 4096 + 24, dtype_name: str = "float32") -> dic
     (cached,) = b3._plans.values()
     # a standalone plan keeps its buffer alive
     b4 = symm.empty(64, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
-    keeper = P.all_reduce_plan(b4, algorithm="one_shot")
+    keeper = C.all_reduce_plan(b4, algorithm="one_shot")
     del b3, b4
     gc.collect()
     found["cached plan after free"] = _error(cached)
@@ -256,7 +256,7 @@ def fast_path_on_gpu(ctx, n: int = (1 << 16) + 8) -> dict:
         buf.tensor.copy_(x)
         return xs
 
-    p = P.all_reduce_plan(buf, out, algorithm="one_shot")
+    p = C.all_reduce_plan(buf, out, algorithm="one_shot")
     ok = []
     for seed in range(3):
         xs = fresh(seed)
@@ -264,12 +264,12 @@ def fast_path_on_gpu(ctx, n: int = (1 << 16) + 8) -> dict:
     found["plan sums"] = all(ok)
     found["launch_path"] = p.launch_path
     for alg in ("two_shot", "tree"):
-        q = P.all_reduce_plan(buf, algorithm=alg)
+        q = C.all_reduce_plan(buf, algorithm=alg)
         fresh(10)
         q()
         xs = fresh(11)
         found[alg] = _close(q(), xs, dtype, w) and q.launch_path == "compiled launcher"
-    ip = P.all_reduce_plan(buf, buf.tensor)
+    ip = C.all_reduce_plan(buf, buf.tensor)
     fresh(12)
     ip()
     xs = fresh(13)
@@ -328,7 +328,7 @@ def fast_path_on_gpu(ctx, n: int = (1 << 16) + 8) -> dict:
     # switched off: Triton's normal path, the same sums
     P.FAST_LAUNCH = False
     try:
-        q = P.all_reduce_plan(buf, algorithm="one_shot")
+        q = C.all_reduce_plan(buf, algorithm="one_shot")
         fresh(20)
         q()
         xs = fresh(21)
@@ -407,7 +407,7 @@ def choices_agree(ctx) -> dict:
             buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=workspace)
             target = {"out": lambda: torch.empty(n, dtype=dtype, device=ctx.device), "new": lambda: None,
                       "in_place": lambda: buf.tensor}[where]()
-            held = P.all_reduce_plan(buf, target, **kwargs)
+            held = C.all_reduce_plan(buf, target, **kwargs)
             x, xs = _inputs(ctx, n, dtype, 30 + len(found))
             buf.tensor.copy_(x)
             y = C.all_reduce(buf, target, **kwargs)
@@ -507,7 +507,7 @@ def graphed_on_gpu(ctx, n: int = (1 << 14) + 8) -> dict:
                None)
         found[label] = {"replays sum": all(ok), "algorithm": g.plan.algorithm,
                         "same as the eager call's": g.plan.describe() == buf._plans[key].describe()}
-    held = P.all_reduce_plan(buf, out, algorithm="two_shot")
+    held = C.all_reduce_plan(buf, out, algorithm="two_shot")
     g = C.Graphed(held)
     ok = []
     for seed in (54, 55):

@@ -195,11 +195,11 @@ def test_the_installed_triton_launches_as_the_fast_path_assumes():
 
 
 def test_a_plan_refuses_a_buffer_it_does_not_know():
-    with pytest.raises(TypeError, match="a plain tensor is not in symmetric memory"):
-        P.all_reduce_plan(torch.zeros(8))
-    with pytest.raises(UsageError, match="op: 'bogus'"):
-        from labkit.kernels.comm import collectives as C
+    from labkit.kernels.comm import collectives as C
 
+    with pytest.raises(TypeError, match="a plain tensor is not in symmetric memory"):
+        C.all_reduce_plan(torch.zeros(8))
+    with pytest.raises(UsageError, match="op: 'bogus'"):
         C.make_shards_plan("bogus", None)
 
 

@@ -326,7 +326,7 @@ def choose_all_reduce(buf: SymmBuffer, in_place: bool, algorithm: str = "auto", 
 def make_all_reduce_plan(buf, out=None, algorithm: str = "auto", blocks: int | None = None,
                          variant: str = "correct", config: LaunchConfig | None = None,
                          keep: bool = True, fast: bool = True) -> plan.CollectivePlan:
-    """``check_all_reduce`` then ``choose_all_reduce``, as a plan (``plan.all_reduce_plan``).
+    """``check_all_reduce`` then ``choose_all_reduce``, as a plan (``all_reduce_plan``).
     keep=False: a plan for the buffer's own cache (holds the buffer weakly, and not ``out``);
     fast=False: a plan launched once, which prepares no compiled-launcher path."""
     buf, out, in_place = check_all_reduce(buf, out, algorithm)
@@ -383,22 +383,23 @@ def reduce_scatter(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: 
                    variant: str = "correct", config: LaunchConfig | None = None) -> torch.Tensor:
     """Rank r gets the sum over ranks of shard r of ``buf.tensor`` (W equal shards of dim 0).
     Checks and choices are kept on the buffer as a plan, as ``all_reduce``'s are."""
-    if type(buf) is SymmBuffer and plan.CACHE_PLANS and (out is None or isinstance(out, torch.Tensor)):
-        key = ("reduce_scatter", plan.out_key(out), blocks, variant, config)
-        return plan.call_cached(buf, key, lambda fast=True: make_shards_plan(
-            "reduce_scatter", buf, out, blocks, variant, config, keep=False, fast=fast), out)
-    return make_shards_plan("reduce_scatter", buf, out, blocks, variant, config, keep=False, fast=False).launch(out)
+    return _shards_call("reduce_scatter", buf, out, blocks, variant, config)
 
 
 def all_gather(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
                variant: str = "correct", config: LaunchConfig | None = None) -> torch.Tensor:
     """Every rank gets all ranks' ``buf.tensor`` concatenated along dim 0.
     Checks and choices are kept on the buffer as a plan, as ``all_reduce``'s are."""
+    return _shards_call("all_gather", buf, out, blocks, variant, config)
+
+
+def _shards_call(op: str, buf, out, blocks, variant, config) -> torch.Tensor:
+    """``op`` through the plan kept on the buffer (or a throw-away plan when plans are off)."""
     if type(buf) is SymmBuffer and plan.CACHE_PLANS and (out is None or isinstance(out, torch.Tensor)):
-        key = ("all_gather", plan.out_key(out), blocks, variant, config)
+        key = (op, plan.out_key(out), blocks, variant, config)
         return plan.call_cached(buf, key, lambda fast=True: make_shards_plan(
-            "all_gather", buf, out, blocks, variant, config, keep=False, fast=fast), out)
-    return make_shards_plan("all_gather", buf, out, blocks, variant, config, keep=False, fast=False).launch(out)
+            op, buf, out, blocks, variant, config, keep=False, fast=fast), out)
+    return make_shards_plan(op, buf, out, blocks, variant, config, keep=False, fast=False).launch(out)
 
 
 def check_shards(op: str, buf, out) -> tuple[SymmBuffer, torch.Tensor | None, tuple]:
@@ -418,8 +419,8 @@ def check_shards(op: str, buf, out) -> tuple[SymmBuffer, torch.Tensor | None, tu
 
 def make_shards_plan(op: str, buf, out=None, blocks: int | None = None, variant: str = "correct",
                      config: LaunchConfig | None = None, keep: bool = True, fast: bool = True) -> plan.CollectivePlan:
-    """``reduce_scatter``'s or ``all_gather``'s checks and choices, as a plan (``plan.reduce_scatter_plan``,
-    ``plan.all_gather_plan``); keep and fast as for ``make_all_reduce_plan``."""
+    """``reduce_scatter``'s or ``all_gather``'s checks and choices, as a plan (``reduce_scatter_plan``,
+    ``all_gather_plan``); keep and fast as for ``make_all_reduce_plan``."""
     if op not in ("reduce_scatter", "all_gather"):
         raise UsageError(f"op: {op!r} is not 'reduce_scatter' or 'all_gather'")
     buf, out, shape = check_shards(op, buf, out)
@@ -431,6 +432,27 @@ def make_shards_plan(op: str, buf, out=None, blocks: int | None = None, variant:
         steps = _shard_steps(scatter_gather.all_gather_kernel, buf, x.numel(), blocks, variant, config)
     return plan.CollectivePlan(op, buf, steps, algorithm="direct", in_place=False, out_shape=shape,
                                out=out if keep else None, keep_buffer=keep, fast=fast)
+
+def all_reduce_plan(buf, out: torch.Tensor | None = None, *, algorithm: str = "auto", blocks: int | None = None,
+                    variant: str = "correct", config: LaunchConfig | None = None) -> plan.CollectivePlan:
+    """A plan for ``all_reduce(buf, out, ...)`` (same arguments, same checks, made now);
+    ``plan()`` launches it. out=None: each call returns a new tensor; out=buf.tensor: in place.
+    Every rank makes the same plan and calls it the same number of times (the barriers pair
+    program b of every rank's launch). The plan keeps ``buf`` alive."""
+    return make_all_reduce_plan(buf, out, algorithm, blocks, variant, config)
+
+
+def reduce_scatter_plan(buf, out: torch.Tensor | None = None, *, blocks: int | None = None,
+                        variant: str = "correct", config: LaunchConfig | None = None) -> plan.CollectivePlan:
+    """A plan for ``reduce_scatter(buf, out, ...)``; as ``all_reduce_plan``."""
+    return make_shards_plan("reduce_scatter", buf, out, blocks, variant, config)
+
+
+def all_gather_plan(buf, out: torch.Tensor | None = None, *, blocks: int | None = None,
+                    variant: str = "correct", config: LaunchConfig | None = None) -> plan.CollectivePlan:
+    """A plan for ``all_gather(buf, out, ...)``; as ``all_reduce_plan``."""
+    return make_shards_plan("all_gather", buf, out, blocks, variant, config)
+
 
 
 def barrier(buf: SymmBuffer, blocks: int = 1, variant: str = "correct") -> None:
@@ -445,7 +467,7 @@ def barrier(buf: SymmBuffer, blocks: int = 1, variant: str = "correct") -> None:
 def graph_target(collective, *args, **kwargs) -> tuple:
     """What ``Graphed`` captures for ``collective(*args, **kwargs)``: (a callable of no
     arguments, the plan it launches or None). A plan is captured as it is; ``all_reduce``,
-    ``reduce_scatter`` and ``all_gather`` become the plan of the same arguments (``plan.all_reduce_plan``
+    ``reduce_scatter`` and ``all_gather`` become the plan of the same arguments (``all_reduce_plan``
     etc.: the same checks, the same chooser, so the graph runs the algorithm and launch the eager
     call would); any other callable is called with its arguments."""
     if isinstance(collective, plan.CollectivePlan):

@@ -343,29 +343,3 @@ def call_cached(buf, key: tuple, make, out):
         plans[key] = p
     return p.launch(out)
 
-
-def all_reduce_plan(buf, out: torch.Tensor | None = None, *, algorithm: str = "auto", blocks: int | None = None,
-                    variant: str = "correct", config=None) -> CollectivePlan:
-    """A plan for ``collectives.all_reduce(buf, out, ...)`` (same arguments, same checks, made
-    now); ``plan()`` launches it. out=None: each call returns a new tensor; out=buf.tensor: in
-    place. Every rank makes the same plan and calls it the same number of times (the barriers
-    pair program b of every rank's launch). The plan keeps ``buf`` alive."""
-    from labkit.kernels.comm import collectives  # collectives keeps its plans here: imported late
-
-    return collectives.make_all_reduce_plan(buf, out, algorithm, blocks, variant, config)
-
-
-def reduce_scatter_plan(buf, out: torch.Tensor | None = None, *, blocks: int | None = None,
-                        variant: str = "correct", config=None) -> CollectivePlan:
-    """A plan for ``collectives.reduce_scatter(buf, out, ...)``; as ``all_reduce_plan``."""
-    from labkit.kernels.comm import collectives
-
-    return collectives.make_shards_plan("reduce_scatter", buf, out, blocks, variant, config)
-
-
-def all_gather_plan(buf, out: torch.Tensor | None = None, *, blocks: int | None = None,
-                    variant: str = "correct", config=None) -> CollectivePlan:
-    """A plan for ``collectives.all_gather(buf, out, ...)``; as ``all_reduce_plan``."""
-    from labkit.kernels.comm import collectives
-
-    return collectives.make_shards_plan("all_gather", buf, out, blocks, variant, config)

@@ -20,57 +20,12 @@ import torch.distributed as dist
 
 from labkit.kernels.comm import collectives as C
 from labkit.kernels.comm import symm
+from labkit.labs.collectives.rank_timing import median_us as _time
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
 REQUIRED = ("impl", "op", "world_size", "bytes", "dtype", "us", "busbw_GBps", "correct")
 BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "reduce_scatter": lambda w: (w - 1) / w,
               "all_gather": lambda w: (w - 1) / w}
-
-
-def _time(fn, iters: int, reps: int, graph: bool) -> float:
-    """Median µs per call: ``reps`` rounds of ``iters`` back-to-back calls (or one graph replay
-    of them), ranks lined up by a barrier before every round."""
-    return statistics.median(_samples(fn, iters, reps, graph))
-
-
-def _samples(fn, iters: int, reps: int, graph: bool = False, active: bool = True) -> list[float]:
-    """µs per call of each of ``reps`` rounds (``_time``). A rank that is not ``active`` runs
-    nothing and only joins the barriers, so the active ranks time their calls together while it
-    stays idle (``labkit.labs.collectives.links``: one direction of the links busy); it returns []."""
-    if not active:
-        for _ in range(reps):
-            dist.barrier()
-        return []
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = None
-    if graph:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()  # warm-up on the capture stream
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s):
-                for _ in range(iters):
-                    fn()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(reps):
-        dist.barrier()
-        torch.cuda.synchronize()
-        start.record()
-        if g is not None:
-            g.replay()
-        else:
-            for _ in range(iters):
-                fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / iters)
-    return samples
 
 
 def _iters(nbytes: int) -> int:
@@ -157,7 +112,7 @@ def _cases(ctx, n: int, dtype, x: torch.Tensor, ref: torch.Tensor, scale: torch.
 EAGER_PATHS = {
     "eager_uncached": "no plan: checks, choices, guard and Triton's launch on every call (the call before plans)",
     "plan_cached": "collectives.all_reduce(buf, out): the plan it keeps on the buffer",
-    "plan": "plan() of a plan held by the caller (plan.all_reduce_plan)",
+    "plan": "plan() of a plan held by the caller (collectives.all_reduce_plan)",
 }
 #: The target: labkit's eager all-reduce at most this many times torch's best eager symm_mem op,
 #: at every size from ``EAGER_TARGET_BYTES[0]`` to ``[1]``, in place and out of place.
@@ -208,7 +163,7 @@ def eager_series(ctx, buf, out: torch.Tensor, x: torch.Tensor, close, torch_ops:
     cands = dict(torch_ops or {})
     for in_place in (False, True):
         target = buf.tensor if in_place else out
-        held = P.all_reduce_plan(buf, target)
+        held = C.all_reduce_plan(buf, target)
         suffix = "_in_place" if in_place else ""
         key = ("all_reduce", P.out_key(target), "auto", None, "correct", None)  # all_reduce's own cache key
         calls = {"eager_uncached": lambda t=target: host_cost.eager_uncached(buf, t),

@@ -14,7 +14,7 @@ many), for three ways to make the same call:
 * ``all_reduce, cached plan``: ``collectives.all_reduce`` as it is now: the cache key, the
   lookup and the per-call checks of the plan it keeps on the buffer, the guard of a known device
   (``workbench.guard.on_device``), the plan's launch;
-* ``plan()``: a plan held by the caller (``labkit.kernels.comm.plan.all_reduce_plan``): its
+* ``plan()``: a plan held by the caller (``labkit.kernels.comm.collectives.all_reduce_plan``): its
   per-call checks, the guard, its launch (Triton's compiled launcher where
   ``plan.fast_launch_status()`` allows, else Triton's normal path).
 
@@ -107,9 +107,9 @@ def eager_uncached(buf, out: torch.Tensor | None = None, algorithm: str = "auto"
 def _kernel_us(p: P.CollectivePlan, device: torch.device, iters: int = 20, rounds: int = 5) -> float:
     """GPU µs per call: ``iters`` calls of the plan captured in a CUDA graph, replayed ``rounds``
     times with every rank lined up; the median round."""
-    from labkit.labs.collectives.bench import _samples
+    from labkit.labs.collectives.rank_timing import samples_us
 
-    return statistics.median(_samples(p, iters, rounds, graph=True))
+    return statistics.median(samples_us(p, iters, rounds, graph=True))
 
 
 def breakdown(buf, out: torch.Tensor | None = None, *, algorithm: str = "one_shot", reps: int | None = None,
@@ -153,7 +153,7 @@ def breakdown(buf, out: torch.Tensor | None = None, *, algorithm: str = "one_sho
         alloc = _median_us(lambda: torch.empty(shape, dtype=x.dtype, device=dev), reps)
     target = x if in_place else (checked_out if checked_out is not None else torch.empty_like(x))
 
-    held = P.all_reduce_plan(buf, out, algorithm=algorithm)
+    held = C.all_reduce_plan(buf, out, algorithm=algorithm)
     for _ in range(warmup):  # compiles, arms the fast path, fills the buffer's plan cache
         _triton_launches(steps, target)
         C.all_reduce(buf, out, algorithm=algorithm)

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from labkit.workbench import tier
 from labkit.kernels.comm import symm
-from labkit.labs.collectives.bench import _samples
+from labkit.labs.collectives.rank_timing import samples_us
 from labkit.workbench.errors import UsageError
 from labkit.workbench.guard import on_device_of
 
@@ -138,7 +138,7 @@ def probe(ctx, sizes=SIZES, grid=None, reps: int = 7, iters: int = 5, progress: 
                     # what a buffer holds is otherwise irrelevant to the timing)
                     correct = bool(torch.equal(sink, peer) if mode.endswith("read") else torch.equal(peer, local))
                 dist.barrier()
-                samples = _samples(fn, iters, reps, active=active)
+                samples = samples_us(fn, iters, reps, active=active)
                 us = statistics.median(samples) if samples else None
                 dist.barrier()
                 ok = torch.tensor([1 if correct else 0], device=dev)
