@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+import textwrap
+
 import matplotlib.pyplot as plt
 from matplotlib.patches import FancyArrowPatch, Patch
 
@@ -128,7 +130,7 @@ def plot_test(test: str, ax=None):
             ax.annotate("", (x, 0.5), (x, 0.6), arrowprops={"arrowstyle": "->", "color": "0.5"})
     weak = ", ".join(f"{o}={v}" for o, v in zip(t.observed, t.weak))
     ax.text(0.5, 0.08, f"weak outcome: {weak}", ha="center", fontsize=9, color=WEAK)
-    ax.set_title(f"{t.name}: {t.question}", fontsize=8)
+    ax.set_title(textwrap.fill(f"{t.name}: {t.question}", 18 * n + 10), fontsize=8)
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     return ax
