@@ -16,8 +16,12 @@
 #   bench            every reference benchmark below
 #   bench:LAB        one reference benchmark, labkit bench LAB --profile gpu --reference, LAB one of
 #                    doctor workbench sc_kernel sc_launch device_guard sc_model streams
-#                    collectives collectives_tune links grouped_gemm grouped_gemm_tune fp8
+#                    collectives collectives_tune links grouped_gemm grouped_gemm_tune fp8 litmus
+#                    litmus_two_gpus broken_barriers
 #                                                                -> reference/<machine>/LAB.json
+#                    (litmus and litmus_two_gpus stop starting rows after LABKIT_LITMUS_BUDGET_S,
+#                    default 480 s, and record the rest as pending; run again with
+#                    LABKIT_LITMUS_RESUME=DIR/reference/<machine>/LAB.json to finish them)
 # --only NOTEBOOK: the part 'notebooks' runs only these notebooks (repeatable; labkit run --only).
 # -k EXPR:  the part 'tests' runs only the tests pytest -k EXPR selects.
 # --wheels: a folder of wheels made beforehand by scripts/prepare_wheels.sh on a machine with a
@@ -33,7 +37,7 @@
 set -uo pipefail
 # The benchmarks, in the order they run: the registry labkit.workbench.benchmarks.BENCHMARKS (a test
 # checks the two agree).
-labs=(doctor workbench sc_kernel sc_launch device_guard sc_model streams collectives collectives_tune links grouped_gemm grouped_gemm_tune fp8)
+labs=(doctor workbench sc_kernel sc_launch device_guard sc_model streams collectives collectives_tune links grouped_gemm grouped_gemm_tune fp8 litmus litmus_two_gpus broken_barriers)
 valid=(all doctor tests notebooks bench "${labs[@]/#/bench:}")
 usage_line="usage: gpu_tier.sh --out DIR [--part PART]... [--only NOTEBOOK]... [-k EXPR] [--wheels DIR] [--python PY] [--dry-run] | --list-parts"
 out="" wheels="" py=${PYTHON:-python3} kexpr="" dry=0

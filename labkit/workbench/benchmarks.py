@@ -26,6 +26,9 @@ BENCHMARKS = {
     "grouped_gemm": ("labkit.labs.grouped_gemm.bench", "benchmark", "REQUIRED"),
     "grouped_gemm_tune": ("labkit.labs.grouped_gemm.bench", "tune_benchmark", "REQUIRED"),
     "fp8": ("labkit.labs.fp8_dispatch.bench", "benchmark", "REQUIRED"),
+    "litmus": ("labkit.labs.memory_model.sweep", "benchmark", "REQUIRED"),
+    "litmus_two_gpus": ("labkit.labs.memory_model.sweep", "benchmark_two_gpus", "REQUIRED"),
+    "broken_barriers": ("labkit.labs.memory_model.broken_barriers", "benchmark", "REQUIRED"),
 }
 
 

@@ -99,6 +99,16 @@ LABS: tuple[Lab, ...] = (
         (Part("the story's matrix on two GPUs, each cell in a child process", {"gpus": 2, "compiled": True}),
          Part("CUDA_LAUNCH_BLOCKING: where the error is reported", {"gpus": 2, "compiled": True}),
          Part("FP8 vs bf16 GEMM speed at the MLP shapes", {"gpus": 1, "capability": (8, 9), "compiled": True}))),
+    Lab("06_memory_model", "The GPU memory model, seen",
+        "litmus tests of the PTX memory model (scopes, relaxed/acquire/release, fences) within one GPU "
+        "and across two; lab 02's broken barriers (relaxed, no end barrier, gpu scope) made to break",
+        "nccl-mode-triton-collectives-talk.txt", "1 for the litmus tests in one GPU, 2 with peer access across GPUs",
+        "the model's allowed/forbidden table for every test and variant, plain/volatile litmus runs under the "
+        "interpreter (SC outcomes only), the PTX each semantics compiles to, the broken barriers in the emulated world",
+        "draft", 17, ("litmus", "litmus_two_gpus", "broken_barriers"),
+        (Part("litmus tests within one GPU (every semantics and scope)", {"gpus": 1, "compiled": True}),
+         Part("litmus tests across two GPUs over symmetric memory", {"gpus": 2, "peer_access": True, "compiled": True}),
+         Part("broken barriers under a delay on two GPUs", {"gpus": 2, "peer_access": True, "compiled": True}))),
 )
 
 

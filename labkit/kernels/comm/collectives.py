@@ -20,7 +20,7 @@ import triton
 
 from labkit.workbench import tier
 from labkit.kernels.comm import one_shot, plan, scatter_gather, tree, two_shot
-from labkit.kernels.comm.signals import barrier_kernel, SEM_ACQ_REL, SEM_RELAXED
+from labkit.kernels.comm.signals import barrier_kernel, SEM_ACQ_REL, SEM_GPU_SCOPE, SEM_RELAXED
 from labkit.kernels.comm.symm import check_buffer, SymmBuffer, WORKSPACE_UNIT
 from labkit.workbench.errors import UsageError
 from labkit.workbench.guard import on_device_of
@@ -35,6 +35,7 @@ VARIANTS = {
     "relaxed": "barrier atomics relaxed instead of release/acquire: time is synchronised, memory is not",
     "no_end_barrier": "no barrier at the end: a fast rank's next input overwrites a buffer a peer still reads",
     "unguarded_leaf": "tree only: a leaf reads its missing child through pointer-table entry -1",
+    "gpu_scope": "barrier atomics release/acquire at gpu scope instead of sys: ordering promised within one GPU only",
 }
 #: Until a crossover is measured for a world size (``labkit bench collectives`` records it in
 #: reference/<machine>/collectives.json): with 2 ranks one-shot and two-shot read the same N
@@ -143,7 +144,8 @@ def _sem_end(variant: str, algorithm: str) -> tuple[int, bool, bool]:
         raise UsageError(f"variant: {variant!r} is not one of {list(VARIANTS)}")
     if variant == "unguarded_leaf" and algorithm != "tree":
         raise UsageError("variant 'unguarded_leaf' exists only for algorithm='tree'")
-    return (SEM_RELAXED if variant == "relaxed" else SEM_ACQ_REL, variant != "no_end_barrier",
+    sem = {"relaxed": SEM_RELAXED, "gpu_scope": SEM_GPU_SCOPE}.get(variant, SEM_ACQ_REL)
+    return (sem, variant != "no_end_barrier",
             variant != "unguarded_leaf")
 
 

@@ -14,7 +14,7 @@ Barrier semantics:
 import triton
 import triton.language as tl
 
-from labkit.kernels.comm.signals import block_barrier
+from labkit.kernels.comm.signals import block_barrier, slow_down
 
 
 @triton.jit
@@ -48,13 +48,16 @@ def one_shot_all_reduce_kernel(
     WORLD: tl.constexpr,        # number of ranks (2..8)
     MAX_BLOCKS: tl.constexpr,   # rows of the signal pad (programs allowed)
     BLOCK: tl.constexpr,        # elements per program per step
-    SEM: tl.constexpr,          # 0 acquire/release; 1 relaxed (broken)
+    SEM: tl.constexpr,          # 0 acquire/release; 1 relaxed (broken); 2 gpu scope (broken)
     END_BARRIER: tl.constexpr,  # False: the broken variant without the end barrier
+    DELAY: tl.constexpr = 0,    # lab 06's stress: volatile loads on SLOW_RANK before the reads (0: none)
+    SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     ELEM = out_ptr.dtype.element_ty
     block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+    slow_down(pad_ptrs, rank, DELAY, SLOW_RANK)
     for start in range(pid * BLOCK, n, nprog * BLOCK):
         offs = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
         if start + BLOCK <= n:  # full block: unmasked, vectorisable

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from labkit.kernels.comm.one_shot import peer_ptr, sum_peers
-from labkit.kernels.comm.signals import block_barrier
+from labkit.kernels.comm.signals import block_barrier, slow_down
 
 
 @triton.jit
@@ -26,11 +26,14 @@ def reduce_scatter_kernel(
     BLOCK: tl.constexpr,
     SEM: tl.constexpr,
     END_BARRIER: tl.constexpr,
+    DELAY: tl.constexpr = 0,    # lab 06's stress: volatile loads on SLOW_RANK before the peer reads (0: none)
+    SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     ELEM = out_ptr.dtype.element_ty
     block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+    slow_down(pad_ptrs, rank, DELAY, SLOW_RANK)
     lo = rank * shard
     for start in range(pid * BLOCK, shard, nprog * BLOCK):
         offs = start + tl.arange(0, BLOCK)
@@ -57,11 +60,14 @@ def all_gather_kernel(
     BLOCK: tl.constexpr,
     SEM: tl.constexpr,
     END_BARRIER: tl.constexpr,
+    DELAY: tl.constexpr = 0,    # lab 06's stress: volatile loads on SLOW_RANK before the peer reads (0: none)
+    SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     ELEM = out_ptr.dtype.element_ty
     block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+    slow_down(pad_ptrs, rank, DELAY, SLOW_RANK)
     for k in tl.static_range(WORLD):
         # rank r starts with its own shard, then r+1, ...: at any moment every GPU is read by
         # one peer. In the order 0, 1, ... all W ranks would read GPU 0 first, GPU 1 next: one

@@ -16,7 +16,13 @@ after the wait extends the ordering from the one thread that does the atomic to 
 program (the release is cumulative over what the CTA barrier made it observe).
 
 ``SEM`` is constexpr: 0 is the correct acquire/release pair; 1 is the deliberately broken
-variant with ``relaxed`` atomics, which still synchronises *time* but no longer orders memory.
+variant with ``relaxed`` atomics, which still synchronises *time* but no longer orders memory;
+2 is acquire/release at ``gpu`` scope, another broken variant: the ordering is promised only to
+threads of the same GPU, too narrow a scope for a peer on another GPU (lab 06's scope lesson;
+in the emulated world every scope behaves alike).
+
+``slow_down`` is lab 06's stress: a delay on one rank between a barrier and the reads it guards,
+a constexpr that compiles to nothing when 0.
 """
 import os
 
@@ -27,6 +33,7 @@ from labkit.workbench import tier
 
 SEM_ACQ_REL = 0
 SEM_RELAXED = 1
+SEM_GPU_SCOPE = 2
 #: Signal all peers at once with one vector compare-and-swap (one lane per peer) on GPUs. The
 #: Triton interpreter's vector atomic_cas on int32 writes wrong addresses (measured: lanes 1..7
 #: land at the wrong offsets), so the interpreter takes the scalar loop, one peer at a time;
@@ -47,6 +54,9 @@ def send(addr, SEM: tl.constexpr):
     if SEM == 0:
         while tl.atomic_cas(addr, 0, 1, sem="release", scope="sys") != 0:
             pass
+    elif SEM == 2:
+        while tl.atomic_cas(addr, 0, 1, sem="release", scope="gpu") != 0:
+            pass
     else:
         while tl.atomic_cas(addr, 0, 1, sem="relaxed", scope="sys") != 0:
             pass
@@ -56,6 +66,9 @@ def send(addr, SEM: tl.constexpr):
 def wait(addr, SEM: tl.constexpr):
     if SEM == 0:
         while tl.atomic_cas(addr, 1, 0, sem="acquire", scope="sys") != 1:
+            pass
+    elif SEM == 2:
+        while tl.atomic_cas(addr, 1, 0, sem="acquire", scope="gpu") != 1:
             pass
     else:
         while tl.atomic_cas(addr, 1, 0, sem="relaxed", scope="sys") != 1:
@@ -93,6 +106,8 @@ def block_barrier(pad_ptrs, rank, block, WORLD: tl.constexpr, MAX_BLOCKS: tl.con
     while tl.sum((done == 0).to(tl.int32), axis=0) > 0:
         if SEM == 0:
             old = tl.atomic_cas(send_at, tl.where(done, never, zero), one, sem="release", scope="sys")
+        elif SEM == 2:
+            old = tl.atomic_cas(send_at, tl.where(done, never, zero), one, sem="release", scope="gpu")
         else:
             old = tl.atomic_cas(send_at, tl.where(done, never, zero), one, sem="relaxed", scope="sys")
         done = done | (old == 0)
@@ -102,10 +117,23 @@ def block_barrier(pad_ptrs, rank, block, WORLD: tl.constexpr, MAX_BLOCKS: tl.con
     while tl.sum((done == 0).to(tl.int32), axis=0) > 0:
         if SEM == 0:
             old = tl.atomic_cas(wait_at, tl.where(done, never, one), zero, sem="acquire", scope="sys")
+        elif SEM == 2:
+            old = tl.atomic_cas(wait_at, tl.where(done, never, one), zero, sem="acquire", scope="gpu")
         else:
             old = tl.atomic_cas(wait_at, tl.where(done, never, one), zero, sem="relaxed", scope="sys")
         done = done | (old == 1)
     tl.debug_barrier()
+
+
+@triton.jit
+def slow_down(pad_ptrs, rank, DELAY: tl.constexpr, SLOW_RANK: tl.constexpr):
+    """On rank SLOW_RANK only, DELAY volatile loads of this rank's entry of the pad table (each
+    a round trip to memory the compiler must keep): a reader made slow on purpose, placed by the
+    kernels between a barrier and the peer reads it guards. DELAY=0 compiles to nothing."""
+    if DELAY > 0:
+        if rank == SLOW_RANK:
+            for _ in range(DELAY):
+                tl.load(pad_ptrs + rank, volatile=True)
 
 
 @triton.jit

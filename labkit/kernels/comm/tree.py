@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from labkit.kernels.comm.one_shot import peer_ptr
-from labkit.kernels.comm.signals import block_barrier, pad_slot, send, wait
+from labkit.kernels.comm.signals import block_barrier, pad_slot, send, slow_down, wait
 
 
 def tree_links(rank: int, world: int) -> tuple[int, int, int, int, int, int]:
@@ -64,6 +64,8 @@ def tree_all_reduce_kernel(
     SEM: tl.constexpr,
     END_BARRIER: tl.constexpr,
     GUARD_LEAF: tl.constexpr,   # False: the broken variant (module docstring)
+    DELAY: tl.constexpr = 0,    # lab 06's stress: volatile loads on SLOW_RANK before it copies from its parent (0: none)
+    SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -96,6 +98,7 @@ def tree_all_reduce_kernel(
         send(pad_slot(pad_ptrs, parent, 1, pid, rank, WORLD, MAX_BLOCKS), SEM)
         # down: the result from my parent's buffer
         wait(pad_slot(pad_ptrs, rank, 2, pid, parent, WORLD, MAX_BLOCKS), SEM)
+        slow_down(pad_ptrs, rank, DELAY, SLOW_RANK)
         tl.debug_barrier()
         src = peer_ptr(data_ptrs, parent, ELEM)
         for start in range(lo + tpid * BLOCK, hi, tprog * BLOCK):

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from labkit.kernels.comm.one_shot import peer_ptr, sum_peers
-from labkit.kernels.comm.signals import block_barrier
+from labkit.kernels.comm.signals import block_barrier, slow_down
 
 
 @triton.jit
@@ -36,6 +36,8 @@ def two_shot_all_reduce_kernel(
     BLOCK: tl.constexpr,
     SEM: tl.constexpr,
     END_BARRIER: tl.constexpr,
+    DELAY: tl.constexpr = 0,    # lab 06's stress: volatile loads on SLOW_RANK before the peer reads (0: none)
+    SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -58,6 +60,7 @@ def two_shot_all_reduce_kernel(
             acc = sum_peers(data_ptrs, offs, mask, WORLD, ELEM, BLOCK, True)
             tl.store(mine + offs, acc.to(ELEM), mask=mask)
     block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+    slow_down(pad_ptrs, rank, DELAY, SLOW_RANK)  # before the reads the end barrier protects
     for k in tl.static_range(WORLD):  # shot two: gather every reduced shard
         s = (rank + k) % WORLD  # each rank starts at a different peer (see all_gather_kernel)
         src = peer_ptr(data_ptrs, s, ELEM)
@@ -100,6 +103,8 @@ def two_shot_all_reduce_in_place_kernel(
     BLOCK: tl.constexpr,
     SEM: tl.constexpr,
     END_BARRIER: tl.constexpr,
+    DELAY: tl.constexpr = 0,    # lab 06's stress: volatile loads on SLOW_RANK before the peer reads (0: none)
+    SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
 ):
     """Two-shot in place, the result pushed: rank r sums shard r over all buffers (loads over
     NVLink) and stores the sum into shard r of EVERY rank's buffer (stores over NVLink), so no
@@ -122,6 +127,7 @@ def two_shot_all_reduce_in_place_kernel(
     ELEM = x_ptr.dtype.element_ty
     shard = shard_blocks * BLOCK
     block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+    slow_down(pad_ptrs, rank, DELAY, SLOW_RANK)
     lo = rank * shard
     hi = tl.minimum(lo + shard, n)
     for start in range(lo + pid * BLOCK, hi, nprog * BLOCK):
@@ -152,6 +158,8 @@ def two_shot_ce_kernel(
     SEM: tl.constexpr,
     END_BARRIER: tl.constexpr,
     UNIT: tl.constexpr,         # symm.WORKSPACE_UNIT: shards start at multiples of it (16-byte aligned)
+    DELAY: tl.constexpr = 0,    # lab 06's stress: volatile loads on SLOW_RANK before the reads (0: none)
+    SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
 ):
     """The second half of ``two_shot_ce`` (``collectives._two_shot_ce`` does the first: the
     copy engines have put shard r of every peer's input into slot s of this rank's workspace).
@@ -172,6 +180,7 @@ def two_shot_ce_kernel(
     received = tl.multiple_of(received_ptr, 16)
     shard = shard_units * UNIT
     block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+    slow_down(pad_ptrs, rank, DELAY, SLOW_RANK)
     lo = rank * shard
     hi = tl.minimum(lo + shard, n)
     for start in range(lo + pid * BLOCK, hi, nprog * BLOCK):

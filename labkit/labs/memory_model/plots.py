@@ -1,0 +1,211 @@
+"""Lab 06's figures, drawn from records (``sweep`` and ``broken_barriers``), live or recorded.
+
+* ``plot_histogram``: one row's outcome counts, the weak outcome highlighted, outcomes the model
+  forbids hatched, the weak rate with its 95 % bound or "not observed in N" in the title;
+* ``plot_verdicts``: "model says / observed" for a grid of rows, as a table figure;
+* ``plot_test``: a litmus test drawn as threads and their accesses;
+* ``plot_barrier_hb``: the happens-before diagram of the correct barrier (lab 02's one-shot);
+* ``plot_broken``: wrong results of the broken barriers against the delay.
+"""
+from __future__ import annotations
+
+import textwrap
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import FancyArrowPatch, Patch
+
+from labkit.kernels.litmus import model
+from labkit.kernels.litmus.catalogue import get_test
+
+WEAK = "#d62728"
+FORBIDDEN = "#7f7f7f"
+PLAIN = "#1f77b4"
+
+
+def label(r: dict) -> str:
+    scope = f".{r['scope']}" if r.get("scope") else ""
+    return f"{r['test']} {r['semantics']}{scope} {r['placement']} · stress {r.get('stress_name', '?')}"
+
+
+def rate_text(r: dict) -> str:
+    """The weak outcome's count as words: k of N with a 95 % interval, or not observed in N."""
+    if r.get("skipped"):
+        return f"not run: {r['skipped']}"
+    n, k = r.get("classified", r["runs"]), r["weak_outcomes"]
+    if n == 0:
+        return "no instance classified"
+    if k == 0:
+        return f"weak not observed in {n:,} (rate < {r['upper']:.2g}, 95%)"
+    return f"weak {k:,} of {n:,} = {r['rate']:.3g} (95% [{r['lower']:.2g}, {r['upper']:.2g}])"
+
+
+def plot_histogram(r: dict, ax=None, title: str | None = None):
+    """Bars of every outcome the row saw and every outcome the model allows (0 where unseen), on
+    a log count axis; the weak outcome red, model-forbidden outcomes hatched."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 3.2))
+    t = get_test(r["test"])
+    weak = ",".join(map(str, t.weak))
+    allowed = set(r.get("model_outcomes") or [])
+    keys = sorted(set(r.get("counts") or {}) | allowed | {weak}, key=lambda k: tuple(int(v) for v in k.split(",")))
+    counts = [(r.get("counts") or {}).get(k, 0) for k in keys]
+    colors = [WEAK if k == weak else PLAIN for k in keys]
+    bars = ax.bar(range(len(keys)), [max(c, 0) for c in counts], color=colors)
+    for b, k, c in zip(bars, keys, counts):
+        if k not in allowed:
+            b.set_hatch("//")
+            b.set_edgecolor(FORBIDDEN)
+        if c == 0:
+            ax.text(b.get_x() + b.get_width() / 2, 1, "0", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([f"({k})" for k in keys], rotation=45, ha="right", fontsize=7)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylabel("instances (count, log)")
+    ax.set_xlabel("outcome (" + ", ".join(t.observed) + ")")
+    ax.set_title((title + "\n" if title else "") + label(r) + "\n" + rate_text(r), fontsize=8)
+    ax.legend(handles=[Patch(color=WEAK, label="weak outcome"),
+                       Patch(facecolor="white", edgecolor=FORBIDDEN, hatch="//", label="forbidden by the model")],
+              fontsize=6, loc="best")
+    return ax
+
+
+def verdict_rows(records) -> list[dict]:
+    """One row per test x semantics x scope x placement x stress: model and PTX verdicts and
+    what was observed ("k of N", "not observed in N", or why not run)."""
+    out = []
+    for r in records:
+        if r.get("skipped"):
+            seen = "not run"
+        elif r["weak_outcomes"]:
+            seen = f"{r['weak_outcomes']:,} of {r.get('classified', r['runs']):,}"
+        else:
+            seen = f"0 of {r.get('classified', r['runs']):,}"
+        out.append({"test": r["test"], "semantics": r["semantics"], "scope": r.get("scope") or "-",
+                    "placement": r["placement"], "stress": r.get("stress_name", "?"), "model": r["verdict"],
+                    "ptx": r["ptx_verdict"], "observed": seen,
+                    "conflict": bool(r.get("not_possible")), "skipped": r.get("skipped")})
+    return out
+
+
+def plot_verdicts(records, ax=None, title: str = "model says / observed", max_rows: int = 40):
+    """The verdict table as a figure (first ``max_rows`` rows; red: an outcome neither the model
+    nor PTX allows was seen)."""
+    rows = verdict_rows(records)[:max_rows]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.3 * len(rows) + 1))
+    ax.axis("off")
+    cols = ["test", "semantics", "scope", "placement", "stress", "model", "ptx", "observed"]
+    cells = [[str(r[c]) for c in cols] for r in rows] or [["(no rows)"] + [""] * (len(cols) - 1)]
+    tab = ax.table(cellText=cells, colLabels=["test", "semantics", "scope", "placement", "stress", "model says",
+                                              "PTX says", "weak observed"], loc="upper center", cellLoc="left")
+    tab.auto_set_font_size(False)
+    tab.set_fontsize(7)
+    tab.scale(1, 1.1)
+    for i, r in enumerate(rows, start=1):
+        if r["conflict"]:
+            for j in range(len(cols)):
+                tab[i, j].set_facecolor("#f4cccc")
+        elif r["skipped"]:
+            tab[i, len(cols) - 1].set_text_props(color="0.5")
+    ax.set_title(title, fontsize=9)
+    return ax
+
+
+def plot_test(test: str, ax=None):
+    """Threads as columns, each access a box in program order; the weak outcome underneath."""
+    t = get_test(test)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.8 * len(t.threads) + 0.5, 2.2))
+    ax.axis("off")
+    n = len(t.threads)
+    for i, acc in enumerate(t.threads):
+        x = (i + 0.5) / n
+        ax.text(x, 0.9, f"T{i}", ha="center", fontsize=10, weight="bold")
+        for j, a in enumerate(acc):
+            y = 0.68 - 0.24 * j
+            color = "#fde0c5" if a.kind == "st" else "#d5e8f7"
+            ax.text(x, y, ("store " if a.kind == "st" else "load ") + str(a), ha="center", va="center", fontsize=9,
+                    bbox={"boxstyle": "round", "facecolor": color, "edgecolor": "0.4"})
+        if len(acc) == 2:
+            ax.annotate("", (x, 0.5), (x, 0.6), arrowprops={"arrowstyle": "->", "color": "0.5"})
+    weak = ", ".join(f"{o}={v}" for o, v in zip(t.observed, t.weak))
+    ax.text(0.5, 0.08, f"weak outcome: {weak}", ha="center", fontsize=9, color=WEAK)
+    ax.set_title(textwrap.fill(f"{t.name}: {t.question}", 18 * n + 10), fontsize=8)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    return ax
+
+
+def plot_barrier_hb(ax=None):
+    """Happens-before in the correct one-shot all-reduce, two ranks: program order on each rank,
+    synchronises-with from each release (send) to the peer's acquire (wait) of the same slot, and
+    the end barrier's edge that keeps rank 0's next input out of rank 1's reads."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4.6))
+    ax.axis("off")
+    steps = ["write input (copy_)", "start: release-send to peer", "start: acquire-wait for peer",
+             "read every buffer, sum", "end: release-send to peer", "end: acquire-wait for peer",
+             "return; next input written"]
+    xs = (0.22, 0.78)
+    ys = [0.9 - 0.115 * i for i in range(len(steps))]
+    for r, x in enumerate(xs):
+        ax.text(x, 0.98, f"rank {r}", ha="center", fontsize=10, weight="bold")
+        for i, (s, y) in enumerate(zip(steps, ys)):
+            ax.text(x, y, s, ha="center", va="center", fontsize=8,
+                    bbox={"boxstyle": "round", "facecolor": "#eeeeee" if "read" not in s else "#d5e8f7",
+                          "edgecolor": "0.4"})
+            if i:
+                ax.annotate("", (x, y + 0.035), (x, ys[i - 1] - 0.035),
+                            arrowprops={"arrowstyle": "->", "color": "0.5"})
+    for a, b in ((0, 1), (1, 0)):
+        for send, wait in ((1, 2), (4, 5)):
+            ax.add_patch(FancyArrowPatch((xs[a] + (0.12 if a == 0 else -0.12), ys[send]),
+                                         (xs[b] + (-0.12 if b == 1 else 0.12), ys[wait]),
+                                         arrowstyle="->", color="#2ca02c", mutation_scale=10, lw=1.2))
+    ax.text(0.5, -0.06, "grey: program order.  green: synchronises-with (release -> acquire of one signal slot, "
+            "sys scope).\nStart edges: every input is visible before any read. End edges: no rank writes its next "
+            "input\nbefore every peer has finished reading (remove them: no_end_barrier; make them relaxed: relaxed; "
+            "gpu scope: gpu_scope).", ha="center", fontsize=7)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(-0.1, 1)
+    ax.set_title("happens-before of the correct barrier (one-shot all-reduce, 2 ranks)", fontsize=9)
+    return ax
+
+
+def plot_broken(records, ax=None, title: str = ""):
+    """Share of wrong results against the delay, one line per algorithm x variant; skipped rows
+    listed in the title; delay 0 drawn at the left edge (a symlog axis)."""
+    from labkit.labs.memory_model.broken_barriers import rates
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.6))
+    table = rates(records)
+    run = [e for e in table if e["trials"]]
+    skipped = [e for e in table if not e["trials"]]
+    series: dict = {}
+    for e in run:
+        series.setdefault((e["algorithm"], e["variant"]), []).append(e)
+    styles = {"correct": "-", "relaxed": ":", "no_end_barrier": "--", "gpu_scope": "-."}
+    for (alg, var), es in sorted(series.items()):
+        es = sorted(es, key=lambda e: e["delay"])
+        ax.plot([e["delay"] for e in es], [e["wrong"] / e["trials"] for e in es], styles.get(var, "-"),
+                marker="o", label=f"{alg} {var}")
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlabel("delay on rank 1 (volatile-load round trips, symlog)")
+    ax.set_ylabel("wrong results (share of trials)")
+    ax.set_ylim(-0.05, 1.05)
+    note = f"; {len(skipped)} rows not run ({skipped[0]['skipped'][:60]})" if skipped else ""
+    world = {e["world"] for e in table}
+    ax.set_title(f"{title} broken barriers, world: {', '.join(sorted(map(str, world)))}{note}".strip(), fontsize=8)
+    if series:
+        ax.legend(fontsize=6, ncol=2)
+    return ax
+
+
+def model_table_text(test: str) -> str:
+    """Per variant of one test: the model's and PTX's verdict on the weak outcome (any tier)."""
+    lines = [f"{'semantics':<9} {'scope':<5} {'placement':<10} {'model':<9} {'PTX':<9} outcomes allowed"]
+    for row in model.table([test]):
+        lines.append(f"{row['semantics']:<9} {str(row['scope'] or '-'):<5} {row['placement']:<10} "
+                     f"{row['model']:<9} {row['ptx']:<9} {row['relaxed_outcomes']} (SC allows {row['sc_outcomes']})")
+    return "\n".join(lines)

@@ -1,0 +1,251 @@
+"""``labkit bench litmus`` and ``labkit bench litmus_two_gpus``: every litmus test x semantics x
+scope x placement the model lists (``labkit.kernels.litmus.model.variants``), under a few stress
+settings, one record per row.
+
+Profiles:
+
+* ``gpu``: every variant of the placements of the part, ``INSTANCES`` (1e7) instances per row,
+  each row under the stresses of ``STRESSES`` (none, memory stress, memory stress + delay).
+  ``litmus`` is one GPU (cross_cta, then same_cta: 7 tests x 14 variants x 2 placements x 3
+  stresses = 588 rows); ``litmus_two_gpus`` is two GPUs over symmetric memory (294 rows), or,
+  with fewer than 2 GPUs, one record per row saying skipped and why.
+* ``cpu``: ``plain`` and ``volatile`` (the semantics the Triton interpreter runs) at
+  ``CPU_INSTANCES`` instances, stress none, records labelled ``tier="interpreter"``: the
+  interpreter runs programs one after another, so only sequentially consistent outcomes appear;
+  ``litmus_two_gpus`` there runs an emulated world of two processes (the host's x86-TSO model).
+
+**Wall time (an estimate, not measured).** A probe on one H200 took 10-18 s per 1e7-instance row
+including the compile; much of that was the host's histogram (26 s for 1e7 IRIW rows on a 2-core
+CPU with ``np.unique(axis=0)``, now about 1 s: ``labkit.kernels.litmus.classify.histogram``).
+Guessing 4-8 s a row (a compile for each new kernel: "none" and "memory" share one, their
+constexprs being equal), ``litmus`` needs about 40-80 minutes and ``litmus_two_gpus`` about 30-60:
+neither fits one 10-minute call. So each call stops starting rows after ``BUDGET_S`` seconds
+(environment ``LABKIT_LITMUS_BUDGET_S``, default 480) and records the rest as pending; a later call
+given the earlier file (``LABKIT_LITMUS_RESUME=path/to/litmus.json``) keeps its finished rows and
+runs the pending ones. Repeat until ``pending(records)`` is empty:
+
+    LABKIT_LITMUS_RESUME=OUT/reference/h200/litmus.json \\
+        python -m labkit bench litmus --profile gpu --reference --out OUT
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+from labkit.kernels.litmus import Stress, model, run_litmus
+from labkit.kernels.litmus.catalogue import TESTS, get_test
+from labkit.kernels.litmus.classify import lower_bound, upper_bound
+from labkit.workbench import gates, tier
+from labkit.workbench.errors import UsageError
+
+#: fields every record carries (``labkit.workbench.results.write_results`` checks them)
+REQUIRED = ("test", "semantics", "scope", "placement", "stress", "stress_name", "runs", "weak_outcomes",
+            "counts", "verdict", "ptx_verdict", "rate", "lower", "upper", "timeouts", "unwritten", "seconds",
+            "tier", "skipped")
+
+#: the stress settings of the GPU sweep. "none" and "memory" compile to the same kernel (the
+#: iteration count and lines are constexprs; the number of stress programs is not)
+STRESSES = {
+    "none": Stress(programs=0, iterations=256, lines=8),
+    "memory": Stress(programs=128, iterations=256, lines=8),
+    "memory+delay": Stress(programs=128, iterations=256, lines=8, delay=16),
+}
+#: instances per row on a GPU (the issue's target: at least 1e7)
+INSTANCES = 10_000_000
+#: instances per row under the interpreter (intra-GPU placements; two_gpus: TWO_RANK_CPU_INSTANCES)
+CPU_INSTANCES = 512
+TWO_RANK_CPU_INSTANCES = 128
+#: seconds after which a GPU call starts no new row (the rest are recorded as pending)
+BUDGET_S = 480.0
+#: the interpreter's semantics
+INTERPRETED = ("plain", "volatile")
+PARTS = {"litmus": ("cross_cta", "same_cta"), "litmus_two_gpus": ("two_gpus",)}
+PENDING = "pending: not run yet in this call's time budget; run again with LABKIT_LITMUS_RESUME"
+
+
+def outcome_key(outcome) -> str:
+    """(1, 0) -> "1,0": the outcome as a JSON object key."""
+    return ",".join(str(int(v)) for v in outcome)
+
+
+def parse_key(key: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in key.split(","))
+
+
+def rows(placements, semantics=None, tests=None, stresses=None) -> list[dict]:
+    """The grid: one dict per (test, semantics, scope, placement, stress name), in run order
+    (placement, test, variant, then stress: rows sharing a kernel run one after another)."""
+    tests = list(tests or TESTS)
+    for t in tests:
+        get_test(t)
+    stresses = list(stresses or STRESSES)
+    for s in stresses:
+        if s not in STRESSES:
+            raise UsageError(f"stresses: {s!r} is not one of {list(STRESSES)}")
+    for p in placements:
+        if p not in model.PLACEMENTS:
+            raise UsageError(f"placements: {p!r} is not one of {list(model.PLACEMENTS)}")
+    for s in semantics or ():
+        if s not in model.SEMANTICS:
+            raise UsageError(f"semantics: {s!r} is not one of {list(model.SEMANTICS)}")
+    out = []
+    for p in placements:
+        for t in tests:
+            for sem, scope, placement in model.variants():
+                if placement != p or (semantics and sem not in semantics):
+                    continue
+                out += [{"test": t, "semantics": sem, "scope": scope, "placement": p, "stress_name": s}
+                        for s in stresses]
+    return out
+
+
+def key_of(r: dict) -> tuple:
+    return (r["test"], r["semantics"], r["scope"], r["placement"], r["stress_name"])
+
+
+def record(row: dict, res=None, *, skipped: str | None = None, stress: Stress | None = None,
+           wall_s: float = 0.0) -> dict:
+    """One row's record from a ``LitmusRun`` (or a skipped row: counts empty, runs 0)."""
+    t = get_test(row["test"])
+    sem, scope, placement = row["semantics"], row["scope"], row["placement"]
+    ptx, why = model.ptx_verdict(t, sem, scope, placement)
+    stress = stress or STRESSES[row["stress_name"]]
+    base = dict(row, stress=dataclasses.asdict(stress), observed=list(t.observed), weak_outcome=outcome_key(t.weak),
+                verdict=model.verdict(t, sem, scope, placement), ptx_verdict=ptx, ptx_note=why,
+                model_outcomes=sorted(outcome_key(o) for o in model.outcomes(t, "relaxed", sem, scope, placement)),
+                sc_outcomes=sorted(outcome_key(o) for o in model.outcomes(t, "sc")),
+                tier="interpreter" if tier.interpreted() else "gpu", skipped=skipped, wall_s=round(wall_s, 3))
+    if res is None:
+        return dict(base, runs=0, weak_outcomes=0, counts={}, rate=None, lower=None, upper=None, timeouts=0,
+                    unwritten=0, seconds=0.0, not_possible=0, device=None, note="")
+    n = sum(res.counts.values())
+    weak = res.counts.get(t.weak, 0)
+    possible = model.possible(t, sem, scope, placement)
+    return dict(base, runs=res.instances, classified=n, weak_outcomes=weak,
+                counts={outcome_key(o): c for o, c in sorted(res.counts.items())},
+                rate=weak / n if n else None, lower=lower_bound(weak, n) if n else None,
+                upper=upper_bound(weak, n) if n else None, timeouts=res.timeouts, unwritten=res.unwritten,
+                seconds=round(res.seconds, 4), launches=res.launches, device=res.device, note=res.note,
+                not_possible=sum(c for o, c in res.counts.items() if o not in possible))
+
+
+def run_row(row: dict, instances: int, stress: Stress | None = None, seed: int = 0, timeout: float = 300.0) -> dict:
+    """Run one row (a compiled GPU for scoped semantics; plain/volatile anywhere) -> its record."""
+    stress = stress or STRESSES[row["stress_name"]]
+    start = time.perf_counter()
+    res = run_litmus(row["test"], row["semantics"], row["scope"], row["placement"], instances, stress=stress,
+                     seed=seed, timeout=timeout)
+    return record(row, res, stress=stress, wall_s=time.perf_counter() - start)
+
+
+def load_resume(path) -> dict:
+    """Finished records of an earlier results file, by row key (pending and skipped rows dropped)."""
+    from labkit.workbench import results
+
+    if not path:
+        return {}
+    p = Path(path)
+    if not p.exists():
+        return {}
+    return {key_of(r): r for r in results.load_results(p).records if not r.get("skipped")}
+
+
+def pending(records) -> list[dict]:
+    """Rows recorded as not run yet (a later call with LABKIT_LITMUS_RESUME runs them)."""
+    return [r for r in records if (r.get("skipped") or "").startswith("pending")]
+
+
+def sweep(placements, profile: str = "cpu", *, instances: int | None = None, semantics=None, tests=None,
+          stresses=None, budget_s: float | None = None, resume: dict | None = None, progress: bool = True) -> list[dict]:
+    """The grid for ``placements`` run as ``profile`` says (module docstring); returns records."""
+    gpu = profile == "gpu"
+    if gpu:
+        instances = instances or INSTANCES
+        grid = rows(placements, semantics, tests, stresses)
+    else:
+        instances = instances or CPU_INSTANCES
+        grid = rows(placements, semantics or INTERPRETED, tests, stresses or ("none",))
+    budget_s = BUDGET_S if budget_s is None else budget_s
+    resume = resume or {}
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        def tqdm(x, **_):
+            return x
+    start, out = time.perf_counter(), []
+    for row in tqdm(grid, desc="litmus rows", disable=not progress):
+        done = resume.get(key_of(row))
+        if done is not None and done.get("runs", 0) >= instances:
+            out.append(done)
+            continue
+        if gpu and time.perf_counter() - start > budget_s:
+            out.append(record(row, skipped=PENDING))
+            continue
+        if model.SEMANTICS.index(row["semantics"]) >= 2 and tier.interpreted():
+            out.append(record(row, skipped="needs a compiled GPU (inline PTX)"))
+            continue
+        n = TWO_RANK_CPU_INSTANCES if row["placement"] == "two_gpus" and not gpu else instances
+        out.append(run_row(row, n))
+    return out
+
+
+def _benchmark(part: str, profile: str) -> list[dict]:
+    placements = PARTS[part]
+    if profile == "gpu":
+        gate = gates.requires(gpus=2, peer_access=True, compiled=True) if part == "litmus_two_gpus" \
+            else gates.requires(gpus=1, compiled=True)
+        if not gate.ok:
+            return [record(r, skipped=gate.reason) for r in rows(placements)]
+        budget = float(os.environ.get("LABKIT_LITMUS_BUDGET_S", BUDGET_S))
+        return sweep(placements, "gpu", budget_s=budget, resume=load_resume(os.environ.get("LABKIT_LITMUS_RESUME")))
+    return sweep(placements, "cpu")
+
+
+def benchmark(profile: str) -> list[dict]:
+    """Entry point of ``labkit bench litmus`` (one GPU: cross_cta and same_cta)."""
+    return _benchmark("litmus", profile)
+
+
+def benchmark_two_gpus(profile: str) -> list[dict]:
+    """Entry point of ``labkit bench litmus_two_gpus`` (two GPUs over symmetric memory)."""
+    return _benchmark("litmus_two_gpus", profile)
+
+
+def summary(records) -> str:
+    """One line per record: the weak count out of N, or why the row was not run."""
+    lines = []
+    for r in records:
+        head = (f"{r['test']:<5} {r['semantics']:<8} {str(r['scope']):<4} {r['placement']:<9} "
+                f"{r['stress_name']:<12}")
+        if r.get("skipped"):
+            lines.append(f"{head} skipped: {r['skipped']}")
+        elif r["weak_outcomes"]:
+            lines.append(f"{head} weak {r['weak_outcomes']:,} of {r['runs']:,} (rate {r['rate']:.3g}, "
+                         f"95% [{r['lower']:.2g}, {r['upper']:.2g}]; model: {r['verdict']}, PTX: {r['ptx_verdict']})")
+        else:
+            lines.append(f"{head} weak not observed in {r['runs']:,} (rate < {r['upper']:.2g}; "
+                         f"model: {r['verdict']}, PTX: {r['ptx_verdict']})")
+    return "\n".join(lines)
+
+
+
+#: the variants whose PTX the notebook lists (one compile each)
+PTX_VARIANTS = (("MP", "plain", None), ("MP", "volatile", None), ("MP", "relaxed", "gpu"),
+                ("MP", "acq_rel", "gpu"), ("MP", "acq_rel", "sys"), ("MP", "fence", "cta"), ("SB", "fence_sc", "gpu"))
+
+
+def ptx_rows(variants=PTX_VARIANTS, placement: str = "cross_cta") -> list[dict]:
+    """The memory instructions each variant compiles to for sm_90 (no GPU needed; call in a process
+    with TRITON_INTERPRET=0: ``sandbox.run_isolated(ptx_rows, env={"TRITON_INTERPRET": "0"})``)."""
+    from collections import Counter
+
+    from labkit.kernels.litmus import ptx
+
+    out = []
+    for t, s, sc in variants:
+        text = ptx.compile_kernel(t, s, sc, placement).asm["ptx"]
+        ops = Counter(m.group(0) for m in ptx.MEMORY_OP.finditer(text) if not m.group(0).startswith("ld.param"))
+        out.append({"test": t, "semantics": s, "scope": sc, "ops": sorted(ops), "counts": dict(ops)})
+    return out

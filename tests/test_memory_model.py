@@ -1,0 +1,272 @@
+"""Lab 06 (labkit.labs.memory_model): the litmus sweep's records, the plots drawn from records
+(skipped and zero-count rows included), lab 02's broken barriers under an in-kernel delay (the
+emulated world on the CPU tier; 2 GPUs marked multigpu), the delay compiled away at 0, bad input."""
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from labkit.kernels.comm.ranks import run_ranks  # noqa: E402
+from labkit.kernels.litmus import model, run_litmus  # noqa: E402
+from labkit.labs.memory_model import broken_barriers as bb, plots, sweep  # noqa: E402
+from labkit.workbench import results, tier  # noqa: E402
+from labkit.workbench.errors import UsageError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cpu_records():
+    return sweep.sweep(("cross_cta", "same_cta"), "cpu", instances=64, tests=["MP", "IRIW"], progress=False)
+
+
+@pytest.mark.skipif(not tier.interpreted(), reason="the cpu profile runs under the interpreter")
+def test_cpu_records_carry_the_required_fields(cpu_records, tmp_path):
+    assert len(cpu_records) == 2 * 2 * 2  # tests x plain/volatile x placements
+    for r in cpu_records:
+        assert all(k in r for k in sweep.REQUIRED), r
+        assert r["tier"] == "interpreter" and r["skipped"] is None and r["stress_name"] == "none"
+        assert r["runs"] == 64 and sum(r["counts"].values()) == 64 - r["unwritten"]
+        assert r["unwritten"] == 0 and r["timeouts"] == 0
+        # the interpreter runs programs one after another: sequentially consistent outcomes only
+        assert set(r["counts"]) <= set(r["sc_outcomes"]) and r["weak_outcomes"] == 0
+        assert r["rate"] == 0.0 and r["lower"] == 0.0 and 0 < r["upper"] < 0.06
+        assert r["verdict"] == model.verdict(r["test"], r["semantics"], r["scope"], r["placement"])
+        assert r["ptx_verdict"] in ("allowed", "forbidden") and r["not_possible"] == 0
+        assert all("," in k for k in r["counts"]) and isinstance(r["stress"], dict)
+    path = results.write_results(tmp_path / "litmus.json", "litmus", cpu_records, generator="test",
+                                 required=sweep.REQUIRED)
+    assert len(results.load_results(path).records) == len(cpu_records)
+    json.loads(path.read_text())
+
+
+def test_the_grid_is_every_variant_of_the_model():
+    grid = sweep.rows(("cross_cta", "same_cta"))
+    per_placement = sum(1 for v in model.variants() if v[2] == "cross_cta")
+    assert per_placement == 14
+    assert len(grid) == 7 * 14 * 2 * len(sweep.STRESSES)
+    assert len({sweep.key_of(r) for r in grid}) == len(grid)
+    # rows sharing a kernel run one after another
+    assert [r["stress_name"] for r in grid[:3]] == list(sweep.STRESSES)
+    # "none" and "memory" compile to the same kernel: equal constexprs
+    a, b = sweep.STRESSES["none"], sweep.STRESSES["memory"]
+    assert (a.iterations, a.lines, a.delay) == (b.iterations, b.lines, b.delay) and a.programs == 0 < b.programs
+
+
+def test_gpu_profile_without_gpus_records_every_row_as_skipped(monkeypatch):
+    from labkit.workbench import gates
+
+    monkeypatch.setattr(gates, "requires", lambda **kw: gates.Gate(False, "needs 2 CUDA GPUs; this machine has 0"))
+    recs = sweep.benchmark_two_gpus("gpu")
+    assert len(recs) == 7 * 14 * len(sweep.STRESSES)
+    assert all(r["skipped"].startswith("needs 2") and r["runs"] == 0 and r["counts"] == {} for r in recs)
+    assert all(k in r for r in recs for k in sweep.REQUIRED)
+    recs = bb.benchmark("gpu")
+    assert recs and all(r["skipped"] and r["wrong_results"] is None for r in recs)
+    assert all(k in r for r in recs for k in bb.REQUIRED)
+
+
+def test_budget_records_pending_rows_and_resume_keeps_finished_ones(tmp_path, cpu_records, monkeypatch):
+    # a "gpu" sweep whose budget is spent at once: every row pending (nothing is launched)
+    monkeypatch.setattr(sweep, "run_row", lambda *a, **k: pytest.fail("no row may run"))
+    recs = sweep.sweep(("cross_cta",), "gpu", tests=["MP"], budget_s=-1.0, progress=False)
+    assert len(recs) == 14 * len(sweep.STRESSES) and len(sweep.pending(recs)) == len(recs)
+    # resume: a finished row with enough instances is kept as it was, not rerun
+    done = dict(sweep.record(recs[0], skipped=None), runs=sweep.INSTANCES, skipped=None)
+    path = results.write_results(tmp_path / "litmus.json", "litmus", [done] + recs[1:], generator="test",
+                                 required=sweep.REQUIRED)
+    resume = sweep.load_resume(path)
+    assert list(resume) == [sweep.key_of(done)]
+    again = sweep.sweep(("cross_cta",), "gpu", tests=["MP"], budget_s=-1.0, resume=resume, progress=False)
+    assert again[0] == done and len(sweep.pending(again)) == len(again) - 1
+    assert sweep.load_resume(tmp_path / "absent.json") == {}
+
+
+def test_bad_input_is_refused_naming_the_argument():
+    with pytest.raises(UsageError, match="test: 'XY'"):
+        sweep.rows(("cross_cta",), tests=["XY"])
+    with pytest.raises(UsageError, match="stresses: 'heavy'"):
+        sweep.rows(("cross_cta",), stresses=["heavy"])
+    with pytest.raises(UsageError, match="placements: 'three_gpus'"):
+        sweep.rows(("three_gpus",))
+    with pytest.raises(UsageError, match="semantics: 'seq_cst'"):
+        sweep.rows(("cross_cta",), semantics=["seq_cst"])
+    # the product's own checks, through the lab's row runner
+    with pytest.raises(UsageError, match="scope: 'device'"):
+        sweep.run_row({"test": "MP", "semantics": "relaxed", "scope": "device", "placement": "cross_cta",
+                       "stress_name": "none"}, 32)
+    with pytest.raises(UsageError, match="scope: 'gpu' given"):
+        sweep.run_row({"test": "MP", "semantics": "plain", "scope": "gpu", "placement": "cross_cta",
+                       "stress_name": "none"}, 32)
+    # sys scope across GPUs needs symmetric memory: buffers of one device are refused
+    from labkit.kernels.litmus import allocate
+
+    with pytest.raises(UsageError, match="buffers: placement='two_gpus' needs symmetric memory"):
+        run_litmus("MP", "plain", None, "two_gpus", 32, buffers=allocate(32))
+    with pytest.raises(UsageError, match="instances: 64 is more than the buffers hold"):
+        run_litmus("MP", "plain", None, "cross_cta", 64, buffers=allocate(32))
+    for args, match in (((("x", "one_shot", 0)), "variant: 'x'"), ((("correct", "ring", 0)), "algorithm: 'ring'"),
+                        ((("correct", "one_shot", -1)), "delay: expected an int >= 0")):
+        with pytest.raises(UsageError, match=match):
+            bb.measure(*args, trials=1, n=64)
+
+
+# --- plots from records ----------------------------------------------------------------------
+
+def _row(test="MP", semantics="relaxed", scope="gpu", placement="cross_cta", counts=None, skipped=None):
+    row = {"test": test, "semantics": semantics, "scope": scope, "placement": placement, "stress_name": "memory"}
+    if skipped:
+        return sweep.record(row, skipped=skipped)
+    rec = sweep.record(row)
+    n = sum(counts.values())
+    weak = counts.get(",".join(map(str, sweep.get_test(test).weak)), 0)
+    return dict(rec, runs=n, classified=n, counts=counts, weak_outcomes=weak, rate=weak / n,
+                lower=sweep.lower_bound(weak, n), upper=sweep.upper_bound(weak, n))
+
+
+def test_plots_draw_from_records_with_skipped_and_zero_rows():
+    seen = _row(counts={"0,0": 500, "0,1": 3, "1,0": 7, "1,1": 490})
+    zero = _row("IRIW", "fence_sc", "gpu", counts={"0,0,0,0": 10, "1,1,1,1": 990})
+    skipped = _row("SB", "acq_rel", "sys", "two_gpus", skipped="needs 2 CUDA GPUs; this machine has 0")
+    recs = [seen, zero, skipped]
+    assert plots.rate_text(zero).startswith("weak not observed in 1,000")
+    assert plots.rate_text(seen).startswith("weak 7 of 1,000")
+    assert plots.rate_text(skipped).startswith("not run: needs 2")
+    fig, axes = plt.subplots(1, 3)
+    for ax, r in zip(axes, recs):
+        plots.plot_histogram(r, ax)
+    # model-forbidden outcomes are hatched: IRIW's weak outcome under fence_sc.gpu, cross_cta
+    hatched = [b for b in axes[1].patches if b.get_hatch()]
+    assert hatched
+    plt.close(fig)
+    table = plots.verdict_rows(recs)
+    assert [t["observed"] for t in table] == ["7 of 1,000", "0 of 1,000", "not run"]
+    ax = plots.plot_verdicts(recs)
+    plt.close(ax.figure)
+    for name in sweep.TESTS:
+        plt.close(plots.plot_test(name).figure)
+    plt.close(plots.plot_barrier_hb().figure)
+    broken = [bb.row("one_shot", "no_end_barrier", 0, 4, "emulated", wrong_results=0),
+              bb.row("one_shot", "no_end_barrier", 400, 4, "emulated", wrong_results=3),
+              bb.row("tree", "gpu_scope", 400, 4, "gpus", skipped="needs 2 CUDA GPUs")]
+    assert [(e["trials"], e["wrong"]) for e in bb.rates(broken)] == [(4, 0), (4, 3), (0, 0)]
+    ax = plots.plot_broken(broken)
+    assert "1 rows not run" in ax.get_title()
+    plt.close(ax.figure)
+    assert "allowed" in plots.model_table_text("MP")
+
+
+# --- broken barriers -------------------------------------------------------------------------
+
+@pytest.mark.skipif(not tier.interpreted(), reason="the emulated world is the CPU tier's; GPUs: the multigpu test")
+def test_broken_barriers_in_the_emulated_world():
+    """The correct kernel with a delay on rank 1 is never wrong; no_end_barrier goes wrong in
+    some trials (a rank's next input lands while the slow rank reads)."""
+    good = bb.measure("correct", "one_shot", 400, 4, 4096)
+    assert good["world"] == "emulated" and good["wrong_results"] == 0 and good["pads_zero"], good
+    bad = bb.measure("no_end_barrier", "one_shot", 400, 4, 4096)
+    assert bad["wrong_results"] > 0, bad
+    assert all(k in bad for k in bb.REQUIRED)
+
+
+@pytest.mark.skipif(not tier.interpreted(), reason="the emulated world")
+def test_delay_zero_leaves_results_identical():
+    """The same inputs with DELAY=0 given explicitly and without it: bit-identical results (the
+    delayed plan adds nothing at 0), correct against the fp64 reference."""
+    res = run_ranks(bb.zero_delay_matches, 2, timeout=300).unwrap()
+    assert all(r == (True, True) for r in res), res
+
+
+def test_delay_compiles_away_at_zero_and_gpu_scope_is_gpu_scoped():
+    """Compiled for sm_90 in a child with TRITON_INTERPRET=0 (no GPU needed)."""
+    from labkit.workbench import sandbox
+
+    res = sandbox.run_isolated(bb.delay_ptx, ["one_shot", "two_shot", "tree"], timeout=600,
+                               env={"TRITON_INTERPRET": "0"})
+    rows = res.unwrap()
+    for r in rows:
+        if r["delay"] == 0:
+            # the start barrier's spin has no volatile load: every one is the delay's
+            assert r["volatile_loads"] == 0, r
+        else:
+            assert r["volatile_loads"] > 0, r
+        if r["sem"] == 2:
+            assert all(".sys." not in a for a in r["atomics"]) and any(".gpu." in a for a in r["atomics"]), r
+        else:
+            assert any("release.sys" in a for a in r["atomics"]), r
+
+
+@pytest.mark.multigpu
+def test_broken_barriers_on_two_gpus():
+    """2 GPUs: the correct kernel under the largest delay is never wrong; the rows carry what the
+    records need (how often no_end_barrier breaks is measured, not asserted: the bench records it)."""
+    from labkit.workbench import gates
+
+    gate = gates.requires(gpus=2, peer_access=True, compiled=True)
+    if not gate.ok:
+        pytest.skip(gate.reason)
+    good = bb.measure("correct", "one_shot", 10000, 8, 1 << 16, "bfloat16")
+    assert good["world"] == "gpus" and good["wrong_results"] == 0 and good["pads_zero"], good
+    bad = bb.measure("no_end_barrier", "one_shot", 10000, 8, 1 << 16, "bfloat16")
+    assert bad["skipped"] is None and 0 <= bad["wrong_results"] <= 8, bad
+
+
+@pytest.mark.gpu
+def test_litmus_rows_on_one_gpu():
+    from labkit.workbench import gates
+
+    gate = gates.requires(gpus=1, compiled=True)
+    if not gate.ok:
+        pytest.skip(gate.reason)
+    recs = sweep.sweep(("cross_cta", "same_cta"), "gpu", instances=20_000, tests=["MP"],
+                       semantics=["plain", "acq_rel"], stresses=["memory"], budget_s=1e9, progress=False)
+    assert len(recs) == 2 * (1 + 3)
+    for r in recs:
+        assert r["tier"] == "gpu" and r["skipped"] is None and r["runs"] == 20_000, r
+        assert r["timeouts"] == 0 and r["unwritten"] == 0 and r["not_possible"] == 0, r
+
+
+@pytest.mark.multigpu
+def test_litmus_rows_on_two_gpus():
+    from labkit.workbench import gates
+
+    gate = gates.requires(gpus=2, peer_access=True, compiled=True)
+    if not gate.ok:
+        pytest.skip(gate.reason)
+    recs = sweep.sweep(("two_gpus",), "gpu", instances=20_000, tests=["MP"], semantics=["acq_rel"],
+                       stresses=["none"], budget_s=1e9, progress=False)
+    assert len(recs) == 3
+    for r in recs:
+        assert r["skipped"] is None and r["runs"] == 20_000 and r["timeouts"] == 0 and r["not_possible"] == 0, r
+
+
+# --- panels ----------------------------------------------------------------------------------
+
+def test_the_litmus_panel_reruns_and_redraws():
+    from labkit.labs.memory_model import widgets
+
+    panel = widgets.litmus_explorer([], 0)
+    text = panel.children[5]
+    first = text.value
+    panel.children[0].value = "SB"  # the first control: the test
+    assert text.value != first and "SB" in text.value
+    panel.children[1].value = "acq_rel"
+    if tier.interpreted():
+        assert "not run" in text.value and "outcomes the model allows" in text.value
+    rec, where = widgets.litmus_record("MP", "plain", "none", "cross_cta", "none")
+    assert rec["runs"] == widgets.LIVE_INSTANCES["interpreter" if tier.interpreted() else "gpu"]
+    plt.close(widgets.litmus_figure(rec))
+
+
+def test_the_broken_panel_reads_recorded_rows():
+    from labkit.labs.memory_model import widgets
+
+    recorded = [bb.row("one_shot", "no_end_barrier", 100, 60, "gpus", wrong_results=41, pads_zero=True)]
+    text = widgets.broken_report("one_shot", "no_end_barrier", 100, 60, recorded, live=False)
+    assert "RECORDED" in text and "41 of 60" in text
+    assert "no recorded row" in widgets.broken_report("tree", "relaxed", 100, 60, recorded, live=False)
+    panel = widgets.broken_explorer(recorded, live=False)
+    assert panel.children[0].value == "no_end_barrier"
