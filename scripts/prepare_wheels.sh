@@ -10,8 +10,16 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dest=${1:-.whl}
 pyver=${2:-3.12}
-# What the GPU tier executes that the GPU image may lack: the notebook runner and its kernel.
-wanted=(papermill nbclient nbformat jupyter_client ipykernel ipywidgets)
+# What the GPU tier executes that the GPU image may lack: the notebook runner and its kernel,
+# with the version limits pyproject.toml gives them (e.g. ipykernel <7), the rest unpinned.
+mapfile -t wanted < <(python3 - "$here/../pyproject.toml" <<'PY'
+import re, sys, tomllib
+deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]
+spec = {re.split(r"[<>=!~ \[;]", d, maxsplit=1)[0].lower().replace("_", "-"): d for d in deps}
+for name in ("papermill", "nbclient", "nbformat", "jupyter-client", "ipykernel", "ipywidgets"):
+    print(spec.get(name, name))
+PY
+)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 platforms=()
