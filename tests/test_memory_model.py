@@ -270,3 +270,17 @@ def test_the_broken_panel_reads_recorded_rows():
     assert "no recorded row" in widgets.broken_report("tree", "relaxed", 100, 60, recorded, live=False)
     panel = widgets.broken_explorer(recorded, live=False)
     assert panel.children[0].value == "no_end_barrier"
+
+
+def test_the_model_grid_marks_where_ptx_allows_more():
+    rows, cols, cells = plots.model_grid()
+    at = {(r, c): v for r, line in zip(rows, cells) for c, v in zip(cols, line)}
+    assert len(cells) == len(rows) and all(len(line) == len(cols) for line in cells)
+    assert at[(("MP", "cross_cta"), ("acq_rel", "gpu"))] == "forbidden"
+    assert at[(("MP", "two_gpus"), ("acq_rel", "gpu"))] == "allowed"       # gpu scope does not cover two GPUs
+    assert at[(("CoRR", "cross_cta"), ("plain", None))] == "ptx_allows"   # coherence only for strong accesses
+    assert at[(("IRIW", "cross_cta"), ("acq_rel", "gpu"))] == "ptx_allows"
+    assert at[(("IRIW", "cross_cta"), ("fence_sc", "gpu"))] == "forbidden"
+    ax = plots.plot_model_grid()
+    assert len(ax.patches) == len(rows) * len(cols)
+    plt.close(ax.figure)

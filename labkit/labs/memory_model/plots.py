@@ -3,6 +3,8 @@
 * ``plot_histogram``: one row's outcome counts, the weak outcome highlighted, outcomes the model
   forbids hatched, the weak rate with its 95 % bound or "not observed in N" in the title;
 * ``plot_verdicts``: "model says / observed" for a grid of rows, as a table figure;
+* ``plot_model_grid``: what the model and PTX say of each test's weak outcome, for every
+  semantics and scope, as a coloured grid (any machine);
 * ``plot_test``: a litmus test drawn as threads and their accesses;
 * ``plot_barrier_hb``: the happens-before diagram of the correct barrier (lab 02's one-shot);
 * ``plot_broken``: wrong results of the broken barriers against the delay.
@@ -199,6 +201,52 @@ def plot_broken(records, ax=None, title: str = ""):
     ax.set_title(f"{title} broken barriers, world: {', '.join(sorted(map(str, world)))}{note}".strip(), fontsize=8)
     if series:
         ax.legend(fontsize=6, ncol=2)
+    return ax
+
+
+#: the grid's colours: allowed by both, forbidden by both, forbidden here but allowed by PTX
+GRID_COLOURS = {"allowed": "#fdd49e", "forbidden": "#c7e9c0", "ptx_allows": "#fc8d59"}
+
+
+def model_grid(placements=("cross_cta", "two_gpus")) -> tuple[list[tuple], list[tuple], list[list[str]]]:
+    """(rows (test, placement), columns (semantics, scope), cells): each cell "allowed",
+    "forbidden" or "ptx_allows" (the simplified model forbids the weak outcome, PTX allows it)."""
+    table = {(r["test"], r["semantics"], r["scope"], r["placement"]): r for r in model.table()}
+    cols = [(sem, sc) for sem in model.SEMANTICS for sc in ((None,) if sem not in model.SCOPED else model.SCOPES)]
+    rows = [(t, p) for t in model.TESTS for p in placements]
+    cells = []
+    for t, p in rows:
+        line = []
+        for sem, sc in cols:
+            r = table[(t, sem, sc, p)]
+            line.append("ptx_allows" if (r["model"], r["ptx"]) == ("forbidden", "allowed") else r["model"])
+        cells.append(line)
+    return rows, cols, cells
+
+
+def plot_model_grid(ax=None, placements=("cross_cta", "two_gpus")):
+    """The weak outcome of every test (rows, per placement) under every semantics and scope
+    (columns): allowed, forbidden, or forbidden by the simplified model but allowed by PTX."""
+    rows, cols, cells = model_grid(placements)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.0 + 0.62 * len(cols), 0.9 + 0.32 * len(rows)))
+    for i, line in enumerate(cells):
+        for j, cell in enumerate(line):
+            ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=GRID_COLOURS[cell], edgecolor="white"))
+            ax.text(j + 0.5, i + 0.5, {"allowed": "A", "forbidden": "F", "ptx_allows": "F/A"}[cell],
+                    ha="center", va="center", fontsize=7)
+    ax.set_xlim(0, len(cols))
+    ax.set_ylim(len(rows), 0)
+    ax.set_xticks([j + 0.5 for j in range(len(cols))],
+                  [sem + (f"\n{sc}" if sc else "") for sem, sc in cols], fontsize=7)
+    ax.set_yticks([i + 0.5 for i in range(len(rows))], [f"{t}, {p}" for t, p in rows], fontsize=7)
+    ax.tick_params(length=0)
+    ax.legend(handles=[Patch(facecolor=GRID_COLOURS["allowed"], label="A: weak outcome allowed"),
+                       Patch(facecolor=GRID_COLOURS["forbidden"], label="F: forbidden"),
+                       Patch(facecolor=GRID_COLOURS["ptx_allows"],
+                             label="F/A: this model forbids it, PTX allows it")],
+              fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title("the weak outcome, by semantics and scope (columns) and test and placement (rows)", fontsize=9)
     return ax
 
 
