@@ -18,13 +18,13 @@ def _sync(ctx):
 def _inputs(ctx, n, dtype, seed):
     from labkit.labs.collectives import experiments
 
-    return experiments._inputs(ctx, n, dtype, seed)
+    return experiments.rank_inputs(ctx, n, dtype, seed)
 
 
 def _close(y, xs, dtype, w):
     from labkit.labs.collectives import experiments
 
-    return experiments._close(y, xs, dtype, w)
+    return experiments.close_to_sum(y, xs, dtype, w)
 
 
 def _error(fn) -> str:

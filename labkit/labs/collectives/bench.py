@@ -256,12 +256,12 @@ def _everywhere(ok: bool, device) -> bool:
 
 
 def _close(y, ref, w, scale) -> bool:
-    """Within the rounding a bf16 all-reduce may do (labkit.labs.collectives.experiments._tolerance: up to
+    """Within the rounding a bf16 all-reduce may do (labkit.labs.collectives.experiments.sum_tolerance: up to
     log2(W) + 1 roundings of 2^-7 for the tree) of the fp32 reference, relative to ``scale``,
     the sum over ranks of |x_r| (the scale rounding errors have, even where the sum cancels)."""
-    from labkit.labs.collectives.experiments import _tolerance
+    from labkit.labs.collectives.experiments import sum_tolerance
 
-    return bool(((y.float() - ref).abs() <= _tolerance(torch.bfloat16, w) * scale + 1e-6).all())
+    return bool(((y.float() - ref).abs() <= sum_tolerance(torch.bfloat16, w) * scale + 1e-6).all())
 
 
 def sweep(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 7, graphs: bool = True,

@@ -20,7 +20,7 @@ from labkit.kernels.comm import collectives as C
 from labkit.kernels.comm import symm
 
 
-def _inputs(ctx, n: int, dtype, seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+def rank_inputs(ctx, n: int, dtype, seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """This rank's input, and every rank's (the emulated world and the GPU tier alike build the
     fp64 reference from all of them, so no collective is trusted to check a collective)."""
     xs = []
@@ -30,7 +30,7 @@ def _inputs(ctx, n: int, dtype, seed: int) -> tuple[torch.Tensor, list[torch.Ten
     return xs[ctx.rank].to(ctx.device), xs
 
 
-def _tolerance(dtype, w: int) -> float:
+def sum_tolerance(dtype, w: int) -> float:
     """Allowed |result - fp64 sum|, relative to sum over ranks of |x_r| (the scale the rounding
     errors have, even where the sum itself cancels to near zero). One-shot and two-shot round the
     fp32 sum once to the output dtype; the tree stores a rounded partial at every level, so up to
@@ -42,13 +42,13 @@ def _tolerance(dtype, w: int) -> float:
     return (2 ** -7 if dtype == torch.bfloat16 else 2 ** -23 * w) * roundings
 
 
-def _close(y: torch.Tensor, xs: list[torch.Tensor], dtype, w: int) -> bool:
+def close_to_sum(y: torch.Tensor, xs: list[torch.Tensor], dtype, w: int) -> bool:
     ref = sum(v.double() for v in xs)
     scale = sum(v.double().abs() for v in xs)
-    return bool(((y.double().cpu() - ref).abs() <= _tolerance(dtype, w) * scale + 1e-30).all())
+    return bool(((y.double().cpu() - ref).abs() <= sum_tolerance(dtype, w) * scale + 1e-30).all())
 
 
-def _quiet_pads_zero(ctx, buf) -> bool:
+def quiet_pads_zero(ctx, buf) -> bool:
     """Whether this rank's pad is all zero once every rank has finished: checked between two
     host barriers, because a faster peer may already be signalling for its NEXT call."""
     if ctx.device.type == "cuda":
@@ -84,24 +84,24 @@ def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, tr
     s = n // w
     gbuf = symm.empty(max(s, 1), dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
     for t in range(trials):
-        x, xs = _inputs(ctx, n, dtype, seed + t)
+        x, xs = rank_inputs(ctx, n, dtype, seed + t)
         for alg in algorithms or ALL_REDUCE_FORMS:
             buf.tensor.copy_(x)
             y = _all_reduce(buf, None, alg, cfg)
             rows.append({"op": "all_reduce", "algorithm": alg, "trial": t, "n": n, "dtype": dtype_name,
-                         "world_size": w, "correct": _close(y, xs, dtype, w), "pads_zero": _quiet_pads_zero(ctx, buf)})
+                         "world_size": w, "correct": close_to_sum(y, xs, dtype, w), "pads_zero": quiet_pads_zero(ctx, buf)})
         if n % w == 0 and algorithms is None:
             buf.tensor.copy_(x)
             y = C.reduce_scatter(buf, config=cfg)
             rows.append({"op": "reduce_scatter", "algorithm": "direct", "trial": t, "n": n, "dtype": dtype_name,
-                         "world_size": w, "correct": _close(y, [v[ctx.rank * s:(ctx.rank + 1) * s] for v in xs], dtype, w),
-                         "pads_zero": _quiet_pads_zero(ctx, buf)})
+                         "world_size": w, "correct": close_to_sum(y, [v[ctx.rank * s:(ctx.rank + 1) * s] for v in xs], dtype, w),
+                         "pads_zero": quiet_pads_zero(ctx, buf)})
             gbuf.tensor.copy_(x[:s])
             y = C.all_gather(gbuf, config=cfg)
             expect = torch.cat([v[:s] for v in xs])
             rows.append({"op": "all_gather", "algorithm": "direct", "trial": t, "n": n, "dtype": dtype_name,
                          "world_size": w, "correct": bool(torch.equal(y.cpu(), expect)),
-                         "pads_zero": _quiet_pads_zero(ctx, gbuf)})
+                         "pads_zero": quiet_pads_zero(ctx, gbuf)})
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
         ctx.barrier()
@@ -139,7 +139,7 @@ def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 
     buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=algorithm.endswith("ce_in_place"))
     inputs, everyone = [], []
     for t in range(trials):
-        x, xs = _inputs(ctx, n, dtype, seed * 100_000 + t)
+        x, xs = rank_inputs(ctx, n, dtype, seed * 100_000 + t)
         inputs.append(x)
         everyone.append(xs)
     outs = [torch.empty(n, dtype=dtype, device=ctx.device) for _ in range(trials)]
@@ -173,8 +173,8 @@ def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 
     if on_gpu:
         torch.cuda.synchronize(ctx.device)
     seconds = time.perf_counter() - start
-    wrong = [t for t in range(trials) if not _close(outs[t], everyone[t], dtype, w)]
-    pads_zero = _quiet_pads_zero(ctx, buf)
+    wrong = [t for t in range(trials) if not close_to_sum(outs[t], everyone[t], dtype, w)]
+    pads_zero = quiet_pads_zero(ctx, buf)
     return {"variant": variant, "algorithm": algorithm, "trials": trials, "n": n, "dtype": dtype_name,
             "world_size": w, "rank": ctx.rank, "load": load, "late_us": late_us, "wrong": len(wrong),
             "first_wrong": wrong[:5], "seconds": seconds, "pads_zero": pads_zero}
@@ -183,13 +183,13 @@ def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 
 def unguarded_leaf(ctx, n: int = 4096) -> bool:
     """The broken tree: on most machines this never returns (a crash); if it does, says whether
     the result was right anyway."""
-    x, xs = _inputs(ctx, n, torch.float32, 7)
+    x, xs = rank_inputs(ctx, n, torch.float32, 7)
     buf = symm.empty(n, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
     buf.tensor.copy_(x)
     y = C.all_reduce(buf, algorithm="tree", variant="unguarded_leaf")
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
-    return _close(y, xs, torch.float32, ctx.world_size)
+    return close_to_sum(y, xs, torch.float32, ctx.world_size)
 
 
 def lonely_barrier(ctx, blocks: int = 1) -> None:

@@ -85,7 +85,7 @@ def delayed_trials(ctx, variant: str, form: str = "one_shot", trials: int = 8, n
     buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=form.endswith("ce_in_place"))
     inputs, everyone = [], []
     for t in range(trials):
-        x, xs = lab02._inputs(ctx, n, dtype, seed * 100_000 + t)
+        x, xs = lab02.rank_inputs(ctx, n, dtype, seed * 100_000 + t)
         inputs.append(x)
         everyone.append(xs)
     outs = [torch.empty(n, dtype=dtype, device=ctx.device) for _ in range(trials)]
@@ -106,8 +106,8 @@ def delayed_trials(ctx, variant: str, form: str = "one_shot", trials: int = 8, n
     if on_gpu:
         torch.cuda.synchronize(ctx.device)
     seconds = time.perf_counter() - start
-    wrong = [t for t in range(trials) if not lab02._close(outs[t], everyone[t], dtype, w)]
-    pads_zero = lab02._quiet_pads_zero(ctx, buf)
+    wrong = [t for t in range(trials) if not lab02.close_to_sum(outs[t], everyone[t], dtype, w)]
+    pads_zero = lab02.quiet_pads_zero(ctx, buf)
     return {"variant": variant, "algorithm": form, "delay": delay, "trials": trials, "n": n, "dtype": dtype_name,
             "rank": ctx.rank, "wrong": len(wrong), "wrong_trials": wrong, "seconds": seconds, "pads_zero": pads_zero}
 
@@ -116,7 +116,7 @@ def zero_delay_matches(ctx, n: int = 4096, seed: int = 3) -> tuple[bool, bool]:
     """On every rank: lab 02's all-reduce and the delayed plan at delay 0 on the same input.
     Returns (bit-identical results, correct against the fp64 sum)."""
     buf = symm.empty(n, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
-    x, xs = lab02._inputs(ctx, n, torch.float32, seed)
+    x, xs = lab02.rank_inputs(ctx, n, torch.float32, seed)
     buf.tensor.copy_(x)
     a = C.all_reduce(buf, algorithm="one_shot").clone()
     if ctx.device.type == "cuda":
@@ -128,7 +128,7 @@ def zero_delay_matches(ctx, n: int = 4096, seed: int = 3) -> tuple[bool, bool]:
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     ctx.barrier()
-    return bool(torch.equal(a, b)), lab02._close(b, xs, torch.float32, ctx.world_size)
+    return bool(torch.equal(a, b)), lab02.close_to_sum(b, xs, torch.float32, ctx.world_size)
 
 
 def measure(variant: str, form: str, delay: int, trials: int, n: int, dtype_name: str = "float32",
