@@ -2,7 +2,7 @@
 # The GPU tier: the same tests and notebooks as CI, at full size, plus the reference benchmarks.
 # Run it on a GPU node from the repository root:
 #
-#   bash scripts/gpu_tier.sh --out DIR [--part PART]... [--only NOTEBOOK]... [-k EXPR]
+#   bash scripts/gpu_tier.sh --out DIR [--part PART]... [--only NOTEBOOK]... [-k EXPR] [--shard K/N]
 #                            [--wheels WHEELDIR] [--python PY] [--dry-run]
 #   bash scripts/gpu_tier.sh --list-parts      # the valid parts, one a line
 #
@@ -12,6 +12,7 @@
 #   doctor           labkit doctor                                  -> doctor.txt
 #   tests            pytest without the notebook tests (-m "not notebook"; the notebooks run in
 #                    the part 'notebooks' instead, once)            -> pytest.log, pytest.xml
+#                    (with --shard K/N: pytest-K-of-N.log, .xml)
 #   notebooks        every notebook with the gpu profile (labkit run) -> runs/
 #   bench            every reference benchmark below
 #   bench:LAB        one reference benchmark, labkit bench LAB --profile gpu --reference, LAB one of
@@ -24,6 +25,9 @@
 #                    LABKIT_LITMUS_RESUME=DIR/reference/<machine>/LAB.json to finish them)
 # --only NOTEBOOK: the part 'notebooks' runs only these notebooks (repeatable; labkit run --only).
 # -k EXPR:  the part 'tests' runs only the tests pytest -k EXPR selects.
+# --shard K/N: the part 'tests' runs only the K-th of N shards (tests dealt round-robin; the
+#           whole suite takes longer than one 10-minute call on 2 GPUs). The step is named
+#           tests-K-of-N in gpu_tier.json, so the shards of several calls add up there.
 # --wheels: a folder of wheels made beforehand by scripts/prepare_wheels.sh on a machine with a
 #           package registry, for nodes that lack papermill/nbclient/ipykernel/ipywidgets. They are
 #           installed into DIR's own site folder (nothing on the node is changed).
@@ -39,8 +43,8 @@ set -uo pipefail
 # checks the two agree).
 labs=(doctor workbench sc_kernel sc_launch device_guard sc_model streams collectives collectives_tune links grouped_gemm grouped_gemm_tune fp8 litmus litmus_two_gpus broken_barriers)
 valid=(all doctor tests notebooks bench "${labs[@]/#/bench:}")
-usage_line="usage: gpu_tier.sh --out DIR [--part PART]... [--only NOTEBOOK]... [-k EXPR] [--wheels DIR] [--python PY] [--dry-run] | --list-parts"
-out="" wheels="" py=${PYTHON:-python3} kexpr="" dry=0
+usage_line="usage: gpu_tier.sh --out DIR [--part PART]... [--only NOTEBOOK]... [-k EXPR] [--shard K/N] [--wheels DIR] [--python PY] [--dry-run] | --list-parts"
+out="" wheels="" py=${PYTHON:-python3} kexpr="" shard="" dry=0
 parts=() only=()
 value() {  # value OPTION ARGS...: the value after OPTION, or exit 2
   [ $# -ge 2 ] && [ -n "$2" ] || { echo "gpu_tier.sh: $1 needs a value ($usage_line)" >&2; exit 2; }
@@ -53,6 +57,7 @@ while [ $# -gt 0 ]; do
     --part) value "$@"; parts+=("$2"); shift 2 ;;
     --only) value "$@"; only+=("$2"); shift 2 ;;
     -k) value "$@"; kexpr=$2; shift 2 ;;
+    --shard) value "$@"; shard=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
     --list-parts) printf '%s\n' "${valid[@]}"; exit 0 ;;
     -h|--help) sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
@@ -65,6 +70,10 @@ for p in "${parts[@]}"; do
     echo "gpu_tier.sh: unknown part '$p'; valid parts: ${valid[*]}" >&2; exit 2; }
 done
 [ -n "$out" ] || { echo "gpu_tier.sh: --out DIR is required" >&2; exit 2; }
+if [ -n "$shard" ]; then
+  [[ $shard =~ ^([0-9]+)/([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -ge 1 ] && [ "${BASH_REMATCH[1]}" -le "${BASH_REMATCH[2]}" ] || {
+    echo "gpu_tier.sh: --shard needs K/N with 1 <= K <= N, e.g. 1/3 (got '$shard'; $usage_line)" >&2; exit 2; }
+fi
 wanted() {  # wanted PART: was PART asked for, itself or through 'all' or 'bench'?
   local p
   for p in "${parts[@]}"; do
@@ -104,13 +113,19 @@ step() {  # step PART NAME COMMAND...: run, log, and remember part, exit code an
 }
 tee_out() { local log=$1; shift; "$@" | tee "$log"; }         # stdout into LOG as well
 tee_all() { local log=$1; shift; "$@" 2>&1 | tee "$log"; }    # stdout and stderr into LOG as well
-pytest_args=(-ra -p no:cacheprovider -m "not notebook" --junitxml="$out/pytest.xml")
+pytest_args=(-ra -p no:cacheprovider -m "not notebook")
 [ -z "$kexpr" ] || pytest_args+=(-k "$kexpr")
+tests_step=tests tests_log=pytest
+if [ -n "$shard" ]; then
+  pytest_args+=(--labkit-shard "$shard")
+  tests_step="tests-${shard%/*}-of-${shard#*/}" tests_log="pytest-${shard%/*}-of-${shard#*/}"
+fi
+pytest_args+=(--junitxml="$out/$tests_log.xml")
 run_args=(--profile gpu --runs-dir "$out/runs" --no-progress)
 [ ${#only[@]} -eq 0 ] || run_args+=(--only "${only[@]}")
 
 wanted doctor && step doctor doctor tee_out "$out/doctor.txt" "$py" -m labkit doctor
-wanted tests && step tests tests tee_all "$out/pytest.log" "$py" -m pytest "${pytest_args[@]}"
+wanted tests && step tests "$tests_step" tee_all "$out/$tests_log.log" "$py" -m pytest "${pytest_args[@]}"
 wanted notebooks && step notebooks notebooks "$py" -m labkit run "${run_args[@]}"
 for lab in "${labs[@]}"; do
   wanted "bench:$lab" && step "bench:$lab" "bench-${lab//_/-}" "$py" -m labkit bench "$lab" --profile gpu --reference --out "$out/reference"

@@ -2,14 +2,49 @@
 machine without a GPU) before any kernel module is imported.
 
 Tests marked ``gpu`` or ``multigpu`` are skipped, with the gate's one-line reason, where the
-hardware is missing; pytest prints every skip reason at the end of the run (``-ra``)."""
+hardware is missing; pytest prints every skip reason at the end of the run (``-ra``).
+
+``--labkit-shard K/N`` runs the K-th of N shards (1-based) of the tests selected after ``-m`` and
+``-k``: items are dealt round-robin in collection order, so a slow parametrised group is spread over
+every shard. ``scripts/gpu_tier.sh --shard K/N`` uses it: the whole GPU-tier suite does not fit one
+10-minute call of a GPU machine."""
 import labkit  # noqa: F401  (must precede kernel imports)
 import pytest
 
 from labkit.workbench import gates
 
 
+def pytest_addoption(parser):
+    parser.addoption("--labkit-shard", default=None, metavar="K/N",
+                     help="run only the K-th of N round-robin shards of the selected tests (1 <= K <= N)")
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"K/N"`` -> (K, N), 1 <= K <= N; a clear error naming the option otherwise."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--labkit-shard: expected K/N with whole numbers, e.g. 1/3, got {text!r}") from None
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"--labkit-shard: expected 1 <= K <= N, got {text!r}")
+    return k, n
+
+
+def shard_of(items: list, k: int, n: int) -> tuple[list, list]:
+    """(kept, deselected): item i (0-based, collection order) belongs to shard i % n + 1."""
+    kept = [it for i, it in enumerate(items) if i % n == k - 1]
+    dropped = [it for i, it in enumerate(items) if i % n != k - 1]
+    return kept, dropped
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs: shards split what would run
 def pytest_collection_modifyitems(config, items):
+    shard = config.getoption("--labkit-shard")
+    if shard:
+        kept, dropped = shard_of(items, *parse_shard(shard))
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
     one = gates.requires(gpus=1, compiled=True)
     two = gates.requires(gpus=2, compiled=True)
     for item in items:

@@ -282,6 +282,8 @@ def test_two_gpu_cells_run_contained_and_flatten():
 @pytest.mark.multigpu
 def test_the_panel_runs_the_naive_mode_in_a_child_on_two_gpus():
     text, fig = widgets.case_report("two_gpus", "fp8_naive", drift="constant", steps=2)
-    assert text.startswith("fp8_naive on two_gpus:")
+    recipe_line, verdict = text.splitlines()[:2]   # the recipe that ran heads the verdict
+    assert recipe_line.startswith("recipe: margin 0,")
+    assert verdict.startswith("fp8_naive on two_gpus:")
     print(text)
     plt.close(fig)

@@ -221,12 +221,13 @@ def test_forward_and_backward_within_bounds_on_the_gpu():
 
 
 def _train_steps(device):
-    lin = _layer(K=512, N=256, seed=3, device=device)
+    recipe = DelayedScaling(amax_history_len=4)
+    lin = _layer(K=512, N=256, seed=3, device=device, recipe=recipe)
     x = (torch.randn(1024, 512, generator=torch.Generator().manual_seed(5))).to(torch.bfloat16).to(device)
     x.requires_grad_()
     outs = []
     for _ in range(3):
-        with fp8_autocast(recipe=DelayedScaling(amax_history_len=4)):
+        with fp8_autocast(recipe=recipe):
             y = lin(x)
         y.float().square().mean().backward()
         outs += [t.detach().cpu() for t in (y, x.grad, lin.weight.grad, *lin.buffers())]   # this step's values

@@ -64,8 +64,30 @@ def test_dry_run_each_selection(tmp_path):
     steps, text = _steps("--part", "bench:links", "--part", "tests", "--part", "bench:links", "-k", "a and b",
                          tmp_path=tmp_path)
     assert steps == ["tests tests", "bench:links bench-links"]
-    assert re.search(r"-m not\\ notebook .*-k a\\ and\\ b$", text.splitlines()[0]), text
+    assert re.search(r"-m not\\ notebook .*-k a\\ and\\ b --junitxml=\S*/pytest.xml$", text.splitlines()[0]), text
     steps, text = _steps("--part", "notebooks", "--only", "00_start_here", "--only", "02_collectives",
                          tmp_path=tmp_path)
     assert steps == ["notebooks notebooks"]
     assert "labkit run --profile gpu" in text and text.rstrip().endswith("--only 00_start_here 02_collectives")
+
+
+def test_shards_of_the_tests_part(tmp_path):
+    steps, text = _steps("--part", "tests", "--shard", "2/3", tmp_path=tmp_path)
+    assert steps == ["tests tests-2-of-3"]
+    assert "--labkit-shard 2/3 --junitxml=" in text and "pytest-2-of-3.log" in text and "pytest-2-of-3.xml" in text
+    for bad in ("0/3", "4/3", "a/3", "3"):
+        p = _tier("--dry-run", "--out", str(tmp_path / "out"), "--part", "tests", "--shard", bad)
+        assert p.returncode == 2 and "--shard needs K/N" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_shards_deal_every_test_to_exactly_one_shard():
+    from conftest import parse_shard, shard_of
+
+    items = list(range(10))
+    shards = [shard_of(items, k, 3) for k in (1, 2, 3)]
+    assert [kept for kept, _ in shards] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
+    assert all(sorted(kept + dropped) == items for kept, dropped in shards)
+    assert parse_shard("2/3") == (2, 3)
+    for bad in ("0/3", "4/3", "x/3", "3"):
+        with pytest.raises(pytest.UsageError, match="--labkit-shard"):
+            parse_shard(bad)
