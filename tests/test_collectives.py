@@ -516,8 +516,9 @@ def test_eager_plot_draws_every_path_beside_torch_and_the_target():
 
 
 def test_old_sweep_files_still_plot_and_say_they_lack_the_eager_series():
-    """A reference file recorded before the eager series (reference/h200x2/collectives.json, or
-    the minimal fields of one): every sweep plot as before, and the eager plot says what is missing.
+    """A reference file recorded before the eager series (reference/h200x2/collectives.json without
+    its eager and host-cost records, or the minimal fields of one): every sweep plot as before, and
+    the eager plot says what is missing.
     The new records (kinds "eager", "host_cost") leave the sweep's plots, tables and crossover alone."""
     from labkit.labs.collectives import bench, plots
     from labkit.workbench import results
@@ -527,7 +528,8 @@ def test_old_sweep_files_still_plot_and_say_they_lack_the_eager_series():
     assert "no eager-series records here" in _texts(ax)[0]
     plt.close(fig)
     refs = results.load_references("collectives")
-    old = refs["h200x2"].records if "h200x2" in refs else _sweep()
+    old = ([r for r in refs["h200x2"].records if r.get("kind") not in ("eager", "host_cost")]
+           if "h200x2" in refs else _sweep())
     host = [{"kind": "host_cost", "impl": "labkit_all_reduce", "op": "all_reduce", "world_size": 2, "bytes": 4096,
              "us": 3.0, "path": "plan()", "stage": "plan launch"}]
     new = old + _eager() + host
@@ -541,6 +543,26 @@ def test_old_sweep_files_still_plot_and_say_they_lack_the_eager_series():
         assert len(ax.get_lines()) == len(plots._series(old, "all_reduce", "us"))
         plt.close(fig)
     assert bench.eager_target_verdicts(old) == []
+    plt, fig, ax = _axes()
+    assert plots.plot_eager(old, ax, "old") == 0
+    plt.close(fig)
     assert bench.eager_target_verdicts(new)[1] == (
         "W=2, plan_cached, out of place: x0.92..x1.38 of torch's best eager op (paired medians) at 4 KiB..1 MiB; "
         "within x1.2 at 1 of 2 sizes")
+
+
+def test_the_recorded_eager_series_has_a_verdict_per_path_and_form():
+    """reference/h200x2/collectives.json holds the eager series: one verdict per path x form, each
+    with a ratio range over the 4 KiB..1 MiB sizes, and the eager plot draws it."""
+    from labkit.labs.collectives import bench, plots
+    from labkit.workbench import results
+
+    refs = results.load_references("collectives")
+    if "h200x2" not in refs or not any(r.get("kind") == "eager" for r in refs["h200x2"].records):
+        pytest.skip("reference/h200x2/collectives.json has no eager series")
+    verdicts = bench.eager_target_verdicts(refs["h200x2"].records)
+    assert len(verdicts) == 2 * len(bench.EAGER_PATHS)
+    assert all(v.startswith("W=2, ") and "of torch's best eager op" in v and "within x1.2 at" in v for v in verdicts)
+    plt, fig, ax = _axes()
+    assert plots.plot_eager(refs["h200x2"].records, ax, "h200x2") > 0
+    plt.close(fig)

@@ -145,7 +145,7 @@ def plot_eager(records: list[dict], ax, title: str, in_place: bool = False) -> i
     recs = eager_records(records)
     worlds = sorted({r["world_size"] for r in recs})
     if not recs:
-        ax.text(0.5, 0.5, "no eager-series records here\n(files recorded before issue 18's eager series lack them)",
+        ax.text(0.5, 0.5, "no eager-series records here\n(files recorded before the eager series existed lack them)",
                 ha="center", va="center", transform=ax.transAxes, fontsize=8)
         ax.axis("off")
         return 0
