@@ -22,7 +22,9 @@
 #                                                                -> reference/<machine>/LAB.json
 #                    (litmus and litmus_two_gpus stop starting rows after LABKIT_LITMUS_BUDGET_S,
 #                    default 480 s, and record the rest as pending; run again with
-#                    LABKIT_LITMUS_RESUME=DIR/reference/<machine>/LAB.json to finish them)
+#                    LABKIT_LITMUS_RESUME=DIR/reference/<machine>/LAB.json to finish them;
+#                    broken_barriers starts no spawn after LABKIT_BARRIERS_BUDGET_S, default
+#                    480 s, and records the rows left as "not started")
 # --only NOTEBOOK: the part 'notebooks' runs only these notebooks (repeatable; labkit run --only).
 # -k EXPR:  the part 'tests' runs only the tests pytest -k EXPR selects.
 # --shard K/N: the part 'tests' runs only the K-th of N shards (tests dealt round-robin; the

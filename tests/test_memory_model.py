@@ -9,7 +9,6 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 from labkit.kernels.comm.ranks import run_ranks  # noqa: E402
 from labkit.kernels.litmus import model, run_litmus  # noqa: E402
@@ -165,11 +164,119 @@ def test_plots_draw_from_records_with_skipped_and_zero_rows():
 def test_broken_barriers_in_the_emulated_world():
     """The correct kernel with a delay on rank 1 is never wrong; no_end_barrier goes wrong in
     some trials (a rank's next input lands while the slow rank reads)."""
-    good = bb.measure("correct", "one_shot", 400, 4, 4096)
-    assert good["world"] == "emulated" and good["wrong_results"] == 0 and good["pads_zero"], good
-    bad = bb.measure("no_end_barrier", "one_shot", 400, 4, 4096)
+    # every delay in one spawn: one record per delay, in order
+    good = bb.measure_delays("correct", "one_shot", (0, 400), 4, 4096)
+    assert [g["delay"] for g in good] == [0, 400] and [g["stress"] for g in good] == ["none", bb.STRESS]
+    for g in good:
+        assert g["world"] == "emulated" and g["skipped"] is None and g["wrong_results"] == 0 and g["pads_zero"], g
+        assert g["wrong_per_rank"] == [0, 0] and g["seconds"] > 0 and g["wall_s"] >= 0
+    bad = bb.measure("no_end_barrier", "one_shot", 400, 4, 4096)  # one row, a spawn of its own
     assert bad["wrong_results"] > 0, bad
-    assert all(k in bad for k in bb.REQUIRED)
+    assert all(k in bad for k in bb.REQUIRED) and set(bad) == set(good[1])
+
+
+class _FakeRanks:
+    """What ``run_ranks`` returns, made up: per rank, one dict per delay (``delayed_sweep``'s)."""
+
+    def __init__(self, ok, variant, form, delays, trials, n, dtype_name):
+        self.ok = ok
+        self._values = [[{"variant": variant, "algorithm": form, "delay": d, "trials": trials, "n": n,
+                          "dtype": dtype_name, "rank": r, "wrong": int(d > 0 and r == 1),
+                          "wrong_trials": [0] if d > 0 and r == 1 else [], "seconds": 0.5 + r,
+                          "pads_zero": True} for d in delays] for r in range(2)]
+
+    def summary(self):
+        return "rank 0 ok (1.0 s); rank 1 illegal_memory_access (1.0 s)" if not self.ok else "ok"
+
+    def unwrap(self):
+        assert self.ok
+        return self._values
+
+
+def test_the_benchmark_spawns_once_per_form_and_variant(monkeypatch):
+    """16 spawns for the profile's rows, every delay in each; a spawn that fails costs its own rows
+    only (each skipped with run_ranks's reason), the others are kept; the records' keys unchanged."""
+    calls = []
+
+    def fake_run_ranks(fn, world, variant, form, delays, trials, n, dtype_name, timeout):
+        calls.append((fn, world, variant, form, delays, timeout))
+        return _FakeRanks((form, variant) != ("tree", "gpu_scope"), variant, form, delays, trials, n, dtype_name)
+
+    monkeypatch.setattr(bb, "run_ranks", fake_run_ranks)
+    monkeypatch.delenv(bb.BUDGET_ENV, raising=False)
+    p = bb.PROFILES["cpu"]
+    recs = bb.benchmark("cpu", progress=False)
+    pairs = [(f, v) for f in p["forms"] for v in p["variants"]]
+    assert len(calls) == len(pairs) == 16
+    assert all(c[0] is bb.delayed_sweep and c[1] == 2 and c[4] == p["delays"] for c in calls)
+    assert [(c[3], c[2]) for c in calls] == pairs
+    assert all(0 < c[5] <= bb.SPAWN_TIMEOUT_S for c in calls)
+    assert [(r["algorithm"], r["variant"], r["delay"]) for r in recs] == \
+        [(f, v, d) for f, v in pairs for d in p["delays"]]
+    world = "emulated" if tier.interpreted() else "gpus"
+    ok = [r for r in recs if (r["algorithm"], r["variant"]) != ("tree", "gpu_scope")]
+    failed = [r for r in recs if (r["algorithm"], r["variant"]) == ("tree", "gpu_scope")]
+    assert len(failed) == len(p["delays"])
+    assert all(r["skipped"].startswith("run_ranks: rank 0 ok") and r["wrong_results"] is None for r in failed)
+    assert set(failed[0]) == set(bb.row("tree", "gpu_scope", 0, 4, world, skipped="x"))
+    for r in ok:
+        assert r["skipped"] is None and r["world"] == world and r["trials"] == p["trials"]
+        assert r["wrong_results"] == (r["delay"] > 0) and r["wrong_per_rank"] == [0, int(r["delay"] > 0)]
+        assert r["seconds"] == 1.5 and r["pads_zero"] is True and r["n"] == p["n"] and r["dtype"] == p["dtype"]
+        assert set(r) == set(bb.REQUIRED) | {"stress", "slow_rank", "wrong_per_rank", "n", "dtype", "pads_zero",
+                                             "seconds", "wall_s"}
+    # measure: one row, one spawn of one delay, the same record
+    calls.clear()
+    one = bb.measure("no_end_barrier", "two_shot", 400, 4, 4096)
+    assert len(calls) == 1 and calls[0][4] == (400,) and calls[0][5] == bb.SPAWN_TIMEOUT_S
+    assert one["wrong_results"] == 1 and set(one) == set(ok[0])
+    calls.clear()  # bad delays are refused before any spawn
+    with pytest.raises(UsageError, match="delays: expected at least one delay"):
+        bb.measure_delays("correct", "one_shot", (), 4, 4096)
+    with pytest.raises(UsageError, match="delays: expected a sequence"):
+        bb.measure_delays("correct", "one_shot", 400, 4, 4096)
+    with pytest.raises(UsageError, match="delay: expected an int >= 0"):
+        bb.measure_delays("correct", "one_shot", (0, -5), 4, 4096)
+    assert not calls
+
+
+def test_the_budget_stops_new_spawns_and_records_the_rest(monkeypatch):
+    """After LABKIT_BARRIERS_BUDGET_S seconds no new spawn starts: the rows left are recorded as not
+    started, and a spawn's timeout is cut to end by the budget plus GRACE_S (a fake clock, no spawn)."""
+    now = [1000.0]
+    spawns = []
+
+    def fake_measure_delays(variant, form, delays, trials, n, dtype_name, timeout):
+        spawns.append((form, variant, timeout))
+        now[0] += 100.0  # every spawn takes 100 s
+        return [bb.row(form, variant, d, trials, "gpus", wrong_results=0) for d in delays]
+
+    monkeypatch.setattr(bb, "_clock", lambda: now[0])
+    monkeypatch.setattr(bb, "measure_delays", fake_measure_delays)
+    monkeypatch.setenv(bb.BUDGET_ENV, "250")
+    assert bb.budget_s() == 250.0
+    p = bb.PROFILES["cpu"]
+    recs = bb.benchmark("cpu", progress=False)
+    # spawns start at 0, 100 and 200 s (within 250 s); the fourth would start at 300 s
+    assert len(spawns) == 3
+    assert [t for _, _, t in spawns] == [250 + bb.GRACE_S, 150 + bb.GRACE_S, 50 + bb.GRACE_S]
+    assert len(recs) == 16 * len(p["delays"])
+    run, rest = recs[:3 * len(p["delays"])], recs[3 * len(p["delays"]):]
+    assert all(r["skipped"] is None for r in run)
+    assert all(r["skipped"] == "not started: the budget of 250 s ran out" and r["wrong_results"] is None
+               for r in rest)
+    assert all(k in r for r in recs for k in bb.REQUIRED)
+    assert [(e["trials"], e["skipped"]) for e in bb.rates(rest)][:1] == [(0, rest[0]["skipped"])]
+    # the default, an explicit budget, and bad values naming the variable
+    monkeypatch.delenv(bb.BUDGET_ENV)
+    assert bb.budget_s() == bb.BUDGET_S == 480.0
+    spawns.clear()
+    assert all(r["skipped"].startswith("not started") for r in bb.benchmark("cpu", budget=-1, progress=False))
+    assert not spawns
+    for bad in ("soon", "-3", "nan"):
+        monkeypatch.setenv(bb.BUDGET_ENV, bad)
+        with pytest.raises(UsageError, match=f"{bb.BUDGET_ENV}: expected seconds >= 0"):
+            bb.budget_s()
 
 
 @pytest.mark.skipif(not tier.interpreted(), reason="the emulated world")

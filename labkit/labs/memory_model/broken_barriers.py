@@ -20,10 +20,29 @@ processes over shared memory, interpreted kernels, the host's x86-TSO memory mod
 behaves alike there), labelled ``world="emulated"``; the same in-kernel delay, where one load
 costs an interpreter step (tens of microseconds), not a GPU round trip.
 
-Records: ``algorithm, variant, stress, delay, trials, wrong_results`` (+ world, n, seconds, pads_zero).
+Records: ``algorithm, variant, stress, delay, trials, wrong_results`` (+ world, n, seconds, pads_zero),
+one per (form, variant, delay).
+
+Spawns. Starting two rank processes (a fresh interpreter each, torch imported, CUDA set up) is,
+by estimate, most of a row's cost, so one ``run_ranks`` call per (form, variant) runs every delay
+of the profile in that same pair of processes (``delayed_sweep``, through ``measure_delays``): 16
+spawns in either profile (64 rows in ``gpu``, 32 in ``cpu``), where one spawn a row took 64 in
+``gpu``. A spawn that fails (a crash, a hang killed at its timeout) costs the rows of its own
+(form, variant) only, each recorded as skipped with ``run_ranks``'s reason; the other spawns' rows
+are kept. In a record, ``seconds`` is that delay's own trials (the slowest rank's), and ``wall_s``
+the wall time of its whole spawn divided evenly over the spawn's delays (process start included,
+so not the delay's own cost; ``measure``, one delay, gives its spawn's whole wall time).
+
+Budget. ``benchmark`` starts no new spawn once ``LABKIT_BARRIERS_BUDGET_S`` seconds (default
+``BUDGET_S`` = 480) have passed since it began; the rows left are recorded with
+``skipped="not started: the budget of N s ran out"``. A spawn's own timeout is cut so that it ends
+by the budget plus ``GRACE_S`` (90 s) at the latest: 570 s after ``benchmark`` began, by default,
+under the GPU machines' 10 minutes a command (the command's own start-up and the writing of the
+results file come on top).
 """
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -42,9 +61,20 @@ VARIANTS = ("correct", "relaxed", "no_end_barrier", "gpu_scope")
 FORMS = lab02.ALL_REDUCE_FORMS
 SLOW_RANK = 1
 STRESS = "delay: DELAY volatile loads on rank 1 between the barrier and its peer reads (signals.slow_down)"
+#: seconds after which ``benchmark`` starts no new spawn (environment ``LABKIT_BARRIERS_BUDGET_S``)
+BUDGET_S = 480.0
+#: seconds a spawn started within the budget may run past it before it is killed
+GRACE_S = 90.0
+#: the longest a spawn may run (``measure``'s and ``measure_delays``'s default timeout)
+SPAWN_TIMEOUT_S = 600.0
+BUDGET_ENV = "LABKIT_BARRIERS_BUDGET_S"
 PROFILES = {
-    # 4 forms x 4 variants x 4 delays = 64 rows, each two spawned ranks: about 5-10 s a row by
-    # estimate (not measured), 6-11 minutes in all; the copy-engine forms are left out to fit
+    # 4 forms x 4 variants x 4 delays = 64 rows in 16 spawns of two ranks (one per form and
+    # variant, every delay in it). Not measured yet, an estimate only: the 64 spawns of one row
+    # each took an estimated 6-11 minutes, mostly process start, torch import and CUDA set-up
+    # (about 8 s a spawn); 16 spawns pay that a quarter as often, plus each delay's compiles and
+    # trials, so a few minutes. If it runs longer, the budget (BUDGET_S) stops it in time. The
+    # copy-engine forms are left out to fit
     "gpu": {"delays": (0, 100, 1000, 10000), "trials": 60, "n": 1 << 16, "dtype": "bfloat16",
             "forms": ("one_shot", "two_shot", "two_shot_in_place", "tree"), "variants": VARIANTS},
     "cpu": {"delays": (0, 400), "trials": 4, "n": 4096, "dtype": "float32",
@@ -112,6 +142,13 @@ def delayed_trials(ctx, variant: str, form: str = "one_shot", trials: int = 8, n
             "rank": ctx.rank, "wrong": len(wrong), "wrong_trials": wrong, "seconds": seconds, "pads_zero": pads_zero}
 
 
+def delayed_sweep(ctx, variant: str, form: str, delays, trials: int = 8, n: int = 4096,
+                  dtype_name: str = "float32", seed: int = 0) -> list[dict]:
+    """``delayed_trials`` for every delay of ``delays`` in turn, in this one pair of processes (each
+    delay on a buffer of its own and the same inputs); returns the per-delay dicts, in order."""
+    return [delayed_trials(ctx, variant, form, trials, n, dtype_name, delay, seed) for delay in delays]
+
+
 def zero_delay_matches(ctx, n: int = 4096, seed: int = 3) -> tuple[bool, bool]:
     """On every rank: lab 02's all-reduce and the delayed plan at delay 0 on the same input.
     Returns (bit-identical results, correct against the fp64 sum)."""
@@ -131,21 +168,50 @@ def zero_delay_matches(ctx, n: int = 4096, seed: int = 3) -> tuple[bool, bool]:
     return bool(torch.equal(a, b)), lab02.close_to_sum(b, xs, torch.float32, ctx.world_size)
 
 
-def measure(variant: str, form: str, delay: int, trials: int, n: int, dtype_name: str = "float32",
-            timeout: float = 600.0) -> dict:
-    """One row on two ranks (2 GPUs, or the emulated world under the interpreter): the record."""
-    _check(variant, form, delay)
+def _check_delays(variant: str, form: str, delays) -> tuple[int, ...]:
+    if isinstance(delays, (int, str)) or not hasattr(delays, "__iter__"):
+        raise UsageError(f"delays: expected a sequence of ints >= 0 (volatile loads), got {delays!r}")
+    delays = tuple(delays)
+    if not delays:
+        raise UsageError("delays: expected at least one delay, got none")
+    for delay in delays:
+        _check(variant, form, delay)
+    return delays
+
+
+def measure_delays(variant: str, form: str, delays, trials: int, n: int, dtype_name: str = "float32",
+                   timeout: float = SPAWN_TIMEOUT_S) -> list[dict]:
+    """Every delay of ``delays`` for one form and variant in ONE spawn of two ranks (2 GPUs, or the
+    emulated world under the interpreter): one record per delay, in order. If the spawn fails, every
+    one of its rows is recorded as skipped with the reason. ``wall_s``: the spawn's wall time
+    divided evenly over its delays; ``seconds``: the delay's own trials, the slowest rank's."""
+    delays = _check_delays(variant, form, delays)
     world = "emulated" if tier.interpreted() else "gpus"
     start = time.perf_counter()
-    res = run_ranks(delayed_trials, 2, variant, form, trials, n, dtype_name, delay, timeout=timeout)
+    res = run_ranks(delayed_sweep, 2, variant, form, delays, trials, n, dtype_name, timeout=timeout)
+    wall = time.perf_counter() - start
     if not res.ok:
-        return row(form, variant, delay, trials, world, skipped=f"run_ranks: {res.summary()}"[:300])
-    parts = res.unwrap()
-    wrong = len(set().union(*(p["wrong_trials"] for p in parts)))  # a trial is wrong if any rank's result is
-    return row(form, variant, delay, trials, world, wrong_results=wrong,
-               wrong_per_rank=[p["wrong"] for p in parts], n=n, dtype=dtype_name,
-               pads_zero=all(p["pads_zero"] for p in parts), seconds=round(max(p["seconds"] for p in parts), 4),
-               wall_s=round(time.perf_counter() - start, 2))
+        reason = f"run_ranks: {res.summary()}"[:300]
+        return [row(form, variant, d, trials, world, skipped=reason) for d in delays]
+    per_rank = res.unwrap()  # per rank: one dict per delay
+    out = []
+    for i, delay in enumerate(delays):
+        parts = [rank_rows[i] for rank_rows in per_rank]
+        wrong = len(set().union(*(p["wrong_trials"] for p in parts)))  # a trial is wrong if any rank's result is
+        out.append(row(form, variant, delay, trials, world, wrong_results=wrong,
+                       wrong_per_rank=[p["wrong"] for p in parts], n=n, dtype=dtype_name,
+                       pads_zero=all(p["pads_zero"] for p in parts),
+                       seconds=round(max(p["seconds"] for p in parts), 4),
+                       wall_s=round(wall / len(delays), 2)))
+    return out
+
+
+def measure(variant: str, form: str, delay: int, trials: int, n: int, dtype_name: str = "float32",
+            timeout: float = SPAWN_TIMEOUT_S) -> dict:
+    """One row on two ranks (2 GPUs, or the emulated world under the interpreter): the record
+    (a spawn of its own; ``wall_s`` is that spawn's wall time)."""
+    _check(variant, form, delay)
+    return measure_delays(variant, form, (delay,), trials, n, dtype_name, timeout=timeout)[0]
 
 
 def row(form, variant, delay, trials, world, *, skipped=None, wrong_results=None, **extra) -> dict:
@@ -154,20 +220,54 @@ def row(form, variant, delay, trials, world, *, skipped=None, wrong_results=None
             "skipped": skipped, **extra}
 
 
-def benchmark(profile: str) -> list[dict]:
-    """Entry point of ``labkit bench broken_barriers``: every form x variant x delay."""
+def budget_s() -> float:
+    """``LABKIT_BARRIERS_BUDGET_S`` if set, else ``BUDGET_S``."""
+    raw = os.environ.get(BUDGET_ENV)
+    if raw is None or not raw.strip():
+        return BUDGET_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0:
+        raise UsageError(f"{BUDGET_ENV}: expected seconds >= 0, got {raw!r}")
+    return value
+
+
+def not_started(budget: float) -> str:
+    return f"not started: the budget of {budget:g} s ran out"
+
+
+#: the clock of the budget (a test replaces it)
+_clock = time.monotonic
+
+
+def benchmark(profile: str, *, budget: float | None = None, progress: bool = True) -> list[dict]:
+    """Entry point of ``labkit bench broken_barriers``: every form x variant x delay, one spawn per
+    (form, variant) while the budget lasts (``budget`` seconds, default ``budget_s()``)."""
+    started = _clock()
     p = PROFILES["gpu" if profile == "gpu" else "cpu"]
-    grid = [(f, v, d) for f in p["forms"] for v in p["variants"] for d in p["delays"]]
+    pairs = [(f, v) for f in p["forms"] for v in p["variants"]]
     if profile == "gpu":
         gate = gates.requires(gpus=2, peer_access=True, compiled=True)
         if not gate.ok:
-            return [row(f, v, d, p["trials"], "gpus", skipped=gate.reason) for f, v, d in grid]
+            return [row(f, v, d, p["trials"], "gpus", skipped=gate.reason) for f, v in pairs for d in p["delays"]]
+    budget = budget_s() if budget is None else float(budget)
+    world = "emulated" if tier.interpreted() else "gpus"
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover
         def tqdm(x, **_):
             return x
-    return [measure(v, f, d, p["trials"], p["n"], p["dtype"]) for f, v, d in tqdm(grid, desc="broken barriers")]
+    out: list[dict] = []
+    for f, v in tqdm(pairs, desc="broken barriers (spawns)", disable=not progress):
+        elapsed = _clock() - started
+        if elapsed > budget:
+            out += [row(f, v, d, p["trials"], world, skipped=not_started(budget)) for d in p["delays"]]
+            continue
+        timeout = min(SPAWN_TIMEOUT_S, budget + GRACE_S - elapsed)  # ends by budget + GRACE_S at the latest
+        out += measure_delays(v, f, p["delays"], p["trials"], p["n"], p["dtype"], timeout=timeout)
+    return out
 
 
 def rates(records) -> list[dict]:
