@@ -530,6 +530,10 @@ def benchmark(profile: str) -> list[dict]:
     _progress_main({"phase": "sweep done"})
     records += host_cost_records(w)
     _progress_main({"phase": "host cost done"})
+    from labkit.labs.collectives import push_bench  # the push one-shot beside the pull one and torch's ops
+
+    records += push_bench.push_records(w)
+    _progress_main({"phase": "push one-shot done"})
     records += _broken_records(w)
     _progress_main({"phase": "broken variants done"})
     records.append(_crash_record(w))

@@ -239,3 +239,32 @@ def one_rank(ctx) -> str:
     except ValueError as e:
         return f"ValueError: {e}"
     return "no error"
+
+
+def push_trials(ctx, n: int, dtype_name: str = "float32", seed: int = 0, calls: int = 6, *, in_place: bool = False,
+                slots: int = 2, delay: int = 0, late_rank: int | None = None, late_s: float = 0.0,
+                capacity: int | None = None) -> dict:
+    """``calls`` push all-reduces (``labkit.kernels.comm.push``) back to back on one inbox, fresh
+    inputs every call, no host barrier between them (a fast rank may run a call ahead). Rank
+    ``late_rank`` sleeps ``late_s`` before every other call; ``delay`` slows rank 1 inside the
+    kernel between its wait and its sum; ``slots=1`` is the broken one-slot protocol. Returns which
+    calls were wrong on this rank (against the fp64 sum of every rank's input) and the epochs."""
+    import hashlib
+
+    from labkit.kernels.comm import push
+
+    dtype = getattr(torch, dtype_name)
+    box = push.inbox(capacity or n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    inputs = [rank_inputs(ctx, n, dtype, seed * 1000 + c) for c in range(calls)]
+    outs = []
+    for c, (x, _) in enumerate(inputs):
+        if late_rank == ctx.rank and c % 2 == 0:
+            time.sleep(late_s)
+        x = x.clone()
+        outs.append(push.all_reduce_variant(x, box, x if in_place else None, slots=slots, delay=delay))
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    wrong = [c for c, (y, (_, xs)) in enumerate(zip(outs, inputs)) if not close_to_sum(y, xs, dtype, ctx.world_size)]
+    return {"rank": ctx.rank, "calls": calls, "wrong": wrong, "epochs": box.epochs(),
+            "digests": [hashlib.sha1(y.cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
+                        for y in outs]}

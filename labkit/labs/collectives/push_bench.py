@@ -1,0 +1,179 @@
+"""Lab 02's push one-shot (``labkit.kernels.comm.push``) against the pull one-shot and PyTorch's
+symmetric-memory ops, at a few sizes, in one comparison per size and timing: CUDA-graph replay
+(the floor of each kernel: no Python per call) and eager calls. Records of kind "push", written
+by ``labkit bench collectives`` beside its sweep.
+
+Per size, every candidate is checked once against the sum over ranks; then each is timed in the
+same interleaved rounds (``labkit.workbench.bench.compare``: CUDA events, every sample starting
+with both GPUs idle and the ranks at a barrier), medians and quartiles, and each record carries
+its time over torch's fastest op of the same round, paired, with quartiles. After the graph
+replays the push all-reduce is checked again: its epoch counters live on the device, so replays
+must leave every rank's counters in step (``correct_after``).
+
+The push candidates read a plain local tensor and write a plain output (only the inbox is
+symmetric), so they need no copy into a symmetric buffer; the pull one-shot and torch's ops read
+a symmetric buffer that holds the input already (what their callers must arrange).
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from labkit.kernels.comm import collectives as C
+from labkit.kernels.comm import push, symm
+
+#: message sizes per rank (bytes); 4 KiB .. 1 MiB is where latency decides, 256 MiB bandwidth
+SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
+REQUIRED = ("kind", "impl", "timing", "bytes", "world_size", "us", "correct")
+
+
+def _graph_of(call, iters: int):
+    """One CUDA graph of ``iters`` back-to-back calls (captured on a side stream, as the sweep does)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        call()  # warm-up on the capture stream
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(iters):
+                call()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    return g
+
+
+def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
+    """name -> (fields, call, check) at one size; torch's ops only where this torch has them."""
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    dev = ctx.device
+    box = push.inbox(n, dtype, device=dev)
+    out, mine = torch.empty_like(x), x.clone()
+    buf = symm.empty(n, dtype, device=dev)
+    pull_out = torch.empty_like(x)
+    group = dist.group.WORLD.group_name
+    st = symm_mem.empty(n, dtype=dtype, device=dev)
+    symm_mem.rendezvous(st, group)
+    cands = {
+        "labkit_push_one_shot": ({"in_place": False}, lambda: push.all_reduce(x, box, out),
+                                 lambda: close(push.all_reduce(x, box, out))),
+        # in place: the input is replaced by the sum (timed repeatedly, the values grow: timing only)
+        "labkit_push_one_shot_in_place": ({"in_place": True}, lambda: push.all_reduce(mine, box, mine),
+                                          lambda: (mine.copy_(x), close(push.all_reduce(mine, box, mine)))[-1]),
+        "labkit_one_shot": ({"in_place": False}, lambda: C.all_reduce(buf, pull_out, algorithm="one_shot"),
+                            lambda: (buf.tensor.copy_(x), close(C.all_reduce(buf, pull_out, algorithm="one_shot")))[-1]),
+    }
+    one = getattr(torch.ops.symm_mem, "one_shot_all_reduce", None)
+    if one is not None:
+        cands["torch_one_shot"] = ({"in_place": False}, lambda: one(st, "sum", group),
+                                   lambda: (st.copy_(x), close(one(st, "sum", group)))[-1])
+    two = getattr(torch.ops.symm_mem, "two_shot_all_reduce_", None)
+    if two is not None:
+        cands["torch_two_shot"] = ({"in_place": True}, lambda: two(st, "sum", group),
+                                   lambda: (st.copy_(x), two(st, "sum", group), close(st))[-1])
+    return cands, box, out
+
+
+def _paired(cmp, name: str, best: str | None) -> dict:
+    if best is None or name not in cmp.timings:
+        return {"ratio_to_torch_best": None, "ratio_p25": None, "ratio_p75": None, "baseline": best}
+    ratios = sorted(a / b for a, b in zip(cmp.timings[name].samples_us, cmp.timings[best].samples_us))
+    q = lambda p: ratios[round(p * (len(ratios) - 1))]  # noqa: E731
+    return {"ratio_to_torch_best": statistics.median(ratios), "ratio_p25": q(0.25), "ratio_p75": q(0.75),
+            "baseline": best}
+
+
+def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, warmup: int = 3) -> list[dict]:
+    """One rank's records (``run_ranks`` runs it on every rank; rank 0's are kept). GPUs only."""
+    from labkit.labs.collectives import bench as lab02
+    from labkit.workbench import bench as wb
+
+    dtype, w, dev = getattr(torch, dtype_name), ctx.world_size, ctx.device
+
+    def line_up():
+        ctx.barrier()
+        torch.cuda.synchronize(dev)
+
+    records = []
+    for nbytes in sizes:
+        n, x, ref, scale = lab02._message(ctx, nbytes, dtype, seed=7000 + nbytes % 997)
+        iters = lab02._iters(nbytes)
+        close = lambda y: lab02._close(y, ref, w, scale)  # noqa: E731
+        cands, box, out = _candidates(ctx, n, dtype, x, close)
+        base = {"kind": "push", "op": "all_reduce", "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name}
+        ok, rows = {}, {}
+        for name, (fields, call, check) in cands.items():
+            rows[name] = {**base, "impl": name, **fields}
+            try:
+                rows[name]["correct"] = lab02._everywhere(bool(check()), dev)
+                ok[name] = call
+            except Exception as e:  # noqa: BLE001 (recorded: the candidate is not timed)
+                rows[name].update(correct=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        torch_names = [nm for nm in ok if nm.startswith("torch_")]
+        for timing in ("graph", "eager"):
+            if timing == "graph":
+                graphs = {nm: _graph_of(call, iters) for nm, call in ok.items()}
+                timed, inner = {nm: g.replay for nm, g in graphs.items()}, 1
+            else:
+                timed, inner = ok, iters
+            cmp = wb.compare(timed, baseline=next(iter(timed)), device=dev, warmup=warmup, reps=reps, inner=inner,
+                             method="cuda_events", line_up=line_up) if timed else None
+            per_call = iters if timing == "graph" else 1  # a graph replay is `iters` calls
+            best = min(torch_names, key=lambda nm: cmp.timings[nm].median_us) if torch_names else None
+            for name, row in rows.items():
+                rec = {**row, "timing": timing}
+                if cmp is not None and name in cmp.timings:
+                    t = cmp.timings[name]
+                    rec.update(us=t.median_us / per_call, us_p25=t.p25_us / per_call, us_p75=t.p75_us / per_call,
+                               samples=len(t.samples_us), iters=iters, **_paired(cmp, name, best))
+                    rec["busbw_GBps"] = rec["bytes"] / rec["us"] / 1e3 * lab02.BUS_FACTOR["all_reduce"](w)
+                else:
+                    rec.setdefault("us", None)
+                records.append(rec)
+        if "labkit_push_one_shot" in ok:  # the epochs stayed in step through the replays
+            after = lab02._everywhere(bool(close(push.all_reduce(x, box, out))), dev)
+            for rec in records[-2 * len(rows):]:
+                if rec["impl"].startswith("labkit_push"):
+                    rec["correct_after"] = after
+        del cands, box, out
+        torch.cuda.synchronize(dev)
+        ctx.barrier()
+    return records
+
+
+def push_records(w: int, sizes=SIZES, timeout: float = 300.0) -> list[dict]:
+    """``push_series`` on ``w`` GPUs in its own ranks (a hang or crash there costs these records
+    only: one record saying what happened)."""
+    from labkit.kernels.comm.ranks import run_ranks
+
+    res = run_ranks(push_series, w, sizes, timeout=timeout)
+    if res.ok:
+        return res.unwrap()[0]
+    return [{"kind": "push", "impl": "labkit_push_one_shot", "op": "all_reduce", "timing": None, "bytes": None,
+             "world_size": w, "us": None, "correct": None, "error": f"run_ranks: {res.summary()}"[:300]}]
+
+
+def summary(records: list[dict]) -> list[str]:
+    """One line per timing: the push all-reduce's time and its ratio to torch's best op, per size."""
+    lines = []
+    for timing in ("graph", "eager"):
+        for in_place in (False, True):
+            pts = sorted((r["bytes"], r) for r in records if r.get("kind") == "push" and r.get("timing") == timing
+                         and r.get("impl") == "labkit_push_one_shot" + ("_in_place" if in_place else "")
+                         and r.get("us") is not None)
+            if not pts:
+                continue
+            body = ", ".join(f"{_size(b)} {r['us']:.2f} µs" + (f" ({r['ratio_to_torch_best']:.2f}x torch's best)"
+                                                               if r.get("ratio_to_torch_best") else "")
+                             for b, r in pts)
+            lines.append(f"push one-shot, {'in place' if in_place else 'out of place'}, {timing}: {body}")
+    return lines
+
+
+def _size(nbytes: int) -> str:
+    for unit, div in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= div:
+            return f"{nbytes / div:g} {unit}"
+    return f"{nbytes} B"
