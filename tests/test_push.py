@@ -107,3 +107,20 @@ def test_the_push_summary_reads_records():
         "push one-shot, out of place, graph: 4 KiB 3.50 µs (0.55x torch's best), 1 MiB 9.00 µs (0.90x torch's best)",
         "push one-shot, in place, eager: 4 KiB 8.00 µs"]
     assert push_bench.summary([]) == []
+
+
+def test_the_push_figure_draws_records_and_says_when_there_are_none():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.labs.collectives import push_bench
+
+    recs = [{"kind": "push", "impl": impl, "timing": "graph", "bytes": b, "us": us, "us_p25": us * 0.9, "us_p75": us * 1.1}
+            for impl in ("labkit_push_one_shot", "torch_one_shot") for b, us in ((4096, 4.0), (1 << 20, 10.0))]
+    fig, (a, b) = plt.subplots(1, 2)
+    assert push_bench.plot_push(recs, a, "t") == 2 and len(a.get_lines()) >= 2
+    assert push_bench.plot_push([{"kind": "sweep"}], b, "old") == 0
+    assert "no push one-shot records here" in b.texts[0].get_text()
+    plt.close(fig)

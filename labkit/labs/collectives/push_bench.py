@@ -177,3 +177,43 @@ def _size(nbytes: int) -> str:
         if nbytes >= div:
             return f"{nbytes / div:g} {unit}"
     return f"{nbytes} B"
+
+
+#: what the figure draws, in order: (impl, label, style)
+SERIES = (("labkit_push_one_shot", "labkit push one-shot (out of place)", dict(color="tab:green", marker="o")),
+          ("labkit_push_one_shot_in_place", "labkit push one-shot (in place)", dict(color="tab:green", marker="o", ls="--")),
+          ("labkit_one_shot", "labkit pull one-shot (out of place)", dict(color="tab:blue", marker="s")),
+          ("torch_one_shot", "torch one_shot_all_reduce", dict(color="0.45", marker="^", ls=":")),
+          ("torch_two_shot", "torch two_shot_all_reduce_ (in place)", dict(color="black", marker="v", ls=":")))
+
+
+def plot_push(records: list[dict], ax, title: str, timing: str = "graph") -> int:
+    """µs per call against message size for every candidate of one timing, medians with quartile
+    bars; returns the number of series drawn (0: the records have none, said on the axes)."""
+    drawn = 0
+    for impl, label, style in SERIES:
+        pts = sorted((r["bytes"], r) for r in records if r.get("kind") == "push" and r.get("timing") == timing
+                     and r.get("impl") == impl and r.get("us"))
+        if not pts:
+            continue
+        xs = [b for b, _ in pts]
+        ys = [r["us"] for _, r in pts]
+        lo = [r["us"] - r.get("us_p25", r["us"]) for _, r in pts]
+        hi = [r.get("us_p75", r["us"]) - r["us"] for _, r in pts]
+        ax.errorbar(xs, ys, yerr=[lo, hi], label=label, capsize=2, ms=4, **style)
+        drawn += 1
+    if not drawn:
+        ax.text(0.5, 0.5, "no push one-shot records here\n(files recorded before it existed lack them)",
+                ha="center", va="center", transform=ax.transAxes, fontsize=9)
+        ax.set_axis_off()
+    else:
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ticks = sorted({r["bytes"] for r in records if r.get("kind") == "push" and r.get("bytes")})
+        ax.set_xticks(ticks, [_size(b) for b in ticks])
+        ax.set_xlabel("message size per rank")
+        ax.set_ylabel(f"µs per call ({'CUDA-graph replay' if timing == 'graph' else 'called from Python'}; median, quartiles)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(title, fontsize=9)
+    return drawn
