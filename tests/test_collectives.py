@@ -43,6 +43,7 @@ def test_fp32_and_scatter_gather(w):
     n = 1000 * w if tier.interpreted() else (1 << 22) * w
     rows = _check(w, n, "float32")
     assert {r["op"] for r in rows} == {"all_reduce", "reduce_scatter", "all_gather"}
+    assert {r["algorithm"] for r in rows if r["op"] == "all_gather"} == {"direct", "naive"}  # both read orders
 
 
 @pytest.mark.skipif(tier.interpreted() or not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -84,7 +85,7 @@ def test_best_configs_reports_the_fastest_correct_one():
 @pytest.mark.skipif(not tier.interpreted(), reason="8 emulated ranks: the CPU tier's check of W=8")
 def test_eight_emulated_ranks():
     rows = _check(8, 8 * 131, "float32")
-    assert len(rows) == 8 * 7  # 5 all-reduce forms, reduce-scatter, all-gather
+    assert len(rows) == 8 * 8  # 5 all-reduce forms, reduce-scatter, all-gather in both read orders
 
 
 def test_tree_links_are_consistent():
@@ -312,16 +313,18 @@ def test_correctness_grid_and_verdicts():
 
     rows = [row(2, "float32", "all_reduce", "one_shot", r) for r in range(2)]
     rows += [row(2, "float32", "reduce_scatter", "direct", r) for r in range(2)]
+    rows += [row(2, "float32", "all_gather", alg, r) for alg in ("direct", "naive") for r in range(2)]
     rows += [row(3, "float32", "all_reduce", "one_shot", r, correct=r != 1) for r in range(3)]
     plt, fig, ax = _axes()
-    assert plots.plot_correctness(rows, ax) == 3  # W=3 did not run reduce-scatter: grey, not a cell
-    assert _texts(ax) == ["2/2", "2/2", "2/3", "not run"]
+    assert plots.plot_correctness(rows, ax) == 5  # W=3 did not run reduce-scatter or all-gather: grey, not cells
+    assert _texts(ax) == ["2/2", "2/2", "2/2", "2/2", "2/3", "not run", "not run", "not run"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["W=2 float32", "W=3 float32"]
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["one_shot", "reduce_scatter"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["one_shot", "reduce_scatter", "all_gather",
+                                                              "all_gather (naive)"]
     plt.close(fig)
     lines = plots.correctness_verdicts(rows)
     assert len(lines) == 2
-    assert "all 2 op x algorithm x dtype checks correct on every rank" in lines[0]
+    assert "all 4 op x algorithm x dtype checks correct on every rank" in lines[0]
     assert "1 of 1 checks FAILED: all_reduce one_shot float32" in lines[1]
 
 
@@ -519,7 +522,8 @@ def test_old_sweep_files_still_plot_and_say_they_lack_the_eager_series():
     """A reference file recorded before the eager series (reference/h200x2/collectives.json without
     its eager and host-cost records, or the minimal fields of one): every sweep plot as before, and
     the eager plot says what is missing.
-    The new records (kinds "eager", "host_cost") leave the sweep's plots, tables and crossover alone."""
+    The new records (kinds "eager", "host_cost", "gather_order", "ce_profile") leave the sweep's plots,
+    tables and crossover alone."""
     from labkit.labs.collectives import bench, plots
     from labkit.workbench import results
 
@@ -528,11 +532,19 @@ def test_old_sweep_files_still_plot_and_say_they_lack_the_eager_series():
     assert "no eager-series records here" in _texts(ax)[0]
     plt.close(fig)
     refs = results.load_references("collectives")
-    old = ([r for r in refs["h200x2"].records if r.get("kind") not in ("eager", "host_cost")]
+    old = ([r for r in refs["h200x2"].records if r.get("kind") not in ("eager", "host_cost", "gather_order",
+                                                                         "ce_profile")]
            if "h200x2" in refs else _sweep())
     host = [{"kind": "host_cost", "impl": "labkit_all_reduce", "op": "all_reduce", "world_size": 2, "bytes": 4096,
              "us": 3.0, "path": "plan()", "stage": "plan launch"}]
-    new = old + _eager() + host
+    orders = [{"kind": "gather_order", "impl": "labkit", "op": "all_gather", "order": o, "world_size": 2,
+               "bytes": 1 << 21, "shard_bytes": 1 << 20, "dtype": "bfloat16", "us": 9.0, "us_p25": 8.9, "us_p75": 9.2,
+               "busbw_GBps": 116.5, "correct": True, "ratio_to_rotated": 1.0, "ratio_p25": 1.0, "ratio_p75": 1.0}
+              for o in ("rotated", "naive")]
+    profile = [{"kind": "ce_profile", "impl": "labkit_two_shot_ce_in_place", "op": "all_reduce", "world_size": 2,
+                "bytes": 1 << 28, "dtype": "bfloat16", "us": 370.0, "busbw_GBps": None, "correct": True, "rank": 0,
+                "index": 0, "activity": "memcpy", "activity_kind": "Memcpy DtoD", "name": "Memcpy DtoD", "start_us": 0.0}]
+    new = old + _eager() + host + orders + profile
     assert plots.headline_markdown(new) == plots.headline_markdown(old)
     assert plots.chosen_vs_best(new, 2) == plots.chosen_vs_best(old, 2)
     assert bench.crossover_bytes(new, 2) == bench.crossover_bytes(old, 2)

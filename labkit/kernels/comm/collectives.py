@@ -37,6 +37,12 @@ VARIANTS = {
     "unguarded_leaf": "tree only: a leaf reads its missing child through pointer-table entry -1",
     "gpu_scope": "barrier atomics release/acquire at gpu scope instead of sys: ordering promised within one GPU only",
 }
+#: the orders in which ``all_gather`` reads the shards (correct either way; they differ in which
+#: GPU's links are busy at once)
+ALL_GATHER_ORDERS = {
+    "rotated": "rank r reads r, r+1, ... (mod W): at every step each GPU is read by one peer (the default)",
+    "naive": "every rank reads 0, 1, ...: at step k all ranks read rank k's shard at once",
+}
 #: Until a crossover is measured for a world size (``labkit bench collectives`` records it in
 #: reference/<machine>/collectives.json): with 2 ranks one-shot and two-shot read the same N
 #: bytes per rank and one-shot has one barrier fewer, so one-shot always; with more ranks,
@@ -367,10 +373,11 @@ def _two_shot_ce(buf: SymmBuffer, n: int, sem: int, blocks, config: LaunchConfig
     return barrier, plan.CopySteps(copies), reduce
 
 
-def _shard_steps(kernel, buf: SymmBuffer, shard: int, blocks, variant: str, config) -> tuple:
+def _shard_steps(kernel, buf: SymmBuffer, shard: int, blocks, variant: str, config, extra: dict | None = None) -> tuple:
     """Reduce-scatter and all-gather share a launch: ``shard`` elements per rank, start and end
     barriers, the same programs. The message size that picks the default launch is W x shard
-    (the reduce-scatter input, the all-gather output)."""
+    (the reduce-scatter input, the all-gather output). ``extra``: more constexprs (the all-gather's
+    naive order); none for the defaults, so their launch is what it always was."""
     x = buf.tensor
     sem, end, _ = _sem_end(variant, "shards")
     config = _config(config, shard * buf.world_size * x.element_size(), buf.world_size, x.device)
@@ -378,7 +385,7 @@ def _shard_steps(kernel, buf: SymmBuffer, shard: int, blocks, variant: str, conf
     p = _programs(triton.cdiv(shard, block), buf, blocks, config)
     return (plan.KernelLaunch(kernel, (p,), (buf.data_ptrs, buf.pad_ptrs, plan.OUT, shard, buf.rank),
                               {"WORLD": buf.world_size, "MAX_BLOCKS": buf.max_blocks, "BLOCK": block, "SEM": sem,
-                               "END_BARRIER": end, "num_warps": config.num_warps}, x.device),)
+                               "END_BARRIER": end, "num_warps": config.num_warps, **(extra or {})}, x.device),)
 
 
 def reduce_scatter(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
@@ -389,19 +396,20 @@ def reduce_scatter(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: 
 
 
 def all_gather(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
-               variant: str = "correct", config: LaunchConfig | None = None) -> torch.Tensor:
+               variant: str = "correct", config: LaunchConfig | None = None, order: str = "rotated") -> torch.Tensor:
     """Every rank gets all ranks' ``buf.tensor`` concatenated along dim 0.
+    order: which shard each rank reads first (``ALL_GATHER_ORDERS``); the same result either way.
     Checks and choices are kept on the buffer as a plan, as ``all_reduce``'s are."""
-    return _shards_call("all_gather", buf, out, blocks, variant, config)
+    return _shards_call("all_gather", buf, out, blocks, variant, config, order)
 
 
-def _shards_call(op: str, buf, out, blocks, variant, config) -> torch.Tensor:
+def _shards_call(op: str, buf, out, blocks, variant, config, order: str = "rotated") -> torch.Tensor:
     """``op`` through the plan kept on the buffer (or a throw-away plan when plans are off)."""
     if type(buf) is SymmBuffer and plan.CACHE_PLANS and (out is None or isinstance(out, torch.Tensor)):
-        key = (op, plan.out_key(out), blocks, variant, config)
+        key = (op, plan.out_key(out), blocks, variant, config, order)
         return plan.call_cached(buf, key, lambda fast=True: make_shards_plan(
-            op, buf, out, blocks, variant, config, keep=False, fast=fast), out)
-    return make_shards_plan(op, buf, out, blocks, variant, config, keep=False, fast=False).launch(out)
+            op, buf, out, blocks, variant, config, keep=False, fast=fast, order=order), out)
+    return make_shards_plan(op, buf, out, blocks, variant, config, keep=False, fast=False, order=order).launch(out)
 
 
 def check_shards(op: str, buf, out) -> tuple[SymmBuffer, torch.Tensor | None, tuple]:
@@ -420,18 +428,25 @@ def check_shards(op: str, buf, out) -> tuple[SymmBuffer, torch.Tensor | None, tu
 
 
 def make_shards_plan(op: str, buf, out=None, blocks: int | None = None, variant: str = "correct",
-                     config: LaunchConfig | None = None, keep: bool = True, fast: bool = True) -> plan.CollectivePlan:
+                     config: LaunchConfig | None = None, keep: bool = True, fast: bool = True,
+                     order: str = "rotated") -> plan.CollectivePlan:
     """``reduce_scatter``'s or ``all_gather``'s checks and choices, as a plan (``reduce_scatter_plan``,
-    ``all_gather_plan``); keep and fast as for ``make_all_reduce_plan``."""
+    ``all_gather_plan``); keep and fast as for ``make_all_reduce_plan``; order: the all-gather's
+    (``ALL_GATHER_ORDERS``; the reduce-scatter has only "rotated")."""
     if op not in ("reduce_scatter", "all_gather"):
         raise UsageError(f"op: {op!r} is not 'reduce_scatter' or 'all_gather'")
+    if not isinstance(order, str) or order not in ALL_GATHER_ORDERS:
+        raise UsageError(f"order: {order!r} is not one of {list(ALL_GATHER_ORDERS)}")
+    if op == "reduce_scatter" and order != "rotated":
+        raise UsageError(f"order: {order!r} exists only for the all-gather; the reduce-scatter reads every peer at once")
     buf, out, shape = check_shards(op, buf, out)
     x = buf.tensor
     if op == "reduce_scatter":
         steps = _shard_steps(scatter_gather.reduce_scatter_kernel, buf, x.numel() // buf.world_size, blocks,
                              variant, config)
     else:
-        steps = _shard_steps(scatter_gather.all_gather_kernel, buf, x.numel(), blocks, variant, config)
+        steps = _shard_steps(scatter_gather.all_gather_kernel, buf, x.numel(), blocks, variant, config,
+                             {"ROTATE": False} if order == "naive" else None)
     return plan.CollectivePlan(op, buf, steps, algorithm="direct", in_place=False, out_shape=shape,
                                out=out if keep else None, keep_buffer=keep, fast=fast)
 
@@ -451,9 +466,10 @@ def reduce_scatter_plan(buf, out: torch.Tensor | None = None, *, blocks: int | N
 
 
 def all_gather_plan(buf, out: torch.Tensor | None = None, *, blocks: int | None = None,
-                    variant: str = "correct", config: LaunchConfig | None = None) -> plan.CollectivePlan:
+                    variant: str = "correct", config: LaunchConfig | None = None,
+                    order: str = "rotated") -> plan.CollectivePlan:
     """A plan for ``all_gather(buf, out, ...)``; as ``all_reduce_plan``."""
-    return make_shards_plan("all_gather", buf, out, blocks, variant, config)
+    return make_shards_plan("all_gather", buf, out, blocks, variant, config, order=order)
 
 
 

@@ -3,7 +3,8 @@
 reduce-scatter: every rank's buffer holds W x S elements; rank r's output is the sum over ranks
 of elements [r S, (r+1) S). Reads (W-1) x S over NVLink.
 all-gather: every rank's buffer holds S elements; every output is the W buffers concatenated.
-Reads (W-1) x S over NVLink, one peer after another, each rank starting at a different peer.
+Reads (W-1) x S over NVLink, one peer after another, each rank starting at a different peer
+(ROTATE=False: every rank in the same order 0, 1, ..., the naive order lab 02 times beside it).
 
 Both: a start barrier (inputs written) and an end barrier (no buffer reused while a peer reads).
 """
@@ -62,6 +63,7 @@ def all_gather_kernel(
     END_BARRIER: tl.constexpr,
     DELAY: tl.constexpr = 0,    # lab 06's stress: volatile loads on SLOW_RANK before the peer reads (0: none)
     SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
+    ROTATE: tl.constexpr = True,  # False: the naive order, every rank reads shard 0 first (compiled away when True)
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -74,7 +76,10 @@ def all_gather_kernel(
         # GPU's links busy, the others idle. Measured on 4 H200 at 256 MiB: 177 GB/s busbw in
         # that order (the best of 36 launches, reference/h200x4/collectives_tune.json), 306 GB/s
         # in this one (README, lab 02).
-        s = (rank + k) % WORLD
+        if ROTATE:
+            s = (rank + k) % WORLD
+        else:  # the naive order: at step k every rank reads rank k's shard, all at once
+            s = k
         src = peer_ptr(data_ptrs, s, ELEM)
         for start in range(pid * BLOCK, shard, nprog * BLOCK):
             offs = start + tl.arange(0, BLOCK)

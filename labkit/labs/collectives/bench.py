@@ -510,6 +510,38 @@ def host_cost_records(w: int, cases=None, reps: int | None = None, launch_reps: 
             for rs in per_rank for r in rs]
 
 
+def _world_records(fn, w: int, kind: str, impl: str, op: str, timeout: float, rank0_only: bool) -> list[dict]:
+    """``fn`` on ``w`` ranks in a world of its own (a failure or hang there costs its records, not
+    the sweep's): rank 0's records (``rank0_only``) or every rank's, or one record of ``kind``
+    saying how the run ended."""
+    from labkit.kernels.comm.ranks import run_ranks
+
+    res = run_ranks(fn, w, timeout=timeout)
+    if res.ok:
+        return list(res.values[0]) if rank0_only else [r for rs in res.values for r in rs]
+    return [{"kind": kind, "impl": impl, "op": op, "world_size": w, "bytes": None, "dtype": "bfloat16",
+             "us": None, "busbw_GBps": None, "correct": False, "outcome": _failure_detail(res)}]
+
+
+def order_and_profile_records(w: int) -> list[dict]:
+    """The all-gather order comparison (``gather_order.compare_orders``, rank 0's timings, as the
+    sweep's) and the profile of one ``two_shot_ce`` call (``ce_profile.profile_two_shot_ce``, every
+    rank's activities), each in its own world. Estimated cost on 2 GPUs, not measured: about 20 s
+    for the comparison (rank start-up, a fresh process compiling both orders at two launch configs,
+    256 MiB inputs, 15 rounds x 2 orders x 3 sizes of graph replays) and about 15 s for the profile
+    (rank start-up, warm-up calls, two profiles: the first starts CUPTI), so under a minute on the
+    sweep's 274 s."""
+    from labkit.labs.collectives import ce_profile, gather_order
+
+    records = _world_records(gather_order.compare_orders, w, gather_order.KIND, "labkit", "all_gather",
+                             timeout=300, rank0_only=True)
+    _progress_main({"phase": "all-gather orders done"})
+    records += _world_records(ce_profile.profile_two_shot_ce, w, ce_profile.KIND, "labkit_two_shot_ce_in_place",
+                              "all_reduce", timeout=180, rank0_only=True)
+    _progress_main({"phase": "two_shot_ce profile done"})
+    return records
+
+
 def _progress_main(line: dict) -> None:
     import types
 
@@ -518,7 +550,8 @@ def _progress_main(line: dict) -> None:
 
 def benchmark(profile: str) -> list[dict]:
     """Entry point of ``labkit bench collectives``: the sweep on every GPU of this machine (one
-    world), then the broken variants under load and the unguarded-leaf crash."""
+    world), the host-cost breakdown, the all-gather orders and the ``two_shot_ce`` profile, then the
+    broken variants under load and the unguarded-leaf crash."""
     import torch
 
     from labkit.workbench import gates
@@ -530,6 +563,7 @@ def benchmark(profile: str) -> list[dict]:
     _progress_main({"phase": "sweep done"})
     records += host_cost_records(w)
     _progress_main({"phase": "host cost done"})
+    records += order_and_profile_records(w)
     from labkit.labs.collectives import push_bench  # the push one-shot beside the pull one and torch's ops
 
     records += push_bench.push_records(w)

@@ -1,7 +1,9 @@
 """Lab 02's experiments that run on every rank (``run_ranks``), including the ones that break.
 
 * ``check_algorithms``: every algorithm and op against an fp64 reference on fresh inputs, and
-  the signal pads back at zero afterwards: what the tests and the notebook's correctness table run.
+  the signal pads back at zero afterwards: what the tests and the notebook's correctness table run
+  (the all-gather in both orders: "direct", the default rotated one, and "naive").
+* ``check_all_gather_orders``: both all-gather orders, eager and planned, on several fresh inputs.
 * ``broken_trials``: the deliberately broken variants under load. Many collectives are queued
   back to back, each on new inputs, with one rank made late before some of them (a GPU sleep, or
   a host sleep in the emulated world), so a rank that skips a barrier can run ahead into the next
@@ -96,15 +98,37 @@ def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, tr
             rows.append({"op": "reduce_scatter", "algorithm": "direct", "trial": t, "n": n, "dtype": dtype_name,
                          "world_size": w, "correct": close_to_sum(y, [v[ctx.rank * s:(ctx.rank + 1) * s] for v in xs], dtype, w),
                          "pads_zero": quiet_pads_zero(ctx, buf)})
-            gbuf.tensor.copy_(x[:s])
-            y = C.all_gather(gbuf, config=cfg)
             expect = torch.cat([v[:s] for v in xs])
-            rows.append({"op": "all_gather", "algorithm": "direct", "trial": t, "n": n, "dtype": dtype_name,
-                         "world_size": w, "correct": bool(torch.equal(y.cpu(), expect)),
-                         "pads_zero": quiet_pads_zero(ctx, gbuf)})
+            for order, label in (("rotated", "direct"), ("naive", "naive")):  # "direct": the default order
+                gbuf.tensor.copy_(x[:s])
+                y = C.all_gather(gbuf, config=cfg, order=order)
+                rows.append({"op": "all_gather", "algorithm": label, "trial": t, "n": n, "dtype": dtype_name,
+                             "world_size": w, "correct": bool(torch.equal(y.cpu(), expect)),
+                             "pads_zero": quiet_pads_zero(ctx, gbuf)})
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
         ctx.barrier()
+    return rows
+
+
+def check_all_gather_orders(ctx, shard: int, dtype_name: str = "bfloat16", seed: int = 0, trials: int = 2) -> list[dict]:
+    """Both orders of the all-gather (``collectives.ALL_GATHER_ORDERS``), eagerly and through a
+    held plan, on ``trials`` fresh inputs of ``shard`` elements per rank, each against the
+    concatenation of every rank's input (exact: an all-gather only copies); pads checked."""
+    dtype = getattr(torch, dtype_name)
+    buf = symm.empty(shard, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    rows = []
+    for t in range(trials):
+        x, xs = rank_inputs(ctx, shard, dtype, seed + t)
+        expect = torch.cat(xs)
+        for order in C.ALL_GATHER_ORDERS:
+            for how, call in (("eager", lambda o=order: C.all_gather(buf, order=o)),
+                              ("plan", lambda o=order: C.all_gather_plan(buf, order=o)())):
+                buf.tensor.copy_(x)
+                y = call()
+                rows.append({"order": order, "how": how, "trial": t, "shard": shard, "dtype": dtype_name,
+                             "world_size": ctx.world_size, "rank": ctx.rank,
+                             "correct": bool(torch.equal(y.cpu(), expect)), "pads_zero": quiet_pads_zero(ctx, buf)})
     return rows
 
 

@@ -385,6 +385,8 @@ def _check_columns(rows):
     forms += sorted({r["algorithm"] for r in rows if r["op"] == "all_reduce"} - set(forms))
     cols = [("all_reduce", f) for f in forms]
     cols += [(op, "direct") for op in ("reduce_scatter", "all_gather") if any(r["op"] == op for r in rows)]
+    if any(r["op"] == "all_gather" and r["algorithm"] == "naive" for r in rows):  # the naive read order
+        cols.append(("all_gather", "naive"))
     return cols
 
 
@@ -432,7 +434,7 @@ def plot_correctness(rows: list[dict], ax, title: str = "") -> int:
         values.append(vrow)
         texts.append(trow)
     _heatmap(ax, values, texts, [f"W={w} {d}" for w, d in keys],
-             [alg if op == "all_reduce" else op for op, alg in cols],
+             [alg if op == "all_reduce" else op if alg == "direct" else f"{op} ({alg})" for op, alg in cols],
              cmap="RdYlGn", vmin=0, vmax=1, cbar_label="ranks correct, pads at zero (fraction)")
     ax.set_title(title or "every algorithm against an fp64 sum: ranks right / ranks", fontsize=9)
     return sum(v is not None for row in values for v in row)

@@ -17,8 +17,9 @@ SIGNATURES = {
 
 
 def compile_collective(algorithm: str, world: int = 4, sem: int = 0, dtype: str = "bf16", arch: int = 90,
-                       delay: int = 0):
-    """One collective kernel compiled for sm_<arch> (``delay``: lab 06's DELAY constexpr, on rank 1)."""
+                       delay: int = 0, rotate: bool = True):
+    """One collective kernel compiled for sm_<arch> (``delay``: lab 06's DELAY constexpr, on rank 1;
+    ``rotate``: the all-gather's ROTATE, False for its naive order)."""
     import importlib
 
     import triton
@@ -39,6 +40,10 @@ def compile_collective(algorithm: str, world: int = 4, sem: int = 0, dtype: str 
         signature["x_ptr" if algorithm.endswith("in_place") else "out_ptr"] = f"*{dtype}"
     signature.update({k: "i32" for k in ints})
     constexprs.update(DELAY=delay, SLOW_RANK=1 if delay else 0)  # every constexpr, defaults included
+    if algorithm == "all_gather":
+        constexprs["ROTATE"] = rotate
+    elif not rotate:
+        raise ValueError(f"rotate: only the all-gather has an order to choose, not {algorithm!r}")
     signature.update({k: "constexpr" for k in constexprs})
     return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
                           target=GPUTarget("cuda", arch, 32))
@@ -61,3 +66,9 @@ def summarize_all(worlds=(2, 8), algorithms=None) -> list[dict]:
         if a not in SIGNATURES:
             raise ValueError(f"algorithms: {a!r} is not one of {list(SIGNATURES)}")
     return [ptx_summary(a, w, sem) for a in (algorithms or SIGNATURES) for w in worlds for sem in (0, 1)]
+
+
+def all_gather_orders(world: int = 4, sem: int = 0, dtype: str = "bf16", arch: int = 90) -> dict[str, str]:
+    """The all-gather's PTX in each order ("rotated", the default, and "naive": ``ROTATE=False``)."""
+    return {order: compile_collective("all_gather", world, sem, dtype, arch, rotate=order == "rotated").asm["ptx"]
+            for order in ("rotated", "naive")}
