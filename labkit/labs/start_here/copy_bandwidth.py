@@ -55,9 +55,13 @@ def copy_sweep(sizes_bytes: list[int], reps: int = 30, warmup: int = 5, progress
 
 
 def benchmark(profile: str) -> list[dict]:
-    """Entry point of ``labkit bench workbench``."""
+    """Entry point of ``labkit bench workbench``: the sweep, then the profiler's view of one 1 GiB
+    copy eager and under graph replay (``copy_trace``: kind "copy_trace", a ``skipped`` reason
+    without a GPU). The sweep's records carry no "kind", as before."""
+    from labkit.labs.start_here import copy_trace
+
     reps = 50 if profile == "gpu" else 5
-    return copy_sweep(SIZES[profile], reps=reps)
+    return copy_sweep(SIZES[profile], reps=reps) + copy_trace.records(profile)
 
 
 def hbm_reached(records: list[dict]) -> tuple[float, int] | None:

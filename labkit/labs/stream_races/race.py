@@ -347,9 +347,9 @@ REQUIRED = ("kind", "allocator", "trial", "corrupted_elems", "offset_bytes", "tf
 #: Sizes per profile: the race is cheap, the GEMMs are what take time.
 PROFILES = {
     "gpu": {"trials": 20, "sleeps_ms": (0.0, 0.05, 0.5, 5.0, 25.0), "numel": 1 << 22,
-            "wgrad_trials": 10, "sanitizer_trials": 5, "gemm": (8192, 8192, 8192)},
+            "wgrad_trials": 10, "sanitizer_trials": 5, "probe_trials": 5, "gemm": (8192, 8192, 8192)},
     "quick": {"trials": 3, "sleeps_ms": (0.0, 5.0), "numel": 1 << 20,
-              "wgrad_trials": 2, "sanitizer_trials": 2, "gemm": (2048, 2048, 2048)},
+              "wgrad_trials": 2, "sanitizer_trials": 2, "probe_trials": 2, "gemm": (2048, 2048, 2048)},
 }
 
 
@@ -374,8 +374,9 @@ def _blank(row: dict) -> dict:
 
 def benchmark(profile: str) -> list[dict]:
     """Entry point of ``labkit bench streams`` (one GPU): the race sweep, the wgrad pattern, the
-    sanitizer, one allocator timeline per allocator, allocation time and GEMM alignment."""
-    from labkit.labs.stream_races import alignment_cost
+    sanitizer, one allocator timeline per allocator, the allocator-reuse probe (kind
+    "reuse_probe"), allocation time and GEMM alignment."""
+    from labkit.labs.stream_races import alignment_cost, reuse_probe
     from labkit.workbench import gates
 
     gates.requires(gpus=1, compiled=True).check()
@@ -385,6 +386,7 @@ def benchmark(profile: str) -> list[dict]:
                 for t in range(p["wgrad_trials"])]
     records += sanitizer_run(p["sanitizer_trials"], numel=p["numel"])
     records += [timeline_trial(a, numel=p["numel"]) for a in ALLOCATORS]
+    records += reuse_probe.probe_records(p["probe_trials"])
     records += alignment_cost.allocation_timing_isolated()
     m, n, k = p["gemm"]
     records += alignment_cost.gemm_alignment(m, n, k)
