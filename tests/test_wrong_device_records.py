@@ -234,6 +234,9 @@ def test_crash_search_classifies_what_happened():
     r = cs.config_record("freed and reused", cases[1][0])
     assert "100% of the output is the reused block's value + 1" in r["detail"]
     assert (r["peer_enabled"], r["peer_1_to_0"]) == (True, False)
+    gone = cs.config_record("freed and released", SandboxResult(
+        "illegal_memory_access", message="an illegal memory access was encountered", stdout=f"{cs._RELEASED_LINE}{64 << 20}\n"))
+    assert gone["released_bytes"] == 64 << 20 and "returned 64 MiB of cuda:1's memory" in gone["detail"]
     assert cs.config_record("expandable segments", cases[2][0])["env"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     with pytest.raises(ValueError, match="configs: 'nope'"):
         cs.crash_search(["nope"])

@@ -34,6 +34,7 @@ KIND = "crash search"
 OUTCOMES = ("illegal memory access", "wrong result", "correct", "other error", "hang", "skipped")
 _EXPANDABLE = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 _REVERSE_LINE = "labkit: peer access cuda:1 -> cuda:0 enabled: "
+_RELEASED_LINE = "labkit: bytes of cuda:1 returned to CUDA by empty_cache: "
 REUSED_VALUE = 7.0  # what the tensor that takes a freed block holds: the kernel would then write 8
 
 
@@ -91,18 +92,21 @@ def run_config(name: str, nbytes: int = 64 << 20, delay_cycles: int = 200_000_00
         torch.cuda.synchronize(d)
     torch.cuda._sleep(delay_cycles)           # cuda:0's stream busy: the kernel below waits behind it
     add_one(x, out, guarded=False)            # queued on cuda:0's stream, reading and writing cuda:1
-    keep = None
+    keep, released = None, None
     if cfg.free is not None:
         del x                                 # back to cuda:1's cache at once: only cuda:1's stream used it
         if cfg.free == "reuse":
             keep = torch.full((n,), REUSED_VALUE, device="cuda:1")   # takes the block, written now
         else:
+            before = torch.cuda.memory_reserved(1)
             torch.cuda.empty_cache()          # the block goes back to CUDA
+            released = before - torch.cuda.memory_reserved(1)  # checked: did it really go back?
+            print(f"{_RELEASED_LINE}{released}", flush=True)  # reaches the parent even if the read then faults
     for d in (0, 1):
         torch.cuda.synchronize(d)
     del keep
     return {"correct": bool(torch.all(out == 2.0).item()),
-            "read_reused": float((out == REUSED_VALUE + 1).float().mean().item())}
+            "read_reused": float((out == REUSED_VALUE + 1).float().mean().item()), "released_bytes": released}
 
 
 def config_record(name: str, res: sandbox.SandboxResult) -> dict:
@@ -124,13 +128,17 @@ def config_record(name: str, res: sandbox.SandboxResult) -> dict:
             f"not x + 1; {share:.0%} of the output is the reused block's value + 1" if share else "not x + 1")
     else:
         detail = res.summary()
+    released = _parse_line(res.stdout, _RELEASED_LINE)
+    released = int(released) if released and released.lstrip("-").isdigit() else None
+    if released is not None:
+        detail += f" (empty_cache returned {released / 2**20:.0f} MiB of cuda:1's memory to CUDA first)"
     first = first_error(res.traceback) if not res.ok else None
     reverse = {"True": True, "False": False}.get(_parse_line(res.stdout, _REVERSE_LINE))
     return demos.base_record(KIND, outcome, detail, config=name, guarded=False, what=cfg.what,
                              peer_setup=cfg.peer, free=cfg.free, env=dict(cfg.env) or None,
                              peer_enabled=_parse_peer_line(res.stdout), peer_1_to_0=reverse,
                              first_error=first[0] if first else None, first_error_at=first[1] if first else None,
-                             seconds=res.seconds)
+                             released_bytes=released, seconds=res.seconds)
 
 
 def crash_search(configs=tuple(CONFIGS), nbytes: int = 64 << 20, timeout_s: float = 60.0) -> list[dict]:
