@@ -59,6 +59,7 @@ LABS: tuple[Lab, ...] = (
         (Part("the live device-confusion matrix", {"gpus": 2, "compiled": True}),
          Part("CUDA_LAUNCH_BLOCKING demonstration", {"gpus": 1, "compiled": True}),
          Part("the unguarded SC kernel inside a sharded model", {"gpus": 2, "compiled": True}),
+         Part("the seed's regression test on 2 GPUs", {"gpus": 2, "compiled": True}),
          Part("decode benchmark at Llama-3.1-8B layer shapes", {"gpus": 2, "compiled": True}))),
     Lab("02_collectives", "Collectives are kernels",
         "memory ordering in hand-written all-reduce / reduce-scatter / all-gather over "

@@ -16,10 +16,16 @@ Patterns:
 * ``graph_wrong_device``: a CUDA graph captured while the current device is cuda:0.
 
 Each cell runs in a child process (labkit.workbench.sandbox), since some cells can fault or hang.
+A cell's ``us`` and ``GBps`` are its kernel's time from CUDA events on the stream the kernel ran
+on (``timing.py`` says why and how; such records carry ``timing="cuda_events"``, older files
+timed Python calls on the host clock). A cell that raised records the first error of the chain
+(``first_error``): a failed graph capture raises a follow-on error when the capture ends, and the
+error that broke it is that one's context.
 """
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 
 import torch
@@ -27,6 +33,7 @@ import triton
 import triton.language as tl
 from tqdm.auto import tqdm
 
+from labkit.labs.wrong_device import timing
 from labkit.workbench import sandbox, tier
 from labkit.workbench.checks import check_tensor
 from labkit.workbench.guard import common_device, on_device_of
@@ -35,6 +42,9 @@ PATTERNS = ("triton_launch", "scratch_current_device", "stream_current_device", 
 OUTCOMES = ("correct", "wrong result", "wrong device", "exception", "illegal memory access", "hang")
 REQUIRED = ("pattern", "peer_access", "guarded", "outcome", "GBps", "detail", "peer_enabled")
 _PEER_LINE = "labkit: peer access cuda:0 -> cuda:1 enabled: "
+_CAPTURE_LINE = "labkit: graph capture_error_mode: "
+#: "thread_local": only this thread's unsafe calls can break the capture, not another thread's
+CAPTURE_ERROR_MODE = "thread_local"
 
 
 @triton.jit
@@ -72,7 +82,8 @@ def _raw_launch(x: torch.Tensor, out: torch.Tensor) -> None:
     """The kernel launched with no checks and no guard, as the story's launcher did."""
     n = x.numel()
     block = 1 << 16 if tier.interpreted() else 4096  # the interpreter pays per program
-    _add_one_kernel[(triton.cdiv(n, block),)](x, out, n, BLOCK=block, num_warps=8)
+    with timing.around_launch():  # nothing unless run_cell is timing: then events on this stream
+        _add_one_kernel[(triton.cdiv(n, block),)](x, out, n, BLOCK=block, num_warps=8)
 
 
 def _scratch_launcher(x: torch.Tensor, guarded: bool) -> torch.Tensor:
@@ -108,13 +119,34 @@ class _GraphLauncher:
             add_one(x, guarded=guarded)                          # compile and load outside capture
             torch.cuda.synchronize(x.device)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            # If the body raises, torch.cuda.graph's __exit__ still ends the capture, which then
+            # fails with "operation failed due to a previous error during capture": the error
+            # that reaches the caller is a follow-on, and the first one is its __context__
+            # (device_matrix records it as first_error, from the child's traceback).
+            with _capture(self.graph):
                 self.out = add_one(x, guarded=guarded)
 
     def __call__(self) -> torch.Tensor:
         with torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext():
-            self.graph.replay()
+            with timing.around_launch():  # a replay runs on the stream current at replay
+                self.graph.replay()
         return self.out
+
+
+def capture_kwargs(graph_init=None) -> dict:
+    """``capture_error_mode=CAPTURE_ERROR_MODE`` where ``torch.cuda.graph`` takes it, else {}:
+    torch has taken it since 2.1, but a torch without it still captures (in its default mode)."""
+    try:
+        params = inspect.signature(graph_init or torch.cuda.graph.__init__).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {"capture_error_mode": CAPTURE_ERROR_MODE} if "capture_error_mode" in params else {}
+
+
+def _capture(graph):
+    kwargs = capture_kwargs()
+    print(f"{_CAPTURE_LINE}{kwargs.get('capture_error_mode', 'default')}", flush=True)
+    return torch.cuda.graph(graph, **kwargs)
 
 
 def copy_across_like_accelerate() -> None:
@@ -181,22 +213,48 @@ def run_cell(pattern: str, peer_access: bool, guarded: bool, nbytes: int = 64 <<
     for d in (0, 1):
         torch.cuda.synchronize(d)
     correct = bool(torch.all(out == 2.0).item())
-    # Bandwidth, after the race: reps launches, both GPUs synchronised around them.
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        out = launch()
-    for d in (0, 1):
-        torch.cuda.synchronize(d)
-    seconds = (time.perf_counter() - t0) / reps
-    return {"correct": correct, "out_device": str(out.device), "GBps": 2 * nbytes / seconds / 1e9,
-            "us": seconds * 1e6, "peer_enabled": enabled}
+    # Kernel time, after the race: each launch alone (both GPUs idle before it), CUDA events on
+    # the stream it runs on, behind a short sleep so the span holds the kernel and not the host.
+    timer = timing.KernelTimer()
+    with timing.timing(timer):
+        for _ in range(reps):
+            out = launch()
+            for d in (0, 1):
+                torch.cuda.synchronize(d)
+    return {"correct": correct, "out_device": str(out.device), "peer_enabled": enabled,
+            **timing.kernel_timing(timer.elapsed(), nbytes)}
 
 
 def _parse_peer_line(stdout: str) -> bool | None:
-    for line in stdout.splitlines():
-        if line.startswith(_PEER_LINE):
-            return {"True": True, "False": False}.get(line[len(_PEER_LINE):].strip())
+    return {"True": True, "False": False}.get(_parse_line(stdout, _PEER_LINE))
+
+
+def _parse_line(stdout: str, prefix: str) -> str | None:
+    """The rest of the child's first stdout line that starts with ``prefix`` (None if none)."""
+    for line in (stdout or "").splitlines():
+        if line.startswith(prefix):
+            return line[len(prefix):].strip()
     return None
+
+
+_CHAINED = ("During handling of the above exception, another exception occurred:",
+            "The above exception was the direct cause of the following exception:")
+
+
+def first_error(traceback_text: str | None) -> tuple[str, str] | None:
+    """(error line, where it was raised) of the FIRST exception in a child's traceback.
+
+    Python prints a chain of exceptions oldest first; the error the caller saw is the last one.
+    "Where" is the innermost line of labkit code in that first traceback (``_reported_at``)."""
+    if not traceback_text or "Traceback (most recent call last):" not in traceback_text:
+        return None
+    block = traceback_text
+    for sep in _CHAINED:
+        block = block.split(sep)[0]
+    lines = block.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):"))
+    error = next((line.strip() for line in lines[start + 1:] if line.strip() and not line[0].isspace()), "")
+    return error, _reported_at(block)
 
 
 def classify_cell(res: sandbox.SandboxResult) -> tuple[str, str]:
@@ -226,20 +284,64 @@ def device_matrix(patterns=PATTERNS, nbytes: int = 64 << 20, timeout_s: float = 
     cells = [(p, peer, g) for p in patterns for peer in peers for g in guarded]
     for pattern, peer, guarded in tqdm(cells, desc="device matrix", unit="cell", disable=not progress):
         res = sandbox.run_isolated(run_cell, pattern, peer, guarded, nbytes, timeout=timeout_s, env=env)
-        outcome, detail = classify_cell(res)
-        records.append({"pattern": pattern, "peer_access": peer, "guarded": guarded, "outcome": outcome,
-                        "GBps": res.value["GBps"] if res.ok else None, "detail": detail,
-                        "peer_enabled": _parse_peer_line(res.stdout),
-                        "seconds": res.seconds, "nbytes": nbytes})
+        records.append(cell_record(pattern, peer, guarded, nbytes, res))
     return records
 
 
+def cell_record(pattern: str, peer: bool, guarded: bool, nbytes: int, res: sandbox.SandboxResult) -> dict:
+    """One matrix record from a cell's child result (pure: unit-tested with made-up results)."""
+    outcome, detail = classify_cell(res)
+    value = res.value if res.ok else {}
+    first = first_error(res.traceback) if not res.ok else None
+    return {"pattern": pattern, "peer_access": peer, "guarded": guarded, "outcome": outcome,
+            "GBps": value.get("GBps"), "us": value.get("us"), "timing": timing.TIMING,
+            "launch_device": value.get("launch_device"),
+            "expected_launch_device": f"cuda:{timing.expected_launch_device(pattern, guarded)}",
+            "timed_launches": value.get("timed_launches"), "detail": detail,
+            "first_error": first[0] if first else None, "first_error_at": first[1] if first else None,
+            "capture_error_mode": _parse_line(res.stdout, _CAPTURE_LINE),
+            "peer_enabled": _parse_peer_line(res.stdout), "seconds": res.seconds, "nbytes": nbytes}
+
+
+def describe_graph_errors(records: list[dict]) -> list[str]:
+    """Lines for each graph cell that failed: the error the caller saw, then the first error of
+    its chain and the labkit line it was raised under (older files did not record them)."""
+    out = []
+    for r in records:
+        if r.get("pattern") != "graph_wrong_device" or r.get("outcome") == "correct":
+            continue
+        # a failed child's detail is its summary, which starts with how it ended
+        seen = r["detail"] if r["outcome"] in ("exception", "illegal memory access", "hang") else f"{r['outcome']}: {r['detail']}"
+        out.append(f"peer {'on' if r.get('peer_access') else 'off'}, {'guarded' if r.get('guarded') else 'unguarded'}: {seen}")
+        if "first_error" not in r:
+            out.append("    first error: not recorded (the file predates first-error recording)")
+        elif r["first_error"] is None:
+            out.append("    first error: none (the cell raised no Python exception)")
+        else:
+            same = r["first_error"].split(": ", 1)[-1] in r["detail"]
+            out.append(f"    first error: {r['first_error']}" + ("  (the same error: nothing before it)" if same else ""))
+            out.append(f"    raised under: {r['first_error_at']}")
+        if r.get("capture_error_mode"):
+            out.append(f"    capture_error_mode: {r['capture_error_mode']}")
+    return out or ["no graph cell failed"]
+
+
 def benchmark(profile: str) -> list[dict]:
-    """Entry point of ``labkit bench device_guard`` (needs 2 GPUs)."""
+    """Entry point of ``labkit bench device_guard`` (needs 2 GPUs).
+
+    Time, an ESTIMATE (not measured as a whole): the matrix about 1 min (16 children of about
+    4 s each in the first recorded file); the guard's cost under 1 s; the CUDA_LAUNCH_BLOCKING
+    demonstration ~10-20 s (2 children); the sharded decode ~1 min (2 children, each importing
+    accelerate and compiling the SC kernels, unless Triton's disk cache has them); the
+    regression test ~1 min (2 children); the crash search ~1 min (6 children, a 0.1 s sleep
+    each). So about 4-5 minutes in all, inside the GPU machines' 10 minutes per command, unless
+    children hang: each has its own timeout (the matrix's 120 s, the others' 60-180 s)."""
+    from labkit.labs.wrong_device import crash_search, demos
     from labkit.workbench import gates
 
     gates.requires(gpus=2, compiled=True).check()
-    return device_matrix() + guard_overhead()
+    return (device_matrix() + guard_overhead() + demos.launch_blocking_records() + demos.sharded_decode_records()
+            + demos.regression_records() + crash_search.crash_search())
 
 
 def guard_overhead(reps: int = 20_000, device: str | None = None) -> list[dict]:

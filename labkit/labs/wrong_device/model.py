@@ -290,8 +290,13 @@ def unguarded_decode(cfg: DecoderConfig = TINY, guarded: bool = False) -> dict:
     torch.cuda.set_device(0)
     use_sc(model, guarded=guarded)
     toks, logits, _ = greedy_decode(model, torch.arange(8) % cfg.vocab, 4)
+    from labkit.labs.wrong_device.experiments import peer_enabled
+
+    # logits travel back (TINY: 4 x 97 floats) so the parent can compare runs bit for bit;
+    # peer access as it stands after accelerate's copies (None where CuPy is missing to ask)
     return {"tokens": toks, "layers_on": sorted({str(d) for d in device_map.values()}),
-            "finite": bool(torch.isfinite(logits).all())}
+            "finite": bool(torch.isfinite(logits).all()), "logits": logits.float().cpu().tolist(),
+            "peer_0_to_1": peer_enabled(0, 1), "peer_1_to_0": peer_enabled(1, 0)}
 
 
 def weight_bytes(cfg: DecoderConfig, itemsize: int = 2) -> int:

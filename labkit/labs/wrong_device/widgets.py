@@ -25,7 +25,8 @@ def matrix_cell_report(pattern: str, peer_access: bool, guarded: bool, reference
         if not match:
             return f"no recorded reference for {pattern}, peer {peer_access}, guarded {guarded}"
         rec, source = match[0], "RECORDED reference (this machine has fewer than 2 GPUs)"
-    gbps = f"{rec['GBps']:.0f} GB/s" if rec.get("GBps") else "did not run to the end"
+    gbps = (f"{rec['GBps']:.0f} GB/s ({'kernel, CUDA events' if rec.get('timing') == 'cuda_events' else 'host clock'})"
+            if rec.get("GBps") else "did not run to the end")
     return (f"[{source}]\n{pattern}, peer access {'on' if peer_access else 'off'} "
             f"(enabled: {rec.get('peer_enabled')}), {'guarded' if guarded else 'unguarded'}\n"
             f"outcome: {rec['outcome']}  |  {gbps}\n{rec['detail']}")
