@@ -55,6 +55,7 @@ import triton
 import triton.language as tl
 
 from labkit.kernels.comm import symm
+from labkit.kernels.comm.collectives import _overlaps
 from labkit.kernels.comm.signals import pad_slot, slow_down
 from labkit.workbench import tier
 from labkit.workbench.guard import on_device_of
@@ -249,14 +250,9 @@ def _check(x, box: Inbox, out) -> torch.Tensor:
         raise ValueError(f"out: expected a contiguous {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}, got "
                          f"{'a contiguous' if out.is_contiguous() else 'a non-contiguous'} {out.dtype} tensor of "
                          f"shape {tuple(out.shape)} on {out.device}")
-    if out.data_ptr() != x.data_ptr() and _overlap(out, x):
+    if out.data_ptr() != x.data_ptr() and _overlaps(out, x):
         raise ValueError("out: overlaps x without being x (in place means out is x)")
     return out
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
 def all_reduce(x: torch.Tensor, box: Inbox, out: torch.Tensor | None = None) -> torch.Tensor:

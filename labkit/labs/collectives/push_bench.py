@@ -22,25 +22,11 @@ import torch
 
 from labkit.kernels.comm import collectives as C
 from labkit.kernels.comm import push, symm
+from labkit.labs.collectives.rank_timing import capture
 
 #: message sizes per rank (bytes); 4 KiB .. 1 MiB is where latency decides, 256 MiB bandwidth
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
 REQUIRED = ("kind", "impl", "timing", "bytes", "world_size", "us", "correct")
-
-
-def _graph_of(call, iters: int):
-    """One CUDA graph of ``iters`` back-to-back calls (captured on a side stream, as the sweep does)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        call()  # warm-up on the capture stream
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=s):
-            for _ in range(iters):
-                call()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    return g
 
 
 def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
@@ -114,7 +100,7 @@ def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
         torch_names = [nm for nm in ok if nm.startswith("torch_")]
         for timing in ("graph", "eager"):
             if timing == "graph":
-                graphs = {nm: _graph_of(call, iters) for nm, call in ok.items()}
+                graphs = {nm: capture(call, iters) for nm, call in ok.items()}
                 timed, inner = {nm: g.replay for nm, g in graphs.items()}, 1
             else:
                 timed, inner = ok, iters

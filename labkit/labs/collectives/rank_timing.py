@@ -16,6 +16,22 @@ def median_us(fn, iters: int, reps: int, graph: bool) -> float:
     return statistics.median(samples_us(fn, iters, reps, graph))
 
 
+def capture(fn, iters: int) -> "torch.cuda.CUDAGraph":
+    """One CUDA graph of ``iters`` back-to-back calls of ``fn``, captured on a side stream after
+    one warm-up call there (the warm-up runs; the captured calls run at each replay)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()  # warm-up on the capture stream
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(iters):
+                fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    return g
+
+
 def samples_us(fn, iters: int, reps: int, graph: bool = False, active: bool = True) -> list[float]:
     """µs per call of each of ``reps`` rounds (``median_us``). A rank that is not ``active`` runs
     nothing and only joins the barriers, so the active ranks time their calls together while it
@@ -27,18 +43,7 @@ def samples_us(fn, iters: int, reps: int, graph: bool = False, active: bool = Tr
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    g = None
-    if graph:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()  # warm-up on the capture stream
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=s):
-                for _ in range(iters):
-                    fn()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
+    g = capture(fn, iters) if graph else None
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     samples = []
     for _ in range(reps):
@@ -56,4 +61,4 @@ def samples_us(fn, iters: int, reps: int, graph: bool = False, active: bool = Tr
     return samples
 
 
-__all__ = ["median_us", "samples_us"]
+__all__ = ["capture", "median_us", "samples_us"]
