@@ -5,7 +5,7 @@ import inspect
 import pytest
 import torch
 
-from labkit.labs.stream_races import race, reuse_probe
+from labkit.labs.stream_races import bench as streams_bench, race, reuse_probe
 from labkit.workbench import gates, results
 
 GPU = torch.cuda.is_available()
@@ -65,7 +65,7 @@ def test_bad_arguments_are_refused():
 
 def test_the_streams_benchmark_records_the_probe_and_loads_kernels_first():
     """Read from the source: both run only on a GPU."""
-    assert "reuse_probe.probe_records(" in inspect.getsource(race.benchmark)
+    assert "reuse_probe.probe_records(" in inspect.getsource(streams_bench.benchmark)
     src = inspect.getsource(reuse_probe.probe)
     assert "load_trial_kernels(" in src and src.index("load_trial_kernels(") < src.index("alloc.allocate(")
 

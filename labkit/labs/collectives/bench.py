@@ -20,30 +20,14 @@ import torch.distributed as dist
 
 from labkit.kernels.comm import collectives as C
 from labkit.kernels.comm import symm
+from labkit.labs.collectives.messages import BUS_FACTOR  # noqa: F401  (re-exported: bench.BUS_FACTOR)
+from labkit.labs.collectives.messages import agreed_everywhere as _everywhere, close_to_ref as _close
+from labkit.labs.collectives.messages import iters_for as _iters, message as _message
 from labkit.labs.collectives.rank_timing import median_us as _time
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
 REQUIRED = ("impl", "op", "world_size", "bytes", "dtype", "us", "busbw_GBps", "correct")
-BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "reduce_scatter": lambda w: (w - 1) / w,
-              "all_gather": lambda w: (w - 1) / w}
 
-
-def _iters(nbytes: int) -> int:
-    return 50 if nbytes <= (1 << 20) else (20 if nbytes <= (16 << 20) else 5)
-
-
-def _message(ctx, nbytes: int, dtype, seed: int):
-    """This rank's input for one message size (a multiple of W elements), the fp32 sum over
-    ranks and the sum over ranks of |x_r| (the scale of the rounding tolerance)."""
-    n = nbytes // dtype.itemsize
-    n -= n % ctx.world_size
-    g = torch.Generator(device=ctx.device).manual_seed(seed)
-    x = torch.randn(n, device=ctx.device, generator=g).to(dtype)
-    ref = x.float()
-    dist.all_reduce(ref)
-    scale = x.float().abs()
-    dist.all_reduce(scale)
-    return n, x, ref, scale
 
 
 def _cases(ctx, n: int, dtype, x: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -> dict:
@@ -247,21 +231,6 @@ def eager_target_verdicts(records: list[dict]) -> list[str]:
                              f"of torch's best eager op (paired medians) at {format_bytes(pts[0][0])}.."
                              f"{format_bytes(pts[-1][0])}; within x{EAGER_TARGET} at {met} of {len(pts)} sizes")
     return lines
-
-
-def _everywhere(ok: bool, device) -> bool:
-    flag = torch.tensor([1 if ok else 0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
-def _close(y, ref, w, scale) -> bool:
-    """Within the rounding a bf16 all-reduce may do (labkit.labs.collectives.experiments.sum_tolerance: up to
-    log2(W) + 1 roundings of 2^-7 for the tree) of the fp32 reference, relative to ``scale``,
-    the sum over ranks of |x_r| (the scale rounding errors have, even where the sum cancels)."""
-    from labkit.labs.collectives.experiments import sum_tolerance
-
-    return bool(((y.float() - ref).abs() <= sum_tolerance(torch.bfloat16, w) * scale + 1e-6).all())
 
 
 def sweep(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 7, graphs: bool = True,

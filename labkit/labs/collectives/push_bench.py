@@ -73,7 +73,7 @@ def _paired(cmp, name: str, best: str | None) -> dict:
 
 def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, warmup: int = 3) -> list[dict]:
     """One rank's records (``run_ranks`` runs it on every rank; rank 0's are kept). GPUs only."""
-    from labkit.labs.collectives import bench as lab02
+    from labkit.labs.collectives import messages as lab02
     from labkit.workbench import bench as wb
 
     dtype, w, dev = getattr(torch, dtype_name), ctx.world_size, ctx.device
@@ -84,16 +84,16 @@ def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
 
     records = []
     for nbytes in sizes:
-        n, x, ref, scale = lab02._message(ctx, nbytes, dtype, seed=7000 + nbytes % 997)
-        iters = lab02._iters(nbytes)
-        close = lambda y: lab02._close(y, ref, w, scale)  # noqa: E731
+        n, x, ref, scale = lab02.message(ctx, nbytes, dtype, seed=7000 + nbytes % 997)
+        iters = lab02.iters_for(nbytes)
+        close = lambda y: lab02.close_to_ref(y, ref, w, scale)  # noqa: E731
         cands, box, out = _candidates(ctx, n, dtype, x, close)
         base = {"kind": "push", "op": "all_reduce", "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name}
         ok, rows = {}, {}
         for name, (fields, call, check) in cands.items():
             rows[name] = {**base, "impl": name, **fields}
             try:
-                rows[name]["correct"] = lab02._everywhere(bool(check()), dev)
+                rows[name]["correct"] = lab02.agreed_everywhere(bool(check()), dev)
                 ok[name] = call
             except Exception as e:  # noqa: BLE001 (recorded: the candidate is not timed)
                 rows[name].update(correct=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
@@ -119,7 +119,7 @@ def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
                     rec.setdefault("us", None)
                 records.append(rec)
         if "labkit_push_one_shot" in ok:  # the epochs stayed in step through the replays
-            after = lab02._everywhere(bool(close(push.all_reduce(x, box, out))), dev)
+            after = lab02.agreed_everywhere(bool(close(push.all_reduce(x, box, out))), dev)
             for rec in records[-2 * len(rows):]:
                 if rec["impl"].startswith("labkit_push"):
                     rec["correct_after"] = after

@@ -38,7 +38,7 @@ from labkit.workbench import sandbox, tier
 from labkit.workbench.checks import check_tensor
 from labkit.workbench.guard import common_device, on_device_of
 
-PATTERNS = ("triton_launch", "scratch_current_device", "stream_current_device", "graph_wrong_device")
+PATTERNS = timing.PATTERNS  # the four ways a launch lands on the wrong device (where each launches: timing)
 OUTCOMES = ("correct", "wrong result", "wrong device", "exception", "illegal memory access", "hang")
 REQUIRED = ("pattern", "peer_access", "guarded", "outcome", "GBps", "detail", "peer_enabled")
 _PEER_LINE = "labkit: peer access cuda:0 -> cuda:1 enabled: "
@@ -324,24 +324,6 @@ def describe_graph_errors(records: list[dict]) -> list[str]:
         if r.get("capture_error_mode"):
             out.append(f"    capture_error_mode: {r['capture_error_mode']}")
     return out or ["no graph cell failed"]
-
-
-def benchmark(profile: str) -> list[dict]:
-    """Entry point of ``labkit bench device_guard`` (needs 2 GPUs).
-
-    Time, an ESTIMATE (not measured as a whole): the matrix about 1 min (16 children of about
-    4 s each in the first recorded file); the guard's cost under 1 s; the CUDA_LAUNCH_BLOCKING
-    demonstration ~10-20 s (2 children); the sharded decode ~1 min (2 children, each importing
-    accelerate and compiling the SC kernels, unless Triton's disk cache has them); the
-    regression test ~1 min (2 children); the crash search ~1 min (6 children, a 0.1 s sleep
-    each). So about 4-5 minutes in all, inside the GPU machines' 10 minutes per command, unless
-    children hang: each has its own timeout (the matrix's 120 s, the others' 60-180 s)."""
-    from labkit.labs.wrong_device import crash_search, demos
-    from labkit.workbench import gates
-
-    gates.requires(gpus=2, compiled=True).check()
-    return (device_matrix() + guard_overhead() + demos.launch_blocking_records() + demos.sharded_decode_records()
-            + demos.regression_records() + crash_search.crash_search())
 
 
 def guard_overhead(reps: int = 20_000, device: str | None = None) -> list[dict]:

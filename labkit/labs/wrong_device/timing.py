@@ -28,6 +28,8 @@ import torch
 #: cycles slept on the launch stream before each timed launch: about 0.5 ms at the H200's
 #: ~2 GHz clock, far longer than the host needs to enqueue one Triton launch or graph replay
 SLEEP_CYCLES = 1_000_000
+#: the matrix's four ways of launching on the wrong device (``experiments.PATTERNS`` is this)
+PATTERNS = ("triton_launch", "scratch_current_device", "stream_current_device", "graph_wrong_device")
 TIMING = "cuda_events"  # the value of a record's "timing" field; files without it used the host clock
 
 #: the timer the launch sites report to (None: not timing, launches untouched)
@@ -39,8 +41,6 @@ def expected_launch_device(pattern: str, guarded: bool, data_device: int = 1, cu
     ``current_device`` is current): the guard makes the data's device current for the launch;
     without it every pattern launches on the current device (Triton's launch, ``device="cuda"``
     scratch, ``torch.cuda.Stream()``, and the graph, captured and replayed under it)."""
-    from labkit.labs.wrong_device.experiments import PATTERNS
-
     if pattern not in PATTERNS:
         raise ValueError(f"pattern: {pattern!r} is not one of {PATTERNS}")
     if not isinstance(guarded, bool):

@@ -1,0 +1,46 @@
+"""What lab 02's timed comparisons share: the message each rank reduces at one size, how many
+calls a timing round makes, the check of a result against the fp32 reference, the agreement of
+every rank on a check, and the bus-bandwidth factors (nccl-tests' convention). Used by the sweep
+(``bench``) and the push comparison (``push_bench``)."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "reduce_scatter": lambda w: (w - 1) / w,
+              "all_gather": lambda w: (w - 1) / w}
+
+
+def iters_for(nbytes: int) -> int:
+    """Back-to-back calls per timing round: many for small messages (microseconds each)."""
+    return 50 if nbytes <= (1 << 20) else (20 if nbytes <= (16 << 20) else 5)
+
+
+def message(ctx, nbytes: int, dtype, seed: int):
+    """This rank's input for one message size (a multiple of W elements), the fp32 sum over
+    ranks and the sum over ranks of |x_r| (the scale of the rounding tolerance)."""
+    n = nbytes // dtype.itemsize
+    n -= n % ctx.world_size
+    g = torch.Generator(device=ctx.device).manual_seed(seed)
+    x = torch.randn(n, device=ctx.device, generator=g).to(dtype)
+    ref = x.float()
+    dist.all_reduce(ref)
+    scale = x.float().abs()
+    dist.all_reduce(scale)
+    return n, x, ref, scale
+
+
+def agreed_everywhere(ok: bool, device) -> bool:
+    """True only if ``ok`` on every rank (a collective call)."""
+    flag = torch.tensor([1 if ok else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
+def close_to_ref(y, ref, w, scale) -> bool:
+    """Within the rounding a bf16 all-reduce may do (labkit.labs.collectives.experiments.sum_tolerance: up to
+    log2(W) + 1 roundings of 2^-7 for the tree) of the fp32 reference, relative to ``scale``,
+    the sum over ranks of |x_r| (the scale rounding errors have, even where the sum cancels)."""
+    from labkit.labs.collectives.experiments import sum_tolerance
+
+    return bool(((y.float() - ref).abs() <= sum_tolerance(torch.bfloat16, w) * scale + 1e-6).all())
