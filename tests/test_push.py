@@ -76,6 +76,8 @@ def bad_inputs(ctx) -> list[str]:
                  lambda: push.all_reduce(x, "box"),
                  lambda: push.all_reduce(x, box, out=torch.ones(63, device=ctx.device)),
                  lambda: push.all_reduce(x, box, out=x[1:]),
+                 lambda: push.all_reduce(box.buf.tensor[0, 0], box),
+                 lambda: push.all_reduce(x, box, out=box.buf.tensor[1, 0]),
                  lambda: push.all_reduce_variant(x, box, slots=3),
                  lambda: push.all_reduce_variant(x, box, delay=-1),
                  lambda: push.inbox(0, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir),
@@ -91,7 +93,7 @@ def bad_inputs(ctx) -> list[str]:
 
 def test_bad_input_is_refused_naming_the_argument():
     first = run_ranks(bad_inputs, 2, timeout=120).unwrap()[0]
-    assert first == ["x", "x", "x", "box", "out", "out", "slots", "delay", "capacity", "block"]
+    assert first == ["x", "x", "x", "box", "out", "out", "x", "out", "slots", "delay", "capacity", "block"]
 
 
 def test_the_push_summary_reads_records():

@@ -75,6 +75,13 @@ class Comparison:
         q = lambda p: r[round(p * (len(r) - 1))]  # noqa: E731
         return q(0.25), q(0.75)
 
+    def ratio_to(self, name: str, other: str) -> tuple[float, float, float]:
+        """(median, p25, p75) of the per-round ratios time(name) / time(other): the ratio to a
+        candidate other than the baseline (e.g. the fastest of a group, chosen after timing)."""
+        r = sorted(a / b for a, b in zip(self.timings[name].samples_us, self.timings[other].samples_us))
+        q = lambda p: r[round(p * (len(r) - 1))]  # noqa: E731
+        return statistics.median(r), q(0.25), q(0.75)
+
 
 def _resolve_method(method: str, device: torch.device | None) -> str:
     if method not in METHODS:

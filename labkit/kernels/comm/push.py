@@ -242,6 +242,7 @@ def _check(x, box: Inbox, out) -> torch.Tensor:
         raise ValueError("x: expected a contiguous tensor")
     if x.numel() == 0 or x.numel() > box.capacity:
         raise ValueError(f"x: {x.numel()} elements; the inbox takes 1 to {box.capacity}")
+    _outside_inboxes("x", x, box)
     if out is None:
         return torch.empty_like(x)
     if not isinstance(out, torch.Tensor):
@@ -252,7 +253,18 @@ def _check(x, box: Inbox, out) -> torch.Tensor:
                          f"shape {tuple(out.shape)} on {out.device}")
     if out.data_ptr() != x.data_ptr() and _overlaps(out, x):
         raise ValueError("out: overlaps x without being x (in place means out is x)")
+    _outside_inboxes("out", out, box)
     return out
+
+
+def _outside_inboxes(name: str, t: torch.Tensor, box: Inbox) -> None:
+    """Peers store into every rank's inbox while this rank reads ``x`` and writes ``out``: neither
+    may live inside one."""
+    for r, peer in enumerate(box.buf.peers):
+        if _overlaps(t, peer):
+            whose = "this rank's" if r == box.buf.rank else f"rank {r}'s"
+            raise ValueError(f"{name}: shares memory with {whose} inbox, which the peers write during the call; "
+                             "pass a tensor of its own")
 
 
 def all_reduce(x: torch.Tensor, box: Inbox, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -13,7 +13,6 @@ same inputs before it is timed; ``correct`` records the outcome.
 """
 from __future__ import annotations
 
-import statistics
 
 import torch
 import torch.distributed as dist
@@ -195,9 +194,8 @@ def eager_series(ctx, buf, out: torch.Tensor, x: torch.Tensor, close, torch_ops:
             rec["target"] = EAGER_TARGET
             rec["baseline"] = best
             if best is not None and name in timed:
-                ratios = sorted(a / b for a, b in zip(cmp.timings[name].samples_us, cmp.timings[best].samples_us))
-                q = lambda p: ratios[round(p * (len(ratios) - 1))]  # noqa: E731
-                rec.update(ratio_to_torch_best=statistics.median(ratios), ratio_p25=q(0.25), ratio_p75=q(0.75))
+                med, p25, p75 = cmp.ratio_to(name, best)
+                rec.update(ratio_to_torch_best=med, ratio_p25=p25, ratio_p75=p75)
             else:
                 rec.update(ratio_to_torch_best=None, ratio_p25=None, ratio_p75=None)
         records.append(rec)

@@ -11,30 +11,19 @@ short table.
 """
 from __future__ import annotations
 
-import json
-
 import torch
+
+from labkit.labs.collectives.messages import close_to_ref
+from labkit.workbench import trace as wtrace
+from labkit.workbench.trace import trace_events
 
 KIND = "ce_profile"
 #: the all-reduce message profiled: where the in-place ``auto`` takes ``two_shot_ce`` on 2 GPUs
 MESSAGE_BYTES = 256 << 20
 #: Chrome-trace categories of GPU activities (kineto's names; "Kernel" in older kineto) -> activity
-GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
-#: host-side API categories: what the process asked the driver for
-HOST_CATEGORIES = ("cuda_runtime", "cuda_driver")
+GPU_CATEGORIES = dict(zip(wtrace.GPU_CATEGORIES, ("kernel", "memcpy", "memset")))
 #: most table rows ``summary_markdown`` shows
 MAX_ROWS = 15
-
-
-def _events(trace) -> list[dict]:
-    if isinstance(trace, dict):
-        if "traceEvents" not in trace:
-            raise ValueError("trace: a Chrome-trace dict needs a 'traceEvents' list")
-        trace = trace["traceEvents"]
-    if not isinstance(trace, (list, tuple)) or not all(isinstance(e, dict) for e in trace):
-        raise ValueError("trace: expected a Chrome-trace dict (torch.profiler's export_chrome_trace) or its "
-                         f"list of event dicts, got {type(trace).__name__}")
-    return list(trace)
 
 
 def summarize_trace(trace) -> list[dict]:
@@ -45,7 +34,7 @@ def summarize_trace(trace) -> list[dict]:
     ``stream``, ``device``, ``start_us`` (from the first activity), ``us`` (duration) and
     ``copy_bytes`` (copies and sets; None for kernels)."""
     acts = []
-    for e in _events(trace):
+    for e in trace_events(trace):
         activity = GPU_CATEGORIES.get(str(e.get("cat", "")).lower())
         if activity is None or e.get("ph") != "X":
             continue
@@ -67,9 +56,9 @@ def host_calls(trace) -> str:
     """The host-side CUDA API calls of a Chrome trace that copy, set or launch, counted:
     "cuLaunchKernelEx x2, cudaMemcpyAsync x1" ("" when the trace has none)."""
     counts: dict = {}
-    for e in _events(trace):
+    for e in trace_events(trace):
         wanted = any(w in str(e.get("name", "")).lower() for w in ("memcpy", "memset", "launch"))
-        if str(e.get("cat", "")).lower() in HOST_CATEGORIES and wanted:
+        if str(e.get("cat", "")).lower() in wtrace.HOST_CATEGORIES and wanted:
             counts[e.get("name", "?")] = counts.get(e.get("name", "?"), 0) + 1
     return ", ".join(f"{name} x{k}" for name, k in sorted(counts.items()))
 
@@ -83,23 +72,13 @@ def _host_barrier():
     return lambda: dist.barrier(group=group)
 
 
-def _close_to(y: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor, w: int) -> bool:
-    from labkit.labs.collectives.experiments import sum_tolerance
-
-    return bool(((y.float() - ref).abs() <= sum_tolerance(y.dtype, w) * scale + 1e-6).all())
-
-
 def profile_two_shot_ce(ctx, nbytes: int = MESSAGE_BYTES, dtype_name: str = "bfloat16", seed: int = 0) -> list[dict]:
     """Records of kind ``KIND``: one in-place ``two_shot_ce`` all-reduce of ``nbytes`` per rank,
     profiled on every rank (after warm-up calls and a first, discarded profile that starts CUPTI),
     every rank's GPU activities (one record each, in order, with its ``rank``); the result checked
     against the fp32 sum of every rank's input. Off GPUs: one record saying why it was skipped.
     Call on every rank; each returns all ranks' records."""
-    import os
-    import tempfile
-
     import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
 
     from labkit.kernels.comm import collectives as C
     from labkit.kernels.comm import symm
@@ -128,21 +107,14 @@ def profile_two_shot_ce(ctx, nbytes: int = MESSAGE_BYTES, dtype_name: str = "bfl
         for _ in range(2):  # the first profile only starts CUPTI (its first traces can be slow): the second is kept
             buf.tensor.copy_(x)
             torch.cuda.synchronize(dev)
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                line_up()
-                C.all_reduce(buf, buf.tensor, algorithm="two_shot_ce")
-                torch.cuda.synchronize(dev)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "trace.json")
-            prof.export_chrome_trace(path)
-            with open(path) as f:
-                trace = json.load(f)
+            trace = wtrace.profile_events(lambda: (line_up(), C.all_reduce(buf, buf.tensor, algorithm="two_shot_ce")),
+                                          cuda=True, device=dev)
         rows, calls = summarize_trace(trace), host_calls(trace)
     except Exception as e:  # noqa: BLE001 (recorded: a machine whose profiler cannot trace the GPU)
         torch.cuda.synchronize(dev)
         error = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
     # the profiled call's result (unknown if the profile failed before or during the call)
-    right = _close_to(buf.tensor, ref, scale, w) if error is None else None
+    right = close_to_ref(buf.tensor, ref, w, scale) if error is None else None
     del ref, scale
     mine = [dict(base, rank=ctx.rank, index=i, correct=right, host_calls=calls, **row) for i, row in enumerate(rows)]
     if not mine:

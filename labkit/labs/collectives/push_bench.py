@@ -16,8 +16,6 @@ a symmetric buffer that holds the input already (what their callers must arrange
 """
 from __future__ import annotations
 
-import statistics
-
 import torch
 
 from labkit.kernels.comm import collectives as C
@@ -65,10 +63,8 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
 def _paired(cmp, name: str, best: str | None) -> dict:
     if best is None or name not in cmp.timings:
         return {"ratio_to_torch_best": None, "ratio_p25": None, "ratio_p75": None, "baseline": best}
-    ratios = sorted(a / b for a, b in zip(cmp.timings[name].samples_us, cmp.timings[best].samples_us))
-    q = lambda p: ratios[round(p * (len(ratios) - 1))]  # noqa: E731
-    return {"ratio_to_torch_best": statistics.median(ratios), "ratio_p25": q(0.25), "ratio_p75": q(0.75),
-            "baseline": best}
+    med, p25, p75 = cmp.ratio_to(name, best)
+    return {"ratio_to_torch_best": med, "ratio_p25": p25, "ratio_p75": p75, "baseline": best}
 
 
 def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, warmup: int = 3) -> list[dict]:

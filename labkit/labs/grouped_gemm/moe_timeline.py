@@ -21,19 +21,17 @@ returns no GPU events (no CUPTI, or the CPU tier) gives a record that says so, n
 """
 from __future__ import annotations
 
-import json
-import os
 import re
-import tempfile
 
 import torch
 
 from labkit.labs.grouped_gemm import moe, moe_graph
+from labkit.workbench import trace
 from labkit.workbench.errors import UsageError
 
 #: name of the ``record_function`` range that marks the profiled step
 STEP = "moe_step"
-GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+GPU_CATEGORIES = trace.GPU_CATEGORIES
 #: host calls that block until the GPU catches up (a cudaMemcpyAsync counts only when device to host)
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
               "aten::item", "aten::_local_scalar_dense", "aten::tolist")
@@ -151,22 +149,7 @@ def profile_events(fn, *, cuda: bool) -> list[dict]:
     """Run ``fn()`` once inside a ``STEP`` range under torch.profiler (CPU, and CUDA if ``cuda``);
     the chrome trace's events. The synchronize after the range lets the GPU's work finish
     inside the profile without counting as a host sync of the step."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        with record_function(STEP):
-            fn()
-        if cuda:
-            torch.cuda.synchronize()
-    fd, path = tempfile.mkstemp(suffix=".json", prefix="labkit-moe-trace-")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            return json.load(f).get("traceEvents", [])
-    finally:
-        os.unlink(path)
+    return trace.profile_events(fn, cuda=cuda, label=STEP)
 
 
 def timeline(layer: moe.MoELayer, x: torch.Tensor, grad_out: torch.Tensor, *, graph: bool = False,

@@ -16,17 +16,15 @@ issued (``cudaMemcpyAsync`` or ``cudaGraphLaunch``).
 """
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections import defaultdict
-from pathlib import Path
+
+from labkit.workbench import trace
 
 KIND = "copy_trace"
 PATHS = ("eager copy_", "graph replay")
 #: What the GPU ran (the evidence), and what the host called to issue it.
-DEVICE_ACTIVITIES = ("kernel", "gpu_memcpy", "gpu_memset")
-HOST_CALLS = ("cuda_runtime", "cuda_driver")
+DEVICE_ACTIVITIES = trace.GPU_CATEGORIES
+HOST_CALLS = trace.HOST_CATEGORIES
 TRACE_BYTES = 1 << 30  # the size at which the benchmark's graph replay was slower
 #: A graph's device work counts as slower only past this share: run-to-run spread of a 1 GiB copy
 #: in the benchmark's records is well under it (p25-p75 within 0.3 %).
@@ -98,18 +96,9 @@ def profiled_events(fn, device=None) -> list[dict]:
     """Chrome-trace events of one call of ``fn`` under ``torch.profiler`` (CPU activities, plus CUDA
     ones and a synchronize before the profiler stops when ``device`` is a CUDA device)."""
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     cuda = device is not None and torch.device(device).type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        fn()
-        if cuda:
-            torch.cuda.synchronize(device)  # the copy's GPU activity ends inside the session
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "trace.json")
-        prof.export_chrome_trace(path)
-        return json.loads(Path(path).read_text())["traceEvents"]
+    return trace.profile_events(fn, cuda=cuda, device=device)
 
 
 def trace_copy(nbytes: int = TRACE_BYTES, device=None) -> list[dict]:
