@@ -1,4 +1,5 @@
 """Plot helpers (byte axes, captions naming machine and versions) and the notebook widgets."""
+import dataclasses
 import matplotlib
 
 matplotlib.use("Agg")
@@ -102,13 +103,19 @@ def test_copy_bandwidth_plot_has_your_run_and_references(tmp_path):
     mine = [rec(i, "cpu_clock", b, 1.0) for i in copy_bandwidth.IMPLS for b in (4096, 16384)]
     ref_recs = [rec(i, m, b, 1e3) for i in copy_bandwidth.IMPLS for m in ("cuda_events", "cuda_graph") for b in (4096, 16384)]
     path = results.write_results(tmp_path / "h200x2" / "workbench.json", "workbench", ref_recs, generator="t")
-    refs = {"h200x2": results.load_results(path)}
+    # the reference names its GPU whatever machine writes this file (on a GPU node the stamp would
+    # name that node's GPU, on the CPU tier none): the ceiling drawn is the named GPU's datasheet HBM
+    ref = results.load_results(path)
+    refs = {"h200x2": dataclasses.replace(ref, env={**ref.env, "gpus": [{"name": "NVIDIA H200"}]})}
     fig = copy_bandwidth.plot_copy_bandwidth(mine, env.stamp(), refs)
     eager, graph = fig.axes[:2]
+    peak = "HBM peak, H200 datasheet: 4.8 TB/s"
     assert [line.get_label() for line in eager.lines] == [
-        "your run: torch.copy_", "your run: triton copy", "reference h200x2: torch.copy_", "reference h200x2: triton copy"]
+        "your run: torch.copy_", "your run: triton copy", "reference h200x2: torch.copy_", "reference h200x2: triton copy",
+        peak]
     # the CPU clock run has no graph replays; the reference has
-    assert [line.get_label() for line in graph.lines] == ["reference h200x2: torch.copy_", "reference h200x2: triton copy"]
+    assert [line.get_label() for line in graph.lines] == ["reference h200x2: torch.copy_", "reference h200x2: triton copy",
+                                                         peak]
     assert "reference h200x2" in fig.texts[-1].get_text()
     fig_empty = copy_bandwidth.plot_copy_bandwidth(mine, env.stamp(), {})
     assert not fig_empty.axes[1].lines and "no graph timings" in fig_empty.axes[1].texts[0].get_text()
