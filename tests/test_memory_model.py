@@ -84,6 +84,29 @@ def test_budget_records_pending_rows_and_resume_keeps_finished_ones(tmp_path, cp
     assert sweep.load_resume(tmp_path / "absent.json") == {}
 
 
+def test_two_gpu_rows_sharing_a_variant_start_the_ranks_once(monkeypatch):
+    """Two tests x (plain, volatile) in the emulated world: 2 starts of the ranks, not 4; the
+    records come back in the grid's order, each with its own test's counts."""
+    starts = []
+    real = sweep.run_two_gpus
+
+    def counting(tests, *a, **k):
+        starts.append(list(tests))
+        return real(tests, *a, **k)
+
+    monkeypatch.setattr(sweep, "run_two_gpus", counting)
+    recs = sweep.sweep(("two_gpus",), "cpu", tests=["MP", "SB"], progress=False)
+    assert starts == [["MP", "SB"], ["MP", "SB"]]
+    assert [(r["test"], r["semantics"]) for r in recs] == [
+        ("MP", "plain"), ("MP", "volatile"), ("SB", "plain"), ("SB", "volatile")]
+    for r in recs:
+        assert r["batch_rows"] == 2 and r["runs"] == sweep.TWO_RANK_CPU_INSTANCES and r["unwritten"] == 0
+        assert sum(r["counts"].values()) == sweep.TWO_RANK_CPU_INSTANCES
+        assert set(r["counts"]) <= set(r["sc_outcomes"])  # the emulated world is the host's TSO
+    with pytest.raises(UsageError, match="batch: every row must be two_gpus"):
+        sweep.run_rows_two_gpus([recs[0], recs[1]], 16)
+
+
 def test_bad_input_is_refused_naming_the_argument():
     with pytest.raises(UsageError, match="test: 'XY'"):
         sweep.rows(("cross_cta",), tests=["XY"])

@@ -22,12 +22,12 @@ from labkit.workbench.errors import UsageError
 import plan_fns
 
 
-def skip_without_a_world():
-    """Two ranks need the CPU tier's emulated world or two GPUs: a compiled tier with one GPU
+def skip_without_a_world(world_size: int = 2):
+    """W ranks need the CPU tier's emulated world or W GPUs: a compiled tier with fewer GPUs
     cannot run labkit's kernels on the emulated ranks' CPU tensors."""
-    if not tier.interpreted() and torch.cuda.device_count() < 2:
-        pytest.skip(f"a world of 2 ranks needs 2 CUDA GPUs on the compiled tier (the CPU tier emulates "
-                    f"them); this machine has {torch.cuda.device_count()}")
+    if not tier.interpreted() and torch.cuda.device_count() < world_size:
+        pytest.skip(f"a world of {world_size} ranks needs {world_size} CUDA GPUs on the compiled tier (the CPU "
+                    f"tier emulates them); this machine has {torch.cuda.device_count()}")
 
 
 @pytest.fixture(scope="module")
@@ -342,7 +342,7 @@ def test_a_plan_for_one_call_prepares_no_fast_path(monkeypatch):
 
 @pytest.fixture(scope="module")
 def choices():
-    skip_without_a_world()
+    skip_without_a_world(3)
     return run_ranks(plan_fns.choices_agree, 3, timeout=300).unwrap()
 
 

@@ -334,8 +334,8 @@ def run_litmus(test, semantics: str = "plain", scope: str | None = None, placeme
         if buffers is not None:
             raise UsageError("buffers: placement='two_gpus' needs symmetric memory, which each rank "
                              "allocates itself (labkit.kernels.comm.symm); pass buffers=None")
-        return _run_two_ranks(t, semantics, scope, instances, stress, seed, stride, lanes, timeout,
-                              programs_per_launch, keep_records)
+        return _run_two_ranks([t], semantics, scope, instances, stress, seed, stride, lanes, timeout,
+                              programs_per_launch, keep_records)[0]
     if buffers is None:
         buffers = allocate(instances, stride, device, stress_lines=stress.lines)
     elif not isinstance(buffers, LitmusBuffers):
@@ -378,8 +378,40 @@ def run_litmus(test, semantics: str = "plain", scope: str | None = None, placeme
 
 # --- two GPUs (or two emulated ranks) --------------------------------------------------------
 
-def _run_two_ranks(t, semantics, scope, instances, stress, seed, stride, lanes, timeout, programs_per_launch,
-                   keep_records):
+def run_two_gpus(tests, semantics: str = "plain", scope: str | None = None, instances: int = 4096, *,
+                 stress: Stress | None = None, seed: int = 0, stride: int | None = None, lanes: int | None = None,
+                 timeout: float = 300.0, programs_per_launch: int | None = None,
+                 keep_records: bool = False) -> list[LitmusRun]:
+    """``run_litmus(test, semantics, scope, "two_gpus", instances, ...)`` for each of ``tests``,
+    in one start of the two ranks: starting them (two processes, CUDA, symmetric memory) costs
+    seconds, about as much as a run of 1e5 instances, so a sweep of several tests pays it once.
+
+    tests:   names of ``catalogue.TESTS``, run in this order, each with its own locations and
+             barrier and the same ``seed``; the other arguments as for ``run_litmus``
+    timeout: seconds for the whole two-rank run (all the tests)
+    Returns one ``LitmusRun`` per test, in order; each is what ``run_litmus`` returns for it.
+    """
+    if isinstance(tests, str) or not isinstance(tests, (list, tuple)) or not tests:
+        raise UsageError(f"tests: expected a non-empty list of test names, got {tests!r}")
+    ts = [get_test(t) for t in tests]
+    model.check_variant(semantics, scope, "two_gpus")
+    _check_count("instances", instances)
+    _check_count("seed", seed, low=0)
+    if stride is not None:
+        _check_count("stride", stride)
+    stress = Stress() if stress is None else stress
+    if not isinstance(stress, Stress):
+        raise UsageError(f"stress: expected a labkit.kernels.litmus.Stress, got {type(stress).__name__}")
+    stress.check()
+    _check_runnable(semantics)
+    if programs_per_launch is not None:
+        _check_count("programs_per_launch", programs_per_launch)
+    return _run_two_ranks(ts, semantics, scope, instances, stress, seed, stride or 4, _lanes(lanes, "two_gpus"),
+                          timeout, programs_per_launch, keep_records)
+
+
+def _run_two_ranks(ts, semantics, scope, instances, stress, seed, stride, lanes, timeout, programs_per_launch,
+                   keep_records) -> list[LitmusRun]:
     from labkit.kernels.comm.ranks import run_ranks
 
     emulated = tier.interpreted()
@@ -387,11 +419,18 @@ def _run_two_ranks(t, semantics, scope, instances, stress, seed, stride, lanes, 
         gate = gates.requires(gpus=2, peer_access=True, compiled=True)
         if not gate.ok:
             raise HardwareUnavailable(f"placement='two_gpus': {gate.reason}")
-    spec = {"test": t.name, "semantics": semantics, "scope": scope, "instances": instances,
-            "stress": dataclasses.asdict(stress), "seed": seed, "stride": stride, "lanes": lanes,
-            "programs_per_launch": programs_per_launch}
-    res = run_ranks(rank_litmus, 2, spec, timeout=timeout)
-    parts = res.unwrap()
+    specs = [{"test": t.name, "semantics": semantics, "scope": scope, "instances": instances,
+              "stress": dataclasses.asdict(stress), "seed": seed, "stride": stride, "lanes": lanes,
+              "programs_per_launch": programs_per_launch} for t in ts]
+    res = run_ranks(rank_litmus_many, 2, specs, timeout=timeout)
+    per_rank = res.unwrap()
+    return [_merge_ranks(t, [per_rank[0][i], per_rank[1][i]], semantics, scope, instances, stress, seed, stride,
+                         lanes, emulated, keep_records) for i, t in enumerate(ts)]
+
+
+def _merge_ranks(t, parts, semantics, scope, instances, stress, seed, stride, lanes, emulated, keep_records):
+    """One test's run from both ranks' shares: each register from the rank of the thread that read
+    it, each location's final value from the rank whose memory holds it."""
     out = torch.full((instances, MAX_REGS), kernels.UNWRITTEN, dtype=torch.int32)
     for reg_index, reg in enumerate(t.registers):
         out[:, reg_index] = parts[t.owner(reg) % 2]["out"][:, reg_index]
@@ -402,6 +441,11 @@ def _run_two_ranks(t, semantics, scope, instances, stress, seed, stride, lanes, 
                      parts[0]["device"] + " + " + parts[1]["device"], counts, unwritten,
                      parts[0]["timeouts"], max(p["seconds"] for p in parts), launches=parts[0]["launches"],
                      note=EMULATED_NOTE if emulated else "", records=records if keep_records else None)
+
+
+def rank_litmus_many(ctx, specs: list) -> list:
+    """One rank's share of several two_gpus runs, one after another (called by run_ranks)."""
+    return [rank_litmus(ctx, spec) for spec in specs]
 
 
 def rank_litmus(ctx, spec: dict) -> dict:
