@@ -27,6 +27,16 @@ def _close(y, xs, dtype, w):
     return experiments.close_to_sum(y, xs, dtype, w)
 
 
+def _close_step(y, xs, dtype, w):
+    """``y`` = all_reduce(2 x) + 1 against its fp64 value. The + 1 is one more term of the sum, in
+    the reference and in the tolerance's scale: subtracting it again from an fp32 result (the
+    check this replaces) loses up to 2^-24 absolute where the ranks' inputs are small, more than
+    the relative tolerance allows there; on 2x H200 that failed the Inductor step (n = 16384),
+    and in a host simulation 19 of 20 random inputs of that size fail it, a sum of exactly the
+    right values."""
+    return _close(y, [2 * v for v in xs] + [torch.ones_like(xs[0])], dtype, w + 1)
+
+
 def _error(fn) -> str:
     try:
         fn()
@@ -227,7 +237,7 @@ def ops_in_the_world(ctx, n: int = 2 * 1024) -> dict:
         return torch.ops.labkit.all_reduce(t * 2, name, "one_shot") + 1
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    found["compiled"] = _close(compiled(x) - 1, [2 * v for v in xs], dtype, w)
+    found["compiled"] = _close_step(compiled(x), xs, dtype, w)
     symm.unregister(name)
     symm.unregister(gname)
     found["unregistered"] = _error(lambda: symm.lookup(name))
@@ -374,7 +384,7 @@ def ops_under_graphs_on_gpu(ctx, n: int = 1 << 14) -> dict:
 
     compiled = torch.compile(step, fullgraph=True)  # Inductor
     v, xs = _inputs(ctx, n, dtype, 3)
-    found["inductor"] = _close(compiled(v) - 1, [2 * u for u in xs], dtype, w)
+    found["inductor"] = _close_step(compiled(v), xs, dtype, w)
     symm.unregister(name)
     _sync(ctx)
     ctx.barrier()
