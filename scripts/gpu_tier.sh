@@ -2,7 +2,7 @@
 # The GPU tier: the same tests and notebooks as CI, at full size, plus the reference benchmarks.
 # Run it on a GPU node from the repository root:
 #
-#   bash scripts/gpu_tier.sh --out DIR [--part PART]... [--only NOTEBOOK]... [-k EXPR] [--shard K/N]
+#   bash scripts/gpu_tier.sh --out DIR [--part PART]... [--only NOTEBOOK]... [-k EXPR] [--shard K/N] [--split-gpus G]
 #                            [--wheels WHEELDIR] [--python PY] [--dry-run]
 #   bash scripts/gpu_tier.sh --list-parts      # the valid parts, one a line
 #
@@ -30,6 +30,11 @@
 # --shard K/N: the part 'tests' runs only the K-th of N shards (tests dealt round-robin; the
 #           whole suite takes longer than one 10-minute call on 2 GPUs). The step is named
 #           tests-K-of-N in gpu_tier.json, so the shards of several calls add up there.
+# --split-gpus G: the part 'tests' runs as G pytest processes at once, process i seeing GPU i alone
+#           (CUDA_VISIBLE_DEVICES=i; the tests, or the shard's, dealt round-robin), then one pytest
+#           seeing every GPU runs the tests they skipped (the multi-GPU ones among them). Steps
+#           tests[-K-of-N]-gpuI and tests[-K-of-N]-all-gpus; logs pytest[-K-of-N]-gpuI.log,
+#           pytest[-K-of-N]-all-gpus.log, and .skipped (the node ids handed on).
 # --wheels: a folder of wheels made beforehand by scripts/prepare_wheels.sh on a machine with a
 #           package registry, for nodes that lack papermill/nbclient/ipykernel/ipywidgets. They are
 #           installed into DIR's own site folder (nothing on the node is changed).
@@ -45,8 +50,8 @@ set -uo pipefail
 # checks the two agree).
 labs=(doctor workbench sc_kernel sc_launch device_guard sc_model streams collectives collectives_tune links grouped_gemm grouped_gemm_tune fp8 litmus litmus_two_gpus broken_barriers)
 valid=(all doctor tests notebooks bench "${labs[@]/#/bench:}")
-usage_line="usage: gpu_tier.sh --out DIR [--part PART]... [--only NOTEBOOK]... [-k EXPR] [--shard K/N] [--wheels DIR] [--python PY] [--dry-run] | --list-parts"
-out="" wheels="" py=${PYTHON:-python3} kexpr="" shard="" dry=0
+usage_line="usage: gpu_tier.sh --out DIR [--part PART]... [--only NOTEBOOK]... [-k EXPR] [--shard K/N] [--split-gpus G] [--wheels DIR] [--python PY] [--dry-run] | --list-parts"
+out="" wheels="" py=${PYTHON:-python3} kexpr="" shard="" split="" dry=0
 parts=() only=()
 value() {  # value OPTION ARGS...: the value after OPTION, or exit 2
   [ $# -ge 2 ] && [ -n "$2" ] || { echo "gpu_tier.sh: $1 needs a value ($usage_line)" >&2; exit 2; }
@@ -60,6 +65,7 @@ while [ $# -gt 0 ]; do
     --only) value "$@"; only+=("$2"); shift 2 ;;
     -k) value "$@"; kexpr=$2; shift 2 ;;
     --shard) value "$@"; shard=$2; shift 2 ;;
+    --split-gpus) value "$@"; split=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
     --list-parts) printf '%s\n' "${valid[@]}"; exit 0 ;;
     -h|--help) sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
@@ -75,6 +81,10 @@ done
 if [ -n "$shard" ]; then
   [[ $shard =~ ^([0-9]+)/([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -ge 1 ] && [ "${BASH_REMATCH[1]}" -le "${BASH_REMATCH[2]}" ] || {
     echo "gpu_tier.sh: --shard needs K/N with 1 <= K <= N, e.g. 1/3 (got '$shard'; $usage_line)" >&2; exit 2; }
+fi
+if [ -n "$split" ]; then
+  [[ $split =~ ^[0-9]+$ ]] && [ "$split" -ge 2 ] || {
+    echo "gpu_tier.sh: --split-gpus needs a number of GPUs G >= 2 (got '$split'; $usage_line)" >&2; exit 2; }
 fi
 wanted() {  # wanted PART: was PART asked for, itself or through 'all' or 'bench'?
   local p
@@ -117,17 +127,57 @@ tee_out() { local log=$1; shift; "$@" | tee "$log"; }         # stdout into LOG 
 tee_all() { local log=$1; shift; "$@" 2>&1 | tee "$log"; }    # stdout and stderr into LOG as well
 pytest_args=(-ra -p no:cacheprovider -m "not notebook")
 [ -z "$kexpr" ] || pytest_args+=(-k "$kexpr")
-tests_step=tests tests_log=pytest
+tests_step=tests tests_log=pytest shard_k=1 shard_n=1
 if [ -n "$shard" ]; then
-  pytest_args+=(--labkit-shard "$shard")
-  tests_step="tests-${shard%/*}-of-${shard#*/}" tests_log="pytest-${shard%/*}-of-${shard#*/}"
+  shard_k=${shard%/*} shard_n=${shard#*/}
+  tests_step="tests-$shard_k-of-$shard_n" tests_log="pytest-$shard_k-of-$shard_n"
 fi
-pytest_args+=(--junitxml="$out/$tests_log.xml")
+
+tests_split() {  # --split-gpus G: one pytest per GPU at once, then the tests they skipped on every GPU
+  local i sub pids=() names=() t0=$SECONDS rc secs
+  local skipped="$out/$tests_log.skipped"
+  [ "$dry" = 1 ] || rm -f "$skipped" "$skipped".gpu*
+  for ((i = 0; i < split; i++)); do
+    # the shard's round-robin deal, dealt again over the GPUs: shard K of N, GPU i of G is
+    # shard K + N i of N G
+    sub="$((shard_k + shard_n * i))/$((shard_n * split))"
+    local cmd=("$py" -m pytest "${pytest_args[@]}" --labkit-shard "$sub" --labkit-skips-to="$skipped.gpu$i"
+               --junitxml="$out/$tests_log-gpu$i.xml")
+    if [ "$dry" = 1 ]; then
+      echo "tests $tests_step-gpu$i: CUDA_VISIBLE_DEVICES=$i $(printf '%q ' "${cmd[@]}") (at once)"; continue
+    fi
+    echo "=== gpu_tier: $tests_step-gpu$i: CUDA_VISIBLE_DEVICES=$i $(printf '%q ' "${cmd[@]}")> $out/$tests_log-gpu$i.log"
+    (CUDA_VISIBLE_DEVICES=$i "${cmd[@]}" > "$out/$tests_log-gpu$i.log" 2>&1
+     echo "$? $((SECONDS - t0))" > "$out/.rc-gpu$i") &  # its own exit code and seconds
+    pids+=($!) names+=("$tests_step-gpu$i")
+  done
+  for ((i = 0; i < ${#pids[@]}; i++)); do
+    wait "${pids[$i]}"
+    read -r rc secs < "$out/.rc-gpu$i" || { rc=1 secs=$((SECONDS - t0)); }
+    rm -f "$out/.rc-gpu$i"
+    steps+=("{\"part\": \"tests\", \"step\": \"${names[$i]}\", \"rc\": $rc, \"seconds\": $secs}")
+    echo "=== gpu_tier: ${names[$i]}: exit $rc after $secs s; its summary:"
+    tail -n 3 "$out/$tests_log-gpu$i.log"
+  done
+  local cmd=("$py" -m pytest "${pytest_args[@]}" --labkit-nodeids="$skipped" --junitxml="$out/$tests_log-all-gpus.xml")
+  if [ "$dry" = 1 ]; then
+    echo "tests $tests_step-all-gpus: $(printf '%q ' "${cmd[@]}") (after them: the tests they skipped)"; return
+  fi
+  cat "$skipped".gpu* > "$skipped" 2>/dev/null
+  if [ ! -s "$skipped" ]; then echo "=== gpu_tier: $tests_step-all-gpus: no test was skipped, nothing to run"; return; fi
+  echo "=== gpu_tier: the per-GPU runs skipped $(wc -l < "$skipped") tests; now on every GPU"
+  step tests "$tests_step-all-gpus" tee_all "$out/$tests_log-all-gpus.log" "${cmd[@]}"
+}
 run_args=(--profile gpu --runs-dir "$out/runs" --no-progress)
 [ ${#only[@]} -eq 0 ] || run_args+=(--only "${only[@]}")
 
 wanted doctor && step doctor doctor tee_out "$out/doctor.txt" "$py" -m labkit doctor
-wanted tests && step tests "$tests_step" tee_all "$out/$tests_log.log" "$py" -m pytest "${pytest_args[@]}"
+if wanted tests && [ -n "$split" ]; then
+  tests_split
+elif wanted tests; then
+  [ -z "$shard" ] || pytest_args+=(--labkit-shard "$shard")
+  step tests "$tests_step" tee_all "$out/$tests_log.log" "$py" -m pytest "${pytest_args[@]}" --junitxml="$out/$tests_log.xml"
+fi
 wanted notebooks && step notebooks notebooks "$py" -m labkit run "${run_args[@]}"
 for lab in "${labs[@]}"; do
   wanted "bench:$lab" && step "bench:$lab" "bench-${lab//_/-}" "$py" -m labkit bench "$lab" --profile gpu --reference --out "$out/reference"

@@ -7,7 +7,12 @@ hardware is missing; pytest prints every skip reason at the end of the run (``-r
 ``--labkit-shard K/N`` runs the K-th of N shards (1-based) of the tests selected after ``-m`` and
 ``-k``: items are dealt round-robin in collection order, so a slow parametrised group is spread over
 every shard. ``scripts/gpu_tier.sh --shard K/N`` uses it: the whole GPU-tier suite does not fit one
-10-minute call of a GPU machine."""
+10-minute call of a GPU machine.
+
+``--labkit-skips-to FILE`` appends the node id of every skipped test to FILE, and
+``--labkit-nodeids FILE`` runs only the tests whose node ids FILE lists. ``gpu_tier.sh
+--split-gpus G`` uses them: one pytest per GPU at once, each seeing one GPU, then the tests they
+skipped (those needing more GPUs among them) in one pytest seeing every GPU."""
 import labkit  # noqa: F401  (must precede kernel imports)
 import pytest
 
@@ -17,6 +22,19 @@ from labkit.workbench import gates
 def pytest_addoption(parser):
     parser.addoption("--labkit-shard", default=None, metavar="K/N",
                      help="run only the K-th of N round-robin shards of the selected tests (1 <= K <= N)")
+    parser.addoption("--labkit-skips-to", default=None, metavar="FILE",
+                     help="append the node id of every skipped test to FILE, one a line")
+    parser.addoption("--labkit-nodeids", default=None, metavar="FILE",
+                     help="run only the tests whose node ids FILE lists, one a line")
+
+
+def read_nodeids(path: str) -> set[str]:
+    """The node ids FILE lists (blank lines ignored); a clear error if it cannot be read."""
+    try:
+        with open(path) as f:
+            return {line.strip() for line in f if line.strip()}
+    except OSError as e:
+        raise pytest.UsageError(f"--labkit-nodeids: cannot read {path!r}: {e}") from None
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -39,6 +57,13 @@ def shard_of(items: list, k: int, n: int) -> tuple[list, list]:
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs: shards split what would run
 def pytest_collection_modifyitems(config, items):
+    ids_file = config.getoption("--labkit-nodeids")
+    if ids_file is not None:
+        wanted = read_nodeids(ids_file)
+        dropped = [it for it in items if not listed(it.nodeid, wanted)]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = [it for it in items if listed(it.nodeid, wanted)]
     shard = config.getoption("--labkit-shard")
     if shard:
         kept, dropped = shard_of(items, *parse_shard(shard))
@@ -52,6 +77,35 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=two.reason))
         elif item.get_closest_marker("gpu") and not one.ok:
             item.add_marker(pytest.mark.skip(reason=one.reason))
+
+
+class SkipRecorder:
+    """``--labkit-skips-to FILE``: the node id of every skipped test, appended to FILE."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def pytest_runtest_logreport(self, report):
+        if report.skipped:
+            nodeid = report.nodeid
+            if nodeid.endswith("[NOTSET]"):
+                # a parametrisation by the GPUs present came out empty here ("got empty parameter
+                # set"): with more GPUs the same test has other ids, so hand on every one of them
+                nodeid = nodeid.removesuffix("NOTSET]") + "*]"
+            with open(self.path, "a") as f:
+                f.write(nodeid + "\n")
+
+
+def listed(nodeid: str, wanted: set[str]) -> bool:
+    """Whether ``--labkit-nodeids`` lists ``nodeid``, itself or as ``test[*]`` (every
+    parametrisation of that test)."""
+    return nodeid in wanted or ("[" in nodeid and nodeid[:nodeid.index("[") + 1] + "*]" in wanted)
+
+
+def pytest_configure(config):
+    path = config.getoption("--labkit-skips-to")
+    if path:
+        config.pluginmanager.register(SkipRecorder(path), "labkit-skips-to")
 
 
 @pytest.fixture

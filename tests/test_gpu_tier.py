@@ -1,9 +1,11 @@
 """scripts/gpu_tier.sh on the CPU tier: its parts (each fits one call on a GPU machine) are the
 benchmark registry's labs, a wrong part is refused in one line, and --dry-run shows what each
 selection runs. Nothing here runs a step."""
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -78,6 +80,75 @@ def test_shards_of_the_tests_part(tmp_path):
     for bad in ("0/3", "4/3", "a/3", "3"):
         p = _tier("--dry-run", "--out", str(tmp_path / "out"), "--part", "tests", "--shard", bad)
         assert p.returncode == 2 and "--shard needs K/N" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_split_gpus_runs_one_pytest_per_gpu_then_their_skips_on_every_gpu(tmp_path):
+    steps, text = _steps("--part", "tests", "--shard", "2/3", "--split-gpus", "2", tmp_path=tmp_path)
+    assert steps == ["tests tests-2-of-3-gpu0", "tests tests-2-of-3-gpu1", "tests tests-2-of-3-all-gpus"]
+    gpu0, gpu1, every = text.splitlines()
+    # shard 2 of 3 dealt again over 2 GPUs: shards 2 and 5 of 6, each process seeing one GPU
+    assert "CUDA_VISIBLE_DEVICES=0 " in gpu0 and "--labkit-shard 2/6 " in gpu0 and "--labkit-skips-to=" in gpu0 and "pytest-2-of-3.skipped.gpu0" in gpu0
+    assert "CUDA_VISIBLE_DEVICES=1 " in gpu1 and "--labkit-shard 5/6 " in gpu1
+    assert "CUDA_VISIBLE_DEVICES" not in every and "--labkit-nodeids=" in every and "pytest-2-of-3.skipped " in every
+    for bad in ("1", "0", "two"):
+        p = _tier("--dry-run", "--out", str(tmp_path / "out"), "--part", "tests", "--split-gpus", bad)
+        assert p.returncode == 2 and "--split-gpus needs a number of GPUs" in p.stderr
+
+
+def test_the_split_deals_each_test_of_a_shard_to_exactly_one_gpu():
+    """Shard K of N dealt again over G GPUs is shard K + N i of N G for GPU i: together the GPUs'
+    shards are the shard."""
+    from conftest import shard_of
+
+    items = list(range(23))
+    for n, g in ((3, 2), (4, 2), (1, 2), (2, 4)):
+        for k in range(1, n + 1):
+            shard = shard_of(items, k, n)[0]
+            per_gpu = [shard_of(items, k + n * i, n * g)[0] for i in range(g)]
+            assert sorted(sum(per_gpu, [])) == shard
+            assert per_gpu == [shard_of(shard, i + 1, g)[0] for i in range(g)]
+
+
+def test_skipped_tests_are_handed_on_by_node_id_or_for_every_parametrisation(tmp_path):
+    from conftest import listed, read_nodeids
+
+    path = tmp_path / "ids"
+    path.write_text("t.py::a\nt.py::b[*]\n\n")
+    wanted = read_nodeids(str(path))
+    assert wanted == {"t.py::a", "t.py::b[*]"}
+    assert listed("t.py::a", wanted) and listed("t.py::b[2]", wanted) and listed("t.py::b[4-x]", wanted)
+    assert not listed("t.py::a[1]", wanted) and not listed("t.py::c", wanted) and not listed("t.py::bb[2]", wanted)
+    with pytest.raises(pytest.UsageError, match="--labkit-nodeids: cannot read"):
+        read_nodeids(str(tmp_path / "absent"))
+
+
+def test_the_recorder_writes_skips_and_marks_an_empty_parametrisation(tmp_path):
+    (tmp_path / "conftest.py").write_text(
+        "import importlib.util\n"
+        f"spec = importlib.util.spec_from_file_location('labkit_conftest', {str(Path(__file__).with_name('conftest.py'))!r})\n"
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+        "pytest_addoption, pytest_configure = m.pytest_addoption, m.pytest_configure\n"
+        "pytest_collection_modifyitems = m.pytest_collection_modifyitems\n")
+    (tmp_path / "test_some.py").write_text(
+        "import os, pytest\n"
+        "W = [2, 4] if os.environ.get('MORE') else []\n"
+        "@pytest.mark.parametrize('w', W)\n"
+        "def test_by_gpus(w):\n    pass\n"
+        "def test_skips():\n    pytest.skip('needs more')\n"
+        "def test_runs():\n    pass\n")
+    skips = tmp_path / "skipped"
+
+    def pytest_run(*args, **env):
+        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                              cwd=tmp_path, capture_output=True, text=True, env={**os.environ, **env})
+
+    first = pytest_run("--labkit-skips-to", str(skips))
+    assert first.returncode == 0, first.stdout
+    assert sorted(skips.read_text().split()) == ["test_some.py::test_by_gpus[*]", "test_some.py::test_skips"]
+    again = pytest_run("--labkit-nodeids", str(skips), "-vv", MORE="1")
+    assert "test_by_gpus[2] PASSED" in again.stdout and "test_by_gpus[4] PASSED" in again.stdout
+    assert "test_skips SKIPPED" in again.stdout and "test_runs" not in again.stdout
+    assert "2 passed, 1 skipped, 1 deselected" in again.stdout
 
 
 def test_shards_deal_every_test_to_exactly_one_shard():
