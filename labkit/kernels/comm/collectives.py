@@ -344,7 +344,8 @@ def make_all_reduce_plan(buf, out=None, algorithm: str = "auto", blocks: int | N
                                fast=fast)
 
 
-def _two_shot_ce(buf: SymmBuffer, n: int, sem: int, blocks, config: LaunchConfig, block: int, common: dict) -> tuple:
+def _two_shot_ce(buf: SymmBuffer, n: int, sem: int, blocks, config: LaunchConfig, block: int, common: dict,
+                 out_ptrs: torch.Tensor | None = None) -> tuple:
     """In-place two-shot whose first shot is done by ``cudaMemcpyAsync`` (``Tensor.copy_``
     between this rank's buffer and a peer's workspace: the copy engines, which ``labkit bench
     links`` measured moving more GB/s over NVLink than SM loads or stores). The steps:
@@ -353,7 +354,8 @@ def _two_shot_ce(buf: SymmBuffer, n: int, sem: int, blocks, config: LaunchConfig
        the workspace slot this rank is about to overwrite;
     2. for each peer s: shard s of this rank's input -> slot r of rank s's workspace;
     3. ``two_shot.two_shot_ce_kernel``: reduce shard r from local memory only, push the sum into
-       every buffer."""
+       every buffer (``out_ptrs``: into every rank's symmetric output instead, out of place:
+       ``labkit.kernels.comm.into``)."""
     ws, r, w = buf.workspace, buf.rank, buf.world_size
     shard = buf.workspace_shard
     flat = buf.tensor.view(-1)
@@ -368,7 +370,8 @@ def _two_shot_ce(buf: SymmBuffer, n: int, sem: int, blocks, config: LaunchConfig
             copies.append((ws.peers[s][r * shard: r * shard + length], flat[s * shard: s * shard + length]))
     p = _programs(triton.cdiv(shard, block), buf, blocks, config)
     reduce = plan.KernelLaunch(two_shot.two_shot_ce_kernel, (p,),
-                               (buf.data_ptrs, buf.pad_ptrs, buf.tensor, ws.tensor, n, shard // WORKSPACE_UNIT, r),
+                               (buf.data_ptrs, buf.pad_ptrs, buf.data_ptrs if out_ptrs is None else out_ptrs,
+                                buf.tensor, ws.tensor, n, shard // WORKSPACE_UNIT, r),
                                dict(common, UNIT=WORKSPACE_UNIT), dev)
     return barrier, plan.CopySteps(copies), reduce
 

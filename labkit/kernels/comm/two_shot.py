@@ -147,7 +147,9 @@ def two_shot_all_reduce_in_place_kernel(
 def two_shot_ce_kernel(
     data_ptrs,                  # int64 [W]: every rank's symmetric buffer (N elements each)
     pad_ptrs,                   # int64 [W]: every rank's signal pad
-    x_ptr,                      # *T [N]: this rank's buffer: input, then the result
+    out_ptrs,                   # int64 [W]: where the sums go on every rank: data_ptrs in place, or
+                                #   a symmetric output's (``into.all_reduce_into``: out of place)
+    x_ptr,                      # *T [N]: this rank's buffer: input (and the result, in place)
     received_ptr,               # *T [W x S]: this rank's workspace; slot s holds rank s's shard r
     n,                          # N: elements per rank
     shard_units,                # S / UNIT: shard size in units of UNIT elements
@@ -164,13 +166,15 @@ def two_shot_ce_kernel(
     """The second half of ``two_shot_ce`` (``collectives._two_shot_ce`` does the first: the
     copy engines have put shard r of every peer's input into slot s of this rank's workspace).
     Rank r sums its own shard r and the W-1 received copies, all LOCAL reads, and stores the sum
-    into shard r of every rank's buffer (stores over NVLink, as the in-place two-shot).
+    into shard r of every rank's buffer (stores over NVLink, as the in-place two-shot), or of
+    every rank's symmetric output when ``out_ptrs`` are another buffer's (out of place: the inputs
+    are only read).
 
     Barriers:
     * start: program b of every rank has started, so every peer's copies into my workspace,
       queued before its kernel, have completed; and shard r of every peer's buffer has been
       copied out (by that peer's copy engine), so it may be overwritten;
-    * end: every peer's program b has pushed into my buffer, as in the in-place two-shot."""
+    * end: every peer's program b has pushed into my buffer (or output), as in the in-place two-shot."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     ELEM = x_ptr.dtype.element_ty
@@ -190,12 +194,12 @@ def two_shot_ce_kernel(
             acc = tl.load(mine + offs).to(tl.float32)
             for k in tl.static_range(1, WORLD):
                 acc += tl.load(received + ((rank + k) % WORLD) * shard + rel).to(tl.float32)
-            store_everywhere(data_ptrs, offs, acc.to(ELEM), None, rank, WORLD, ELEM, False)
+            store_everywhere(out_ptrs, offs, acc.to(ELEM), None, rank, WORLD, ELEM, False)
         else:
             mask = offs < hi
             acc = tl.load(mine + offs, mask=mask, other=0.0).to(tl.float32)
             for k in tl.static_range(1, WORLD):
                 acc += tl.load(received + ((rank + k) % WORLD) * shard + rel, mask=mask, other=0.0).to(tl.float32)
-            store_everywhere(data_ptrs, offs, acc.to(ELEM), mask, rank, WORLD, ELEM, True)
+            store_everywhere(out_ptrs, offs, acc.to(ELEM), mask, rank, WORLD, ELEM, True)
     if END_BARRIER:
         block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)

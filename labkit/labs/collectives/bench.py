@@ -535,6 +535,11 @@ def benchmark(profile: str) -> list[dict]:
 
     records += push_bench.push_records(w)
     _progress_main({"phase": "push one-shot done"})
+    from labkit.labs.collectives import into_bench  # out of place into a symmetric output, at bandwidth sizes
+
+    records += _world_records(into_bench.into_series, w, into_bench.KIND, "labkit_into", "all_reduce", timeout=300,
+                              rank0_only=True)
+    _progress_main({"phase": "into done"})
     records += _broken_records(w)
     _progress_main({"phase": "broken variants done"})
     records.append(_crash_record(w))

@@ -292,3 +292,57 @@ def push_trials(ctx, n: int, dtype_name: str = "float32", seed: int = 0, calls: 
     return {"rank": ctx.rank, "calls": calls, "wrong": wrong, "epochs": box.epochs(),
             "digests": [hashlib.sha1(y.cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
                         for y in outs]}
+
+
+def into_trials(ctx, n: int, dtype_name: str = "float32", seed: int = 0, calls: int = 4, *,
+                late_rank: int | None = None, late_s: float = 0.0) -> dict:
+    """``calls`` out-of-place all-reduces into a symmetric output (``labkit.kernels.comm.into``)
+    back to back on one pair of buffers, fresh inputs every call, each result copied out in
+    stream order before the next call overwrites ``out``. Rank ``late_rank`` sleeps ``late_s``
+    before every other call. Returns which calls were wrong on this rank (against the fp64 sum),
+    and which left the input changed."""
+    from labkit.kernels.comm import into
+
+    dtype = getattr(torch, dtype_name)
+    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=True)
+    out = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    inputs = [rank_inputs(ctx, n, dtype, seed * 1000 + c) for c in range(calls)]
+    results, kept = [], []
+    for c, (x, _) in enumerate(inputs):
+        if late_rank == ctx.rank and c % 2 == 0:
+            time.sleep(late_s)
+        buf.tensor.copy_(x)
+        y = into.all_reduce_into(buf, out)
+        results.append(y.clone())          # stream-ordered: before the next call's pushes
+        kept.append(torch.equal(buf.tensor, x))  # the input is only read
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    wrong = [c for c, (y, (_, xs)) in enumerate(zip(results, inputs)) if not close_to_sum(y, xs, dtype, ctx.world_size)]
+    return {"rank": ctx.rank, "calls": calls, "wrong": wrong, "input_changed": [c for c, k in enumerate(kept) if not k],
+            "returned_out": all(r.shape == out.tensor.shape for r in results), "pads_zero": quiet_pads_zero(ctx, buf)}
+
+
+def into_errors(ctx) -> dict:
+    """What ``all_reduce_into`` says to each misuse, on every rank."""
+    from labkit.kernels.comm import into
+
+    def err(fn) -> str:
+        try:
+            fn()
+        except Exception as e:  # reported, not raised: the test says what failed
+            return f"{type(e).__name__}: {e}"
+        return "no error"
+
+    d, s = ctx.device, ctx.scratch_dir
+    buf = symm.empty(64, torch.float32, device=d, scratch_dir=s, workspace=True)
+    plain = symm.empty(64, torch.float32, device=d, scratch_dir=s)
+    other = {"shape": symm.empty(32, torch.float32, device=d, scratch_dir=s),
+             "dtype": symm.empty(64, torch.bfloat16, device=d, scratch_dir=s)}
+    found = {"plain tensor out": err(lambda: into.all_reduce_into(buf, torch.empty(64, device=d))),
+             "out is buf": err(lambda: into.all_reduce_into(buf, buf)),
+             "no workspace": err(lambda: into.all_reduce_into(plain, buf)),
+             "shape": err(lambda: into.all_reduce_into(buf, other["shape"])),
+             "dtype": err(lambda: into.all_reduce_into(buf, other["dtype"])),
+             "not a buffer": err(lambda: into.all_reduce_into("buf", plain))}
+    ctx.barrier()
+    return found

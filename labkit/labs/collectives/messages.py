@@ -1,7 +1,9 @@
 """What lab 02's timed comparisons share: the message each rank reduces at one size, how many
 calls a timing round makes, the check of a result against the fp32 reference, the agreement of
-every rank on a check, and the bus-bandwidth factors (nccl-tests' convention). Used by the sweep
-(``bench``) and the push comparison (``push_bench``)."""
+every rank on a check, the bus-bandwidth factors (nccl-tests' convention), and the two steps
+every comparison of candidates takes: lining the ranks up before a sample, and checking every
+candidate once before any is timed. Used by the sweep (``bench``) and the push and into
+comparisons (``push_bench``, ``into_bench``)."""
 from __future__ import annotations
 
 import torch
@@ -45,3 +47,27 @@ def close_to_ref(y, ref, w, scale) -> bool:
     from labkit.labs.collectives.experiments import sum_tolerance
 
     return bool(((y.float() - ref).abs() <= sum_tolerance(y.dtype, w) * scale + 1e-6).all())
+
+
+def line_up(ctx):
+    """What a timed sample starts from: every rank at a barrier, its GPU idle
+    (``labkit.workbench.bench.compare``'s ``line_up``)."""
+    def go():
+        ctx.barrier()
+        torch.cuda.synchronize(ctx.device)
+    return go
+
+
+def check_candidates(cands: dict, base: dict, device) -> tuple[dict, dict]:
+    """Check every candidate once (``cands``: name -> (fields, call, check)), agreed on every
+    rank: (name -> call for those that ran, name -> record row with ``correct``, or the error
+    that stopped it, which is then not timed)."""
+    ok, rows = {}, {}
+    for name, (fields, call, check) in cands.items():
+        rows[name] = {**base, "impl": name, **fields}
+        try:
+            rows[name]["correct"] = agreed_everywhere(bool(check()), device)
+            ok[name] = call
+        except Exception as e:  # noqa: BLE001 (recorded: the candidate is not timed)
+            rows[name].update(correct=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+    return ok, rows

@@ -35,7 +35,7 @@ def compile_collective(algorithm: str, world: int = 4, sem: int = 0, dtype: str 
         constexprs["UNIT"] = 64
     signature = {"data_ptrs": "*i64", "pad_ptrs": "*i64"}
     if algorithm == "two_shot_ce":
-        signature.update({"x_ptr": f"*{dtype}", "received_ptr": f"*{dtype}"})
+        signature.update({"out_ptrs": "*i64", "x_ptr": f"*{dtype}", "received_ptr": f"*{dtype}"})
     else:
         signature["x_ptr" if algorithm.endswith("in_place") else "out_ptr"] = f"*{dtype}"
     signature.update({k: "i32" for k in ints})

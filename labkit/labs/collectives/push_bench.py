@@ -73,11 +73,7 @@ def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
     from labkit.workbench import bench as wb
 
     dtype, w, dev = getattr(torch, dtype_name), ctx.world_size, ctx.device
-
-    def line_up():
-        ctx.barrier()
-        torch.cuda.synchronize(dev)
-
+    line_up = lab02.line_up(ctx)
     records = []
     for nbytes in sizes:
         n, x, ref, scale = lab02.message(ctx, nbytes, dtype, seed=7000 + nbytes % 997)
@@ -85,14 +81,7 @@ def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
         close = lambda y: lab02.close_to_ref(y, ref, w, scale)  # noqa: E731
         cands, box, out = _candidates(ctx, n, dtype, x, close)
         base = {"kind": "push", "op": "all_reduce", "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name}
-        ok, rows = {}, {}
-        for name, (fields, call, check) in cands.items():
-            rows[name] = {**base, "impl": name, **fields}
-            try:
-                rows[name]["correct"] = lab02.agreed_everywhere(bool(check()), dev)
-                ok[name] = call
-            except Exception as e:  # noqa: BLE001 (recorded: the candidate is not timed)
-                rows[name].update(correct=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        ok, rows = lab02.check_candidates(cands, base, dev)
         torch_names = [nm for nm in ok if nm.startswith("torch_")]
         for timing in ("graph", "eager"):
             if timing == "graph":

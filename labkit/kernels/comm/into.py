@@ -1,0 +1,109 @@
+"""Out-of-place all-reduce into a symmetric output: ``all_reduce_into(buf, out)``.
+
+    buf = symm.empty(n, torch.bfloat16, device=dev, workspace=True)   # the input, every rank
+    out = symm.empty(n, torch.bfloat16, device=dev)                   # the result, every rank
+    buf.tensor.copy_(x)
+    y = all_reduce_into(buf, out)      # out.tensor: the sum; buf.tensor: still x
+
+Why: at 256 MiB out of place, lab 02's kernels that LOAD the peers' data reached 323-331 GB/s
+busbw on 2x H200 (one-shot, pulled two-shot: ``reference/h200x2/collectives.json``), near what
+the links carry for loads (333 GB/s, ``labkit bench links``), while the in-place ``two_shot_ce``
+reached 361 GB/s: its first shot is done by the copy engines, its second STORES each reduced
+shard into every buffer. Out of place, that second shot needs somewhere on every rank to store
+into: an output that is itself a symmetric buffer. A plain-tensor ``out`` keeps working through
+``collectives.all_reduce``; this is the other way, when the caller can keep its result in
+symmetric memory.
+
+The steps (``collectives._two_shot_ce``, with the stores aimed at ``out``):
+
+1. a one-program barrier on ``buf``'s pad: every peer has finished its previous call on ``buf``,
+   so nobody still reads the workspace slot this rank is about to overwrite;
+2. the copy engines: for every peer s, shard s of this rank's input -> slot r of rank s's
+   workspace (``Tensor.copy_`` between mapped buffers);
+3. ``two_shot.two_shot_ce_kernel`` with ``out_ptrs`` = ``out``'s: rank r sums shard r of its own
+   input and the W-1 received copies (local reads only) and stores the sum into shard r of EVERY
+   rank's ``out`` (stores over NVLink).
+
+Barrier semantics of step 3 (on ``buf``'s signal pad):
+
+* start: program b of every rank has started, so every peer's copies into my workspace, queued
+  before its kernel, have completed; and every rank's earlier work in stream order (its caller
+  reading the previous result in ``out``) is finished before any peer stores the new one there;
+* end: program b of every rank has pushed its chunks into my ``out``; without it a fast rank
+  returns and its caller reads an ``out`` that peers are still writing.
+
+Why it is correct: shard r of every ``out`` is written by rank r alone, once per call, between
+the start and end barriers of that call; the inputs are only read (by the owner's copy engine
+and kernel), so ``buf.tensor`` still holds the input afterwards. Data movement per rank, as the
+in-place ``two_shot_ce``: (W-1)/W x N sent by the copy engines, (W-1)/W x N stored over NVLink.
+
+Requirements: ``buf`` made with ``workspace=True``; ``out`` another symmetric buffer of the same
+world, shape, dtype and device; every rank calls with the same buffers, ``blocks`` and
+``config`` (program b meets program b of every peer). The launches are plain kernel launches
+and copies on the current stream of the buffers' device: a CUDA graph can capture them.
+
+Tested on the CPU tier (processes over shared memory, the Triton interpreter) against an fp64
+sum with fresh inputs on every call and a late rank; the GPU busbw is the sweep's
+(``labkit bench collectives``, kind "into").
+"""
+from __future__ import annotations
+
+import torch
+
+from labkit.kernels.comm import collectives as C
+from labkit.kernels.comm.symm import SymmBuffer, check_buffer
+from labkit.workbench.errors import UsageError
+from labkit.workbench.guard import on_device
+
+
+def check_into(buf, out) -> tuple[SymmBuffer, SymmBuffer]:
+    """The argument checks of ``all_reduce_into``; errors name the argument and what was expected."""
+    buf = check_buffer("buf", buf)
+    out = check_buffer("out", out)
+    x, y = buf.tensor, out.tensor
+    if out is buf or (x.device == y.device and C._overlaps(x, y)):
+        raise UsageError("out: is buf itself (or shares its memory); in place, call "
+                         "collectives.all_reduce(buf, out=buf.tensor)")
+    if (out.world_size, out.rank) != (buf.world_size, buf.rank):
+        raise UsageError(f"out: belongs to rank {out.rank} of a world of {out.world_size}; buf to rank {buf.rank} "
+                         f"of {buf.world_size}: allocate both with the same ranks")
+    if y.device != x.device:
+        raise ValueError(f"out: is on {y.device}; buf is on {x.device}")
+    if y.dtype != x.dtype:
+        raise TypeError(f"out: dtype {y.dtype} differs from buf's {x.dtype}")
+    if tuple(y.shape) != tuple(x.shape):
+        raise ValueError(f"out: shape {tuple(y.shape)} differs from buf's {tuple(x.shape)}")
+    if buf.workspace is None:
+        raise UsageError("buf: has no workspace for the copy engines to fill; allocate it with "
+                         "symm.empty(..., workspace=True)")
+    return buf, out
+
+
+def into_steps(buf: SymmBuffer, out: SymmBuffer, blocks: int | None = None,
+               config: C.LaunchConfig | None = None) -> tuple:
+    """The launches of one call (checked buffers): barrier, copies, reduce-and-push. Every rank
+    must make them with the same ``blocks`` and ``config``."""
+    x = buf.tensor
+    n, nbytes = x.numel(), x.numel() * x.element_size()
+    config = C._config(config, nbytes, buf.world_size, x.device)
+    block = config.block(x.element_size())
+    sem, end, _ = C._sem_end("correct", "two_shot_ce")
+    common = {"WORLD": buf.world_size, "MAX_BLOCKS": buf.max_blocks, "BLOCK": block, "SEM": sem, "END_BARRIER": end,
+              "num_warps": config.num_warps}
+    steps = C._two_shot_ce(buf, n, sem, blocks, config, block, common, out_ptrs=out.data_ptrs)
+    for s in steps:
+        if hasattr(s, "armable"):
+            s.armable = False  # launched once: no compiled-launcher fast path to prepare
+    return steps
+
+
+def all_reduce_into(buf, out, *, blocks: int | None = None, config: C.LaunchConfig | None = None) -> torch.Tensor:
+    """Sum of ``buf.tensor`` over all ranks into ``out.tensor`` on every rank, out of place
+    (``buf.tensor`` unchanged); returns ``out.tensor``. Collective: every rank calls it with
+    its buffers of the same two allocations. blocks, config: as for ``collectives.all_reduce``."""
+    buf, out = check_into(buf, out)
+    steps = into_steps(buf, out, blocks, config)
+    with on_device(buf.tensor.device):
+        for step in steps:
+            step(None)
+    return out.tensor

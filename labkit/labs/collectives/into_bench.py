@@ -1,0 +1,165 @@
+"""The out-of-place all-reduce into a symmetric output (``labkit.kernels.comm.into``) against lab
+02's out-of-place kernels, its in-place copy-engine two-shot and PyTorch's two-shot, at the
+sizes where bandwidth decides, in one comparison per size. Records of kind "into", written by
+``labkit bench collectives`` beside its sweep.
+
+The question (issue 18's target): out of place at 256 MiB, can labkit pass 340 GB/s busbw on 2x
+H200? The kernels that load the peers' data reached 323-331 GB/s there; the copy engines plus
+pushed stores reached 361 GB/s in place. Per size, every candidate is checked once against the
+sum over ranks (and ``labkit_into`` for its input left unchanged); then all are timed in the
+same interleaved rounds (``labkit.workbench.bench.compare``: CUDA events, eager calls, each
+sample starting with both GPUs idle and the ranks at a barrier: at these sizes a call's host
+cost is a few µs of several hundred), medians and quartiles. Each record carries its busbw and
+its time over ``labkit_one_shot``'s (the best out-of-place kernel in the sweep), paired.
+
+Every candidate reads an input already in a symmetric buffer (the sweep's convention); the
+in-place ones overwrite it with the sum on every call, so they are timed on values that grow
+(timing only: their check runs once, on a fresh copy).
+"""
+from __future__ import annotations
+
+import torch
+
+from labkit.kernels.comm import collectives as C
+from labkit.kernels.comm import into, symm
+
+#: message sizes per rank (bytes): from where the copy engines take over in place (128 MiB on 2x
+#: H200, ``collectives.CE_FROM_BYTES``) to the sweep's largest
+SIZES = (16 << 20, 64 << 20, 256 << 20)
+KIND = "into"
+BASELINE = "labkit_one_shot"
+REQUIRED = ("kind", "impl", "bytes", "world_size", "us", "busbw_GBps", "correct")
+
+
+def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
+    """name -> (fields, call, check) at one size; torch's two-shot where this torch has it."""
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+
+    dev = ctx.device
+    src = symm.empty(n, dtype, device=dev, workspace=True)
+    dst = symm.empty(n, dtype, device=dev)
+    src.tensor.copy_(x)
+    plain_out = torch.empty_like(x)
+    inp = symm.empty(n, dtype, device=dev, workspace=True)  # the in-place ones' buffer
+
+    def into_check():
+        y = into.all_reduce_into(src, dst)
+        return close(y) and bool(torch.equal(src.tensor, x))
+
+    cands = {
+        "labkit_into": ({"in_place": False, "out": "symmetric"}, lambda: into.all_reduce_into(src, dst), into_check),
+        "labkit_one_shot": ({"in_place": False, "out": "plain"},
+                            lambda: C.all_reduce(src, plain_out, algorithm="one_shot"),
+                            lambda: close(C.all_reduce(src, plain_out, algorithm="one_shot"))),
+        "labkit_two_shot": ({"in_place": False, "out": "plain"},
+                            lambda: C.all_reduce(src, plain_out, algorithm="two_shot"),
+                            lambda: close(C.all_reduce(src, plain_out, algorithm="two_shot"))),
+        "labkit_two_shot_ce_in_place": ({"in_place": True, "out": "in place"},
+                                        lambda: C.all_reduce(inp, inp.tensor, algorithm="two_shot_ce"),
+                                        lambda: (inp.tensor.copy_(x),
+                                                 close(C.all_reduce(inp, inp.tensor, algorithm="two_shot_ce")))[-1]),
+    }
+    two = getattr(torch.ops.symm_mem, "two_shot_all_reduce_", None)
+    if two is not None:
+        group = dist.group.WORLD.group_name
+        st = symm_mem.empty(n, dtype=dtype, device=dev)
+        symm_mem.rendezvous(st, group)
+        cands["torch_two_shot"] = ({"in_place": True, "out": "in place"}, lambda: two(st, "sum", group),
+                                   lambda: (st.copy_(x), two(st, "sum", group), close(st))[-1])
+    return cands
+
+
+def into_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, warmup: int = 3) -> list[dict]:
+    """One rank's records (``run_ranks`` runs it on every rank; rank 0's are kept). GPUs only."""
+    from labkit.labs.collectives import messages as lab02
+    from labkit.workbench import bench as wb
+
+    dtype, w, dev = getattr(torch, dtype_name), ctx.world_size, ctx.device
+    line_up = lab02.line_up(ctx)
+    records = []
+    for nbytes in sizes:
+        n, x, ref, scale = lab02.message(ctx, nbytes, dtype, seed=9000 + nbytes % 991)
+        close = lambda y: lab02.close_to_ref(y, ref, w, scale)  # noqa: E731
+        cands = _candidates(ctx, n, dtype, x, close)
+        base = {"kind": KIND, "op": "all_reduce", "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name,
+                "timing": "eager", "method": "cuda_events"}
+        ok, rows = lab02.check_candidates(cands, base, dev)
+        cmp = wb.compare(ok, baseline=BASELINE if BASELINE in ok else next(iter(ok)), device=dev, warmup=warmup,
+                         reps=reps, inner=1, method="cuda_events", line_up=line_up) if ok else None
+        for name, row in rows.items():
+            rec = dict(row, us=None, busbw_GBps=None)
+            if cmp is not None and name in cmp.timings:
+                t = cmp.timings[name]
+                bus = lab02.BUS_FACTOR["all_reduce"](w)
+                rec.update(us=t.median_us, us_p25=t.p25_us, us_p75=t.p75_us, samples=len(t.samples_us),
+                           busbw_GBps=rec["bytes"] / t.median_us / 1e3 * bus,
+                           busbw_p25=rec["bytes"] / t.p75_us / 1e3 * bus, busbw_p75=rec["bytes"] / t.p25_us / 1e3 * bus)
+                if BASELINE in cmp.timings:
+                    rec["ratio_to_baseline"], rec["ratio_p25"], rec["ratio_p75"] = cmp.ratio_to(name, BASELINE)
+                    rec["baseline"] = BASELINE
+            records.append(rec)
+        del cands
+        torch.cuda.synchronize(dev)
+        ctx.barrier()
+    return records
+
+
+def summary(records: list[dict]) -> list[str]:
+    """One line per candidate: busbw per size (GB/s, median), and whether 256 MiB out of place
+    passed 340 GB/s (issue 18's target)."""
+    lines = []
+    impls = list(dict.fromkeys(r["impl"] for r in records if r.get("kind") == KIND and r.get("busbw_GBps")))
+    for impl in impls:
+        pts = sorted((r["bytes"], r) for r in records if r.get("kind") == KIND and r.get("impl") == impl
+                     and r.get("busbw_GBps"))
+        body = ", ".join(f"{b >> 20} MiB {r['busbw_GBps']:.0f} GB/s" for b, r in pts)
+        lines.append(f"{impl} ({pts[0][1].get('out', '?')} out): {body}")
+    big = next((r for r in records if r.get("kind") == KIND and r.get("impl") == "labkit_into"
+                and r.get("bytes") == 256 << 20 and r.get("busbw_GBps")), None)
+    if big is not None:
+        verdict = "meets" if big["busbw_GBps"] >= 340 else "misses"
+        lines.append(f"out of place at 256 MiB into a symmetric output: {big['busbw_GBps']:.0f} GB/s busbw "
+                     f"(quartiles {big['busbw_p25']:.0f}-{big['busbw_p75']:.0f}): {verdict} the 340 GB/s target")
+    return lines
+
+
+#: what the figure draws, in order: (impl, label, style)
+SERIES = (("labkit_into", "labkit into a symmetric out (out of place)", dict(color="tab:green", marker="o")),
+          ("labkit_one_shot", "labkit one-shot (out of place)", dict(color="tab:blue", marker="s")),
+          ("labkit_two_shot", "labkit two-shot (out of place)", dict(color="tab:cyan", marker="D")),
+          ("labkit_two_shot_ce_in_place", "labkit two_shot_ce (in place)", dict(color="tab:green", marker="o", ls="--")),
+          ("torch_two_shot", "torch two_shot_all_reduce_ (in place)", dict(color="black", marker="v", ls=":")))
+#: issue 18's target for out of place at 256 MiB on 2x H200 (GB/s busbw)
+TARGET_GBPS = 340.0
+
+
+def plot_into(records: list[dict], ax, title: str) -> int:
+    """busbw against message size for every candidate (medians, quartile bars), the 340 GB/s
+    target drawn; returns the number of series drawn (0: none in these records, said on the axes)."""
+    drawn = 0
+    for impl, label, style in SERIES:
+        pts = sorted((r["bytes"], r) for r in records if r.get("kind") == KIND and r.get("impl") == impl
+                     and r.get("busbw_GBps"))
+        if not pts:
+            continue
+        ys = [r["busbw_GBps"] for _, r in pts]
+        lo = [r["busbw_GBps"] - r.get("busbw_p25", r["busbw_GBps"]) for _, r in pts]
+        hi = [r.get("busbw_p75", r["busbw_GBps"]) - r["busbw_GBps"] for _, r in pts]
+        ax.errorbar([b for b, _ in pts], ys, yerr=[lo, hi], label=label, capsize=2, ms=4, **style)
+        drawn += 1
+    if not drawn:
+        ax.text(0.5, 0.5, "no out-of-place-into records here\n(files recorded before it existed lack them)",
+                ha="center", va="center", transform=ax.transAxes, fontsize=9)
+        ax.set_axis_off()
+    else:
+        ax.axhline(TARGET_GBPS, color="tab:red", ls=":", lw=1, label=f"target out of place: {TARGET_GBPS:.0f} GB/s")
+        ax.set_xscale("log", base=2)
+        ticks = sorted({r["bytes"] for r in records if r.get("kind") == KIND and r.get("bytes")})
+        ax.set_xticks(ticks, [f"{b >> 20} MiB" for b in ticks])
+        ax.set_xlabel("message size per rank")
+        ax.set_ylabel("busbw, GB/s (median, quartiles)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(title, fontsize=9)
+    return drawn

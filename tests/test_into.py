@@ -1,0 +1,84 @@
+"""labkit.kernels.comm.into: the out-of-place all-reduce into a symmetric output against an fp64
+sum on fresh inputs every call, back to back, with a late rank; the input left as it was; bad
+input refused by name."""
+import secrets
+
+import pytest
+import torch
+
+import labkit  # noqa: F401  (picks the tier first)
+from labkit.kernels.comm.ranks import run_ranks
+from labkit.labs.collectives import experiments
+from labkit.workbench import tier
+
+
+def _world_sizes():
+    if tier.interpreted() or not torch.cuda.is_available():
+        return [2, 3]
+    return [w for w in (2, 4, 8) if w <= torch.cuda.device_count()]
+
+
+def _gpu_or_emulated():
+    return tier.interpreted() or (torch.cuda.is_available() and torch.cuda.device_count() >= 2)
+
+
+pytestmark = pytest.mark.skipif(not _gpu_or_emulated(), reason="needs 2 CUDA GPUs (or the interpreter's emulated world)")
+
+
+@pytest.mark.parametrize("w", _world_sizes())
+@pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
+def test_every_call_sums_right_and_leaves_the_input(w, dtype_name):
+    # odd sizes: the last shard is short; on GPUs a size past the copy engines' threshold
+    n = 1000 * w + 7 if tier.interpreted() else (64 << 20) // 2 + 8 * 1024 + 7
+    seed = secrets.randbelow(2**20)  # fresh inputs every run; printed on failure
+    parts = run_ranks(experiments.into_trials, w, n, dtype_name, seed, 4, late_rank=w - 1, late_s=0.2,
+                      timeout=300).unwrap()
+    for part in parts:
+        assert part["wrong"] == [], (seed, part)
+        assert part["input_changed"] == [], (seed, part)
+        assert part["returned_out"] and part["pads_zero"], (seed, part)
+
+
+def test_bad_input_is_refused_naming_the_argument():
+    for found in run_ranks(experiments.into_errors, 2, timeout=120).unwrap():
+        assert found["plain tensor out"].startswith("TypeError: out: a plain tensor is not in symmetric memory")
+        assert found["out is buf"].startswith("UsageError: out: is buf itself")
+        assert found["no workspace"].startswith("UsageError: buf: has no workspace")
+        assert found["shape"].startswith("ValueError: out: shape (32,) differs from buf's (64,)")
+        assert found["dtype"].startswith("TypeError: out: dtype torch.bfloat16 differs from buf's torch.float32")
+        assert found["not a buffer"].startswith("TypeError: buf: expected a labkit.kernels.comm.symm.SymmBuffer")
+
+
+def _records():
+    def rec(impl, nbytes, gbps, out="plain"):
+        return {"kind": "into", "impl": impl, "bytes": nbytes, "busbw_GBps": gbps, "busbw_p25": gbps - 2,
+                "busbw_p75": gbps + 3, "out": out, "us": 1.0, "world_size": 2, "correct": True}
+
+    return [rec("labkit_into", 16 << 20, 300.0, "symmetric"), rec("labkit_into", 256 << 20, 350.0, "symmetric"),
+            rec("labkit_one_shot", 16 << 20, 290.0), rec("labkit_one_shot", 256 << 20, 325.0),
+            {"kind": "sweep", "impl": "labkit_into", "bytes": 256 << 20, "busbw_GBps": 1.0}]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_summary_and_figure_read_the_records_and_judge_the_target():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from labkit.labs.collectives import into_bench
+
+    recs = _records()
+    assert into_bench.summary(recs) == [
+        "labkit_into (symmetric out): 16 MiB 300 GB/s, 256 MiB 350 GB/s",
+        "labkit_one_shot (plain out): 16 MiB 290 GB/s, 256 MiB 325 GB/s",
+        "out of place at 256 MiB into a symmetric output: 350 GB/s busbw (quartiles 348-353): meets the 340 GB/s target"]
+    slow = [dict(r, busbw_GBps=330.0) if r["impl"] == "labkit_into" and r["bytes"] == 256 << 20 else r for r in recs]
+    assert into_bench.summary(slow)[-1].endswith("misses the 340 GB/s target")
+    assert into_bench.summary([]) == []
+    fig, (a, b) = plt.subplots(1, 2)
+    assert into_bench.plot_into(recs, a, "t") == 2
+    assert any(line.get_label().startswith("target out of place: 340") for line in a.get_lines())
+    assert into_bench.plot_into([{"kind": "sweep"}], b, "old") == 0 and "no out-of-place-into records" in b.texts[0].get_text()
+    plt.close(fig)
+
