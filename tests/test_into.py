@@ -37,6 +37,8 @@ def test_every_call_sums_right_and_leaves_the_input(w, dtype_name):
         assert part["wrong"] == [], (seed, part)
         assert part["input_changed"] == [], (seed, part)
         assert part["returned_out"] and part["pads_zero"], (seed, part)
+        # the launches are kept per output buffer: the second buffer got its own, and summed right
+        assert part["second_out_right"] and part["kept"] == 2, (seed, part)
 
 
 def test_bad_input_is_refused_naming_the_argument():

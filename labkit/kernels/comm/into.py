@@ -40,7 +40,10 @@ in-place ``two_shot_ce``: (W-1)/W x N sent by the copy engines, (W-1)/W x N stor
 Requirements: ``buf`` made with ``workspace=True``; ``out`` another symmetric buffer of the same
 world, shape, dtype and device; every rank calls with the same buffers, ``blocks`` and
 ``config`` (program b meets program b of every peer). The launches are plain kernel launches
-and copies on the current stream of the buffers' device: a CUDA graph can capture them.
+and copies on the current stream of the buffers' device: a CUDA graph can capture them. They are
+made on the first call and kept on ``buf`` per output buffer, ``blocks`` and ``config`` (the
+output held weakly: a new output buffer gets its own), so that later calls launch through
+Triton's compiled launcher with the checks alone before them.
 
 Tested on the CPU tier (processes over shared memory, the Triton interpreter) against an fp64
 sum with fresh inputs on every call and a late rank; the GPU busbw is the sweep's
@@ -48,9 +51,12 @@ sum with fresh inputs on every call and a late rank; the GPU busbw is the sweep'
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from labkit.kernels.comm import collectives as C
+from labkit.kernels.comm import plan
 from labkit.kernels.comm.symm import SymmBuffer, check_buffer
 from labkit.workbench.errors import UsageError
 from labkit.workbench.guard import on_device
@@ -80,9 +86,11 @@ def check_into(buf, out) -> tuple[SymmBuffer, SymmBuffer]:
 
 
 def into_steps(buf: SymmBuffer, out: SymmBuffer, blocks: int | None = None,
-               config: C.LaunchConfig | None = None) -> tuple:
-    """The launches of one call (checked buffers): barrier, copies, reduce-and-push. Every rank
-    must make them with the same ``blocks`` and ``config``."""
+               config: C.LaunchConfig | None = None, fast: bool = False) -> tuple:
+    """The launches of a call (checked buffers): barrier, copies, reduce-and-push. Every rank
+    must make them with the same ``blocks`` and ``config``. fast: the kernels launch through
+    Triton's compiled launcher after their first launch (``plan.KernelLaunch``), for steps kept
+    and launched again."""
     x = buf.tensor
     n, nbytes = x.numel(), x.numel() * x.element_size()
     config = C._config(config, nbytes, buf.world_size, x.device)
@@ -93,7 +101,7 @@ def into_steps(buf: SymmBuffer, out: SymmBuffer, blocks: int | None = None,
     steps = C._two_shot_ce(buf, n, sem, blocks, config, block, common, out_ptrs=out.data_ptrs)
     for s in steps:
         if hasattr(s, "armable"):
-            s.armable = False  # launched once: no compiled-launcher fast path to prepare
+            s.armable = fast  # launched once: no compiled-launcher fast path to prepare
     return steps
 
 
@@ -102,8 +110,23 @@ def all_reduce_into(buf, out, *, blocks: int | None = None, config: C.LaunchConf
     (``buf.tensor`` unchanged); returns ``out.tensor``. Collective: every rank calls it with
     its buffers of the same two allocations. blocks, config: as for ``collectives.all_reduce``."""
     buf, out = check_into(buf, out)
-    steps = into_steps(buf, out, blocks, config)
+    steps = _kept_steps(buf, out, blocks, config) if plan.CACHE_PLANS else into_steps(buf, out, blocks, config)
     with on_device(buf.tensor.device):
         for step in steps:
             step(None)
     return out.tensor
+
+
+def _kept_steps(buf: SymmBuffer, out: SymmBuffer, blocks, config) -> tuple:
+    """The launches kept on ``buf`` for this ``out``, ``blocks`` and ``config`` (made on the first
+    call: at 256 MiB, rebuilding them and launching through Triton's Python path every call would
+    add host time before the first launch, which CUDA events count). ``out`` is held weakly and
+    compared by identity: a new output buffer, even at a reused address, gets new launches."""
+    key = (id(out), blocks, config)
+    kept = buf._into.get(key)
+    if kept is None or kept[0]() is not out:
+        if len(buf._into) >= plan.MAX_PLANS:
+            buf._into.clear()
+        kept = (weakref.ref(out), into_steps(buf, out, blocks, config, fast=True))
+        buf._into[key] = kept
+    return kept[1]

@@ -59,6 +59,8 @@ class SymmBuffer:
     #: launch plans of the collectives called on this buffer (``labkit.kernels.comm.plan``):
     #: kept on the buffer so that they live and die with it, never serving another allocation
     _plans: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+    #: the launches of ``into.all_reduce_into`` from this buffer, per output buffer (weakly held)
+    _into: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self):
         # where the allocation is: the pointer tables were made from it, and the kernels read

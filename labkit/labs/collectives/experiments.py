@@ -315,11 +315,16 @@ def into_trials(ctx, n: int, dtype_name: str = "float32", seed: int = 0, calls: 
         y = into.all_reduce_into(buf, out)
         results.append(y.clone())          # stream-ordered: before the next call's pushes
         kept.append(torch.equal(buf.tensor, x))  # the input is only read
+    # a second output buffer: launches of its own (kept per output, never the first one's)
+    other = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    buf.tensor.copy_(inputs[0][0])
+    second = into.all_reduce_into(buf, other).clone()
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     wrong = [c for c, (y, (_, xs)) in enumerate(zip(results, inputs)) if not close_to_sum(y, xs, dtype, ctx.world_size)]
     return {"rank": ctx.rank, "calls": calls, "wrong": wrong, "input_changed": [c for c, k in enumerate(kept) if not k],
-            "returned_out": all(r.shape == out.tensor.shape for r in results), "pads_zero": quiet_pads_zero(ctx, buf)}
+            "returned_out": all(r.shape == out.tensor.shape for r in results), "pads_zero": quiet_pads_zero(ctx, buf),
+            "second_out_right": close_to_sum(second, inputs[0][1], dtype, ctx.world_size), "kept": len(buf._into)}
 
 
 def into_errors(ctx) -> dict:
