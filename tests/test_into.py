@@ -49,6 +49,8 @@ def test_bad_input_is_refused_naming_the_argument():
         assert found["shape"].startswith("ValueError: out: shape (32,) differs from buf's (64,)")
         assert found["dtype"].startswith("TypeError: out: dtype torch.bfloat16 differs from buf's torch.float32")
         assert found["not a buffer"].startswith("TypeError: buf: expected a labkit.kernels.comm.symm.SymmBuffer")
+        assert found["blocks"] == "ValueError: blocks: expected a positive int, got [2]"
+        assert found["config"].startswith("TypeError: config: expected a labkit.kernels.comm.collectives.LaunchConfig")
 
 
 def _records():

@@ -62,8 +62,12 @@ from labkit.workbench.errors import UsageError
 from labkit.workbench.guard import on_device
 
 
-def check_into(buf, out) -> tuple[SymmBuffer, SymmBuffer]:
+def check_into(buf, out, blocks=None, config=None) -> tuple[SymmBuffer, SymmBuffer]:
     """The argument checks of ``all_reduce_into``; errors name the argument and what was expected."""
+    if blocks is not None and (not isinstance(blocks, int) or isinstance(blocks, bool) or blocks < 1):
+        raise ValueError(f"blocks: expected a positive int, got {blocks!r}")
+    if config is not None and not isinstance(config, C.LaunchConfig):
+        raise TypeError(f"config: expected a labkit.kernels.comm.collectives.LaunchConfig, got {type(config).__name__}")
     buf = check_buffer("buf", buf)
     out = check_buffer("out", out)
     x, y = buf.tensor, out.tensor
@@ -109,7 +113,7 @@ def all_reduce_into(buf, out, *, blocks: int | None = None, config: C.LaunchConf
     """Sum of ``buf.tensor`` over all ranks into ``out.tensor`` on every rank, out of place
     (``buf.tensor`` unchanged); returns ``out.tensor``. Collective: every rank calls it with
     its buffers of the same two allocations. blocks, config: as for ``collectives.all_reduce``."""
-    buf, out = check_into(buf, out)
+    buf, out = check_into(buf, out, blocks, config)
     steps = _kept_steps(buf, out, blocks, config) if plan.CACHE_PLANS else into_steps(buf, out, blocks, config)
     with on_device(buf.tensor.device):
         for step in steps:

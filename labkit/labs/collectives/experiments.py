@@ -348,6 +348,8 @@ def into_errors(ctx) -> dict:
              "no workspace": err(lambda: into.all_reduce_into(plain, buf)),
              "shape": err(lambda: into.all_reduce_into(buf, other["shape"])),
              "dtype": err(lambda: into.all_reduce_into(buf, other["dtype"])),
-             "not a buffer": err(lambda: into.all_reduce_into("buf", plain))}
+             "not a buffer": err(lambda: into.all_reduce_into("buf", plain)),
+             "blocks": err(lambda: into.all_reduce_into(buf, plain, blocks=[2])),
+             "config": err(lambda: into.all_reduce_into(buf, plain, config={"programs": 2}))}
     ctx.barrier()
     return found
