@@ -44,10 +44,10 @@ def test_every_call_sums_right_and_leaves_the_input(w, dtype_name):
 def test_bad_input_is_refused_naming_the_argument():
     for found in run_ranks(experiments.into_errors, 2, timeout=120).unwrap():
         assert found["plain tensor out"].startswith("TypeError: out: a plain tensor is not in symmetric memory")
-        assert found["out is buf"].startswith("UsageError: out: is buf itself")
+        assert found["out is buf"].startswith("ValueError: out: shares memory with this rank's symmetric buffer")
         assert found["no workspace"].startswith("UsageError: buf: has no workspace")
-        assert found["shape"].startswith("ValueError: out: shape (32,) differs from buf's (64,)")
-        assert found["dtype"].startswith("TypeError: out: dtype torch.bfloat16 differs from buf's torch.float32")
+        assert found["shape"].startswith("ValueError: out: shape (32,), expected (64,)")
+        assert found["dtype"].startswith("TypeError: out: dtype torch.bfloat16 differs from the buffer's torch.float32")
         assert found["not a buffer"].startswith("TypeError: buf: expected a labkit.kernels.comm.symm.SymmBuffer")
         assert found["blocks"] == "ValueError: blocks: expected a positive int, got [2]"
         assert found["config"].startswith("TypeError: config: expected a labkit.kernels.comm.collectives.LaunchConfig")

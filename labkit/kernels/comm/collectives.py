@@ -303,11 +303,7 @@ def choose_all_reduce(buf: SymmBuffer, in_place: bool, algorithm: str = "auto", 
                      else choose(n * x.element_size(), buf.world_size))
     if algorithm not in ALGORITHMS + IN_PLACE_ALGORITHMS:
         raise UsageError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS + IN_PLACE_ALGORITHMS} or 'auto'")
-    sem, end, guard_leaf = _sem_end(variant, algorithm)
-    config = _config(config, n * x.element_size(), buf.world_size, x.device)
-    block = config.block(x.element_size())
-    common = {"WORLD": buf.world_size, "MAX_BLOCKS": buf.max_blocks, "BLOCK": block, "SEM": sem, "END_BARRIER": end,
-              "num_warps": config.num_warps}
+    sem, guard_leaf, config, block, common = launch_common(buf, variant, algorithm, config)
     dev, OUT = x.device, plan.OUT
     if algorithm == "one_shot":
         p = _programs(triton.cdiv(n, block), buf, blocks, config)
@@ -329,6 +325,19 @@ def choose_all_reduce(buf: SymmBuffer, in_place: bool, algorithm: str = "auto", 
                                    (buf.data_ptrs, buf.pad_ptrs, OUT, n, half, buf.rank, *links),
                                    dict(common, GUARD_LEAF=guard_leaf), dev),)
     return algorithm, steps
+
+
+def launch_common(buf: SymmBuffer, variant: str, algorithm: str, config: LaunchConfig | None) -> tuple:
+    """What every all-reduce launch on ``buf`` decides alike: (sem, guard_leaf, config, block, the
+    constexprs every kernel takes), from the variant and the launch configuration (default: for
+    the buffer's size)."""
+    x = buf.tensor
+    sem, end, guard_leaf = _sem_end(variant, algorithm)
+    config = _config(config, x.numel() * x.element_size(), buf.world_size, x.device)
+    block = config.block(x.element_size())
+    common = {"WORLD": buf.world_size, "MAX_BLOCKS": buf.max_blocks, "BLOCK": block, "SEM": sem, "END_BARRIER": end,
+              "num_warps": config.num_warps}
+    return sem, guard_leaf, config, block, common
 
 
 def make_all_reduce_plan(buf, out=None, algorithm: str = "auto", blocks: int | None = None,

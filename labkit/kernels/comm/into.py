@@ -5,8 +5,9 @@
     buf.tensor.copy_(x)
     y = all_reduce_into(buf, out)      # out.tensor: the sum; buf.tensor: still x
 
-Why: at 256 MiB out of place, lab 02's kernels that LOAD the peers' data reached 323-331 GB/s
-busbw on 2x H200 (one-shot, pulled two-shot: ``reference/h200x2/collectives.json``), near what
+Why: at 256 MiB out of place, the best of lab 02's kernels that LOAD the peers' data, the
+one-shot, reached 323-331 GB/s busbw on 2x H200 (the pulled two-shot 301:
+``reference/h200x2/collectives.json``), near what
 the links carry for loads (333 GB/s, ``labkit bench links``), while the in-place ``two_shot_ce``
 reached 361 GB/s: its first shot is done by the copy engines, its second STORES each reduced
 shard into every buffer. Out of place, that second shot needs somewhere on every rank to store
@@ -70,19 +71,12 @@ def check_into(buf, out, blocks=None, config=None) -> tuple[SymmBuffer, SymmBuff
         raise TypeError(f"config: expected a labkit.kernels.comm.collectives.LaunchConfig, got {type(config).__name__}")
     buf = check_buffer("buf", buf)
     out = check_buffer("out", out)
-    x, y = buf.tensor, out.tensor
-    if out is buf or (x.device == y.device and C._overlaps(x, y)):
-        raise UsageError("out: is buf itself (or shares its memory); in place, call "
-                         "collectives.all_reduce(buf, out=buf.tensor)")
     if (out.world_size, out.rank) != (buf.world_size, buf.rank):
         raise UsageError(f"out: belongs to rank {out.rank} of a world of {out.world_size}; buf to rank {buf.rank} "
                          f"of {buf.world_size}: allocate both with the same ranks")
-    if y.device != x.device:
-        raise ValueError(f"out: is on {y.device}; buf is on {x.device}")
-    if y.dtype != x.dtype:
-        raise TypeError(f"out: dtype {y.dtype} differs from buf's {x.dtype}")
-    if tuple(y.shape) != tuple(x.shape):
-        raise ValueError(f"out: shape {tuple(y.shape)} differs from buf's {tuple(x.shape)}")
+    # the checks of any all-reduce output: device, dtype, shape, and no memory shared with a
+    # buffer the kernel reads (``out`` being ``buf`` included)
+    C._out("out", out.tensor, tuple(buf.tensor.shape), buf.tensor, buf)
     if buf.workspace is None:
         raise UsageError("buf: has no workspace for the copy engines to fill; allocate it with "
                          "symm.empty(..., workspace=True)")
@@ -95,14 +89,8 @@ def into_steps(buf: SymmBuffer, out: SymmBuffer, blocks: int | None = None,
     must make them with the same ``blocks`` and ``config``. fast: the kernels launch through
     Triton's compiled launcher after their first launch (``plan.KernelLaunch``), for steps kept
     and launched again."""
-    x = buf.tensor
-    n, nbytes = x.numel(), x.numel() * x.element_size()
-    config = C._config(config, nbytes, buf.world_size, x.device)
-    block = config.block(x.element_size())
-    sem, end, _ = C._sem_end("correct", "two_shot_ce")
-    common = {"WORLD": buf.world_size, "MAX_BLOCKS": buf.max_blocks, "BLOCK": block, "SEM": sem, "END_BARRIER": end,
-              "num_warps": config.num_warps}
-    steps = C._two_shot_ce(buf, n, sem, blocks, config, block, common, out_ptrs=out.data_ptrs)
+    sem, _, config, block, common = C.launch_common(buf, "correct", "two_shot_ce", config)
+    steps = C._two_shot_ce(buf, buf.tensor.numel(), sem, blocks, config, block, common, out_ptrs=out.data_ptrs)
     for s in steps:
         if hasattr(s, "armable"):
             s.armable = fast  # launched once: no compiled-launcher fast path to prepare

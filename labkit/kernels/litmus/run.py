@@ -287,6 +287,24 @@ def _counts(test: LitmusTest, records: torch.Tensor) -> tuple[dict, int]:
 
 # --- the API ---------------------------------------------------------------------------------
 
+def _checked(semantics, scope, placement, instances, seed, stress, programs_per_launch, stride, lanes):
+    """The checks ``run_litmus`` and ``run_two_gpus`` share, in the order their errors are met;
+    returns (stress, lanes) with their defaults filled in (the stride's depends on the caller's buffers)."""
+    model.check_variant(semantics, scope, placement)
+    _check_count("instances", instances)
+    _check_count("seed", seed, low=0)
+    if stride is not None:
+        _check_count("stride", stride)
+    stress = Stress() if stress is None else stress
+    if not isinstance(stress, Stress):
+        raise UsageError(f"stress: expected a labkit.kernels.litmus.Stress, got {type(stress).__name__}")
+    stress.check()
+    _check_runnable(semantics)
+    if programs_per_launch is not None:
+        _check_count("programs_per_launch", programs_per_launch)
+    return stress, _lanes(lanes, placement)
+
+
 def run_litmus(test, semantics: str = "plain", scope: str | None = None, placement: str = "cross_cta",
                instances: int = 4096, *, stress: Stress | None = None, device=None, seed: int = 0,
                stride: int | None = None, lanes: int | None = None, buffers: LitmusBuffers | None = None,
@@ -313,23 +331,11 @@ def run_litmus(test, semantics: str = "plain", scope: str | None = None, placeme
     keep_records: keep the per-instance records ([instances, observed]) in the result
     """
     t = get_test(test)
-    model.check_variant(semantics, scope, placement)
-    _check_count("instances", instances)
-    _check_count("seed", seed, low=0)
-    if stride is not None:
-        _check_count("stride", stride)
     if buffers is not None and isinstance(buffers, LitmusBuffers) and stride not in (None, buffers.stride):
         raise UsageError(f"stride: {stride} differs from the buffers' stride {buffers.stride}; "
                          "pass stride=None to use theirs")
+    stress, lanes = _checked(semantics, scope, placement, instances, seed, stress, programs_per_launch, stride, lanes)
     stride = stride or (buffers.stride if isinstance(buffers, LitmusBuffers) else 4)
-    stress = Stress() if stress is None else stress
-    if not isinstance(stress, Stress):
-        raise UsageError(f"stress: expected a labkit.kernels.litmus.Stress, got {type(stress).__name__}")
-    stress.check()
-    _check_runnable(semantics)
-    lanes = _lanes(lanes, placement)
-    if programs_per_launch is not None:
-        _check_count("programs_per_launch", programs_per_launch)
     if placement == "two_gpus":
         if buffers is not None:
             raise UsageError("buffers: placement='two_gpus' needs symmetric memory, which each rank "
@@ -394,20 +400,9 @@ def run_two_gpus(tests, semantics: str = "plain", scope: str | None = None, inst
     if isinstance(tests, str) or not isinstance(tests, (list, tuple)) or not tests:
         raise UsageError(f"tests: expected a non-empty list of test names, got {tests!r}")
     ts = [get_test(t) for t in tests]
-    model.check_variant(semantics, scope, "two_gpus")
-    _check_count("instances", instances)
-    _check_count("seed", seed, low=0)
-    if stride is not None:
-        _check_count("stride", stride)
-    stress = Stress() if stress is None else stress
-    if not isinstance(stress, Stress):
-        raise UsageError(f"stress: expected a labkit.kernels.litmus.Stress, got {type(stress).__name__}")
-    stress.check()
-    _check_runnable(semantics)
-    if programs_per_launch is not None:
-        _check_count("programs_per_launch", programs_per_launch)
-    return _run_two_ranks(ts, semantics, scope, instances, stress, seed, stride or 4, _lanes(lanes, "two_gpus"),
-                          timeout, programs_per_launch, keep_records)
+    stress, lanes = _checked(semantics, scope, "two_gpus", instances, seed, stress, programs_per_launch, stride, lanes)
+    return _run_two_ranks(ts, semantics, scope, instances, stress, seed, stride or 4, lanes, timeout, programs_per_launch,
+                          keep_records)
 
 
 def _run_two_ranks(ts, semantics, scope, instances, stress, seed, stride, lanes, timeout, programs_per_launch,

@@ -4,7 +4,7 @@ sizes where bandwidth decides, in one comparison per size. Records of kind "into
 ``labkit bench collectives`` beside its sweep.
 
 The question (issue 18's target): out of place at 256 MiB, can labkit pass 340 GB/s busbw on 2x
-H200? The kernels that load the peers' data reached 323-331 GB/s there; the copy engines plus
+H200? The best kernel that loads the peers' data (one-shot) reached 323-331 GB/s there; the copy engines plus
 pushed stores reached 361 GB/s in place. Per size, every candidate is checked once against the
 sum over ranks (and ``labkit_into`` for its input left unchanged); then all are timed in the
 same interleaved rounds (``labkit.workbench.bench.compare``: CUDA events, eager calls, each
