@@ -85,11 +85,8 @@ def into_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
     """One rank's records (``run_ranks`` runs it on every rank; rank 0's are kept), per size one
     record per candidate and timing ("graph", "eager"). GPUs only."""
     from labkit.labs.collectives import messages as lab02
-    from labkit.labs.collectives.rank_timing import capture
-    from labkit.workbench import bench as wb
 
     dtype, w, dev = getattr(torch, dtype_name), ctx.world_size, ctx.device
-    line_up = lab02.line_up(ctx)
     bus = lab02.BUS_FACTOR["all_reduce"](w)
     records = []
     for nbytes in sizes:
@@ -100,15 +97,7 @@ def into_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
         base = {"kind": KIND, "op": "all_reduce", "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name,
                 "method": "cuda_events"}
         ok, rows = lab02.check_candidates(cands, base, dev)
-        for timing in ("graph", "eager"):
-            if timing == "graph":  # one replay = `iters` calls; the graphs live until the next timing
-                timed, inner = {nm: capture(call, iters).replay for nm, call in ok.items()}, 1
-            else:
-                timed, inner = ok, iters
-            cmp = wb.compare(timed, baseline=BASELINE if BASELINE in timed else next(iter(timed)), device=dev,
-                             warmup=warmup, reps=reps, inner=inner, method="cuda_events",
-                             line_up=line_up) if timed else None
-            per_call = iters if timing == "graph" else 1
+        for timing, cmp, per_call in lab02.time_graph_and_eager(ok, iters, ctx, BASELINE, warmup, reps):
             for name, row in rows.items():
                 rec = dict(row, timing=timing, iters=iters, us=None, busbw_GBps=None)
                 if cmp is not None and name in cmp.timings:
@@ -121,7 +110,6 @@ def into_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
                         rec["ratio_to_baseline"], rec["ratio_p25"], rec["ratio_p75"] = cmp.ratio_to(name, BASELINE)
                         rec["baseline"] = BASELINE
                 records.append(rec)
-            del timed
         del cands
         torch.cuda.synchronize(dev)
         ctx.barrier()

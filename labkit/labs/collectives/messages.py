@@ -1,8 +1,8 @@
 """What lab 02's timed comparisons share: the message each rank reduces at one size, how many
 calls a timing round makes, the check of a result against the fp32 reference, the agreement of
 every rank on a check, the bus-bandwidth factors (nccl-tests' convention), and the two steps
-every comparison of candidates takes: lining the ranks up before a sample, and checking every
-candidate once before any is timed. Used by the sweep (``bench``) and the push and into
+every comparison of candidates takes: lining the ranks up before a sample, checking every
+candidate once before any is timed, and timing them by graph replay and by eager calls. Used by the sweep (``bench``) and the push and into
 comparisons (``push_bench``, ``into_bench``)."""
 from __future__ import annotations
 
@@ -71,3 +71,25 @@ def check_candidates(cands: dict, base: dict, device) -> tuple[dict, dict]:
         except Exception as e:  # noqa: BLE001 (recorded: the candidate is not timed)
             rows[name].update(correct=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
     return ok, rows
+
+
+def time_graph_and_eager(ok: dict, iters: int, ctx, baseline: str | None, warmup: int, reps: int):
+    """Time the checked candidates (name -> call) twice in interleaved rounds, as the sweep does:
+    yields ("graph", comparison, iters), the replay of one CUDA graph of ``iters`` back-to-back
+    calls per candidate, then ("eager", comparison, 1), ``iters`` calls back to back from Python
+    per sample. Divide a comparison's times by the third item for µs per call. The comparison is
+    None where no candidate ran. ``baseline``: the candidate the ratios are paired with (the first
+    where it did not run)."""
+    from labkit.labs.collectives.rank_timing import capture
+    from labkit.workbench import bench as wb
+
+    go = line_up(ctx)
+    for timing in ("graph", "eager"):
+        if timing == "graph":  # one replay = `iters` calls; the graphs live until the eager timing
+            timed, inner, per_call = {nm: capture(call, iters).replay for nm, call in ok.items()}, 1, iters
+        else:
+            timed, inner, per_call = ok, iters, 1
+        cmp = wb.compare(timed, baseline=baseline if baseline in timed else next(iter(timed)), device=ctx.device,
+                         warmup=warmup, reps=reps, inner=inner, method="cuda_events", line_up=go) if timed else None
+        yield timing, cmp, per_call
+        del timed

@@ -20,7 +20,6 @@ import torch
 
 from labkit.kernels.comm import collectives as C
 from labkit.kernels.comm import push, symm
-from labkit.labs.collectives.rank_timing import capture
 
 #: message sizes per rank (bytes); 4 KiB .. 1 MiB is where latency decides, 256 MiB bandwidth
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
@@ -70,10 +69,8 @@ def _paired(cmp, name: str, best: str | None) -> dict:
 def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, warmup: int = 3) -> list[dict]:
     """One rank's records (``run_ranks`` runs it on every rank; rank 0's are kept). GPUs only."""
     from labkit.labs.collectives import messages as lab02
-    from labkit.workbench import bench as wb
 
     dtype, w, dev = getattr(torch, dtype_name), ctx.world_size, ctx.device
-    line_up = lab02.line_up(ctx)
     records = []
     for nbytes in sizes:
         n, x, ref, scale = lab02.message(ctx, nbytes, dtype, seed=7000 + nbytes % 997)
@@ -83,15 +80,7 @@ def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
         base = {"kind": "push", "op": "all_reduce", "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name}
         ok, rows = lab02.check_candidates(cands, base, dev)
         torch_names = [nm for nm in ok if nm.startswith("torch_")]
-        for timing in ("graph", "eager"):
-            if timing == "graph":
-                graphs = {nm: capture(call, iters) for nm, call in ok.items()}
-                timed, inner = {nm: g.replay for nm, g in graphs.items()}, 1
-            else:
-                timed, inner = ok, iters
-            cmp = wb.compare(timed, baseline=next(iter(timed)), device=dev, warmup=warmup, reps=reps, inner=inner,
-                             method="cuda_events", line_up=line_up) if timed else None
-            per_call = iters if timing == "graph" else 1  # a graph replay is `iters` calls
+        for timing, cmp, per_call in lab02.time_graph_and_eager(ok, iters, ctx, None, warmup, reps):
             best = min(torch_names, key=lambda nm: cmp.timings[nm].median_us) if torch_names else None
             for name, row in rows.items():
                 rec = {**row, "timing": timing}
