@@ -10,17 +10,19 @@ import labkit  # noqa: F401  (first: picks the tier before any kernel module is 
 
 import json
 import math
+from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 import torch
 
 from labkit.labs.fp8_dispatch import bench, model, naive, plots, widgets
-from labkit.workbench import benchmarks, gates, sandbox
+from labkit.workbench import benchmarks, gates, hardware, sandbox
 from labkit.workbench.gates import HardwareUnavailable
 
 SIZE = 1 / 512
@@ -286,4 +288,27 @@ def test_the_panel_runs_the_naive_mode_in_a_child_on_two_gpus():
     assert recipe_line.startswith("recipe: margin 0,")
     assert verdict.startswith("fp8_naive on two_gpus:")
     print(text)
+    plt.close(fig)
+
+
+def test_the_recorded_h200_figures_name_refusals_nan_and_the_hbm_ceiling():
+    root = Path(__file__).resolve().parents[1] / "reference"
+    two = json.loads((root / "h200x2" / "fp8.json").read_text())["records"]
+    fig, axes = plt.subplots(1, 4, figsize=(22, 5))
+    plots.plot_matrix(two, axes[0])
+    cells = [t.get_text() for t in axes[0].texts]
+    assert any(t.startswith("exception: refused by\ntorch's device check") for t in cells)
+    assert any("wrong_scale\noutput NaN" in t for t in cells)      # not "max rel err nan"
+    one = json.loads((root / "h200x1" / "fp8.json").read_text())["records"]
+    plots.plot_speed(one, axes[1])
+    cast = [r for r in plots.speed_rows(one) if r["impl"] == "fp8_weight_cast"][0]
+    floor = 3 * cast["N"] * cast["K"] / (hardware.datasheet_hbm_tbps(cast["gpu"]) * 1e9)
+    assert any(np.allclose(line.get_ydata(), floor) for line in axes[1].lines)   # drawn, in ms, below the bar
+    assert floor < cast["ms"]
+    plots.plot_meta_history(two, axes[2:], "", "two_gpus", "fp8_device_aware")
+    fig.canvas.draw()
+    for ax in axes[2:]:   # the line-end names do not cover one another
+        boxes = [t.get_window_extent() for t in ax.texts]
+        assert len(boxes) == 7
+        assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
     plt.close(fig)

@@ -71,3 +71,20 @@ def test_the_recorded_two_h200_run_reads_whole():
     assert [line.split(":", 1)[0] for line in lines] == list(findings.MODES)  # every mode ran there
     assert findings.story_verdict(recs) is not None
     assert len(findings.reading(recs, "other_gpu")) == 2
+
+
+def test_a_nan_output_is_called_nan_and_the_hypothesis_names_the_two_streams():
+    recs = story({"unguarded_launch": "wrong_scale"}, blocking={"unguarded_launch": "ok"})
+    next(r for r in recs if r["kind"] == "matrix" and r["placement"] == "two_gpus").update(
+        mismatches=[{}], rel_err_vs_bf16=float("nan"))
+    (line,) = findings.reading(recs)
+    assert "(the output is NaN)" in line
+    assert "the cast kernel runs on the current device's stream" in line and "nothing orders" in line
+
+
+def test_the_benchmark_summary_counts_outcome_classes():
+    from labkit.labs.fp8_dispatch import bench
+
+    recs = story({"fp8_naive": SAME_DEVICE, "global_reduction": "ok", "unguarded_launch": "wrong_scale"},
+                 blocking={"unguarded_launch": "ok"}) + [{"kind": "speed", "outcome": "ok"}]
+    assert bench.summary(recs) == "FP8 matrix: 5 cells: 3 ok, 1 exception, 1 wrong_scale"

@@ -8,7 +8,8 @@
   back to back, each on new inputs, with one rank made late before some of them (a GPU sleep, or
   a host sleep in the emulated world), so a rank that skips a barrier can run ahead into the next
   call while a peer still reads. Counts results that differ from the reference; "0 wrong in N
-  trials" is reported as exactly that.
+  trials" is reported as exactly that. ``broken_matrix`` runs several in one world, and
+  ``live_broken`` (the notebook's process) drives it, falling back to one world per run on failure.
 * ``unguarded_leaf``: the tree variant that reads pointer-table entry -1; expected to crash, so
   the notebook runs it through ``run_ranks`` with a timeout, which reports how each rank ended.
 """
@@ -202,6 +203,43 @@ def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 
     return {"variant": variant, "algorithm": algorithm, "trials": trials, "n": n, "dtype": dtype_name,
             "world_size": w, "rank": ctx.rank, "load": load, "late_us": late_us, "wrong": len(wrong),
             "first_wrong": wrong[:5], "seconds": seconds, "pads_zero": pads_zero}
+
+
+def broken_matrix(ctx, runs: list, trials: int, n: int, dtype_name: str = "float32", late_us: float = 200.0,
+                  load: str = "late") -> list[dict]:
+    """``broken_trials`` for each (variant, algorithm) of ``runs``, one after another in this one
+    world: starting a world costs seconds, a trial microseconds. A run that hangs or crashes takes
+    the whole world down with it, which ``live_broken`` answers by running each in a world of its own."""
+    return [broken_trials(ctx, variant, algorithm, trials, n, dtype_name, late_us, seed=i, load=load)
+            for i, (variant, algorithm) in enumerate(runs)]
+
+
+def live_broken(variants, algorithms, trials: int, n: int, late_us: float, load: str = "late",
+                world_size: int = 2, timeout: float = 600.0) -> list[dict]:
+    """The notebook's live broken-variant rows (kind "broken"), one per variant x algorithm.
+    Runs them all in one world first; if that world fails (a hang, a crash), says so and runs
+    each in a world of its own with its own timeout, so the failure is pinned to its run."""
+    from labkit.kernels.comm.ranks import run_ranks
+
+    runs = [(v, a) for v in variants for a in algorithms]
+
+    def row(variant, algorithm, per_rank, failure=None):
+        wrong = sum(r["wrong"] for r in per_rank) if per_rank else None
+        return {"kind": "broken", "impl": f"labkit_{algorithm}", "variant": variant, "load": load,
+                "world_size": world_size, "bytes": n * 4, "ranks_x_trials": trials * world_size,
+                "wrong_results": wrong, "outcome": f"{wrong} wrong of {trials * world_size}" if failure is None
+                else "run failed: " + failure}
+
+    res = run_ranks(broken_matrix, world_size, runs, trials, n, "float32", late_us, load=load, timeout=timeout)
+    if res.ok:   # res.values: per rank, a list of one dict per run
+        return [row(v, a, [rank[i] for rank in res.values]) for i, (v, a) in enumerate(runs)]
+    print("the world running every variant failed (" + res.summary().splitlines()[0] + "): running each variant "
+          "in a world of its own to find which")
+    rows = []
+    for i, (v, a) in enumerate(runs):
+        one = run_ranks(broken_trials, world_size, v, a, trials, n, "float32", late_us, i, load=load, timeout=timeout)
+        rows.append(row(v, a, one.values) if one.ok else row(v, a, None, one.summary().splitlines()[0]))
+    return rows
 
 
 def unguarded_leaf(ctx, n: int = 4096) -> bool:

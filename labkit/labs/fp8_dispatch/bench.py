@@ -30,6 +30,7 @@ Records, each with ``kind`` and the ``REQUIRED`` fields (None where they do not 
 """
 from __future__ import annotations
 
+import collections
 import shutil
 
 import torch
@@ -268,10 +269,21 @@ def benchmark(profile: str, size: float | None = None, steps: int | None = None,
             records.append(_skipped(cell, size, steps))
             continue
         records += _flatten(run_cell(cell, size, steps, isolated=profile == "gpu", timeout=timeout))
+    if progress:
+        print(summary(records))
     if profile == "gpu" and speed:
         records += speed_records(profile)
     return records
 
 
-__all__ = ["REQUIRED", "KINDS", "plan", "run_cell", "meta_records", "speed_case", "speed_records", "benchmark",
+def summary(records: list[dict]) -> str:
+    """One line under the progress bar: how many matrix cells ended in each outcome class
+    ("exception: RuntimeError: ..." counts as "exception", "skipped: ..." as "skipped")."""
+    counts = collections.Counter(str(r.get("outcome")).split(":", 1)[0] for r in records
+                                 if r.get("kind") in ("matrix", "launch_blocking"))
+    return (f"FP8 matrix: {sum(counts.values())} cells: "
+            + ", ".join(f"{n} {outcome}" for outcome, n in counts.most_common()))
+
+
+__all__ = ["REQUIRED", "KINDS", "plan", "run_cell", "meta_records", "speed_case", "speed_records", "benchmark", "summary",
            "reported_at", "SPEED_SHAPES", "SPEED_IMPLS", "NAIVE_MODES"]

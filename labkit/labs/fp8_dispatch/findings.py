@@ -10,6 +10,8 @@ particular run: a new record gives new sentences.
 """
 from __future__ import annotations
 
+import math
+
 from labkit.labs.fp8_dispatch.naive import MECHANISMS
 
 IMA = "illegal_memory_access"
@@ -36,6 +38,14 @@ def _ran(r: dict | None) -> bool:
 def _short(outcome: str) -> str:
     """An outcome without the operator's name torch appends ("(when checking argument in ...)")."""
     return outcome.split(" (when checking argument")[0]
+
+
+def _is_nan(value) -> bool:
+    """True for a NaN error (a record's JSON may hold it as a float or as the string "nan")."""
+    try:
+        return math.isnan(float(value))
+    except (TypeError, ValueError):
+        return False
 
 
 def refused_by(outcome: str | None) -> str | None:
@@ -68,13 +78,15 @@ def reading(records, placement: str = "two_gpus") -> list[str]:
                    + (f" (first reported at {r['reported_at']})" if r.get("reported_at") else ""))
         elif outcome == "wrong_scale":
             n = len(r.get("mismatches") or [])
+            err = r.get("rel_err_vs_bf16")
+            error = "the output is NaN" if _is_nan(err) else f"max rel. error vs bf16: {err}"
             why = (f"no error raised, yet {n} amax/scale value(s) differ from the independent model of delayed "
-                   f"scaling (max rel. error vs bf16: {r.get('rel_err_vs_bf16')}): a silent wrong answer")
+                   f"scaling ({error}): a silent wrong answer")
             if blocking_outcome == "ok":
                 why += ("; with CUDA_LAUNCH_BLOCKING=1 the same cell is correct, so the wrong values depend on "
-                        "timing. Hypothesis (not isolated here): a kernel on the current device's stream reads "
-                        "the other GPU's activations before that GPU's stream has written them (nothing orders "
-                        "two devices' streams)")
+                        "timing. Hypothesis (not isolated here): the cast kernel runs on the current device's "
+                        "stream, but its FP8 output and scale_inv are read, and their memory freed and reused, "
+                        "on the data's device's stream; nothing orders two devices' streams")
         elif outcome == "ok":
             why = ("correct" + ("; output bit-identical to the one-GPU run" if same else
                                "; output NOT bit-identical to the one-GPU run" if one_digest else ""))

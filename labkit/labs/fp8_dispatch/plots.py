@@ -8,7 +8,8 @@
 * ``plot_speed``: the MLP GEMMs' median times, bf16 against the FP8 GEMM alone and the input's
   quantise + GEMM, the weight cast beside them; each FP8 bar carries its paired ratio to bf16.
   Where the GPU is listed, a dotted mark at each GEMM bar gives the shortest time its datasheet's
-  dense tensor-core peak allows (a ceiling, never a measurement).
+  dense tensor-core peak allows, and at the weight cast the shortest its HBM bandwidth allows
+  (ceilings, never measurements).
 
 matplotlib only; each function draws into axes the caller made (``labkit.workbench.plot.beside``).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import textwrap
 
+from labkit.labs.fp8_dispatch import findings
 from labkit.labs.fp8_dispatch.model import MODES, PLACEMENTS
 from labkit.workbench import hardware
 
@@ -48,19 +50,31 @@ def outcome_class(outcome: str | None) -> str:
 
 
 def _empty(ax, title: str, text: str) -> None:
-    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=8, transform=ax.transAxes, wrap=True)
+    ax.text(0.5, 0.5, textwrap.fill(text, 40), ha="center", va="center", fontsize=8, transform=ax.transAxes)
     ax.set_title(title, fontsize=9)
     ax.set_xticks([])
     ax.set_yticks([])
 
 
 def _cell_text(r: dict) -> str:
+    """A matrix cell's words: the outcome (for a refused run, what refused it, not the message
+    cut mid-sentence), its error against bf16 and its forward time."""
     outcome = r.get("outcome") or "?"
     if outcome_class(outcome) == "skipped":
         return "not run here:\n" + textwrap.fill(outcome.split(": ", 1)[-1], 24)
-    lines = textwrap.wrap(outcome, 30)[:2]
-    if r.get("rel_err_vs_bf16") is not None:
-        lines.append(f"max rel err {r['rel_err_vs_bf16']:.3f}")
+    who = findings.refused_by(outcome)
+    if who:   # "torch's device check in the FP8 GEMM, which ..." -> its first clause
+        lines = ["exception: refused by", *textwrap.wrap(who.split(",")[0], 30)]
+    else:
+        lines = textwrap.wrap(findings._short(outcome), 30)
+        if len(lines) > 3:
+            lines = lines[:3]
+            lines[-1] += " ..."
+    err = r.get("rel_err_vs_bf16")
+    if findings._is_nan(err):
+        lines.append("output NaN")
+    elif err is not None:
+        lines.append(f"max rel err {err:.3f}")
     if r.get("forward_ms") is not None:
         lines.append(f"{r['forward_ms']:.2f} ms / forward")
     return "\n".join(lines)
@@ -129,6 +143,7 @@ def plot_meta_history(records: list[dict], axes, title: str = "", placement: str
         return
     modules = sorted({r["module"] for r in rows}, key=lambda m: (not m.startswith("attn"), m))
     devices_seen = {}
+    ends = {ax_amax: [], ax_scale: []}   # (x, y, name, colour) of each line's last point
     for module in modules:
         pts = sorted((r["step"], r["amax"], r["scale"], r["device"], r.get("weight_device")) for r in rows
                      if r["module"] == module)
@@ -145,8 +160,7 @@ def plot_meta_history(records: list[dict], axes, title: str = "", placement: str
             if not xs:
                 continue
             ax.plot(xs, ys, **style)
-            ax.annotate(module.split(".")[-1], (xs[-1], ys[-1]), textcoords="offset points", xytext=(4, 0),
-                        fontsize=6, color=colour, va="center")
+            ends[ax].append((xs[-1], ys[-1], module.split(".")[-1], colour))
     steps = sorted({r["step"] for r in rows})
     from matplotlib.lines import Line2D
 
@@ -160,7 +174,39 @@ def plot_meta_history(records: list[dict], axes, title: str = "", placement: str
         ax.set_ylabel(unit, fontsize=8)
         ax.set_title(f"{title}: {what} of each layer's {tensor}" if title else f"{what} of each layer's {tensor}", fontsize=9)
         ax.grid(alpha=0.3, which="both")
+    for ax, points in ends.items():   # after the axes are final: the spreading is in points on screen
+        _label_line_ends(ax, points)
     ax_scale.legend(handles=handles, fontsize=7, loc="best")
+
+
+def _label_line_ends(ax, points: list[tuple], gap_pt: float = 8.0) -> None:
+    """Name each line at its last point. Names at the same step closer than ``gap_pt`` points on
+    the axes as drawn are spread apart, each crowd centred on its points, so none hides another."""
+    to_pt = 72.0 / ax.figure.dpi
+    by_step: dict = {}
+    for x, y, name, colour in points:
+        by_step.setdefault(x, []).append((ax.transData.transform((x, y))[1] * to_pt, x, y, name, colour))
+    for column in by_step.values():
+        column.sort()
+        # Blocks of names spaced gap_pt apart, each centred on the mean of its points; a block that
+        # would overlap the one below merges with it (so every name stays as near its line as it can).
+        blocks = []   # [sum of the points' heights, count]
+        for c in column:
+            blocks.append([c[0], 1])
+            while len(blocks) > 1:
+                (s0, n0), (s1, n1) = blocks[-2], blocks[-1]
+                top_below = s0 / n0 + gap_pt * (n0 - 1) / 2
+                bottom = s1 / n1 - gap_pt * (n1 - 1) / 2
+                if bottom - top_below >= gap_pt:
+                    break
+                blocks[-2:] = [[s0 + s1, n0 + n1]]
+        at = [total / n + gap_pt * (k - (n - 1) / 2) for total, n in blocks for k in range(n)]
+        low, high = ax.bbox.y0 * to_pt + gap_pt / 2, ax.bbox.y1 * to_pt - gap_pt / 2
+        shift = max(0.0, low - at[0]) - max(0.0, at[-1] - high)   # keep the names inside the axes
+        at = [a + shift for a in at]
+        for (y_pt, x, y, name, colour), want in zip(column, at):
+            ax.annotate(name, (x, y), textcoords="offset points", xytext=(4, want - y_pt), fontsize=6,
+                        color=colour, va="center")
 
 
 def plot_case(rec: dict, axes, title: str | None = None) -> None:
@@ -209,7 +255,7 @@ def plot_speed(records: list[dict], ax, title: str = "") -> None:
     width = 0.8 / len(impls)
     gpus = {r.get("gpu") for r in rows}
     gpu = next(iter(gpus)) if len(gpus) == 1 else None
-    ceiling_drawn = False
+    ceiling_drawn = hbm_drawn = False
     for j, impl in enumerate(impls):
         sel = [(shapes.index(r["shape"]), r) for r in rows if r["impl"] == impl]
         xs = [i + (j - (len(impls) - 1) / 2) * width for i, _ in sel]
@@ -221,6 +267,13 @@ def plot_speed(records: list[dict], ax, title: str = "") -> None:
             speedup = impl in ("fp8_gemm", "fp8_quantize_gemm") and ratio
             text = f"{r['ms']:.2f} ms" + (f"\n{1 / ratio:.2f}x" if speedup else "")
             ax.annotate(text, (x, r["ms"]), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=6)
+            hbm = hardware.datasheet_hbm_tbps(gpu) if impl == "fp8_weight_cast" and gpu else None
+            if hbm:   # the cast reads the bf16 weight (2 B) and writes its FP8 copy (1 B): memory-bound
+                floor_ms = 3 * r["N"] * r["K"] / (hbm * 1e9)
+                ax.plot([x - width / 2, x + width / 2], [floor_ms] * 2, color="tab:brown", ls=":", lw=1.5,
+                        label=None if hbm_drawn else f"shortest cast at the datasheet's HBM bandwidth\n"
+                                                     f"(3 bytes per weight element, {hbm:g} TB/s)")
+                hbm_drawn = True
             dtype = {"bf16": "bf16", "fp8_gemm": "fp8", "fp8_quantize_gemm": "fp8"}.get(impl)
             peak = datasheet_tflops(gpu, dtype) if dtype else None
             if peak:

@@ -18,6 +18,8 @@ the gate's reason in ``skipped``: never a made-up result.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from labkit.workbench import gates, sandbox
@@ -109,8 +111,11 @@ def decode_record(guarded: bool, res: sandbox.SandboxResult, baseline: dict | No
         return base_record(kind, "ran, no baseline", "the guarded run failed: nothing to compare with", **fields)
     cmp = compare_decodes(baseline, v)
     outcome = "correct" if cmp["bit_identical"] else "wrong result"
+    diff = cmp["max_abs_logit_diff"]
+    logits = ("logits not finite (NaN or inf): garbage, not a small drift" if diff is not None and not math.isfinite(diff)
+              else f"logits differ by up to {diff:.3g}")
     detail = ("tokens and logits bit-identical to the guarded run" if cmp["bit_identical"] else
-              f"tokens {'match' if cmp['tokens_match'] else 'differ'}; logits differ by up to {cmp['max_abs_logit_diff']:.3g}")
+              f"tokens {'match' if cmp['tokens_match'] else 'differ'}; {logits}")
     return base_record(kind, outcome, detail, **fields, **cmp)
 
 
