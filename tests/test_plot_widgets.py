@@ -117,6 +117,11 @@ def test_copy_bandwidth_plot_has_your_run_and_references(tmp_path):
     assert [line.get_label() for line in graph.lines] == ["reference h200x2: torch.copy_", "reference h200x2: triton copy",
                                                          peak]
     assert "reference h200x2" in fig.texts[-1].get_text()
+    # one legend for both panels, beside them: it hides no point (it once sat on the 1 GiB ones)
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == [line.get_label() for line in eager.lines]
+    fig.canvas.draw()
+    assert not any(legend.get_window_extent().overlaps(ax.get_window_extent()) for ax in (eager, graph))
     fig_empty = copy_bandwidth.plot_copy_bandwidth(mine, env.stamp(), {})
     assert not fig_empty.axes[1].lines and "no graph timings" in fig_empty.axes[1].texts[0].get_text()
 
@@ -151,6 +156,13 @@ def test_beside_draws_a_row_per_panel_and_captions_every_source(tmp_path):
     assert len(fig.axes) == 4 and (tmp_path / "lab_fig.png").exists()
     text = fig.texts[-1].get_text()
     assert text.startswith("your run: ") and "reference h200x2" in text
+    # four rows under a suptitle: it stays inside the figure and above every row's title (at
+    # matplotlib's default height a tall figure dropped it onto the first row's)
+    tall = plot.beside(got * 2, draw, "tall", tmp_path, ncols=2, width=3.2, suptitle="a suptitle " * 12)
+    renderer = tall.canvas.get_renderer()
+    sup = tall._suptitle.get_window_extent(renderer)  # its Text: matplotlib has no public getter
+    assert tall.bbox.x0 <= sup.x0 and sup.x1 <= tall.bbox.x1 and sup.y1 <= tall.bbox.y1
+    assert all(ax.get_tightbbox(renderer).y1 < sup.y0 for ax in tall.axes)
     assert plot.beside([], draw, "none", tmp_path) is None
 
 

@@ -138,6 +138,15 @@ def test_alloc_plot_marks_the_seed_story_numbers_as_such():
     stream_plots.plot_alloc_time(recs, ax, "t", seed=False)
     assert not [line for line in ax.get_lines() if stream_plots.SEED_LABEL in line.get_label()]
     plt.close(fig)
+    # rows of one figure (a machine each) share the µs axis, wide enough for the slower machine
+    # whichever row is drawn first
+    slow = [{**r, "us": 2 * r["us"], "us_p25": 2 * r["us_p25"], "us_p75": 2 * r["us_p75"]} for r in recs]
+    fig, (top, bottom) = plt.subplots(2, 1)
+    stream_plots.plot_alloc_time(slow, top, "slow")
+    stream_plots.plot_alloc_time(recs, bottom, "fast")
+    assert top.get_shared_x_axes().joined(top, bottom)
+    assert top.get_xlim() == bottom.get_xlim() and top.get_xlim()[1] > max(r["us_p75"] for r in slow)
+    plt.close(fig)
 
 
 def test_of_kind_keeps_panels_with_records_of_that_kind():

@@ -96,7 +96,7 @@ LABS: tuple[Lab, ...] = (
         "the FP8 numerics (one-pass quantise, delayed scaling, the FP8 GEMM emulated) against references; "
         "the story's stack at 1/256 size in every mode on the CPU, each mechanism on one device; "
         "recorded matrix and timings where a GPU run has recorded them",
-        "draft", 16, ("fp8",),
+        "ready", 16, ("fp8",),
         (Part("the story's matrix on two GPUs, each cell in a child process", {"gpus": 2, "compiled": True}),
          Part("CUDA_LAUNCH_BLOCKING: where the error is reported", {"gpus": 2, "compiled": True}),
          Part("FP8 vs bf16 GEMM speed at the MLP shapes", {"gpus": 1, "capability": (8, 9), "compiled": True}))),

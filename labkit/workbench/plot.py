@@ -111,7 +111,10 @@ def beside(panels, draw, name: str, folder: str | Path | None = None, *, stamp: 
     for row, panel in zip(grid, panels):
         draw(list(row) if ncols > 1 else row[0], panel)
     if suptitle:
-        fig.suptitle(suptitle, fontsize=10)
+        # its top a fixed 0.1 in below the edge, wrapped to the figure's width: at matplotlib's
+        # default (2% of the height) a figure of 3+ rows dropped it onto the first row's title
+        # (tight_layout reserves the title's height, not that offset), and a long one ran off the sides
+        fig.suptitle(suptitle, fontsize=10, y=1 - 0.1 / fig.get_figheight(), wrap=True)
     refs = {p.machine: p.result_set for p in panels if p.result_set is not None}
     text = caption(fig, stamp if any(p.live for p in panels) else None, refs, adjust=False)
     lines = len(text.splitlines())

@@ -196,9 +196,10 @@ def plot_broken(records, ax=None, title: str = ""):
     ax.set_xlabel("delay on rank 1 (volatile-load round trips, symlog)")
     ax.set_ylabel("wrong results (share of trials)")
     ax.set_ylim(-0.05, 1.05)
-    note = f"; {len(skipped)} rows not run ({skipped[0]['skipped'][:60]})" if skipped else ""
+    note = f"\n{len(skipped)} rows not run ({skipped[0]['skipped']})" if skipped else ""
     world = {e["world"] for e in table}
-    ax.set_title(f"{title} broken barriers, world: {', '.join(sorted(map(str, world)))}{note}".strip(), fontsize=8)
+    ax.set_title(f"{title} broken barriers, world: {', '.join(sorted(map(str, world)))}{note}".strip(), fontsize=8,
+                 wrap=True)   # the reason whole, on a line of its own: a cut one hides why rows are missing
     if series:
         ax.legend(fontsize=6, ncol=2)
     return ax

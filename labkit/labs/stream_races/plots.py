@@ -132,12 +132,19 @@ SEED_VIEWS_US = 50.0
 SEED_BULK_ALLOCATE_US = 58.0
 SEED_GROUPS = 64
 SEED_LABEL = "seed story (TE PR, its GPU)"
+_ALLOC_TIME_GID = "labkit.alloc_time"  # marks the axes plot_alloc_time drew, to share x with
 
 
 def plot_alloc_time(records: list[dict], ax, title: str, seed: bool = True) -> None:
     """Host time to hand out the buffers, one bar per way (median, whiskers p25-p75); with
     ``seed``, the seed story's two numbers as lines (its GPU and its C++ code, not this run)."""
     rs = [r for r in records if r.get("kind") == "alloc_time"]
+    # the rows of one figure (a machine each, plot.beside) share the µs axis: two machines' bars
+    # compare by length only on one scale
+    peers = [a for a in ax.figure.axes if a is not ax and a.get_gid() == _ALLOC_TIME_GID]
+    ax.set_gid(_ALLOC_TIME_GID)
+    if peers:
+        ax.sharex(peers[0])
     names = [r["allocator"] for r in rs]
     us = [r["us"] for r in rs]
     err = [[r["us"] - r["us_p25"] for r in rs], [r["us_p75"] - r["us"] for r in rs]]
@@ -147,7 +154,8 @@ def plot_alloc_time(records: list[dict], ax, title: str, seed: bool = True) -> N
         ax.annotate(f"{r['us']:.1f} µs", (max(r["us_p75"], r["us"]), i), textcoords="offset points",
                     xytext=(5, -3), fontsize=8)
     right = max([r["us_p75"] for r in rs] + ([SEED_BULK_ALLOCATE_US] if seed else []), default=1.0)
-    ax.set_xlim(0, right * 1.18)  # room for the labels
+    # room for the labels, and never narrower than the rows already drawn on the shared axis
+    ax.set_xlim(0, max(right * 1.18, ax.get_xlim()[1] if peers else 0.0))
     if seed:
         for x, what, style in ((SEED_VIEWS_US, f"{SEED_GROUPS} views", "--"),
                                (SEED_BULK_ALLOCATE_US, "tex.bulk_allocate", ":")):
