@@ -24,7 +24,8 @@
 #                    default 480 s, and record the rest as pending; run again with
 #                    LABKIT_LITMUS_RESUME=DIR/reference/<machine>/LAB.json to finish them;
 #                    broken_barriers starts no spawn after LABKIT_BARRIERS_BUDGET_S, default
-#                    480 s, and records the rows left as "not started")
+#                    480 s, and records the rows left as "not started"; run again with
+#                    LABKIT_BARRIERS_RESUME=DIR/reference/<machine>/broken_barriers.json to finish them)
 # --only NOTEBOOK: the part 'notebooks' runs only these notebooks (repeatable; labkit run --only).
 # -k EXPR:  the part 'tests' runs only the tests pytest -k EXPR selects.
 # --shard K/N: the part 'tests' runs only the K-th of N shards (tests dealt round-robin; the

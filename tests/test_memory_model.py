@@ -193,6 +193,7 @@ def test_broken_barriers_in_the_emulated_world():
     for g in good:
         assert g["world"] == "emulated" and g["skipped"] is None and g["wrong_results"] == 0 and g["pads_zero"], g
         assert g["wrong_per_rank"] == [0, 0] and g["seconds"] > 0 and g["wall_s"] >= 0
+        assert g["setup_s"] > 0 and g["check_s"] > 0   # where a row's wall time goes besides its trials
     bad = bb.measure("no_end_barrier", "one_shot", 400, 4, 4096)  # one row, a spawn of its own
     assert bad["wrong_results"] > 0, bad
     assert all(k in bad for k in bb.REQUIRED) and set(bad) == set(good[1])
@@ -206,7 +207,7 @@ class _FakeRanks:
         self._values = [[{"variant": variant, "algorithm": form, "delay": d, "trials": trials, "n": n,
                           "dtype": dtype_name, "rank": r, "wrong": int(d > 0 and r == 1),
                           "wrong_trials": [0] if d > 0 and r == 1 else [], "seconds": 0.5 + r,
-                          "pads_zero": True} for d in delays] for r in range(2)]
+                          "pads_zero": True, "setup_s": 2.0 + r, "check_s": 0.1} for d in delays] for r in range(2)]
 
     def summary(self):
         return "rank 0 ok (1.0 s); rank 1 illegal_memory_access (1.0 s)" if not self.ok else "ok"
@@ -246,8 +247,9 @@ def test_the_benchmark_spawns_once_per_form_and_variant(monkeypatch):
         assert r["skipped"] is None and r["world"] == world and r["trials"] == p["trials"]
         assert r["wrong_results"] == (r["delay"] > 0) and r["wrong_per_rank"] == [0, int(r["delay"] > 0)]
         assert r["seconds"] == 1.5 and r["pads_zero"] is True and r["n"] == p["n"] and r["dtype"] == p["dtype"]
+        assert r["setup_s"] == 3.0 and r["check_s"] == 0.1   # the slowest rank's phases
         assert set(r) == set(bb.REQUIRED) | {"stress", "slow_rank", "wrong_per_rank", "n", "dtype", "pads_zero",
-                                             "seconds", "wall_s"}
+                                             "seconds", "setup_s", "check_s", "wall_s"}
     # measure: one row, one spawn of one delay, the same record
     calls.clear()
     one = bb.measure("no_end_barrier", "two_shot", 400, 4, 4096)
@@ -261,6 +263,38 @@ def test_the_benchmark_spawns_once_per_form_and_variant(monkeypatch):
     with pytest.raises(UsageError, match="delay: expected an int >= 0"):
         bb.measure_delays("correct", "one_shot", (0, -5), 4, 4096)
     assert not calls
+
+
+def test_a_resumed_call_keeps_finished_spawns_and_runs_the_rest(monkeypatch, tmp_path):
+    """LABKIT_BARRIERS_RESUME: a (form, variant) whose every delay ran in the earlier file is kept,
+    marked with the commit that measured it; one with a row not started is run again, whole."""
+    from labkit.workbench import results
+
+    p = bb.PROFILES["cpu"]
+    pairs = [(f, v) for f in p["forms"] for v in p["variants"]]
+    done, half = pairs[0], pairs[1]
+    earlier = [bb.row(f, v, d, p["trials"], "emulated", wrong_results=0) for f, v in (done, half) for d in p["delays"]]
+    earlier[-1] = bb.row(*half, p["delays"][-1], p["trials"], "emulated", skipped=bb.not_started(10))
+    path = results.write_results(tmp_path / "broken_barriers.json", "broken_barriers", earlier,
+                                 generator="test", required=bb.REQUIRED)
+    spawns = []
+
+    def fake_measure_delays(variant, form, delays, trials, n, dtype_name, timeout):
+        spawns.append((form, variant))
+        return [bb.row(form, variant, d, trials, "emulated", wrong_results=1) for d in delays]
+
+    monkeypatch.setattr(bb, "measure_delays", fake_measure_delays)
+    monkeypatch.setenv(bb.RESUME_ENV, str(path))
+    monkeypatch.delenv(bb.BUDGET_ENV, raising=False)
+    recs = bb.benchmark("cpu", progress=False)
+    assert spawns == pairs[1:]                                   # the finished pair is not spawned again
+    assert [(r["algorithm"], r["variant"], r["delay"]) for r in recs] == \
+        [(f, v, d) for f, v in pairs for d in p["delays"]]       # the grid's order, kept rows included
+    commit = results.load_results(path).env.get("git_commit") or "unknown"
+    kept = recs[:len(p["delays"])]
+    assert all(r["wrong_results"] == 0 and r["resumed_from"] == commit for r in kept)
+    assert all("resumed_from" not in r and r["wrong_results"] == 1 for r in recs[len(p["delays"]):])
+    assert bb.load_resume(None) == {} and bb.load_resume(tmp_path / "absent.json") == {}
 
 
 def test_the_budget_stops_new_spawns_and_records_the_rest(monkeypatch):

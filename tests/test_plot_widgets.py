@@ -181,6 +181,10 @@ def test_copy_plot_draws_the_datasheet_ceiling_and_the_headline_reads_the_refere
     text = copy_bandwidth.headline(refs)
     assert text == ("RECORDED h200x1: labkit's Triton copy moves 4,000 GB/s at 1024 MiB under graph replay "
                     "(torch.copy_: 2,800), 83% of the H200 datasheet HBM peak")
+    eager = [{"impl": i, "method": "cuda_events", "bytes": 1 << 30, "GBps": g}
+             for i, g in (("triton copy", 3990.0), ("torch.copy_", 4200.0))]
+    refs["h200x1"] = ResultSet("workbench", "t", env_h200, recs + eager, tmp_path / "w.json")
+    assert copy_bandwidth.headline(refs).endswith("; launched eagerly 3,990 GB/s (torch.copy_: 4,200)")
     unknown = {"x": ResultSet("workbench", "t", {"gpus": [{"name": "NVIDIA B200"}]}, recs, tmp_path / "x.json")}
     assert "datasheet" not in copy_bandwidth.headline(unknown)
     assert copy_bandwidth.headline({}) is None

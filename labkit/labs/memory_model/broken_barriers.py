@@ -29,7 +29,9 @@ of the profile in that same pair of processes (``delayed_sweep``, through ``meas
 spawns in either profile (64 rows in ``gpu``, 32 in ``cpu``), where one spawn a row took 64 in
 ``gpu``. A spawn that fails (a crash, a hang killed at its timeout) costs the rows of its own
 (form, variant) only, each recorded as skipped with ``run_ranks``'s reason; the other spawns' rows
-are kept. In a record, ``seconds`` is that delay's own trials (the slowest rank's), and ``wall_s``
+are kept. In a record, ``seconds`` is that delay's own trials (the slowest rank's; the first
+trial includes compiling that delay's kernels), ``setup_s`` its buffer, inputs and first barrier,
+``check_s`` its fp64 check and pad check, and ``wall_s``
 the wall time of its whole spawn divided evenly over the spawn's delays (process start included,
 so not the delay's own cost; ``measure``, one delay, gives its spawn's whole wall time).
 
@@ -39,6 +41,11 @@ Budget. ``benchmark`` starts no new spawn once ``LABKIT_BARRIERS_BUDGET_S`` seco
 by the budget plus ``GRACE_S`` (90 s) at the latest: 570 s after ``benchmark`` began, by default,
 under the GPU machines' 10 minutes a command (the command's own start-up and the writing of the
 results file come on top).
+
+Resume. All 64 GPU rows take longer than one such command, so a later call given the earlier
+file (``LABKIT_BARRIERS_RESUME=path/to/broken_barriers.json``) keeps the rows of every (form,
+variant) whose delays all ran there, each marked with the commit that measured it
+(``resumed_from``), and spawns only for the others.
 """
 from __future__ import annotations
 
@@ -68,13 +75,13 @@ GRACE_S = 90.0
 #: the longest a spawn may run (``measure``'s and ``measure_delays``'s default timeout)
 SPAWN_TIMEOUT_S = 600.0
 BUDGET_ENV = "LABKIT_BARRIERS_BUDGET_S"
+RESUME_ENV = "LABKIT_BARRIERS_RESUME"
 PROFILES = {
     # 4 forms x 4 variants x 4 delays = 64 rows in 16 spawns of two ranks (one per form and
-    # variant, every delay in it). Not measured yet, an estimate only: the 64 spawns of one row
-    # each took an estimated 6-11 minutes, mostly process start, torch import and CUDA set-up
-    # (about 8 s a spawn); 16 spawns pay that a quarter as often, plus each delay's compiles and
-    # trials, so a few minutes. If it runs longer, the budget (BUDGET_S) stops it in time. The
-    # copy-engine forms are left out to fit
+    # variant, every delay in it). Measured on 2x H200 at a1ce386: 6 spawns in 279 s, 44-47 s
+    # each (11.1-11.8 s a row), of which the rows' trials, their compiles included, took
+    # 0.13-0.72 s: so about 12 minutes for all 64, two budgeted calls. Where the rest goes is
+    # not measured there yet (setup_s and check_s now say). The copy-engine forms are left out to fit
     "gpu": {"delays": (0, 100, 1000, 10000), "trials": 60, "n": 1 << 16, "dtype": "bfloat16",
             "forms": ("one_shot", "two_shot", "two_shot_in_place", "tree"), "variants": VARIANTS},
     "cpu": {"delays": (0, 400), "trials": 4, "n": 4096, "dtype": "float32",
@@ -110,6 +117,7 @@ def delayed_trials(ctx, variant: str, form: str = "one_shot", trials: int = 8, n
     the next input, as a caller would), rank ``SLOW_RANK`` delayed by ``delay`` inside the kernel.
     Returns how many results were wrong (against an fp64 sum of every rank's input)."""
     _check(variant, form, delay)
+    began = time.perf_counter()
     dtype = getattr(torch, dtype_name)
     w = ctx.world_size
     buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=form.endswith("ce_in_place"))
@@ -126,6 +134,7 @@ def delayed_trials(ctx, variant: str, form: str = "one_shot", trials: int = 8, n
         torch.cuda.synchronize(ctx.device)
     ctx.barrier()
     start = time.perf_counter()
+    setup_s = start - began   # the symmetric buffer, the inputs and the first barrier
     for t in range(trials):
         buf.tensor.copy_(inputs[t])  # the next input overwrites the buffer, in stream order
         if in_place:
@@ -138,8 +147,10 @@ def delayed_trials(ctx, variant: str, form: str = "one_shot", trials: int = 8, n
     seconds = time.perf_counter() - start
     wrong = [t for t in range(trials) if not lab02.close_to_sum(outs[t], everyone[t], dtype, w)]
     pads_zero = lab02.quiet_pads_zero(ctx, buf)
+    check_s = time.perf_counter() - start - seconds   # the fp64 check and the pads between two barriers
     return {"variant": variant, "algorithm": form, "delay": delay, "trials": trials, "n": n, "dtype": dtype_name,
-            "rank": ctx.rank, "wrong": len(wrong), "wrong_trials": wrong, "seconds": seconds, "pads_zero": pads_zero}
+            "rank": ctx.rank, "wrong": len(wrong), "wrong_trials": wrong, "seconds": seconds, "pads_zero": pads_zero,
+            "setup_s": setup_s, "check_s": check_s}
 
 
 def delayed_sweep(ctx, variant: str, form: str, delays, trials: int = 8, n: int = 4096,
@@ -202,6 +213,8 @@ def measure_delays(variant: str, form: str, delays, trials: int, n: int, dtype_n
                        wrong_per_rank=[p["wrong"] for p in parts], n=n, dtype=dtype_name,
                        pads_zero=all(p["pads_zero"] for p in parts),
                        seconds=round(max(p["seconds"] for p in parts), 4),
+                       setup_s=round(max(p["setup_s"] for p in parts), 3),
+                       check_s=round(max(p["check_s"] for p in parts), 3),
                        wall_s=round(wall / len(delays), 2)))
     return out
 
@@ -238,13 +251,31 @@ def not_started(budget: float) -> str:
     return f"not started: the budget of {budget:g} s ran out"
 
 
+def load_resume(path) -> dict:
+    """The rows of an earlier results file that ran (not skipped), by (algorithm, variant, delay),
+    each marked ``resumed_from`` with that file's commit. {} for no path or a missing file."""
+    from pathlib import Path
+
+    from labkit.workbench import results
+
+    if not path or not Path(path).exists():
+        return {}
+    earlier = results.load_results(Path(path))
+    commit = earlier.env.get("git_commit") or "unknown"
+    return {(r["algorithm"], r["variant"], r["delay"]): dict(r, resumed_from=r.get("resumed_from") or commit)
+            for r in earlier.records if not r.get("skipped")}
+
+
 #: the clock of the budget (a test replaces it)
 _clock = time.monotonic
 
 
-def benchmark(profile: str, *, budget: float | None = None, progress: bool = True) -> list[dict]:
+def benchmark(profile: str, *, budget: float | None = None, progress: bool = True,
+              resume: dict | None = None) -> list[dict]:
     """Entry point of ``labkit bench broken_barriers``: every form x variant x delay, one spawn per
-    (form, variant) while the budget lasts (``budget`` seconds, default ``budget_s()``)."""
+    (form, variant) while the budget lasts (``budget`` seconds, default ``budget_s()``). ``resume``
+    (default: ``load_resume`` of ``LABKIT_BARRIERS_RESUME``): rows already measured; a (form,
+    variant) whose every delay is among them is kept, not run again."""
     started = _clock()
     p = PROFILES["gpu" if profile == "gpu" else "cpu"]
     pairs = [(f, v) for f in p["forms"] for v in p["variants"]]
@@ -253,6 +284,7 @@ def benchmark(profile: str, *, budget: float | None = None, progress: bool = Tru
         if not gate.ok:
             return [row(f, v, d, p["trials"], "gpus", skipped=gate.reason) for f, v in pairs for d in p["delays"]]
     budget = budget_s() if budget is None else float(budget)
+    resume = load_resume(os.environ.get(RESUME_ENV)) if resume is None else resume
     world = "emulated" if tier.interpreted() else "gpus"
     try:
         from tqdm.auto import tqdm
@@ -261,6 +293,10 @@ def benchmark(profile: str, *, budget: float | None = None, progress: bool = Tru
             return x
     out: list[dict] = []
     for f, v in tqdm(pairs, desc="broken barriers (spawns)", disable=not progress):
+        kept = [resume.get((f, v, d)) for d in p["delays"]]
+        if all(kept):   # measured by an earlier call: no spawn
+            out += kept
+            continue
         elapsed = _clock() - started
         if elapsed > budget:
             out += [row(f, v, d, p["trials"], world, skipped=not_started(budget)) for d in p["delays"]]

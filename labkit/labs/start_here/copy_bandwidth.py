@@ -109,7 +109,8 @@ def _datasheet_peak(env: dict) -> tuple[str, float] | None:
 
 def headline(refs: dict) -> str | None:
     """One line for the notebook's first screen: the Triton copy at the largest recorded size
-    under graph replay, against torch.copy_ and the HBM datasheet peak, per reference machine."""
+    under graph replay, against torch.copy_ and the HBM datasheet peak, then the same size
+    launched eagerly (CUDA events), per reference machine."""
     lines = []
     for machine, rs in sorted(refs.items()):
         graph = [r for r in rs.records if r.get("method") == "cuda_graph" and r.get("GBps")]
@@ -122,8 +123,13 @@ def headline(refs: dict) -> str | None:
         peak = _datasheet_peak(rs.env)
         share = f", {at['triton copy'] / (peak[1] * 1e3):.0%} of the {peak[0]} datasheet HBM peak" if peak else ""
         vs = f" (torch.copy_: {at['torch.copy_']:,.0f})" if "torch.copy_" in at else ""
+        eager = {r["impl"]: r["GBps"] for r in rs.records
+                 if r.get("method") == "cuda_events" and r.get("GBps") and r["bytes"] == top}
+        launched = (f"; launched eagerly {eager['triton copy']:,.0f} GB/s"
+                    + (f" (torch.copy_: {eager['torch.copy_']:,.0f})" if "torch.copy_" in eager else "")
+                    if "triton copy" in eager else "")
         lines.append(f"RECORDED {machine}: labkit's Triton copy moves {at['triton copy']:,.0f} GB/s at "
-                     f"{top >> 20} MiB under graph replay{vs}{share}")
+                     f"{top >> 20} MiB under graph replay{vs}{share}{launched}")
     return "\n".join(lines) or None
 
 
