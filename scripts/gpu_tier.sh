@@ -23,6 +23,8 @@
 #                    (litmus and litmus_two_gpus stop starting rows after LABKIT_LITMUS_BUDGET_S,
 #                    default 480 s, and record the rest as pending; run again with
 #                    LABKIT_LITMUS_RESUME=DIR/reference/<machine>/LAB.json to finish them;
+#                    litmus runs its one-GPU rows on every GPU at once, a worker per GPU, and
+#                    the tests in LABKIT_LITMUS_FIRST, e.g. IRIW,2+2W, before the others;
 #                    broken_barriers starts no spawn after LABKIT_BARRIERS_BUDGET_S, default
 #                    480 s, and records the rows left as "not started"; run again with
 #                    LABKIT_BARRIERS_RESUME=DIR/reference/<machine>/broken_barriers.json to finish them)

@@ -84,6 +84,36 @@ def test_budget_records_pending_rows_and_resume_keeps_finished_ones(tmp_path, cp
     assert sweep.load_resume(tmp_path / "absent.json") == {}
 
 
+@pytest.mark.skipif(not tier.interpreted(), reason="two CPU workers: the interpreter's rows")
+def test_rows_dealt_to_two_workers_match_the_rows_run_here(cpu_records):
+    """devices=[two]: the one-GPU rows run in two worker processes at once (on a GPU machine one
+    per GPU); the records are those of the same rows run in this process (same seeds, the
+    interpreter's deterministic order), in the grid's order, each naming the device that ran it."""
+    dealt = sweep.sweep(("cross_cta", "same_cta"), "cpu", instances=64, tests=["MP", "IRIW"], progress=False,
+                        devices=["cpu", "cpu"])
+    assert [sweep.key_of(r) for r in dealt] == [sweep.key_of(r) for r in cpu_records]
+    for a, b in zip(dealt, cpu_records):
+        assert a["skipped"] is None and a["counts"] == b["counts"] and a["runs"] == b["runs"] == 64
+        assert a["device"] == "cpu"
+
+
+def test_first_tests_run_first_and_nothing_is_left_out():
+    grid = sweep.rows(("cross_cta",), tests=["MP", "SB", "IRIW"])
+    order = sweep.batches(grid, list(range(len(grid))), first=("IRIW",))
+    assert sorted(i for b in order for i in b) == list(range(len(grid)))
+    tests = [grid[b[0]]["test"] for b in order]
+    assert tests[:14] == ["IRIW"] * 14 and set(tests[14:]) == {"MP", "SB"}
+    # one batch per test and variant: its three stresses, so one worker compiles the variant once
+    assert all(len(b) == len(sweep.STRESSES) and len({sweep.key_of(grid[i])[:4] for i in b}) == 1 for b in order)
+    assert sweep.first_tests(" IRIW, 2+2W ") == ("IRIW", "2+2W") and sweep.first_tests(None) == ()
+    with pytest.raises(UsageError, match="LABKIT_LITMUS_FIRST: 'IRWI'"):
+        sweep.first_tests("IRWI")
+    with pytest.raises(UsageError, match="devices: expected a list"):
+        sweep.sweep(("cross_cta",), "cpu", tests=["MP"], devices="cuda:0", progress=False)
+    if tier.interpreted():
+        assert sweep.gpu_devices() == []
+
+
 def test_two_gpu_rows_sharing_a_variant_start_the_ranks_once(monkeypatch):
     """Two tests x (plain, volatile) in the emulated world: 2 starts of the ranks, not 4; the
     records come back in the grid's order, each with its own test's counts."""
@@ -391,6 +421,24 @@ def test_litmus_rows_on_one_gpu():
     for r in recs:
         assert r["tier"] == "gpu" and r["skipped"] is None and r["runs"] == 20_000, r
         assert r["timeouts"] == 0 and r["unwritten"] == 0 and r["not_possible"] == 0, r
+
+
+@pytest.mark.multigpu
+def test_one_gpu_rows_dealt_to_every_gpu():
+    """labkit bench litmus on a machine of several GPUs: one worker per GPU, each row on its GPU."""
+    from labkit.workbench import gates
+
+    gate = gates.requires(gpus=2, compiled=True)
+    if not gate.ok:
+        pytest.skip(gate.reason)
+    devices = sweep.gpu_devices()
+    recs = sweep.sweep(("cross_cta",), "gpu", instances=20_000, tests=["MP", "SB"], semantics=["plain", "acq_rel"],
+                       stresses=["memory"], budget_s=1e9, progress=False, devices=devices)
+    assert len(recs) == 2 * (1 + 3)
+    for r in recs:
+        assert r["skipped"] is None and r["runs"] == 20_000 and r["timeouts"] == 0 and r["unwritten"] == 0, r
+        assert r["device"] in devices, r
+    assert {r["device"] for r in recs} == set(devices[:len(recs)])  # each worker took a row at the start
 
 
 @pytest.mark.multigpu

@@ -25,7 +25,13 @@ about 9 s with a 1e5-instance run on 2 H200 (the two-GPU litmus tests), so this 
 those minutes (an estimate). So each call stops starting rows after ``BUDGET_S`` seconds
 (environment ``LABKIT_LITMUS_BUDGET_S``, default 480) and records the rest as pending; a later call
 given the earlier file (``LABKIT_LITMUS_RESUME=path/to/litmus.json``) keeps its finished rows and
-runs the pending ones. Repeat until ``pending(records)`` is empty. Measured on 2x H200 at
+runs the pending ones. Repeat until ``pending(records)`` is empty.
+
+**Every GPU at once.** The one-GPU rows need one GPU each, so ``labkit bench litmus`` on a machine
+of several GPUs deals them to one worker process per GPU (``devices``; each record's ``device``
+says which GPU ran it): two GPUs finish the sweep in about half the calls. The tests named in
+``LABKIT_LITMUS_FIRST`` (e.g. ``IRIW,2+2W``) run before the others, so that a call's budget
+reaches the rows that matter most first; nothing is left out, only reordered. Measured on 2x H200 at
 a1ce386: ``litmus_two_gpus`` ran 10 starts (70 rows) in 307 s, 4.0-5.4 s a row, of which the
 kernels' own runs were 21 s in all: the starts and compiles dominate, so its 294 rows need about
 21 minutes, three calls. ``litmus`` (one GPU) is still unmeasured.
@@ -38,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 from labkit.kernels.litmus import Stress, model, run_litmus, run_two_gpus
@@ -137,12 +144,14 @@ def record(row: dict, res=None, *, skipped: str | None = None, stress: Stress | 
                 not_possible=sum(c for o, c in res.counts.items() if o not in possible))
 
 
-def run_row(row: dict, instances: int, stress: Stress | None = None, seed: int = 0, timeout: float = 300.0) -> dict:
-    """Run one row (a compiled GPU for scoped semantics; plain/volatile anywhere) -> its record."""
+def run_row(row: dict, instances: int, stress: Stress | None = None, seed: int = 0, timeout: float = 300.0,
+            device=None) -> dict:
+    """Run one row (a compiled GPU for scoped semantics; plain/volatile anywhere) -> its record.
+    device: where a one-GPU row runs (default: the tier's device)."""
     stress = stress or STRESSES[row["stress_name"]]
     start = time.perf_counter()
     res = run_litmus(row["test"], row["semantics"], row["scope"], row["placement"], instances, stress=stress,
-                     seed=seed, timeout=timeout)
+                     seed=seed, timeout=timeout, device=device)
     return record(row, res, stress=stress, wall_s=time.perf_counter() - start)
 
 
@@ -163,15 +172,87 @@ def run_rows_two_gpus(batch: list[dict], instances: int, stress: Stress | None =
     return [dict(record(r, res, stress=stress, wall_s=share), batch_rows=len(batch)) for r, res in zip(batch, runs)]
 
 
-def batches(grid: list[dict], todo: list[int]) -> list[list[int]]:
+def batches(grid: list[dict], todo: list[int], first=()) -> list[list[int]]:
     """The rows to run (indices into ``grid``) in run order: two_gpus rows sharing semantics, scope
-    and stress together (one start of the ranks each), every other row alone."""
+    and stress together (one start of the ranks each); one-GPU rows of one test and variant
+    together (their stresses: one worker compiles the variant once). Batches of the tests in
+    ``first`` come before the others, each side in grid order."""
     groups: dict[tuple, list[int]] = {}
     for i in todo:
         r = grid[i]
-        key = ((r["semantics"], r["scope"], r["stress_name"]) if r["placement"] == "two_gpus" else ("row", i))
+        key = (("two_gpus", r["semantics"], r["scope"], r["stress_name"]) if r["placement"] == "two_gpus"
+               else (r["placement"], r["test"], r["semantics"], r["scope"]))
         groups.setdefault(key, []).append(i)
-    return list(groups.values())
+    out = list(groups.values())
+    # two_gpus batches hold several tests; they count as first if any of theirs is
+    return sorted(out, key=lambda b: not any(grid[i]["test"] in first for i in b))
+
+
+def first_tests(text: str | None) -> tuple[str, ...]:
+    """``LABKIT_LITMUS_FIRST``'s value ("IRIW,2+2W") as checked test names (empty: none)."""
+    names = tuple(t.strip() for t in (text or "").split(",") if t.strip())
+    for t in names:
+        if t not in TESTS:
+            raise UsageError(f"LABKIT_LITMUS_FIRST: {t!r} is not a litmus test; expected names of {list(TESTS)}")
+    return names
+
+
+def gpu_devices() -> list[str]:
+    """Every GPU this process sees, as device strings ("cuda:0", ...); empty off a compiled GPU."""
+    import torch
+
+    if tier.interpreted() or not torch.cuda.is_available():
+        return []
+    return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+
+def _run_one_gpu_batch(rows_: list[dict], instances: int, device) -> list[dict]:
+    """A worker's job: one-GPU rows, one after another, on ``device`` (a worker process per GPU)."""
+    if device is not None and str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(device)  # kernels compiled and launched here land on this GPU
+    return [run_row(r, instances, device=device) for r in rows_]
+
+
+def _on_workers(grid, todo_batches, instances, devices, budget_s, start, out, bar) -> None:
+    """Run one-GPU batches on one worker process per device (spawned: CUDA cannot be forked), a
+    batch per worker at a time; after ``budget_s`` no batch starts and the rest are pending. A
+    worker that dies (a crash in a kernel) costs its batch, recorded as skipped with the reason."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    pools = [ProcessPoolExecutor(1, mp_context=ctx) for _ in devices]
+    queue, running = list(todo_batches), {}
+    try:
+        while queue or running:
+            busy = {w for w, _ in running.values()}
+            for w in range(len(devices)):
+                if w not in busy and queue and time.perf_counter() - start <= budget_s:
+                    batch = queue.pop(0)
+                    fut = pools[w].submit(_run_one_gpu_batch, [grid[i] for i in batch], instances, devices[w])
+                    running[fut] = (w, batch)
+            if not running:
+                break
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for fut in done:
+                w, batch = running.pop(fut)
+                try:
+                    for i, rec in zip(batch, fut.result()):
+                        out[i] = rec
+                except Exception as e:  # noqa: BLE001 - a dead worker is a result to record, not a crash
+                    for i in batch:
+                        out[i] = record(grid[i], skipped=f"worker on {devices[w]} failed: {type(e).__name__}: {e}")
+                    pools[w].shutdown(wait=False, cancel_futures=True)
+                    pools[w] = ProcessPoolExecutor(1, mp_context=ctx)
+                bar.update(len(batch))
+    finally:
+        for pool in pools:
+            pool.shutdown(wait=True, cancel_futures=True)
+    for batch in queue:
+        for i in batch:
+            out[i] = record(grid[i], skipped=PENDING)
+        bar.update(len(batch))
 
 
 def load_resume(path) -> dict:
@@ -192,8 +273,16 @@ def pending(records) -> list[dict]:
 
 
 def sweep(placements, profile: str = "cpu", *, instances: int | None = None, semantics=None, tests=None,
-          stresses=None, budget_s: float | None = None, resume: dict | None = None, progress: bool = True) -> list[dict]:
-    """The grid for ``placements`` run as ``profile`` says (module docstring); returns records."""
+          stresses=None, budget_s: float | None = None, resume: dict | None = None, progress: bool = True,
+          devices=None, first=()) -> list[dict]:
+    """The grid for ``placements`` run as ``profile`` says (module docstring); returns records.
+
+    devices: with two or more, the one-GPU rows (cross_cta, same_cta) run in one worker process
+             per device, at once (``gpu_devices()`` gives every GPU); None or one: in this process
+    first:   test names whose rows run before the others' (``LABKIT_LITMUS_FIRST``)"""
+    first = first_tests(",".join(first))
+    if devices is not None and (isinstance(devices, str) or not all(isinstance(d, str) for d in devices)):
+        raise UsageError(f"devices: expected a list of device strings such as ['cuda:0', 'cuda:1'], got {devices!r}")
     gpu = profile == "gpu"
     if gpu:
         instances = instances or INSTANCES
@@ -215,7 +304,13 @@ def sweep(placements, profile: str = "cpu", *, instances: int | None = None, sem
             todo.append(i)
     start = time.perf_counter()
     bar = tqdm(total=len(todo), desc="litmus rows", disable=not progress)
-    for batch in batches(grid, todo):
+    order = batches(grid, todo, first)
+    if devices is not None and len(devices) > 1:
+        on_one = [b for b in order if grid[b[0]]["placement"] != "two_gpus"
+                  and not (model.SEMANTICS.index(grid[b[0]]["semantics"]) >= 2 and tier.interpreted())]
+        _on_workers(grid, on_one, instances, list(devices), budget_s if gpu else float("inf"), start, out, bar)
+        order = [b for b in order if out[b[0]] is None]
+    for batch in order:
         if gpu and time.perf_counter() - start > budget_s:
             for i in batch:
                 out[i] = record(grid[i], skipped=PENDING)
@@ -227,7 +322,8 @@ def sweep(placements, profile: str = "cpu", *, instances: int | None = None, sem
             for i, rec in zip(batch, run_rows_two_gpus([grid[i] for i in batch], n)):
                 out[i] = rec
         else:
-            out[batch[0]] = run_row(grid[batch[0]], instances)
+            for i in batch:
+                out[i] = run_row(grid[i], instances)
         bar.update(len(batch))
     bar.close()
     return out
@@ -241,7 +337,10 @@ def _benchmark(part: str, profile: str) -> list[dict]:
         if not gate.ok:
             return [record(r, skipped=gate.reason) for r in rows(placements)]
         budget = float(os.environ.get("LABKIT_LITMUS_BUDGET_S", BUDGET_S))
-        return sweep(placements, "gpu", budget_s=budget, resume=load_resume(os.environ.get("LABKIT_LITMUS_RESUME")))
+        first = first_tests(os.environ.get("LABKIT_LITMUS_FIRST"))
+        devices = gpu_devices() if part == "litmus" else None  # two_gpus rows need both GPUs at once
+        return sweep(placements, "gpu", budget_s=budget, resume=load_resume(os.environ.get("LABKIT_LITMUS_RESUME")),
+                     devices=devices, first=first)
     return sweep(placements, "cpu")
 
 
