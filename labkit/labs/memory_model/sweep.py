@@ -354,6 +354,22 @@ def benchmark_two_gpus(profile: str) -> list[dict]:
     return _benchmark("litmus_two_gpus", profile)
 
 
+#: the rows the notebook's first screen quotes from each recorded sweep (stress "memory"): message
+#: passing with plain accesses, and the anchor's IRIW (relaxed at gpu scope, then with fence.sc)
+HEADLINE_ROWS = (("MP", "plain", None, "cross_cta"), ("MP", "plain", None, "two_gpus"),
+                 ("IRIW", "relaxed", "gpu", "cross_cta"), ("IRIW", "fence_sc", "gpu", "cross_cta"),
+                 ("IRIW", "relaxed", "sys", "two_gpus"))
+
+
+def find(records, test: str, semantics: str, scope, placement: str, stress_name: str = "memory") -> dict | None:
+    """The record of one row that ran (None where it is absent, skipped or pending)."""
+    for r in records:
+        if (r.get("test"), r.get("semantics"), r.get("scope"), r.get("placement"), r.get("stress_name")) == \
+                (test, semantics, scope, placement, stress_name) and not r.get("skipped"):
+            return r
+    return None
+
+
 def summary(records) -> str:
     """One line per record: the weak count out of N, or why the row was not run."""
     lines = []
