@@ -1,7 +1,10 @@
 """The sandbox: each failure kind is classified, the parent survives, hangs become timeouts."""
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,6 +44,52 @@ def test_hang_becomes_timeout_and_group_is_killed():
     assert res.status == "timeout"
     assert 2 <= time.monotonic() - t0 < 30
     assert "hung" in res.summary()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_parent_stopped_by_sigterm_takes_its_child_along():
+    """`timeout` or a scheduler stopping `labkit run` must not leave its notebook running: the
+    child is in its own session, so only the parent's SIGTERM handling can kill it."""
+    code = ("from labkit.workbench.sandbox import run_isolated\n"
+            "res = run_isolated('time:sleep', 120, timeout=300)\n"
+            "print('returned', res.status)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    kids = []
+    while not kids and time.monotonic() < deadline and parent.poll() is None:
+        time.sleep(0.2)
+        kids = _children(parent.pid)
+    assert kids, "the sandbox child never started"
+    time.sleep(0.5)
+    parent.send_signal(signal.SIGTERM)
+    out, err = parent.communicate(timeout=30)
+    assert parent.returncode == 128 + signal.SIGTERM, (parent.returncode, err[-2000:])
+    assert b"returned" not in out
+    for _ in range(50):
+        if not any(_alive(k) for k in kids):
+            break
+        time.sleep(0.1)
+    assert not any(_alive(k) for k in kids), f"the sandbox child {kids} outlived its parent"
 
 
 def test_out_of_bounds_kernel_store_is_contained():

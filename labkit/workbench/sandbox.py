@@ -11,7 +11,11 @@ becomes a timeout. The child is a fresh interpreter (``python -m labkit.workbenc
 a forked child of a process that touched CUDA cannot use CUDA at all.
 
 The child runs in its own process group (session), so on timeout the whole group is killed,
-including any ranks the experiment started. Outcomes, in the order they are decided:
+including any ranks the experiment started. Being in its own session, the child would outlive a
+parent stopped by SIGTERM (``timeout``, a batch scheduler, ``kill``): a notebook that ``labkit run``
+was executing went on running on the GPUs, unseen, beside the next job. So while it waits, the
+parent turns SIGTERM into ``SystemExit`` (from the main thread), which kills the child's group
+before the parent leaves. Outcomes, in the order they are decided:
 
 =======================  ===========================================================
 status                   meaning
@@ -185,12 +189,15 @@ def run_isolated(fn: Callable | str, *args, timeout: float = 120.0, env: dict | 
                                     stdout=out_f, stderr=err_f, stdin=subprocess.DEVNULL,
                                     env=child_env, cwd=cwd, start_new_session=True)
             timed_out = False
+            previous = _exit_on_sigterm()
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:
                 _kill_group(proc)  # also reaps ranks or kernels the child left behind
+                if previous is not None:
+                    _signal.signal(_signal.SIGTERM, previous)
         seconds = time.monotonic() - start
         payload = None
         if not timed_out and os.path.exists(result_file):
@@ -205,6 +212,21 @@ def run_isolated(fn: Callable | str, *args, timeout: float = 120.0, env: dict | 
     fields = classify(proc.returncode, payload, stderr, timed_out)
     return SandboxResult(returncode=proc.returncode, seconds=seconds, stdout=stdout,
                          stderr=stderr, **fields)
+
+
+def _exit_on_sigterm():
+    """Make SIGTERM raise SystemExit(143) in this process, so ``finally`` blocks (the child's
+    group kill) run; returns the handler to put back, or None where signals cannot be set (a
+    thread other than the main one)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def leave(signum, frame):
+        raise SystemExit(128 + signum)
+
+    return _signal.signal(_signal.SIGTERM, leave)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -14,29 +14,26 @@ Profiles:
   interpreter runs programs one after another, so only sequentially consistent outcomes appear;
   ``litmus_two_gpus`` there runs an emulated world of two processes (the host's x86-TSO model).
 
-**Wall time (an estimate, not measured).** A probe on one H200 took 10-18 s per 1e7-instance row
-including the compile; much of that was the host's histogram (26 s for 1e7 IRIW rows on a 2-core
-CPU with ``np.unique(axis=0)``, now about 1 s: ``labkit.kernels.litmus.classify.histogram``).
-Guessing 4-8 s a row (a compile for each new kernel: "none" and "memory" share one, their
-constexprs being equal), ``litmus`` needs about 40-80 minutes and ``litmus_two_gpus`` about 30-60:
-neither fits one 10-minute call. ``litmus_two_gpus`` runs the seven tests of one semantics, scope
-and stress in one start of the two ranks (``run_rows_two_gpus``: 42 starts, not 294); a start took
-about 9 s with a 1e5-instance run on 2 H200 (the two-GPU litmus tests), so this saves about 30 of
-those minutes (an estimate). So each call stops starting rows after ``BUDGET_S`` seconds
-(environment ``LABKIT_LITMUS_BUDGET_S``, default 480) and records the rest as pending; a later call
-given the earlier file (``LABKIT_LITMUS_RESUME=path/to/litmus.json``) keeps its finished rows and
-runs the pending ones. Repeat until ``pending(records)`` is empty.
+**Wall time.** Neither part fits one 10-minute call. Measured on 2x H100 at 8179912: ``litmus``, its
+rows dealt to both GPUs at once (below), ran 588 rows in 558 s (two calls), 1.8 s a row on average,
+of which the kernels' own runs 0.31 s (the rest, a hypothesis not broken down: compiles, a new
+kernel per variant and per delay, "none" and "memory" sharing one; the layout's permutations; the
+host histogram). On 2x H200 at a1ce386 ``litmus_two_gpus`` ran 10 starts (70 rows) in 307 s, 4.0-5.4
+s a row, of which the kernels' own runs were 21 s in all: it runs the seven tests of one semantics,
+scope and stress in one start of the two ranks (``run_rows_two_gpus``: 42 starts, not 294), and the
+starts and compiles still dominate, so its 294 rows need about 21 minutes, three calls. So each call
+stops starting rows after ``BUDGET_S`` seconds (environment ``LABKIT_LITMUS_BUDGET_S``, default 480)
+and records the rest as pending; a later call given the earlier file
+(``LABKIT_LITMUS_RESUME=path/to/litmus.json``) keeps its finished rows and runs the pending ones.
+Repeat until ``pending(records)`` is empty.
 
 **Every GPU at once.** The one-GPU rows need one GPU each, so ``labkit bench litmus`` on a machine
 of several GPUs deals them to one worker process per GPU (``devices``; each record's ``device``
-says which GPU ran it): two GPUs finish the sweep in about half the calls. The tests named in
+says which GPU ran it; on 2x H100 each ran 294 of the 588). The tests named in
 ``LABKIT_LITMUS_FIRST`` (e.g. ``IRIW,2+2W``) run before the others, so that a call's budget
-reaches the rows that matter most first; nothing is left out, only reordered. Measured on 2x H200 at
-a1ce386: ``litmus_two_gpus`` ran 10 starts (70 rows) in 307 s, 4.0-5.4 s a row, of which the
-kernels' own runs were 21 s in all: the starts and compiles dominate, so its 294 rows need about
-21 minutes, three calls. ``litmus`` (one GPU) is still unmeasured.
+reaches the rows that matter most first; nothing is left out, only reordered.
 
-    LABKIT_LITMUS_RESUME=OUT/reference/h200/litmus.json \\
+    LABKIT_LITMUS_RESUME=OUT/reference/h100x2/litmus.json \\
         python -m labkit bench litmus --profile gpu --reference --out OUT
 """
 from __future__ import annotations
