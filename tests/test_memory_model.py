@@ -196,8 +196,23 @@ def test_plots_draw_from_records_with_skipped_and_zero_rows():
     plt.close(fig)
     table = plots.verdict_rows(recs)
     assert [t["observed"] for t in table] == ["7 of 1,000", "0 of 1,000", "not run"]
-    ax = plots.plot_verdicts(recs)
+    rows, cols, cells = plots.observed_grid(recs)
+    assert len(cols) == 14 and all(len(line) == 14 for line in cells)
+    placed = {(t, p): line for (t, p), line in zip(rows, cells)}
+    assert sum(c is not None for line in cells for c in line) == 2  # the skipped row is left blank
+    ax = plots.plot_observed_grid(recs)
+    labels = [t.get_text() for t in ax.texts]
+    assert "0" in labels and plots.short_rate(0.007) in labels
+    assert zero["verdict"] == "forbidden" and any(p.get_hatch() for p in ax.patches)
+    assert placed[("SB", "two_gpus")] == [None] * 14
     plt.close(ax.figure)
+    # an outcome both the model and PTX forbid, seen: framed in red
+    weak = ",".join(map(str, sweep.get_test("IRIW").weak))
+    bug = _row("IRIW", "fence_sc", "gpu", counts={"0,0,0,0": 10, weak: 1})
+    ax = plots.plot_observed_grid([bug])
+    assert any(not p.get_fill() and p.get_edgecolor()[:3] == matplotlib.colors.to_rgb(plots.WEAK) for p in ax.patches)
+    plt.close(ax.figure)
+    assert plots.short_rate(0.0241) == "2.4%" and plots.short_rate(7.06e-4) == "7e-4"
     for name in sweep.TESTS:
         plt.close(plots.plot_test(name).figure)
     plt.close(plots.plot_barrier_hb().figure)

@@ -2,7 +2,8 @@
 
 * ``plot_histogram``: one row's outcome counts, the weak outcome highlighted, outcomes the model
   forbids hatched, the weak rate with its 95 % bound or "not observed in N" in the title;
-* ``plot_verdicts``: "model says / observed" for a grid of rows, as a table figure;
+* ``plot_observed_grid``: how often each test's weak outcome was seen, per semantics and scope,
+  beside what the model says (hatched where it forbids it), as a coloured grid;
 * ``plot_model_grid``: what the model and PTX say of each test's weak outcome, for every
   semantics and scope, as a coloured grid (any machine);
 * ``plot_test``: a litmus test drawn as threads and their accesses;
@@ -89,27 +90,77 @@ def verdict_rows(records) -> list[dict]:
     return out
 
 
-def plot_verdicts(records, ax=None, title: str = "model says / observed", max_rows: int = 40):
-    """The verdict table as a figure (first ``max_rows`` rows; red: an outcome neither the model
-    nor PTX allows was seen)."""
-    rows = verdict_rows(records)[:max_rows]
+def observed_grid(records, stress: str = "memory"):
+    """(rows, cols, cells) of the observed weak rates, laid out as ``model_grid``: rows (test,
+    placement) for the placements the records hold, columns (semantics, scope); each cell the
+    record of that row under ``stress`` (else under the first stress it ran with), or None."""
+    tests = [t for t in model.TESTS if any(r.get("test") == t for r in records)]
+    placements = [p for p in model.PLACEMENTS if any(r.get("placement") == p for r in records)]
+    cols = [(sem, sc) for sem in model.SEMANTICS for sc in (model.SCOPES if sem in model.SCOPED else (None,))]
+    order = [stress] + [s for s in ("none", "memory", "memory+delay") if s != stress]
+    found = {}
+    for r in records:
+        if r.get("skipped"):
+            continue
+        key = (r["test"], r["placement"], r["semantics"], r.get("scope"))
+        rank = order.index(r.get("stress_name")) if r.get("stress_name") in order else len(order)
+        if key not in found or rank < found[key][0]:
+            found[key] = (rank, r)
+    rows = [(t, p) for p in placements for t in tests]
+    cells = [[found.get((t, p, sem, sc), (None, None))[1] for sem, sc in cols] for t, p in rows]
+    return rows, cols, cells
+
+
+def short_rate(rate: float) -> str:
+    """0.0241 -> "2.4%", 7.06e-4 -> "7e-4": a cell's label."""
+    if rate >= 0.01:
+        return f"{rate * 100:.1f}%"
+    mantissa, exponent = f"{rate:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def plot_observed_grid(records, ax=None, title: str = "observed", stress: str = "memory"):
+    """How often each test's weak outcome was seen, by semantics and scope (columns) and test and
+    placement (rows), coloured by log10 of the rate; grey "0": not observed (in the N of the
+    row); hatched: the simplified model forbids it; red frame: seen although both the model and
+    PTX forbid it (a bug in the hardware, the compiler or the kernels); blank: not run."""
+    import math
+
+    from matplotlib import cm, colors
+
+    rows, cols, cells = observed_grid(records, stress)
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 0.3 * len(rows) + 1))
-    ax.axis("off")
-    cols = ["test", "semantics", "scope", "placement", "stress", "model", "ptx", "observed"]
-    cells = [[str(r[c]) for c in cols] for r in rows] or [["(no rows)"] + [""] * (len(cols) - 1)]
-    tab = ax.table(cellText=cells, colLabels=["test", "semantics", "scope", "placement", "stress", "model says",
-                                              "PTX says", "weak observed"], loc="upper center", cellLoc="left")
-    tab.auto_set_font_size(False)
-    tab.set_fontsize(7)
-    tab.scale(1, 1.1)
-    for i, r in enumerate(rows, start=1):
-        if r["conflict"]:
-            for j in range(len(cols)):
-                tab[i, j].set_facecolor("#f4cccc")
-        elif r["skipped"]:
-            tab[i, len(cols) - 1].set_text_props(color="0.5")
-    ax.set_title(title, fontsize=9)
+        _, ax = plt.subplots(figsize=(1.0 + 0.62 * len(cols), 0.9 + 0.32 * max(1, len(rows))))
+    norm = colors.Normalize(vmin=-7, vmax=-1)
+    cmap = plt.get_cmap("YlOrRd")
+    stresses = set()
+    for i, line in enumerate(cells):
+        for j, r in enumerate(line):
+            if r is None:
+                ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor="white", edgecolor="0.85"))
+                continue
+            stresses.add(r.get("stress_name"))
+            n = r.get("classified", r["runs"])
+            rate = r["weak_outcomes"] / n if n else 0.0
+            face = cmap(norm(math.log10(rate))) if rate > 0 else "#eeeeee"
+            ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=face, edgecolor="white",
+                                       hatch="///" if r["verdict"] == "forbidden" else None))
+            if r.get("not_possible") or (rate > 0 and r["verdict"] == "forbidden" and r["ptx_verdict"] == "forbidden"):
+                ax.add_patch(plt.Rectangle((j + 0.04, i + 0.04), 0.92, 0.92, fill=False, edgecolor=WEAK, lw=2))
+            dark = rate > 0 and norm(math.log10(rate)) > 0.6
+            ax.text(j + 0.5, i + 0.5, short_rate(rate) if rate > 0 else "0", ha="center", va="center", fontsize=6.5,
+                    color="white" if dark else "black")
+    ax.set_xlim(0, len(cols))
+    ax.set_ylim(max(1, len(rows)), 0)
+    ax.set_xticks([j + 0.5 for j in range(len(cols))], [sem + (f"\n{sc}" if sc else "") for sem, sc in cols], fontsize=7)
+    ax.set_yticks([i + 0.5 for i in range(len(rows))], [f"{t}, {p}" for t, p in rows], fontsize=7)
+    ax.tick_params(length=0)
+    bar = plt.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, fraction=0.025, pad=0.01)
+    bar.set_label("log10 weak rate", fontsize=7)
+    bar.ax.tick_params(labelsize=7)
+    shown = ", ".join(sorted(s for s in stresses if s)) or "-"
+    ax.set_title(f"{title}: weak outcome rate (stress {shown}; grey 0: not observed; hatched: the model "
+                 "forbids it; blank: not run)", fontsize=8)
     return ax
 
 
