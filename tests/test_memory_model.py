@@ -28,6 +28,7 @@ def test_cpu_records_carry_the_required_fields(cpu_records, tmp_path):
     for r in cpu_records:
         assert all(k in r for k in sweep.REQUIRED), r
         assert r["tier"] == "interpreter" and r["skipped"] is None and r["stress_name"] == "none"
+        assert r["warmup_s"] == 0.0  # nothing to compile under the interpreter: no warm-up launch
         assert r["runs"] == 64 and sum(r["counts"].values()) == 64 - r["unwritten"]
         assert r["unwritten"] == 0 and r["timeouts"] == 0
         # the interpreter runs programs one after another: sequentially consistent outcomes only
@@ -213,6 +214,22 @@ def test_plots_draw_from_records_with_skipped_and_zero_rows():
     assert any(not p.get_fill() and p.get_edgecolor()[:3] == matplotlib.colors.to_rgb(plots.WEAK) for p in ax.patches)
     plt.close(ax.figure)
     assert plots.short_rate(0.0241) == "2.4%" and plots.short_rate(7.06e-4) == "7e-4"
+    # the cost figure keeps rows timed without their compile: warmup_s present (any stress), or
+    # an older one-GPU row under "memory"; an older "none" row (its compile inside) is left out
+    timed = dict(seen, seconds=0.5, runs=1000, warmup_s=0.2, stress_name="none")
+    old_memory = dict(seen, seconds=0.2, runs=1000, semantics="acq_rel")
+    old_none = dict(seen, seconds=9.0, runs=1000, stress_name="none", semantics="fence")
+    assert plots.cost_rows([timed, old_memory, old_none], None) == [timed, old_memory]
+    assert plots.cost_rows([timed, old_memory, old_none], "memory") == [old_memory]
+    assert [(k, n) for k, *_, n in plots.cost_by_variant([timed, old_memory], None)] == [
+        ("relaxed.gpu", 1), ("acq_rel.gpu", 1)]
+    assert plots.cost_by_variant([timed], None)[0][1] == pytest.approx(0.5 / 1000 * 1e9)
+    ax = plots.plot_cost([timed, old_memory], None, "t", None)
+    assert len(ax.patches) == 2 and "stress memory, none" in ax.get_title()
+    plt.close(ax.figure)
+    ax = plots.plot_cost([old_none], None, "t", "memory")
+    assert "no row timed without its compile" in ax.texts[0].get_text()
+    plt.close(ax.figure)
     for name in sweep.TESTS:
         plt.close(plots.plot_test(name).figure)
     plt.close(plots.plot_barrier_hb().figure)
@@ -436,6 +453,7 @@ def test_litmus_rows_on_one_gpu():
     for r in recs:
         assert r["tier"] == "gpu" and r["skipped"] is None and r["runs"] == 20_000, r
         assert r["timeouts"] == 0 and r["unwritten"] == 0 and r["not_possible"] == 0, r
+        assert r["warmup_s"] > 0 and r["seconds"] > 0, r  # the compile ran untimed, before the launches
 
 
 @pytest.mark.multigpu
@@ -468,6 +486,7 @@ def test_litmus_rows_on_two_gpus():
     assert len(recs) == 3
     for r in recs:
         assert r["skipped"] is None and r["runs"] == 20_000 and r["timeouts"] == 0 and r["not_possible"] == 0, r
+        assert r["warmup_s"] > 0, r
 
 
 # --- panels ----------------------------------------------------------------------------------

@@ -107,9 +107,10 @@ class LitmusRun:
     counts: dict[tuple[int, ...], int]   # outcome tuple (test.observed order) -> instances
     unwritten: int        # instances with a register never written (excluded from counts): a bug if > 0
     timeouts: int         # programs whose start-barrier wait ran out (a would-be hang)
-    seconds: float        # the launches, until the device finished
+    seconds: float        # the launches, until the device finished (after the warm-up launch)
     launches: int = 1     # launches the instances were split into (one resident wave each)
     note: str = ""        # e.g. the emulated world's memory model
+    warmup_s: float = 0.0  # the untimed first launch (it compiles or loads the kernel); 0 under the interpreter
     records: torch.Tensor | None = dataclasses.field(default=None, repr=False)  # [instances, observed]
 
     def classify(self, confidence: float = 0.95) -> Classified:
@@ -363,9 +364,10 @@ def run_litmus(test, semantics: str = "plain", scope: str | None = None, placeme
     sync_bases = torch.tensor([buffers.sync.data_ptr()], dtype=torch.int64, device=dev)
     if programs_per_launch is None:
         programs_per_launch = resident_programs(dev, max(1, _block(t, placement, lanes) // 32))
-    timeouts, seconds = 0, 0.0
+    timeouts, seconds, warmup_s = 0, 0.0, 0.0
     parts = chunks(instances, instances_per_launch(t, placement, lanes, stress, programs_per_launch))
-    for i, (c0, c1) in enumerate(parts):
+
+    def one_launch(i: int, c0: int, c1: int) -> float:
         jobs = job_table(t, c1 - c0, placement, lanes, seed * 1_000_003 + i).to(dev)
         buffers.sync.zero_()
         start = time.perf_counter()
@@ -373,13 +375,24 @@ def run_litmus(test, semantics: str = "plain", scope: str | None = None, placeme
                jobs, buffers.out[c0:c1], sync_bases, buffers.scratch, jobs.numel() + stress.programs)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        seconds += time.perf_counter() - start
+        return time.perf_counter() - start
+
+    if not tier.interpreted():
+        # A kernel's first launch compiles it (or loads it from Triton's cache): seconds, against
+        # 0.1-0.5 s for 1e7 instances. Run the first chunk once untimed, then start again clean,
+        # so that ``seconds`` is the launches alone (the interpreter compiles nothing).
+        warmup_s = one_launch(0, *parts[0])
+        buffers.locations.zero_()
+        buffers.out.fill_(kernels.UNWRITTEN)
+    for i, (c0, c1) in enumerate(parts):
+        seconds += one_launch(i, c0, c1)
         timeouts += int(buffers.sync[1])
     finals = buffers.locations[slots.long()]
     records = records_of(t, buffers.out[:instances], finals).cpu()
     counts, unwritten = _counts(t, records)
     return LitmusRun(t.name, semantics, scope, placement, instances, stress, seed, buffers.stride, lanes,
-                     str(dev), counts, unwritten, timeouts, seconds, launches=len(parts), records=records if keep_records else None)
+                     str(dev), counts, unwritten, timeouts, seconds, launches=len(parts),
+                     records=records if keep_records else None, warmup_s=warmup_s)
 
 
 # --- two GPUs (or two emulated ranks) --------------------------------------------------------
@@ -435,7 +448,8 @@ def _merge_ranks(t, parts, semantics, scope, instances, stress, seed, stride, la
     return LitmusRun(t.name, semantics, scope, "two_gpus", instances, stress, seed, stride, lanes,
                      parts[0]["device"] + " + " + parts[1]["device"], counts, unwritten,
                      parts[0]["timeouts"], max(p["seconds"] for p in parts), launches=parts[0]["launches"],
-                     note=EMULATED_NOTE if emulated else "", records=records if keep_records else None)
+                     note=EMULATED_NOTE if emulated else "", records=records if keep_records else None,
+                     warmup_s=max(p.get("warmup_s", 0.0) for p in parts))
 
 
 def rank_litmus_many(ctx, specs: list) -> list:
@@ -461,8 +475,10 @@ def rank_litmus(ctx, spec: dict) -> dict:
     slots_d, homes_d = slots.to(dev), homes.to(dev)
     programs = spec["programs_per_launch"] or resident_programs(dev, max(1, lanes // 32))
     sync_mine = sync.tensor.view(torch.int32)   # rank 0's is the barrier; each rank zeroes its own
-    timeouts, seconds, parts = 0, 0.0, chunks(n, instances_per_launch(t, "two_gpus", lanes, stress, programs, 2))
-    for i, (c0, c1) in enumerate(parts):
+    parts = chunks(n, instances_per_launch(t, "two_gpus", lanes, stress, programs, 2))
+    mine = locs.tensor.view(torch.int32)
+
+    def one_launch(i: int, c0: int, c1: int) -> tuple[float, int]:
         seed = spec["seed"] * 1_000_003 + i
         jobs = job_table(t, c1 - c0, "two_gpus", lanes, seed, 2, ctx.rank).to(dev)
         everyone = sum(job_table(t, c1 - c0, "two_gpus", lanes, seed, 2, r).numel() for r in range(2))
@@ -476,12 +492,25 @@ def rank_litmus(ctx, spec: dict) -> dict:
                everyone + 2 * stress.programs)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-        seconds += time.perf_counter() - start
+        took = time.perf_counter() - start
         ctx.barrier()  # both ranks are done before rank 0's counter is read or reset
-        timeouts += int(sync.peers[0].view(torch.int32)[1])
+        gave_up = int(sync.peers[0].view(torch.int32)[1])
         ctx.barrier()
-    mine = locs.tensor.view(torch.int32)
+        return took, gave_up
+
+    timeouts, seconds, warmup_s = 0, 0.0, 0.0
+    if not tier.interpreted():
+        # the first launch compiles or loads the kernel (see run_litmus): once untimed, on both
+        # ranks at once (its start barrier spans them), then both start again from zero; the
+        # next launch's host barrier orders every rank's zeroing before any kernel reads
+        warmup_s = one_launch(0, *parts[0])[0]
+        mine.zero_()
+        out.fill_(kernels.UNWRITTEN)
+    for i, (c0, c1) in enumerate(parts):
+        took, gave_up = one_launch(i, c0, c1)
+        seconds += took
+        timeouts += gave_up
     finals = mine[slots.long().to(dev)].cpu()
     ctx.barrier()  # nobody frees its buffer while the other still reads
     return {"out": out.cpu(), "finals": finals, "homes": homes, "timeouts": timeouts,
-            "seconds": seconds, "device": str(dev), "launches": len(parts)}
+            "seconds": seconds, "device": str(dev), "launches": len(parts), "warmup_s": warmup_s}

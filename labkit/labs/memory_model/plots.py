@@ -6,6 +6,7 @@
   beside what the model says (hatched where it forbids it), as a coloured grid;
 * ``plot_model_grid``: what the model and PTX say of each test's weak outcome, for every
   semantics and scope, as a coloured grid (any machine);
+* ``plot_cost``: ns per instance by semantics and scope, from rows timed without their compile;
 * ``plot_test``: a litmus test drawn as threads and their accesses;
 * ``plot_barrier_hb``: the happens-before diagram of the correct barrier (lab 02's one-shot);
 * ``plot_broken``: wrong results of the broken barriers against the delay.
@@ -161,6 +162,57 @@ def plot_observed_grid(records, ax=None, title: str = "observed", stress: str = 
     shown = ", ".join(sorted(s for s in stresses if s)) or "-"
     ax.set_title(f"{title}: weak outcome rate (stress {shown}; grey 0: not observed; hatched: the model "
                  "forbids it; blank: not run)", fontsize=8)
+    return ax
+
+
+def cost_rows(records, stress: str | None = "memory") -> list[dict]:
+    """Rows whose ``seconds`` are the launches alone, under ``stress`` (None: any): rows with
+    ``warmup_s`` (timed after an untimed first launch, which compiles or loads the kernel), and,
+    from recordings made before that, the one-GPU rows under "memory" stress (at 8179912 each ran
+    right after its variant's "none" row in the same worker, whose first launch had compiled the
+    same kernel); every other older row's seconds include a compile, so it is left out."""
+    out = []
+    for r in records:
+        if r.get("skipped") or not r.get("runs") or (stress and r.get("stress_name") != stress):
+            continue
+        if "warmup_s" in r or (r.get("stress_name") == "memory" and r.get("placement") != "two_gpus"):
+            out.append(r)
+    return out
+
+
+def cost_by_variant(records, stress: str | None = "memory") -> list[tuple[str, float, float, float, int]]:
+    """(semantics.scope, median, min, max ns per instance, rows) over the tests and placements of
+    ``cost_rows``, in the model's column order."""
+    import statistics
+
+    by: dict[str, list[float]] = {}
+    for r in cost_rows(records, stress):
+        by.setdefault(f"{r['semantics']}.{r['scope'] or '-'}", []).append(r["seconds"] / r["runs"] * 1e9)
+    order = [f"{sem}.{sc or '-'}" for sem in model.SEMANTICS for sc in (model.SCOPES if sem in model.SCOPED else (None,))]
+    return [(k, statistics.median(by[k]), min(by[k]), max(by[k]), len(by[k])) for k in order if k in by]
+
+
+def plot_cost(records, ax=None, title: str = "cost", stress: str | None = "memory"):
+    """What each semantics costs in the litmus kernel: ns per instance (the launches' seconds over
+    the instances), the median over tests and placements as a bar, their range as a whisker."""
+    rows = cost_by_variant(records, stress)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 4.2))
+    if not rows:
+        ax.axis("off")
+        ax.text(0.5, 0.5, f"{title}: no row timed without its compile", ha="center", va="center", fontsize=9)
+        return ax
+    ys = range(len(rows))
+    med = [r[1] for r in rows]
+    ax.barh(list(ys), med, color=PLAIN, alpha=0.8)
+    ax.errorbar(med, list(ys), xerr=[[m - r[2] for m, r in zip(med, rows)], [r[3] - m for m, r in zip(med, rows)]],
+                fmt="none", ecolor="0.2", capsize=2, lw=0.8)
+    ax.set_yticks(list(ys), [r[0] for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(r[3] for r in rows) * 1.15)
+    ax.set_xlabel("ns per instance (launch seconds / instances): median over tests, range as whisker", fontsize=8)
+    shown = stress or ", ".join(sorted({str(r.get("stress_name")) for r in cost_rows(records, None)}))
+    ax.set_title(f"{title}: stress {shown}, {sum(r[4] for r in rows)} rows", fontsize=9)
     return ax
 
 

@@ -16,16 +16,16 @@ Profiles:
 
 **Wall time.** Neither part fits one 10-minute call. Measured on 2x H100 at 8179912: ``litmus``, its
 rows dealt to both GPUs at once (below), ran 588 rows in 558 s (two calls), 1.8 s a row on average,
-of which the kernels' own runs 0.31 s (the rest, a hypothesis not broken down: compiles, a new
-kernel per variant and per delay, "none" and "memory" sharing one; the layout's permutations; the
-host histogram). On 2x H200 at a1ce386 ``litmus_two_gpus`` ran 10 starts (70 rows) in 307 s, 4.0-5.4
-s a row, of which the kernels' own runs were 21 s in all: it runs the seven tests of one semantics,
-scope and stress in one start of the two ranks (``run_rows_two_gpus``: 42 starts, not 294), and the
-starts and compiles still dominate, so its 294 rows need about 21 minutes, three calls. So each call
-stops starting rows after ``BUDGET_S`` seconds (environment ``LABKIT_LITMUS_BUDGET_S``, default 480)
-and records the rest as pending; a later call given the earlier file
-(``LABKIT_LITMUS_RESUME=path/to/litmus.json``) keeps its finished rows and runs the pending ones.
-Repeat until ``pending(records)`` is empty.
+of which the timed launches 0.31 s, each kernel's first launch (its compile) among them then (the
+rest, a hypothesis not broken down: compiles, a new kernel per variant and per delay, "none" and
+"memory" sharing one; the layout's permutations; the host histogram). On 2x H200 at a1ce386
+``litmus_two_gpus`` ran 10 starts (70 rows) in 307 s, 4.0-5.4 s a row, of which the kernels' own
+runs were 21 s in all: it runs the seven tests of one semantics, scope and stress in one start of
+the two ranks (``run_rows_two_gpus``: 42 starts, not 294), and the starts and compiles still
+dominate, so its 294 rows need about 21 minutes, three calls. So each call stops starting rows after
+``BUDGET_S`` seconds (environment ``LABKIT_LITMUS_BUDGET_S``, default 480) and records the rest as
+pending; a later call given the earlier file (``LABKIT_LITMUS_RESUME=path/to/litmus.json``) keeps
+its finished rows and runs the pending ones. Repeat until ``pending(records)`` is empty.
 
 **Every GPU at once.** The one-GPU rows need one GPU each, so ``labkit bench litmus`` on a machine
 of several GPUs deals them to one worker process per GPU (``devices``; each record's ``device``
@@ -137,7 +137,8 @@ def record(row: dict, res=None, *, skipped: str | None = None, stress: Stress | 
                 counts={outcome_key(o): c for o, c in sorted(res.counts.items())},
                 rate=weak / n if n else None, lower=lower_bound(weak, n) if n else None,
                 upper=upper_bound(weak, n) if n else None, timeouts=res.timeouts, unwritten=res.unwritten,
-                seconds=round(res.seconds, 4), launches=res.launches, device=res.device, note=res.note,
+                seconds=round(res.seconds, 4), warmup_s=round(res.warmup_s, 4), launches=res.launches,
+                device=res.device, note=res.note,
                 not_possible=sum(c for o, c in res.counts.items() if o not in possible))
 
 
