@@ -82,3 +82,15 @@ def link_copy_roundtrip(ctx, n: int, seed: int) -> dict:
     # rank r-1 wrote its rank number into this rank's buffer
     write_ok = bool((buf.tensor.cpu() == float((ctx.rank - 1) % w)).all())
     return {"read": read_ok, "write": write_ok}
+
+
+def start_detached_sleeper(pid_file: str) -> None:
+    """For tests/test_sandbox.py: start a process in a session of its own (as jupyter_client
+    starts a kernel), write its pid, then hang."""
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    with open(pid_file, "w") as f:
+        f.write(str(p.pid))
+    time.sleep(300)

@@ -92,6 +92,22 @@ def test_a_parent_stopped_by_sigterm_takes_its_child_along():
     assert not any(_alive(k) for k in kids), f"the sandbox child {kids} outlived its parent"
 
 
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_timeout_also_kills_what_left_the_childs_session(tmp_path):
+    """A process the child started in a session of its own (a Jupyter kernel, under papermill)
+    is outside the child's process group; a timeout must kill it too."""
+    pid_file = tmp_path / "pid"
+    res = run_isolated("rank_fns:start_detached_sleeper", str(pid_file), timeout=10,
+                       env={"PYTHONPATH": str(Path(__file__).parent)})
+    assert res.status == "timeout", res.summary()
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):
+        if not _alive(grandchild):
+            break
+        time.sleep(0.1)
+    assert not _alive(grandchild), "the detached grandchild outlived the timeout"
+
+
 def test_out_of_bounds_kernel_store_is_contained():
     """The real faulting kernel: SIGSEGV under the interpreter, illegal memory access on a GPU."""
     res = run_isolated("labkit.kernels.fault:write_out_of_bounds", timeout=120)

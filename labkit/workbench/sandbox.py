@@ -11,7 +11,8 @@ becomes a timeout. The child is a fresh interpreter (``python -m labkit.workbenc
 a forked child of a process that touched CUDA cannot use CUDA at all.
 
 The child runs in its own process group (session), so on timeout the whole group is killed,
-including any ranks the experiment started. Being in its own session, the child would outlive a
+including any ranks the experiment started, and so is every process below the child that made a
+session of its own (a Jupyter kernel under papermill: ``labkit run`` executes notebooks this way). Being in its own session, the child would outlive a
 parent stopped by SIGTERM (``timeout``, a batch scheduler, ``kill``): a notebook that ``labkit run``
 was executing went on running on the GPUs, unseen, beside the next job. So while it waits, the
 parent turns SIGTERM into ``SystemExit`` (from the main thread), which kills the child's group
@@ -229,11 +230,38 @@ def _exit_on_sigterm():
     return _signal.signal(_signal.SIGTERM, leave)
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, read from /proc (Linux; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
+    """Kill the child's process group and every process below the child. The group alone is not
+    enough: a process that made a session of its own (a Jupyter kernel: jupyter_client starts
+    each in a new session; ranks started the same way) would live on. The tree is read before
+    the kill, since an orphan is re-parented and can no longer be found from the child."""
+    below = _descendants(proc.pid)  # empty once the child has exited: its orphans were re-parented
     try:
         os.killpg(proc.pid, _signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    for pid in below:
+        try:
+            os.kill(pid, _signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     proc.wait()
 
 
