@@ -94,3 +94,8 @@ def start_detached_sleeper(pid_file: str) -> None:
     with open(pid_file, "w") as f:
         f.write(str(p.pid))
     time.sleep(300)
+
+
+def torch_threads(ctx) -> int:
+    """For tests/test_ranks.py: the intra-op threads this rank's torch uses."""
+    return torch.get_num_threads()

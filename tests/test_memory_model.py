@@ -256,6 +256,7 @@ def test_broken_barriers_in_the_emulated_world():
         assert g["world"] == "emulated" and g["skipped"] is None and g["wrong_results"] == 0 and g["pads_zero"], g
         assert g["wrong_per_rank"] == [0, 0] and g["seconds"] > 0 and g["wall_s"] >= 0
         assert g["setup_s"] > 0 and g["check_s"] > 0   # where a row's wall time goes besides its trials
+        assert g["compare_s"] >= 0 and g["pads_s"] >= 0 and g["compare_s"] + g["pads_s"] <= g["check_s"] + 2e-3, g
     bad = bb.measure("no_end_barrier", "one_shot", 400, 4, 4096)  # one row, a spawn of its own
     assert bad["wrong_results"] > 0, bad
     assert all(k in bad for k in bb.REQUIRED) and set(bad) == set(good[1])
@@ -269,7 +270,8 @@ class _FakeRanks:
         self._values = [[{"variant": variant, "algorithm": form, "delay": d, "trials": trials, "n": n,
                           "dtype": dtype_name, "rank": r, "wrong": int(d > 0 and r == 1),
                           "wrong_trials": [0] if d > 0 and r == 1 else [], "seconds": 0.5 + r,
-                          "pads_zero": True, "setup_s": 2.0 + r, "check_s": 0.1} for d in delays] for r in range(2)]
+                          "pads_zero": True, "setup_s": 2.0 + r, "check_s": 0.1, "compare_s": 0.06,
+                          "pads_s": 0.04} for d in delays] for r in range(2)]
 
     def summary(self):
         return "rank 0 ok (1.0 s); rank 1 illegal_memory_access (1.0 s)" if not self.ok else "ok"
@@ -310,8 +312,9 @@ def test_the_benchmark_spawns_once_per_form_and_variant(monkeypatch):
         assert r["wrong_results"] == (r["delay"] > 0) and r["wrong_per_rank"] == [0, int(r["delay"] > 0)]
         assert r["seconds"] == 1.5 and r["pads_zero"] is True and r["n"] == p["n"] and r["dtype"] == p["dtype"]
         assert r["setup_s"] == 3.0 and r["check_s"] == 0.1   # the slowest rank's phases
+        assert r["compare_s"] == 0.06 and r["pads_s"] == 0.04
         assert set(r) == set(bb.REQUIRED) | {"stress", "slow_rank", "wrong_per_rank", "n", "dtype", "pads_zero",
-                                             "seconds", "setup_s", "check_s", "wall_s"}
+                                             "seconds", "setup_s", "check_s", "compare_s", "pads_s", "wall_s"}
     # measure: one row, one spawn of one delay, the same record
     calls.clear()
     one = bb.measure("no_end_barrier", "two_shot", 400, 4, 4096)

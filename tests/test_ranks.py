@@ -68,6 +68,20 @@ def test_scratch_dir_is_shared_by_the_ranks_and_removed_afterwards(four_ranks):
     assert not os.path.exists(os.path.dirname(res.values[0]["scratch_dir"]))
 
 
+def test_ranks_share_the_cores_unless_told_otherwise(monkeypatch):
+    """Two ranks each taking every core made the ranks' host checks 85x slower (see
+    ``rank_threads``): each rank gets its share; OMP_NUM_THREADS, where given, wins."""
+    from labkit.kernels.comm import ranks
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    share = ranks.rank_threads(2)
+    assert share == max(1, (os.cpu_count() or 1) // 2)
+    assert run_ranks(rank_fns.torch_threads, 2, timeout=120).unwrap() == [share, share]
+    # an explicit count wins (torch caps it at the cores, so pick one it can honour, other than share)
+    given = 1 if share > 1 else min(2, os.cpu_count() or 1)
+    assert run_ranks(rank_fns.torch_threads, 2, timeout=120, env={"OMP_NUM_THREADS": str(given)}).unwrap() == [given] * 2
+
+
 def test_a_rank_that_raises_is_reported_and_the_others_are_aborted_at_once():
     t0 = time.monotonic()
     res = run_ranks(rank_fns.raise_on_rank, 2, 1, 60.0, timeout=60)

@@ -31,7 +31,8 @@ spawns in either profile (64 rows in ``gpu``, 32 in ``cpu``), where one spawn a 
 (form, variant) only, each recorded as skipped with ``run_ranks``'s reason; the other spawns' rows
 are kept. In a record, ``seconds`` is that delay's own trials (the slowest rank's; the first
 trial includes compiling that delay's kernels), ``setup_s`` its buffer, inputs and first barrier,
-``check_s`` its fp64 check and pad check, and ``wall_s``
+``check_s`` its fp64 check and pad check (split as ``compare_s``, the comparisons, and ``pads_s``,
+the pads between two host barriers, which waits for the slower rank's trials), and ``wall_s``
 the wall time of its whole spawn divided evenly over the spawn's delays (process start included,
 so not the delay's own cost; ``measure``, one delay, gives its spawn's whole wall time).
 
@@ -146,11 +147,12 @@ def delayed_trials(ctx, variant: str, form: str = "one_shot", trials: int = 8, n
         torch.cuda.synchronize(ctx.device)
     seconds = time.perf_counter() - start
     wrong = [t for t in range(trials) if not lab02.close_to_sum(outs[t], everyone[t], dtype, w)]
+    compare_s = time.perf_counter() - start - seconds   # the fp64 comparisons of every trial
     pads_zero = lab02.quiet_pads_zero(ctx, buf)
-    check_s = time.perf_counter() - start - seconds   # the fp64 check and the pads between two barriers
+    check_s = time.perf_counter() - start - seconds   # that, and the pads between two barriers
     return {"variant": variant, "algorithm": form, "delay": delay, "trials": trials, "n": n, "dtype": dtype_name,
             "rank": ctx.rank, "wrong": len(wrong), "wrong_trials": wrong, "seconds": seconds, "pads_zero": pads_zero,
-            "setup_s": setup_s, "check_s": check_s}
+            "setup_s": setup_s, "check_s": check_s, "compare_s": compare_s, "pads_s": check_s - compare_s}
 
 
 def delayed_sweep(ctx, variant: str, form: str, delays, trials: int = 8, n: int = 4096,
@@ -215,6 +217,8 @@ def measure_delays(variant: str, form: str, delays, trials: int, n: int, dtype_n
                        seconds=round(max(p["seconds"] for p in parts), 4),
                        setup_s=round(max(p["setup_s"] for p in parts), 3),
                        check_s=round(max(p["check_s"] for p in parts), 3),
+                       compare_s=round(max(p.get("compare_s", 0.0) for p in parts), 3),
+                       pads_s=round(max(p.get("pads_s", 0.0) for p in parts), 3),
                        wall_s=round(wall / len(delays), 2)))
     return out
 
