@@ -213,14 +213,30 @@ def _run_one_gpu_batch(rows_: list[dict], instances: int, device) -> list[dict]:
     return [run_row(r, instances, device=device) for r in rows_]
 
 
+def _share_cores(threads: int) -> None:
+    """A worker's initializer: its torch uses ``threads`` CPU threads."""
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def _on_workers(grid, todo_batches, instances, devices, budget_s, start, out, bar) -> None:
     """Run one-GPU batches on one worker process per device (spawned: CUDA cannot be forked), a
     batch per worker at a time; after ``budget_s`` no batch starts and the rest are pending. A
     worker that dies (a crash in a kernel) costs its batch, recorded as skipped with the reason."""
     import multiprocessing
 
+    from labkit.kernels.comm.ranks import rank_threads
+
     ctx = multiprocessing.get_context("spawn")
-    pools = [ProcessPoolExecutor(1, mp_context=ctx) for _ in devices]
+    # each worker's torch gets its share of the cores (the layout's permutations run on the host);
+    # left alone, every worker takes them all and their threads fight (see rank_threads)
+    share = (rank_threads(len(devices)),)
+
+    def pool():
+        return ProcessPoolExecutor(1, mp_context=ctx, initializer=_share_cores, initargs=share)
+
+    pools = [pool() for _ in devices]
     queue, running = list(todo_batches), {}
     try:
         while queue or running:
@@ -242,7 +258,7 @@ def _on_workers(grid, todo_batches, instances, devices, budget_s, start, out, ba
                     for i in batch:
                         out[i] = record(grid[i], skipped=f"worker on {devices[w]} failed: {type(e).__name__}: {e}")
                     pools[w].shutdown(wait=False, cancel_futures=True)
-                    pools[w] = ProcessPoolExecutor(1, mp_context=ctx)
+                    pools[w] = pool()
                 bar.update(len(batch))
     finally:
         for pool in pools:
