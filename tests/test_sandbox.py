@@ -46,18 +46,6 @@ def test_hang_becomes_timeout_and_group_is_killed():
     assert "hung" in res.summary()
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -78,7 +66,7 @@ def test_a_parent_stopped_by_sigterm_takes_its_child_along():
     kids = []
     while not kids and time.monotonic() < deadline and parent.poll() is None:
         time.sleep(0.2)
-        kids = _children(parent.pid)
+        kids = sandbox._descendants(parent.pid)
     assert kids, "the sandbox child never started"
     time.sleep(0.5)
     parent.send_signal(signal.SIGTERM)

@@ -12,11 +12,12 @@ a forked child of a process that touched CUDA cannot use CUDA at all.
 
 The child runs in its own process group (session), so on timeout the whole group is killed,
 including any ranks the experiment started, and so is every process below the child that made a
-session of its own (a Jupyter kernel under papermill: ``labkit run`` executes notebooks this way). Being in its own session, the child would outlive a
-parent stopped by SIGTERM (``timeout``, a batch scheduler, ``kill``): a notebook that ``labkit run``
-was executing went on running on the GPUs, unseen, beside the next job. So while it waits, the
-parent turns SIGTERM into ``SystemExit`` (from the main thread), which kills the child's group
-before the parent leaves. Outcomes, in the order they are decided:
+session of its own (a Jupyter kernel under papermill: ``labkit run`` executes notebooks this
+way). Being in its own session, the child would outlive a parent stopped by SIGTERM (``timeout``,
+a batch scheduler, ``kill``): a notebook that ``labkit run`` was executing went on running on the
+GPUs, unseen, beside the next job. So while it waits, the parent turns SIGTERM into
+``SystemExit`` (from the main thread), which kills the child's group before the parent leaves.
+Outcomes, in the order they are decided:
 
 =======================  ===========================================================
 status                   meaning

@@ -449,7 +449,7 @@ def _merge_ranks(t, parts, semantics, scope, instances, stress, seed, stride, la
                      parts[0]["device"] + " + " + parts[1]["device"], counts, unwritten,
                      parts[0]["timeouts"], max(p["seconds"] for p in parts), launches=parts[0]["launches"],
                      note=EMULATED_NOTE if emulated else "", records=records if keep_records else None,
-                     warmup_s=max(p.get("warmup_s", 0.0) for p in parts))
+                     warmup_s=max(p["warmup_s"] for p in parts))
 
 
 def rank_litmus_many(ctx, specs: list) -> list:

@@ -73,32 +73,21 @@ def plot_histogram(r: dict, ax=None, title: str | None = None):
     return ax
 
 
-def verdict_rows(records) -> list[dict]:
-    """One row per test x semantics x scope x placement x stress: model and PTX verdicts and
-    what was observed ("k of N", "not observed in N", or why not run)."""
-    out = []
-    for r in records:
-        if r.get("skipped"):
-            seen = "not run"
-        elif r["weak_outcomes"]:
-            seen = f"{r['weak_outcomes']:,} of {r.get('classified', r['runs']):,}"
-        else:
-            seen = f"0 of {r.get('classified', r['runs']):,}"
-        out.append({"test": r["test"], "semantics": r["semantics"], "scope": r.get("scope") or "-",
-                    "placement": r["placement"], "stress": r.get("stress_name", "?"), "model": r["verdict"],
-                    "ptx": r["ptx_verdict"], "observed": seen,
-                    "conflict": bool(r.get("not_possible")), "skipped": r.get("skipped")})
-    return out
+def variant_columns() -> list[tuple[str, str | None]]:
+    """The grids' columns: every (semantics, scope) of ``model.variants()``, in its order."""
+    return list(dict.fromkeys((sem, sc) for sem, sc, _ in model.variants()))
 
 
 def observed_grid(records, stress: str = "memory"):
     """(rows, cols, cells) of the observed weak rates, laid out as ``model_grid``: rows (test,
     placement) for the placements the records hold, columns (semantics, scope); each cell the
     record of that row under ``stress`` (else under the first stress it ran with), or None."""
+    from labkit.labs.memory_model.sweep import STRESSES
+
     tests = [t for t in model.TESTS if any(r.get("test") == t for r in records)]
     placements = [p for p in model.PLACEMENTS if any(r.get("placement") == p for r in records)]
-    cols = [(sem, sc) for sem in model.SEMANTICS for sc in (model.SCOPES if sem in model.SCOPED else (None,))]
-    order = [stress] + [s for s in ("none", "memory", "memory+delay") if s != stress]
+    cols = variant_columns()
+    order = [stress] + [s for s in STRESSES if s != stress]
     found = {}
     for r in records:
         if r.get("skipped"):
@@ -107,7 +96,7 @@ def observed_grid(records, stress: str = "memory"):
         rank = order.index(r.get("stress_name")) if r.get("stress_name") in order else len(order)
         if key not in found or rank < found[key][0]:
             found[key] = (rank, r)
-    rows = [(t, p) for p in placements for t in tests]
+    rows = [(t, p) for t in tests for p in placements]
     cells = [[found.get((t, p, sem, sc), (None, None))[1] for sem, sc in cols] for t, p in rows]
     return rows, cols, cells
 
@@ -153,7 +142,8 @@ def plot_observed_grid(records, ax=None, title: str = "observed", stress: str = 
                     color="white" if dark else "black")
     ax.set_xlim(0, len(cols))
     ax.set_ylim(max(1, len(rows)), 0)
-    ax.set_xticks([j + 0.5 for j in range(len(cols))], [sem + (f"\n{sc}" if sc else "") for sem, sc in cols], fontsize=7)
+    ax.set_xticks([j + 0.5 for j in range(len(cols))], [sem + (f"\n{sc}" if sc else "") for sem, sc in cols],
+                  fontsize=7)
     ax.set_yticks([i + 0.5 for i in range(len(rows))], [f"{t}, {p}" for t, p in rows], fontsize=7)
     ax.tick_params(length=0)
     bar = plt.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, fraction=0.025, pad=0.01)
@@ -188,7 +178,7 @@ def cost_by_variant(records, stress: str | None = "memory") -> list[tuple[str, f
     by: dict[str, list[float]] = {}
     for r in cost_rows(records, stress):
         by.setdefault(f"{r['semantics']}.{r['scope'] or '-'}", []).append(r["seconds"] / r["runs"] * 1e9)
-    order = [f"{sem}.{sc or '-'}" for sem in model.SEMANTICS for sc in (model.SCOPES if sem in model.SCOPED else (None,))]
+    order = [f"{sem}.{sc or '-'}" for sem, sc in variant_columns()]
     return [(k, statistics.median(by[k]), min(by[k]), max(by[k]), len(by[k])) for k in order if k in by]
 
 
@@ -210,7 +200,8 @@ def plot_cost(records, ax=None, title: str = "cost", stress: str | None = "memor
     ax.set_yticks(list(ys), [r[0] for r in rows], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlim(0, max(r[3] for r in rows) * 1.15)
-    ax.set_xlabel("ns per instance (launch seconds / instances): median over tests, range as whisker", fontsize=8)
+    ax.set_xlabel("ns per instance (launch seconds / instances): median over tests and placements, "
+                  "range as whisker", fontsize=8)
     shown = stress or ", ".join(sorted({str(r.get("stress_name")) for r in cost_rows(records, None)}))
     ax.set_title(f"{title}: stress {shown}, {sum(r[4] for r in rows)} rows", fontsize=9)
     return ax
@@ -316,7 +307,7 @@ def model_grid(placements=("cross_cta", "two_gpus")) -> tuple[list[tuple], list[
     """(rows (test, placement), columns (semantics, scope), cells): each cell "allowed",
     "forbidden" or "ptx_allows" (the simplified model forbids the weak outcome, PTX allows it)."""
     table = {(r["test"], r["semantics"], r["scope"], r["placement"]): r for r in model.table()}
-    cols = [(sem, sc) for sem in model.SEMANTICS for sc in ((None,) if sem not in model.SCOPED else model.SCOPES)]
+    cols = variant_columns()
     rows = [(t, p) for t in model.TESTS for p in placements]
     cells = []
     for t, p in rows:

@@ -186,13 +186,20 @@ def batches(grid: list[dict], todo: list[int], first=()) -> list[list[int]]:
     return sorted(out, key=lambda b: not any(grid[i]["test"] in first for i in b))
 
 
-def first_tests(text: str | None) -> tuple[str, ...]:
-    """``LABKIT_LITMUS_FIRST``'s value ("IRIW,2+2W") as checked test names (empty: none)."""
-    names = tuple(t.strip() for t in (text or "").split(",") if t.strip())
+def first_tests(value, name: str = "LABKIT_LITMUS_FIRST") -> tuple[str, ...]:
+    """Checked test names from ``LABKIT_LITMUS_FIRST``'s text ("IRIW,2+2W") or a sequence of
+    names (``sweep``'s ``first``); empty: none. ``name`` is what an error calls the argument."""
+    parts = (value or "").split(",") if isinstance(value, str) or value is None else value
+    names = tuple(str(t).strip() for t in parts if str(t).strip())
     for t in names:
         if t not in TESTS:
-            raise UsageError(f"LABKIT_LITMUS_FIRST: {t!r} is not a litmus test; expected names of {list(TESTS)}")
+            raise UsageError(f"{name}: {t!r} is not a litmus test; expected names of {list(TESTS)}")
     return names
+
+
+def _needs_compiled(row: dict) -> bool:
+    """A row the interpreter cannot run here: its semantics are inline PTX."""
+    return model.SEMANTICS.index(row["semantics"]) >= 2 and tier.interpreted()
 
 
 def gpu_devices() -> list[str]:
@@ -294,7 +301,7 @@ def sweep(placements, profile: str = "cpu", *, instances: int | None = None, sem
     devices: with two or more, the one-GPU rows (cross_cta, same_cta) run in one worker process
              per device, at once (``gpu_devices()`` gives every GPU); None or one: in this process
     first:   test names whose rows run before the others' (``LABKIT_LITMUS_FIRST``)"""
-    first = first_tests(",".join(first))
+    first = first_tests(first, "first")
     if devices is not None and (isinstance(devices, str) or not all(isinstance(d, str) for d in devices)):
         raise UsageError(f"devices: expected a list of device strings such as ['cuda:0', 'cuda:1'], got {devices!r}")
     gpu = profile == "gpu"
@@ -320,15 +327,14 @@ def sweep(placements, profile: str = "cpu", *, instances: int | None = None, sem
     bar = tqdm(total=len(todo), desc="litmus rows", disable=not progress)
     order = batches(grid, todo, first)
     if devices is not None and len(devices) > 1:
-        on_one = [b for b in order if grid[b[0]]["placement"] != "two_gpus"
-                  and not (model.SEMANTICS.index(grid[b[0]]["semantics"]) >= 2 and tier.interpreted())]
+        on_one = [b for b in order if grid[b[0]]["placement"] != "two_gpus" and not _needs_compiled(grid[b[0]])]
         _on_workers(grid, on_one, instances, list(devices), budget_s if gpu else float("inf"), start, out, bar)
         order = [b for b in order if out[b[0]] is None]
     for batch in order:
         if gpu and time.perf_counter() - start > budget_s:
             for i in batch:
                 out[i] = record(grid[i], skipped=PENDING)
-        elif model.SEMANTICS.index(grid[batch[0]]["semantics"]) >= 2 and tier.interpreted():
+        elif _needs_compiled(grid[batch[0]]):
             for i in batch:  # a batch shares its semantics
                 out[i] = record(grid[i], skipped="needs a compiled GPU (inline PTX)")
         elif grid[batch[0]]["placement"] == "two_gpus":
@@ -377,11 +383,8 @@ HEADLINE_ROWS = (("MP", "plain", None, "cross_cta"), ("MP", "plain", None, "two_
 
 def find(records, test: str, semantics: str, scope, placement: str, stress_name: str = "memory") -> dict | None:
     """The record of one row that ran (None where it is absent, skipped or pending)."""
-    for r in records:
-        if (r.get("test"), r.get("semantics"), r.get("scope"), r.get("placement"), r.get("stress_name")) == \
-                (test, semantics, scope, placement, stress_name) and not r.get("skipped"):
-            return r
-    return None
+    key = (test, semantics, scope, placement, stress_name)
+    return next((r for r in records if key_of(r) == key and not r.get("skipped")), None)
 
 
 def summary(records) -> str:
