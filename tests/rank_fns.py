@@ -99,3 +99,17 @@ def start_detached_sleeper(pid_file: str) -> None:
 def torch_threads(ctx) -> int:
     """For tests/test_ranks.py: the intra-op threads this rank's torch uses."""
     return torch.get_num_threads()
+
+
+def tier_and_sum(ctx, n: int) -> tuple[str, float]:
+    """The rank's labkit tier and a labkit all-reduce of ones over symmetric memory: a gloo rank
+    (CPU tensors) runs the kernel under the interpreter, whatever the launcher's tier."""
+    import labkit
+    from labkit.kernels.comm import collectives as C
+    from labkit.kernels.comm import symm
+
+    buf = symm.empty(n, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    buf.tensor.fill_(ctx.rank + 1)
+    out = C.all_reduce(buf)
+    return labkit.TIER, float(out.double().sum())
+

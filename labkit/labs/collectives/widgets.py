@@ -25,7 +25,9 @@ def collective_report(algorithm: str, n: int, world_size: int, reference: list[d
             rows = [r for per in res.values for r in per]
             lines.append(f"{algorithm} on {world_size} ranks, {n:,} bf16 elements: "
                          f"correct on {sum(r['correct'] for r in rows)} of {len(rows)} ranks, "
-                         f"pads back at zero on {sum(r['pads_zero'] for r in rows)} of {len(rows)}")
+                         f"pads back at zero on {sum(r['pads_zero'] for r in rows)} of {len(rows)}"
+                         + ("; emulated ranks (CPU processes, kernels under the Triton interpreter)"
+                            if res.backend == "gloo" else ""))
         else:
             lines.append(f"run failed:\n{res.summary()}")
     else:
