@@ -101,15 +101,13 @@ def torch_threads(ctx) -> int:
     return torch.get_num_threads()
 
 
-def tier_and_sum(ctx, n: int) -> tuple[str, float]:
-    """The rank's labkit tier and a labkit all-reduce of ones over symmetric memory: a gloo rank
-    (CPU tensors) runs the kernel under the interpreter, whatever the launcher's tier."""
-    import labkit
-    from labkit.kernels.comm import collectives as C
+
+def cpu_symm_buffer(ctx) -> str:
+    """For tests/test_ranks.py: ask for a CPU symmetric buffer; the error it raises, if any."""
     from labkit.kernels.comm import symm
 
-    buf = symm.empty(n, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
-    buf.tensor.fill_(ctx.rank + 1)
-    out = C.all_reduce(buf)
-    return labkit.TIER, float(out.double().sum())
-
+    try:
+        symm.empty(64, torch.float32, device="cpu", scratch_dir=ctx.scratch_dir)
+    except ValueError as e:
+        return str(e)
+    return "no error"

@@ -13,6 +13,7 @@ from labkit.kernels.comm import collectives as C
 from labkit.labs.collectives import experiments
 from labkit.kernels.comm.ranks import RankFailure, run_ranks
 from labkit.kernels.comm.tree import tree_links
+from worlds import skip_without_a_world
 
 
 def _world_sizes():
@@ -104,6 +105,7 @@ def test_tree_links_are_consistent():
 
 
 def test_a_lonely_barrier_times_out_instead_of_hanging():
+    skip_without_a_world()
     res = run_ranks(experiments.lonely_barrier, 2, timeout=20)
     assert res.results[0].status == "timeout"
     with pytest.raises(RankFailure, match="rank 0"):
@@ -111,6 +113,7 @@ def test_a_lonely_barrier_times_out_instead_of_hanging():
 
 
 def test_misuse_is_refused_with_clear_errors():
+    skip_without_a_world()
     per_rank = run_ranks(experiments.misuse_errors, 2, timeout=120).unwrap()
     for found in per_rank:
         assert found["plain tensor"].startswith("TypeError: buf: a plain tensor is not in symmetric memory")
@@ -132,6 +135,7 @@ def test_world_size_one_is_refused():
 
 
 def test_the_unguarded_leaf_crashes_and_is_reported():
+    skip_without_a_world()
     res = run_ranks(experiments.unguarded_leaf, 2, timeout=60)
     assert not res.ok
     crashed = [r for r in res.results if r.status in ("signal", "illegal_memory_access", "cuda_error", "exception")]
@@ -141,6 +145,7 @@ def test_the_unguarded_leaf_crashes_and_is_reported():
 @pytest.mark.parametrize("form", ["one_shot", "two_shot_in_place", "two_shot_ce_in_place"])
 def test_the_correct_kernel_is_never_wrong_under_load(form):
     """Back-to-back calls on new inputs, one rank made late in turn: no wrong result, pads clean."""
+    skip_without_a_world()
     good = run_ranks(experiments.broken_trials, 2, "correct", form, 6, 4096, "float32",
                      5000.0 if tier.interpreted() else 200.0, timeout=300).unwrap()
     assert sum(r["wrong"] for r in good) == 0 and all(r["pads_zero"] for r in good), good
@@ -164,6 +169,7 @@ def test_no_end_barrier_goes_wrong_in_the_emulated_world(form):
 def test_live_broken_runs_every_variant_in_one_world_and_isolates_a_failure(capsys):
     """The notebook's driver: one row per variant x form from a single world; when that world
     fails, each run again in its own world, the failing one named."""
+    skip_without_a_world()
     late = 5000.0 if tier.interpreted() else 200.0
     rows = experiments.live_broken(("correct", "no_end_barrier"), ("one_shot",), 4, 4096, late)
     assert [(r["variant"], r["impl"]) for r in rows] == [("correct", "labkit_one_shot"), ("no_end_barrier", "labkit_one_shot")]
@@ -280,6 +286,7 @@ def test_chosen_vs_best_reads_the_in_place_series():
 
 
 def test_the_explorer_runs_an_in_place_form():
+    skip_without_a_world()
     from labkit.labs.collectives import widgets
 
     text = widgets.collective_report("two_shot_ce_in_place", 300, 2, [], live_world=True)

@@ -12,6 +12,7 @@ from labkit.kernels.comm.ranks import run_ranks
 from labkit.workbench import tier
 
 import plan_fns
+from worlds import skip_without_a_world
 
 DEV = tier.kernel_device()
 
@@ -73,9 +74,7 @@ def test_compile_fullgraph_over_copy(backend):
 
 
 def test_collectives_as_ops_in_an_emulated_world():
-    if not tier.interpreted() and torch.cuda.device_count() < 2:
-        pytest.skip(f"a world of 2 ranks needs 2 CUDA GPUs on the compiled tier (the CPU tier emulates "
-                    f"them); this machine has {torch.cuda.device_count()}")
+    skip_without_a_world()
     for found in run_ranks(plan_fns.ops_in_the_world, 2, timeout=300).unwrap():
         for k in ("lookup", "all_reduce", "all_reduce one_shot", "all_reduce from the buffer itself",
                   "reduce_scatter", "default name", "all_gather", "compiled"):

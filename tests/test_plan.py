@@ -20,14 +20,7 @@ from labkit.workbench import tier
 from labkit.workbench.errors import UsageError
 
 import plan_fns
-
-
-def skip_without_a_world(world_size: int = 2):
-    """W ranks need the CPU tier's emulated world or W GPUs: a compiled tier with fewer GPUs
-    cannot run labkit's kernels on the emulated ranks' CPU tensors."""
-    if not tier.interpreted() and torch.cuda.device_count() < world_size:
-        pytest.skip(f"a world of {world_size} ranks needs {world_size} CUDA GPUs on the compiled tier (the CPU "
-                    f"tier emulates them); this machine has {torch.cuda.device_count()}")
+from worlds import skip_without_a_world
 
 
 @pytest.fixture(scope="module")

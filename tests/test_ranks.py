@@ -82,12 +82,11 @@ def test_ranks_share_the_cores_unless_told_otherwise(monkeypatch):
     assert run_ranks(rank_fns.torch_threads, 2, timeout=120, env={"OMP_NUM_THREADS": str(given)}).unwrap() == [given] * 2
 
 
-def test_gloo_ranks_run_the_kernels_under_the_interpreter_on_any_tier():
-    """An emulated world (CPU tensors) on a GPU machine, e.g. 2 ranks where 1 GPU is visible:
-    compiled kernels cannot take CPU tensors, so the ranks interpret them, as on the CPU tier."""
-    n = 1000
-    got = run_ranks(rank_fns.tier_and_sum, 2, n, backend="gloo", timeout=120).unwrap()
-    assert got == [("interpreter", 3.0 * n)] * 2  # ranks hold 1s and 2s: every element sums to 3
+def test_cpu_symmetric_buffers_are_refused_outside_the_interpreter():
+    """An emulated world (gloo ranks, CPU tensors) with compiled kernels, e.g. 2 ranks where one
+    GPU is visible: the buffer is refused naming ``device``, not launched into a Triton error."""
+    got = run_ranks(rank_fns.cpu_symm_buffer, 2, backend="gloo", timeout=120, env={"TRITON_INTERPRET": "0"}).unwrap()
+    assert all(m.startswith("device=cpu: CPU symmetric buffers belong to the emulated world") for m in got), got
 
 
 def test_a_rank_that_raises_is_reported_and_the_others_are_aborted_at_once():

@@ -191,9 +191,6 @@ def run_ranks(fn: Callable | str, world_size: int, *args, timeout: float = 120.0
     timeout:    seconds for the whole run, process start-up included (a torch rank takes a few
                 seconds to start); ranks still running then are killed and marked "timeout".
     backend:    "auto" (nccl on the GPU tier with a GPU per rank, else gloo), "nccl" or "gloo".
-                Gloo ranks hold CPU tensors, so they run labkit's kernels under the Triton
-                interpreter (TRITON_INTERPRET=1 unless ``env`` sets it) even on the GPU tier: a
-                machine with fewer GPUs than ranks runs the emulated world, as CI does.
     env:        extra environment variables for every rank, set before it imports labkit or
                 torch; the rank variables (RANK, MASTER_PORT, ...) and labkit's multicast-off
                 variables take precedence. Unless this or the caller's environment sets
@@ -220,7 +217,7 @@ def run_ranks(fn: Callable | str, world_size: int, *args, timeout: float = 120.0
             call = {"rank": rank, "world_size": world_size, "backend": backend,
                     "device_type": device_type, "scratch_dir": scratch_dir, "run_dir": run_dir,
                     "module": module, "qualname": qualname, "args": call_args, "timeout": timeout}
-            bootstrap = {"ENV": _rank_env(rank, world_size, port, env, device_type), "CALL": call}
+            bootstrap = {"ENV": _rank_env(rank, world_size, port, env), "CALL": call}
             proc = spawn.Process(target=exec, args=(_BOOTSTRAP, bootstrap), name=f"labkit-rank{rank}")
             proc.start()
             procs.append(proc)
@@ -292,13 +289,8 @@ def rank_threads(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
-def _rank_env(rank: int, world_size: int, port: int, env: dict | None, device_type: str = "cuda") -> dict[str, str]:
+def _rank_env(rank: int, world_size: int, port: int, env: dict | None) -> dict[str, str]:
     out = {k: str(v) for k, v in (env or {}).items()}
-    if device_type == "cpu":
-        # A compiled kernel cannot take a CPU tensor ("Pointer argument cannot be accessed from
-        # Triton"): a rank of CPU tensors runs the kernels under the interpreter, whatever the
-        # launcher's tier. Read when the rank imports labkit (workbench.tier).
-        out.setdefault("TRITON_INTERPRET", "1")
     if "OMP_NUM_THREADS" not in out and "OMP_NUM_THREADS" not in os.environ:
         out["OMP_NUM_THREADS"] = str(rank_threads(world_size))  # read by torch when the rank imports it
     out.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),

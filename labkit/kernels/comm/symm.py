@@ -27,6 +27,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from labkit.workbench import tier
 from labkit.workbench.errors import UsageError
 
 #: signal-pad channels: 0 block barriers, 1 tree "partial sum ready" (up), 2 tree "result ready" (down)
@@ -133,6 +134,12 @@ def empty(shape, dtype: torch.dtype = torch.float32, *, device=None, max_blocks:
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
+    if device.type == "cpu" and not tier.interpreted():
+        # A compiled kernel given a CPU pointer fails at launch ("Pointer argument cannot be
+        # accessed from Triton"): refuse here, naming the argument, before any rank allocates.
+        raise ValueError(f"device={device}: CPU symmetric buffers belong to the emulated world, whose kernels "
+                         f"run under the Triton interpreter (TRITON_INTERPRET=1); on the GPU tier each rank needs "
+                         f"a CUDA GPU of its own (a world of {world} ranks: {world} GPUs)")
     pad_shape = (CHANNELS, max_blocks, world)
     _sequence += 1
     if device.type == "cuda":
