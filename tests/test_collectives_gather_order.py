@@ -13,6 +13,7 @@ from labkit.kernels.comm.ranks import run_ranks
 from labkit.labs.collectives import bench, experiments, gather_order
 from labkit.workbench import tier
 from labkit.workbench.errors import UsageError
+from worlds import skip_without_a_world
 
 
 def _world_sizes():
@@ -61,6 +62,7 @@ def test_the_naive_order_is_a_constexpr_of_the_same_kernel():
 def test_compare_orders_records_both_orders_in_the_emulated_world():
     """The benchmark's comparison on 2 emulated ranks (CPU clock, tiny shards): both orders checked
     and timed in the same rounds, records with the benchmark's fields, the rotated order the baseline."""
+    skip_without_a_world()
     shard_bytes = 4 * (4096 + 3)
     recs = run_ranks(gather_order.compare_orders, 2, (shard_bytes,), "float32", 3, 1,
                      secrets.randbelow(2**20), 1, timeout=300).unwrap()[0]

@@ -15,6 +15,7 @@ from labkit.kernels.litmus import model, run_litmus  # noqa: E402
 from labkit.labs.memory_model import broken_barriers as bb, plots, sweep  # noqa: E402
 from labkit.workbench import results, tier  # noqa: E402
 from labkit.workbench.errors import UsageError  # noqa: E402
+from worlds import skip_without_a_world  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +119,7 @@ def test_first_tests_run_first_and_nothing_is_left_out():
 def test_two_gpu_rows_sharing_a_variant_start_the_ranks_once(monkeypatch):
     """Two tests x (plain, volatile) in the emulated world: 2 starts of the ranks, not 4; the
     records come back in the grid's order, each with its own test's counts."""
+    skip_without_a_world()
     starts = []
     real = sweep.run_two_gpus
 

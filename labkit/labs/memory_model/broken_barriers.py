@@ -79,10 +79,11 @@ BUDGET_ENV = "LABKIT_BARRIERS_BUDGET_S"
 RESUME_ENV = "LABKIT_BARRIERS_RESUME"
 PROFILES = {
     # 4 forms x 4 variants x 4 delays = 64 rows in 16 spawns of two ranks (one per form and
-    # variant, every delay in it). Measured on 2x H200 at a1ce386: 6 spawns in 279 s, 44-47 s
-    # each (11.1-11.8 s a row), of which the rows' trials, their compiles included, took
-    # 0.13-0.72 s: so about 12 minutes for all 64, two budgeted calls. Where the rest goes is
-    # not measured there yet (setup_s and check_s now say). The copy-engine forms are left out to fit
+    # variant, every delay in it). Measured on 2x H200 at a1ce386: 44-47 s a spawn, the rows'
+    # trials 0.13-0.72 s of it, most of the rest the host checks with both ranks' threads on every
+    # core; with the cores shared out (run_ranks), 2x H100 at 7a0a232: about 12 s a spawn, so
+    # the 64 rows should fit one call. The copy-engine form was left out to fit two calls at
+    # the old pace; at the new one it would fit, not yet measured.
     "gpu": {"delays": (0, 100, 1000, 10000), "trials": 60, "n": 1 << 16, "dtype": "bfloat16",
             "forms": ("one_shot", "two_shot", "two_shot_in_place", "tree"), "variants": VARIANTS},
     "cpu": {"delays": (0, 400), "trials": 4, "n": 4096, "dtype": "float32",
