@@ -103,6 +103,13 @@ def listed(nodeid: str, wanted: set[str]) -> bool:
 
 
 def pytest_configure(config):
+    from labkit.workbench import interpreter
+
+    # A broken interpreter (e.g. triton 3.6 with NumPy 2.4) would fail most tests with one
+    # traceback each: stop here with the one line that says why and what to install.
+    broken = interpreter.problem()
+    if broken:
+        raise pytest.UsageError(f"labkit's CPU tier cannot run here: {broken}")
     path = config.getoption("--labkit-skips-to")
     if path:
         config.pluginmanager.register(SkipRecorder(path), "labkit-skips-to")

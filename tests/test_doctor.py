@@ -67,3 +67,36 @@ def test_l2_size_comes_from_the_device_properties():
     assert "132 SMs, 52.4 MB L2" in doctor.format_text(rep)
     del rep["gpus"][0]["l2_mb"]
     assert "MB L2" not in doctor.format_text(rep)
+
+
+def test_the_interpreter_check_passes_here_and_the_report_says_so():
+    """CI's interpreter runs labkit's grid-stride loop (were it broken, conftest would have
+    stopped the run with the reason); the report carries the answer, the text says it."""
+    from labkit.workbench import interpreter, tier
+
+    assert interpreter.problem() is None
+    rep = doctor.collect()
+    assert rep["interpreter_problem"] is None
+    assert ("interpreter: runs labkit's grid-stride kernels" in doctor.format_text(rep)) == tier.interpreted()
+
+
+def test_a_broken_interpreter_is_named_with_its_fix(monkeypatch):
+    """What triton 3.6 with NumPy 2.4 raised on the CPU: the check names the versions, the
+    upstream issue and what to install."""
+    from labkit.workbench import interpreter, tier
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+            return launch
+
+    monkeypatch.setattr(interpreter, "_grid_stride_probe", Broken())
+    monkeypatch.setattr(tier, "interpreted", lambda: True)
+    interpreter.problem.cache_clear()
+    try:
+        found = interpreter.problem()
+    finally:
+        interpreter.problem.cache_clear()
+    assert found is not None and "only 0-dimensional arrays" in found
+    assert "triton-lang/triton#9171" in found and "pip install 'numpy<2.4'" in found

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from labkit.workbench import catalogue, env, hardware
+from labkit.workbench import catalogue, env, hardware, interpreter
 
 
 def symmetric_memory_status() -> str:
@@ -30,6 +30,7 @@ def collect() -> dict:
         "hostname": st["hostname"],
         "tier": st["tier"],
         "interpreter": st["interpreter"],
+        "interpreter_problem": interpreter.problem(),
         "versions": st["versions"],
         "gpu_count": hw.gpu_count,
         "gpus": st["gpus"],
@@ -59,6 +60,8 @@ def format_text(rep: dict) -> str:
              "versions: " + ", ".join(f"{k} {v[k]}" for k in ("python", "torch", "triton", "cuda", "nccl",
                                                               "accelerate", "papermill", "ipywidgets")),
              f"GPUs: {rep['gpu_count']}"]
+    if rep.get("interpreter"):  # reports made before the check lack interpreter_problem
+        lines.append("interpreter: " + (rep.get("interpreter_problem") or "runs labkit's grid-stride kernels"))
     for i, g in enumerate(rep["gpus"]):
         cap = ".".join(map(str, g["capability"]))
         l2 = f", {g['l2_mb']:g} MB L2" if g.get("l2_mb") else ""  # reports made before l2_mb lack it
