@@ -30,11 +30,12 @@
 #                    LABKIT_BARRIERS_RESUME=DIR/reference/<machine>/broken_barriers.json to finish them)
 # --only NOTEBOOK: the part 'notebooks' runs only these notebooks (repeatable; labkit run --only).
 # -k EXPR:  the part 'tests' runs only the tests pytest -k EXPR selects.
-# --shard K/N: the part 'tests' runs only the K-th of N shards (tests dealt round-robin; the
+# --shard K/N: the part 'tests' runs only the K-th of N shards (a test's shard is its node id's
+#           CRC-32 mod N, so adding a test moves no other; the
 #           whole suite takes longer than one 10-minute call on 2 GPUs). The step is named
 #           tests-K-of-N in gpu_tier.json, so the shards of several calls add up there.
 # --split-gpus G: the part 'tests' runs as G pytest processes at once, process i seeing GPU i alone
-#           (CUDA_VISIBLE_DEVICES=i; the tests, or the shard's, dealt round-robin), then one pytest
+#           (CUDA_VISIBLE_DEVICES=i; the tests, or the shard's, dealt by node id), then one pytest
 #           seeing every GPU runs the tests they skipped (the multi-GPU ones among them). Steps
 #           tests[-K-of-N]-gpuI and tests[-K-of-N]-all-gpus; logs pytest[-K-of-N]-gpuI.log,
 #           pytest[-K-of-N]-all-gpus.log, and .skipped (the node ids handed on).
@@ -141,8 +142,8 @@ tests_split() {  # --split-gpus G: one pytest per GPU at once, then the tests th
   local skipped="$out/$tests_log.skipped"
   [ "$dry" = 1 ] || rm -f "$skipped" "$skipped".gpu*
   for ((i = 0; i < split; i++)); do
-    # the shard's round-robin deal, dealt again over the GPUs: shard K of N, GPU i of G is
-    # shard K + N i of N G
+    # the shard dealt again over the GPUs: shard K of N, GPU i of G is shard K + N i of N G
+    # (a test's shard is its node id's CRC-32 mod N G: the G of them together are shard K of N)
     sub="$((shard_k + shard_n * i))/$((shard_n * split))"
     local cmd=("$py" -m pytest "${pytest_args[@]}" --labkit-shard "$sub" --labkit-skips-to="$skipped.gpu$i"
                --junitxml="$out/$tests_log-gpu$i.xml")

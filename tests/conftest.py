@@ -5,14 +5,18 @@ Tests marked ``gpu`` or ``multigpu`` are skipped, with the gate's one-line reaso
 hardware is missing; pytest prints every skip reason at the end of the run (``-ra``).
 
 ``--labkit-shard K/N`` runs the K-th of N shards (1-based) of the tests selected after ``-m`` and
-``-k``: items are dealt round-robin in collection order, so a slow parametrised group is spread over
-every shard. ``scripts/gpu_tier.sh --shard K/N`` uses it: the whole GPU-tier suite does not fit one
+``-k``: a test's shard is the CRC-32 of its node id mod N, so it depends on that test alone (adding
+or removing another test moves no one; a round-robin deal shifted every later test, and shards run
+at two commits missed some tests and ran others twice), and a parametrised group is spread over the
+shards. ``scripts/gpu_tier.sh --shard K/N`` uses it: the whole GPU-tier suite does not fit one
 10-minute call of a GPU machine.
 
 ``--labkit-skips-to FILE`` appends the node id of every skipped test to FILE, and
 ``--labkit-nodeids FILE`` runs only the tests whose node ids FILE lists. ``gpu_tier.sh
 --split-gpus G`` uses them: one pytest per GPU at once, each seeing one GPU, then the tests they
 skipped (those needing more GPUs among them) in one pytest seeing every GPU."""
+import zlib
+
 import labkit  # noqa: F401  (must precede kernel imports)
 import pytest
 
@@ -21,7 +25,7 @@ from labkit.workbench import gates
 
 def pytest_addoption(parser):
     parser.addoption("--labkit-shard", default=None, metavar="K/N",
-                     help="run only the K-th of N round-robin shards of the selected tests (1 <= K <= N)")
+                     help="run only the K-th of N shards (by node id) of the selected tests (1 <= K <= N)")
     parser.addoption("--labkit-skips-to", default=None, metavar="FILE",
                      help="append the node id of every skipped test to FILE, one a line")
     parser.addoption("--labkit-nodeids", default=None, metavar="FILE",
@@ -48,10 +52,17 @@ def parse_shard(text: str) -> tuple[int, int]:
     return k, n
 
 
-def shard_of(items: list, k: int, n: int) -> tuple[list, list]:
-    """(kept, deselected): item i (0-based, collection order) belongs to shard i % n + 1."""
-    kept = [it for i, it in enumerate(items) if i % n == k - 1]
-    dropped = [it for i, it in enumerate(items) if i % n != k - 1]
+def shard_index(nodeid: str, n: int) -> int:
+    """The shard (1..n) of the test ``nodeid``: its CRC-32 mod n, the same in every process and on
+    every machine. Shard K of N is then shards K, K + N, ... of N G: ``gpu_tier.sh --split-gpus G``
+    deals a shard over its GPUs so."""
+    return zlib.crc32(nodeid.encode()) % n + 1
+
+
+def shard_of(items: list, k: int, n: int, nodeid=lambda item: item.nodeid) -> tuple[list, list]:
+    """(kept, deselected), each in collection order: the items of shard k of n."""
+    kept = [it for it in items if shard_index(nodeid(it), n) == k]
+    dropped = [it for it in items if shard_index(nodeid(it), n) != k]
     return kept, dropped
 
 

@@ -100,13 +100,12 @@ def test_the_split_deals_each_test_of_a_shard_to_exactly_one_gpu():
     shards are the shard."""
     from conftest import shard_of
 
-    items = list(range(23))
+    items = [f"tests/test_{i % 7}.py::test_{i}" for i in range(230)]
     for n, g in ((3, 2), (4, 2), (1, 2), (2, 4)):
         for k in range(1, n + 1):
-            shard = shard_of(items, k, n)[0]
-            per_gpu = [shard_of(items, k + n * i, n * g)[0] for i in range(g)]
-            assert sorted(sum(per_gpu, [])) == shard
-            assert per_gpu == [shard_of(shard, i + 1, g)[0] for i in range(g)]
+            shard = shard_of(items, k, n, str)[0]
+            per_gpu = [shard_of(items, k + n * i, n * g, str)[0] for i in range(g)]
+            assert sorted(sum(per_gpu, [])) == sorted(shard) and sum(map(len, per_gpu)) == len(shard)
 
 
 def test_skipped_tests_are_handed_on_by_node_id_or_for_every_parametrisation(tmp_path):
@@ -154,10 +153,15 @@ def test_the_recorder_writes_skips_and_marks_an_empty_parametrisation(tmp_path):
 def test_shards_deal_every_test_to_exactly_one_shard():
     from conftest import parse_shard, shard_of
 
-    items = list(range(10))
-    shards = [shard_of(items, k, 3) for k in (1, 2, 3)]
-    assert [kept for kept, _ in shards] == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
-    assert all(sorted(kept + dropped) == items for kept, dropped in shards)
+    items = [f"tests/test_a.py::test_{i}[p{i % 3}]" for i in range(600)]
+    shards = [shard_of(items, k, 3, str) for k in (1, 2, 3)]
+    assert sorted(sum((kept for kept, _ in shards), [])) == sorted(items)  # every test in one shard
+    assert all(sorted(kept + dropped) == sorted(items) for kept, dropped in shards)
+    assert all(150 <= len(kept) <= 250 for kept, _ in shards), [len(k) for k, _ in shards]  # about 200 each
+    # a test's shard is its own: adding tests anywhere moves none of the others
+    more = items[:300] + ["tests/test_a.py::test_new", "tests/test_0.py::test_first"] + items[300:]
+    for k in (1, 2, 3):
+        assert [t for t in shard_of(more, k, 3, str)[0] if t in items] == shards[k - 1][0]
     assert parse_shard("2/3") == (2, 3)
     for bad in ("0/3", "4/3", "x/3", "3"):
         with pytest.raises(pytest.UsageError, match="--labkit-shard"):
