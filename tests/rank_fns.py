@@ -101,7 +101,6 @@ def torch_threads(ctx) -> int:
     return torch.get_num_threads()
 
 
-
 def cpu_symm_buffer(ctx) -> str:
     """For tests/test_ranks.py: ask for a CPU symmetric buffer; the error it raises, if any."""
     from labkit.kernels.comm import symm

@@ -268,8 +268,8 @@ def _on_workers(grid, todo_batches, instances, devices, budget_s, start, out, ba
                     pools[w] = pool()
                 bar.update(len(batch))
     finally:
-        for pool in pools:
-            pool.shutdown(wait=True, cancel_futures=True)
+        for worker in pools:
+            worker.shutdown(wait=True, cancel_futures=True)
     for batch in queue:
         for i in batch:
             out[i] = record(grid[i], skipped=PENDING)
