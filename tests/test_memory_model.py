@@ -117,8 +117,9 @@ def test_first_tests_run_first_and_nothing_is_left_out():
 
 
 def test_two_gpu_rows_sharing_a_variant_start_the_ranks_once(monkeypatch):
-    """Two tests x (plain, volatile) in the emulated world: 2 starts of the ranks, not 4; the
-    records come back in the grid's order, each with its own test's counts."""
+    """Two tests x (plain, volatile) in a world of 2 ranks (emulated on the CPU tier, 2 GPUs on the
+    GPU tier): 2 starts of the ranks, not 4; the records come back in the grid's order, each with
+    its own test's counts."""
     skip_without_a_world()
     starts = []
     real = sweep.run_two_gpus
@@ -135,7 +136,12 @@ def test_two_gpu_rows_sharing_a_variant_start_the_ranks_once(monkeypatch):
     for r in recs:
         assert r["batch_rows"] == 2 and r["runs"] == sweep.TWO_RANK_CPU_INSTANCES and r["unwritten"] == 0
         assert sum(r["counts"].values()) == sweep.TWO_RANK_CPU_INSTANCES
-        assert set(r["counts"]) <= set(r["sc_outcomes"])  # the emulated world is the host's TSO
+        # what the simplified relaxed model allows: on two GPUs plain MP shows its weak outcome
+        # (1,0), as 2x H100 did at caf6385; an emulated world runs on the host's TSO, which keeps
+        # store-store and load-load order, so MP's weak outcome is forbidden there
+        assert set(r["counts"]) <= set(r["model_outcomes"])
+        if tier.interpreted() and r["test"] == "MP":
+            assert set(r["counts"]) <= set(r["sc_outcomes"])
     with pytest.raises(UsageError, match="batch: every row must be two_gpus"):
         sweep.run_rows_two_gpus([recs[0], recs[1]], 16)
 
