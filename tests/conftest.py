@@ -14,7 +14,11 @@ shards. ``scripts/gpu_tier.sh --shard K/N`` uses it: the whole GPU-tier suite do
 ``--labkit-skips-to FILE`` appends the node id of every skipped test to FILE, and
 ``--labkit-nodeids FILE`` runs only the tests whose node ids FILE lists. ``gpu_tier.sh
 --split-gpus G`` uses them: one pytest per GPU at once, each seeing one GPU, then the tests they
-skipped (those needing more GPUs among them) in one pytest seeing every GPU."""
+skipped (those needing more GPUs among them) in one pytest seeing every GPU. A listed id that the
+second pytest does not collect stops it with an error naming the id: it would otherwise run in
+neither process and show in neither count (``handed_on`` says how an empty parametrisation is
+listed)."""
+import re
 import zlib
 
 import labkit  # noqa: F401  (must precede kernel imports)
@@ -71,6 +75,12 @@ def pytest_collection_modifyitems(config, items):
     ids_file = config.getoption("--labkit-nodeids")
     if ids_file is not None:
         wanted = read_nodeids(ids_file)
+        lost = unmatched([it.nodeid for it in items], wanted)
+        if lost:
+            # a test skipped in the per-GPU runs that the run on every GPU does not collect would
+            # otherwise vanish from both runs' counts: refuse it, naming each
+            raise pytest.UsageError(f"--labkit-nodeids: {len(lost)} listed test(s) match no collected test "
+                                    f"(they would run nowhere): {', '.join(lost)}")
         dropped = [it for it in items if not listed(it.nodeid, wanted)]
         if dropped:
             config.hook.pytest_deselected(items=dropped)
@@ -98,19 +108,36 @@ class SkipRecorder:
 
     def pytest_runtest_logreport(self, report):
         if report.skipped:
-            nodeid = report.nodeid
-            if nodeid.endswith("[NOTSET]"):
-                # a parametrisation by the GPUs present came out empty here ("got empty parameter
-                # set"): with more GPUs the same test has other ids, so hand on every one of them
-                nodeid = nodeid.removesuffix("NOTSET]") + "*]"
             with open(self.path, "a") as f:
-                f.write(nodeid + "\n")
+                f.write(handed_on(report.nodeid) + "\n")
+
+
+def handed_on(nodeid: str) -> str:
+    """The id under which a skipped test is handed on. A parametrisation by the GPUs present that
+    came out empty here ("got empty parameter set") reads ``NOTSET`` in its place of the id,
+    alone (``test[NOTSET]``) or beside other parameters (``test[True-NOTSET]``); with more GPUs
+    that place holds other values, so it is handed on as ``*``: ``test[*]``, ``test[True-*]``."""
+    if "[" not in nodeid or not nodeid.endswith("]"):
+        return nodeid
+    base, params = nodeid[:-1].split("[", 1)
+    return base + "[" + "-".join("*" if p == "NOTSET" else p for p in params.split("-")) + "]"
+
+
+def _pattern(wanted_id: str) -> re.Pattern:
+    """A handed-on id as a pattern: each ``*`` of its parameters stands for one or more
+    characters (``test[*]`` every parametrisation, ``test[True-*]`` those starting ``True-``)."""
+    return re.compile(".+".join(re.escape(part) for part in wanted_id.split("*")))
 
 
 def listed(nodeid: str, wanted: set[str]) -> bool:
-    """Whether ``--labkit-nodeids`` lists ``nodeid``, itself or as ``test[*]`` (every
-    parametrisation of that test)."""
-    return nodeid in wanted or ("[" in nodeid and nodeid[:nodeid.index("[") + 1] + "*]" in wanted)
+    """Whether ``--labkit-nodeids`` lists ``nodeid``, itself or by a handed-on pattern."""
+    return nodeid in wanted or any("[" in w and "*" in w and w.split("[", 1)[0] == nodeid.split("[", 1)[0]
+                                   and _pattern(w).fullmatch(nodeid) for w in wanted)
+
+
+def unmatched(nodeids: list[str], wanted: set[str]) -> list[str]:
+    """The listed ids that no collected test answers: tests that would be handed on and never run."""
+    return sorted(w for w in wanted if not any(n == w or ("*" in w and listed(n, {w})) for n in nodeids))
 
 
 def pytest_configure(config):
