@@ -5,8 +5,8 @@ one-element numpy array, which NumPy 2.4 made an error ("only 0-dimensional arra
 converted to Python scalars"; triton-lang/triton#9171, fixed upstream by #9172, in triton 3.9
 here). Every labkit kernel with a grid-stride loop (``range(pid * BLOCK, n, nprog * BLOCK)``:
 the collectives' one-shot, two-shot, tree, scatter/gather and push kernels) then fails under the
-interpreter. Checked on triton 3.6.0 with
-NumPy 2.4.6 on the CPU: the probe below raises that TypeError; triton 3.9.0 runs it.
+interpreter. Checked on triton 3.6.0 with NumPy 2.4.6 on the CPU: the probe below raises that
+TypeError; triton 3.9.0 runs it.
 
 ``problem()`` runs one tiny kernel looping so, once per process, on the interpreter tier only.
 ``labkit doctor`` prints its answer, and the test suite stops at once with it, rather than
