@@ -188,6 +188,9 @@ def test_empty_and_zero_everything():
     (lambda x, w: gg.grouped_mm_wgrad(x, torch.zeros(7, 6), [3, 4], accumulate=True), "out: accumulating needs"),
     (lambda x, w: gg.grouped_mm_wgrad(x, torch.zeros(7, 6), [3, 4], out=torch.zeros(2, 8, 6),
                                       accumulate=torch.ones(3, dtype=torch.bool)), "accumulate: has 3 flags for 2"),
+    # an out of neither fp32 nor x's dtype (this path once raised NameError instead)
+    (lambda x, w: gg.grouped_mm_wgrad(x, torch.zeros(7, 6), [3, 4], out=torch.zeros(2, 8, 6, dtype=torch.float16)),
+     "out: dtype float16; expected one of float32$"),
 ])
 def test_bad_input_names_the_argument(call, match, monkeypatch):
     # every tensor the cases make is put on the kernel device (CPU tensors on the GPU tier would

@@ -82,7 +82,13 @@ def test_budget_records_pending_rows_and_resume_keeps_finished_ones(tmp_path, cp
     resume = sweep.load_resume(path)
     assert list(resume) == [sweep.key_of(done)]
     again = sweep.sweep(("cross_cta",), "gpu", tests=["MP"], budget_s=-1.0, resume=resume, progress=False)
-    assert again[0] == done and len(sweep.pending(again)) == len(again) - 1
+    # kept as it was, marked with the commit that measured it (the earlier file's)
+    commit = results.load_results(path).env.get("git_commit") or "unknown"
+    assert again[0] == dict(done, resumed_from=commit) and len(sweep.pending(again)) == len(again) - 1
+    # resumed a second time, a row keeps its first mark (a later file's commit did not measure it)
+    path2 = results.write_results(tmp_path / "litmus2.json", "litmus", [dict(again[0], resumed_from="abc123")],
+                                  generator="test", required=sweep.REQUIRED)
+    assert sweep.load_resume(path2)[sweep.key_of(done)]["resumed_from"] == "abc123"
     assert sweep.load_resume(tmp_path / "absent.json") == {}
 
 

@@ -113,6 +113,18 @@ def load_results(path: str | os.PathLike) -> ResultSet:
     return ResultSet(doc["lab"], doc["generator"], doc["env"], doc["records"], path)
 
 
+def resumable(path: str | os.PathLike | None) -> list[dict]:
+    """The records of an earlier results file that ran (not skipped), for a resumed call to keep:
+    each marked ``resumed_from`` with the commit that measured it (its own mark when it was
+    resumed before, else the file's ``git_commit``), so a file finished over several calls says
+    which rows which commit measured. [] for no path or a missing file."""
+    if not path or not Path(path).exists():
+        return []
+    earlier = load_results(path)
+    commit = earlier.env.get("git_commit") or "unknown"
+    return [dict(r, resumed_from=r.get("resumed_from") or commit) for r in earlier.records if not r.get("skipped")]
+
+
 def reference_path(lab: str, machine: str) -> Path:
     return REFERENCE_DIR / machine / f"{lab}.json"
 

@@ -258,17 +258,11 @@ def not_started(budget: float) -> str:
 
 def load_resume(path) -> dict:
     """The rows of an earlier results file that ran (not skipped), by (algorithm, variant, delay),
-    each marked ``resumed_from`` with that file's commit. {} for no path or a missing file."""
-    from pathlib import Path
-
+    each marked ``resumed_from`` with the commit that measured it (``results.resumable``). {} for
+    no path or a missing file."""
     from labkit.workbench import results
 
-    if not path or not Path(path).exists():
-        return {}
-    earlier = results.load_results(Path(path))
-    commit = earlier.env.get("git_commit") or "unknown"
-    return {(r["algorithm"], r["variant"], r["delay"]): dict(r, resumed_from=r.get("resumed_from") or commit)
-            for r in earlier.records if not r.get("skipped")}
+    return {(r["algorithm"], r["variant"], r["delay"]): r for r in results.resumable(path)}
 
 
 #: the clock of the budget (a test replaces it)

@@ -281,11 +281,15 @@ def plot_broken(records, ax=None, title: str = ""):
     series: dict = {}
     for e in run:
         series.setdefault((e["algorithm"], e["variant"]), []).append(e)
+    # colour and marker say the algorithm, the line the variant: 16 lines, no two drawn alike
     styles = {"correct": "-", "relaxed": ":", "no_end_barrier": "--", "gpu_scope": "-."}
+    algorithms = sorted({alg for alg, _ in series})
+    markers = "osD^vP*X"
     for (alg, var), es in sorted(series.items()):
         es = sorted(es, key=lambda e: e["delay"])
+        k = algorithms.index(alg)
         ax.plot([e["delay"] for e in es], [e["wrong"] / e["trials"] for e in es], styles.get(var, "-"),
-                marker="o", label=f"{alg} {var}")
+                color=f"C{k % 10}", marker=markers[k % len(markers)], label=f"{alg} {var}")
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xlabel("delay on rank 1 (volatile-load round trips, symlog)")
     ax.set_ylabel("wrong results (share of trials)")

@@ -14,18 +14,19 @@ Profiles:
   interpreter runs programs one after another, so only sequentially consistent outcomes appear;
   ``litmus_two_gpus`` there runs an emulated world of two processes (the host's x86-TSO model).
 
-**Wall time.** Neither part fits one 10-minute call. Measured on 2x H100 at 8179912: ``litmus``, its
-rows dealt to both GPUs at once (below), ran 588 rows in 558 s (two calls), 1.8 s a row on average,
-of which the timed launches 0.31 s, each kernel's first launch (its compile) among them then (the
-rest, a hypothesis not broken down: compiles, a new kernel per variant and per delay, "none" and
-"memory" sharing one; the layout's permutations; the host histogram). On 2x H200 at a1ce386
-``litmus_two_gpus`` ran 10 starts (70 rows) in 307 s, 4.0-5.4 s a row, of which the kernels' own
-runs were 21 s in all: it runs the seven tests of one semantics, scope and stress in one start of
-the two ranks (``run_rows_two_gpus``: 42 starts, not 294), and the starts and compiles still
-dominate, so its 294 rows need about 21 minutes, three calls. So each call stops starting rows after
+**Wall time.** ``litmus_two_gpus`` does not fit one 10-minute call, and ``litmus`` may not. On 2x
+H200 at a3af501 ``litmus``, its rows dealt to both GPUs at once (below), ran 588 rows in 356 s (one
+call; 558 s in two calls on 2x H100 at 8179912), 1.2 s a row of one worker, of which the timed
+launches 0.14 s (the rest, a hypothesis not broken down: compiles, a new kernel per variant and per
+delay, "none" and "memory" sharing one; the layout's permutations; the host histogram).
+``litmus_two_gpus`` runs the seven tests of one semantics, scope and stress in one start of the two
+ranks (``run_rows_two_gpus``: 42 starts, not 294), and the starts and compiles still dominate: on 2x
+H200 4.4-5.1 s a row, of which the kernels' timed launches 0.14-0.18 s, so its 294 rows took about
+23 minutes over four calls (a1ce386, then a3af501). So each call stops starting rows after
 ``BUDGET_S`` seconds (environment ``LABKIT_LITMUS_BUDGET_S``, default 480) and records the rest as
 pending; a later call given the earlier file (``LABKIT_LITMUS_RESUME=path/to/litmus.json``) keeps
-its finished rows and runs the pending ones. Repeat until ``pending(records)`` is empty.
+its finished rows, each marked ``resumed_from`` with the commit that measured it, and runs the
+pending ones. Repeat until ``pending(records)`` is empty.
 
 **Every GPU at once.** The one-GPU rows need one GPU each, so ``labkit bench litmus`` on a machine
 of several GPUs deals them to one worker process per GPU (``devices``; each record's ``device``
@@ -42,7 +43,6 @@ import dataclasses
 import os
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from pathlib import Path
 
 from labkit.kernels.litmus import Stress, model, run_litmus, run_two_gpus
 from labkit.kernels.litmus.catalogue import TESTS, get_test
@@ -277,15 +277,11 @@ def _on_workers(grid, todo_batches, instances, devices, budget_s, start, out, ba
 
 
 def load_resume(path) -> dict:
-    """Finished records of an earlier results file, by row key (pending and skipped rows dropped)."""
+    """Finished records of an earlier results file, by row key (pending and skipped rows dropped),
+    each marked ``resumed_from`` with the commit that measured it (``results.resumable``)."""
     from labkit.workbench import results
 
-    if not path:
-        return {}
-    p = Path(path)
-    if not p.exists():
-        return {}
-    return {key_of(r): r for r in results.load_results(p).records if not r.get("skipped")}
+    return {key_of(r): r for r in results.resumable(path)}
 
 
 def pending(records) -> list[dict]:
