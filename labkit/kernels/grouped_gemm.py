@@ -487,7 +487,8 @@ def _check_out(name: str, out: torch.Tensor, shape: tuple, dtype: torch.dtype | 
     if dtype is not None and out.dtype != dtype:
         raise TypeError(f"{name}: dtype {dtype_name(out.dtype)} differs from x's dtype {dtype_name(dtype)}")
     if allowed and out.dtype not in allowed:
-        raise TypeError(f"{name}: dtype {dtype_name(out.dtype)}; expected one of {', '.join(dict.fromkeys(map(dtype_name, allowed)))}")
+        names = ", ".join(dict.fromkeys(map(dtype_name, allowed)))  # once each: x's dtype may be float32 too
+        raise TypeError(f"{name}: dtype {dtype_name(out.dtype)}; expected one of {names}")
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"{name}: shape {tuple(out.shape)} is not {tuple(shape)}")
     if shape[-1] > 1 and out.stride(-1) != 1:

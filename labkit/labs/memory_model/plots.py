@@ -283,11 +283,11 @@ def plot_broken(records, ax=None, title: str = ""):
         series.setdefault((e["algorithm"], e["variant"]), []).append(e)
     # colour and marker say the algorithm, the line the variant: 16 lines, no two drawn alike
     styles = {"correct": "-", "relaxed": ":", "no_end_barrier": "--", "gpu_scope": "-."}
-    algorithms = sorted({alg for alg, _ in series})
+    algorithm_index = {alg: k for k, alg in enumerate(sorted({alg for alg, _ in series}))}
     markers = "osD^vP*X"
     for (alg, var), es in sorted(series.items()):
         es = sorted(es, key=lambda e: e["delay"])
-        k = algorithms.index(alg)
+        k = algorithm_index[alg]
         ax.plot([e["delay"] for e in es], [e["wrong"] / e["trials"] for e in es], styles.get(var, "-"),
                 color=f"C{k % 10}", marker=markers[k % len(markers)], label=f"{alg} {var}")
     ax.set_xscale("symlog", linthresh=1)
