@@ -106,7 +106,7 @@ LABS: tuple[Lab, ...] = (
         "nccl-mode-triton-collectives-talk.txt", "1 for the litmus tests in one GPU, 2 with peer access across GPUs",
         "the model's allowed/forbidden table for every test and variant, plain/volatile litmus runs under the "
         "interpreter (SC outcomes only), the PTX each semantics compiles to, the broken barriers in the emulated world",
-        "draft", 17, ("litmus", "litmus_two_gpus", "broken_barriers"),
+        "ready", 17, ("litmus", "litmus_two_gpus", "broken_barriers"),
         (Part("litmus tests within one GPU (every semantics and scope)", {"gpus": 1, "compiled": True}),
          Part("litmus tests across two GPUs over symmetric memory", {"gpus": 2, "peer_access": True, "compiled": True}),
          Part("broken barriers under a delay on two GPUs", {"gpus": 2, "peer_access": True, "compiled": True}))),
