@@ -24,6 +24,7 @@ import torch
 from labkit.labs.fp8_dispatch import bench, model, naive, plots, widgets
 from labkit.workbench import benchmarks, gates, hardware, sandbox
 from labkit.workbench.gates import HardwareUnavailable
+from labkit.workbench.widgets import FigureView
 
 SIZE = 1 / 512
 #: where the small runs go: "cpu" under the interpreter, "one_gpu" on a GPU machine's compiled tier
@@ -202,17 +203,20 @@ def _controls(panel):
 
 
 def test_changing_a_control_reruns_and_changes_the_verdict(monkeypatch):
-    shown = []   # the figures the panel displays (outside a kernel its Output widget keeps nothing)
-    monkeypatch.setattr(widgets, "display", shown.append)
+    shown = []   # every figure the panel draws, in order
+    real_show = FigureView.show
+    monkeypatch.setattr(FigureView, "show", lambda view, fig: (shown.append(fig), real_show(view, fig))[1])
     maps = widgets.CPU_MAPS if HERE == "cpu" else widgets.ONE_GPU_MAPS
     c = _controls(widgets.recipe_explorer(maps, size=SIZE))
     assert len(shown) == 1 and "growing" in shown[0].axes[0].get_title()
+    assert bytes(c["figure"].value)[:4] == b"\x89PNG" and c["figure"].figure is shown[0]
     assert list(c["device_map"].options) == list(maps)
     first = c["text"].value
     assert f"fp8_device_aware on {HERE}: wrong_output" in first          # a doubling input, no margin: saturated
     c["margin"].value = 1
     assert f"fp8_device_aware on {HERE}: ok" in c["text"].value and c["text"].value != first
     assert len(shown) == 2   # redrawn: the scales halve with one more bit of margin
+    assert c["figure"].figure is shown[1]
     assert shown[1].axes[1].lines[0].get_ydata()[0] == shown[0].axes[1].lines[0].get_ydata()[0] / 2
     c["drift"].value = "spike"
     spike = c["text"].value

@@ -12,12 +12,14 @@ from labkit.labs.grouped_gemm import distributions, widgets
 
 def test_changing_experts_or_skew_redraws_the_panel():
     panel = widgets.schedule_explorer(live=False)
-    (experts, skew, tokens), text = panel.children[0].children, panel.children[1]
-    before = text.value
+    (experts, skew, tokens), text, figure = panel.children[0].children, panel.children[1], panel.children[2]
+    before, drawn = text.value, figure.value
     experts.value = 64
     after_experts = text.value
     skew.value = "uniform"
     assert before != after_experts != text.value
+    assert bytes(drawn)[:4] == b"\x89PNG" and bytes(figure.value) != bytes(drawn)
+    assert len(figure.figure.axes[0].patches) == 64   # one bar per expert
     assert "64" not in before and "timing needs a CUDA GPU" in panel.children[3].value
 
 

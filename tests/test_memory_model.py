@@ -510,10 +510,11 @@ def test_the_litmus_panel_reruns_and_redraws():
     from labkit.labs.memory_model import widgets
 
     panel = widgets.litmus_explorer([], 0)
-    text = panel.children[5]
-    first = text.value
+    text, figure = panel.children[5], panel.children[6]
+    first, drawn = text.value, figure.value
     panel.children[0].value = "SB"  # the first control: the test
     assert text.value != first and "SB" in text.value
+    assert bytes(drawn)[:4] == b"\x89PNG" and bytes(figure.value) != bytes(drawn)
     panel.children[1].value = "acq_rel"
     if tier.interpreted():
         assert "not run" in text.value and "outcomes the model allows" in text.value

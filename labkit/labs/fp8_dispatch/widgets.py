@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import ipywidgets as w
 import matplotlib.pyplot as plt
-from IPython.display import display
 
 from labkit.labs.fp8_dispatch import model, plots
 from labkit.workbench import gates, sandbox
-from labkit.workbench.widgets import pre
+from labkit.workbench.widgets import FigureView, pre
 
 #: the modes the panel offers (each mechanism alone is in the notebook's matrix)
 MODES = ("bf16", "fp8_device_aware", "fp8_naive")
@@ -138,7 +137,7 @@ def recipe_explorer(maps: dict[str, str] | None = None, size: float | None = Non
     steps = w.IntSlider(value=8, min=2, max=12, description="steps")
     device_map = w.Dropdown(options=list(maps), value=next(iter(maps)), description="device map")
     mode = w.ToggleButtons(options=list(MODES), value="fp8_device_aware", description="mode")
-    figure = w.Output()
+    figure = FigureView()
     text = w.HTML()
 
     def redraw(change=None):
@@ -146,10 +145,7 @@ def recipe_explorer(maps: dict[str, str] | None = None, size: float | None = Non
             text.value = pre("running ...")
         report, fig = case_report(maps[device_map.value], mode.value, margin.value, history.value, algo.value,
                                   fmt.value, drift.value, steps.value, size)
-        figure.clear_output(wait=True)
-        with figure:
-            display(fig)
-        plt.close(fig)  # shown once, in the panel: not again at the end of the cell
+        figure.show(fig)
         text.value = pre(report)
 
     controls = (margin, history, algo, fmt, drift, steps, device_map, mode)

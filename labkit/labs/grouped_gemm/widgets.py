@@ -7,10 +7,9 @@ The drawing and the text come from plain functions (``schedule_figure``, ``sched
 from __future__ import annotations
 
 import ipywidgets as w
-from IPython.display import display
 import matplotlib.pyplot as plt
 
-from labkit.workbench.widgets import pre, run_button
+from labkit.workbench.widgets import FigureView, pre, run_button
 
 #: SMs of an H100/H200 SXM: the persistent grid the schedule is drawn for when no GPU is here
 HOPPER_SMS = 132
@@ -87,15 +86,11 @@ def schedule_explorer(live: bool):
     experts = w.IntSlider(value=8, min=2, max=128, description="experts")
     skew = w.ToggleButtons(options=["uniform", "skewed"], value="skewed", description="tokens")
     tokens = w.SelectionSlider(options=[256, 1024, 4096, 8192, 16384], value=4096, description="total")
-    figure = w.Output()
+    figure = FigureView()
     text = w.HTML()
 
     def redraw(_=None):
-        figure.clear_output(wait=True)
-        fig = schedule_figure(experts.value, skew.value, tokens.value)
-        with figure:
-            display(fig)
-        plt.close(fig)  # shown once, in the panel: not again at the end of the cell
+        figure.show(schedule_figure(experts.value, skew.value, tokens.value))
         text.value = pre(schedule_text(experts.value, skew.value, tokens.value))
 
     for control in (experts, skew, tokens):

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import ipywidgets as w
 import matplotlib.pyplot as plt
-from IPython.display import display
 
 from labkit.kernels.litmus import TESTS, model
 from labkit.workbench import tier
-from labkit.workbench.widgets import pre, run_button
+from labkit.workbench.widgets import FigureView, pre, run_button
 
 #: instances per rerun: small enough to redraw in about a second
 LIVE_INSTANCES = {"gpu": 100_000, "interpreter": 256}
@@ -92,17 +91,13 @@ def litmus_explorer(recorded=(), gpus: int = 0):
     scope = w.ToggleButtons(options=["none"] + list(model.SCOPES), value="none", description="scope")
     placement = w.ToggleButtons(options=list(model.PLACEMENTS), value="cross_cta", description="placement")
     stress = w.ToggleButtons(options=list(sweep.STRESSES), value="none", description="stress")
-    text, figure = w.HTML(), w.Output()
+    text, figure = w.HTML(), FigureView()
 
     def redraw(_=None):
         rec, where = litmus_record(test.value, semantics.value, scope.value, placement.value, stress.value,
                                    recorded, gpus)
         text.value = pre(litmus_report(rec, where))
-        figure.clear_output(wait=True)
-        fig = litmus_figure(rec)
-        with figure:
-            display(fig)
-        plt.close(fig)  # shown once, in the panel
+        figure.show(litmus_figure(rec))
 
     for control in (test, semantics, scope, placement, stress):
         control.observe(redraw, names="value")
