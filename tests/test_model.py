@@ -53,6 +53,16 @@ def test_sc_model_benchmark_records_on_cpu(tmp_path):
     rs = results.load_results(benchmarks.run("sc_model", "cpu", out_dir=tmp_path))
     assert [r["config"] for r in rs.records] == ["bf16"] + list(M.SC_CONFIGS)
     assert all(r["ms_per_token"] > 0 and 0 <= r["top1_agreement"] <= 1 for r in rs.records)
+    for r in rs.records:   # the spread beside the median: quartiles over every timed token, each pass's median
+        assert r["ms_per_token_p25"] <= r["ms_per_token"] <= r["ms_per_token_p75"], r
+        assert len(r["pass_ms_per_token"]) == 2 and all(ms > 0 for ms in r["pass_ms_per_token"]), r
+
+
+def test_per_token_quartiles_and_bad_passes():
+    q = M._per_token_ms([0.004, 0.001, 0.003, 0.002])   # seconds, in no order
+    assert (q["ms_per_token_p25"], q["ms_per_token"], q["ms_per_token_p75"]) == pytest.approx((2.0, 3.0, 4.0))
+    with pytest.raises(ValueError, match="passes=0"):
+        M.decode_benchmark(M.TINY, gpus=0, passes=0)
 
 
 def test_bad_sc_options_are_refused():
