@@ -15,6 +15,8 @@ from pathlib import Path
 import nbformat
 import papermill
 
+from labkit.workbench.runner import notebooks as nbs
+
 #: cells that redraw the view (the stall, with an Output widget, hit 66 of 78 such cells)
 REDRAWS = 30
 #: the cell timeout; a stalled cell takes all of it, a redraw well under a second
@@ -57,8 +59,9 @@ def test_redrawing_a_figure_view_never_waits_for_the_cell_timeout(tmp_path):
     assert time.monotonic() - start < REDRAWS * TIMEOUT_S / 2
 
 
-def test_no_panel_draws_into_an_output_widget():
+def test_no_panel_or_notebook_draws_into_an_output_widget():
     root = Path(labkit.__file__).parent
-    users = [str(p.relative_to(root)) for p in root.rglob("*.py")
-             if re.search(r"\b(w|widgets|ipywidgets)\.Output\(", p.read_text())]
+    sources = sorted(root.rglob("*.py")) + sorted(Path(p) for p in nbs.discover().values())
+    assert len(sources) > 50 and any(p.suffix == ".ipynb" for p in sources)
+    users = [p.name for p in sources if re.search(r"\b(w|widgets|ipywidgets)\.Output\(|\bOutput\(\)", p.read_text())]
     assert users == [], f"draw into labkit.workbench.widgets.FigureView instead of an Output widget: {users}"
