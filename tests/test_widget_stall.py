@@ -1,8 +1,9 @@
 """A panel's figure must not stall a notebook run under papermill.
 
 nbclient mimics a front end's ``ipywidgets.Output``: each output captured in one is sent back to
-the kernel on the shell socket, where nbclient is awaiting the cell's reply, and the reply can then
-go unseen until the cell's timeout (``labkit.workbench.widgets.FigureView`` gives the measurement).
+the kernel on the shell socket, where nbclient is awaiting the cell's reply, and the cell can then
+wait out its whole timeout (``labkit.workbench.widgets.FigureView`` gives the measurement; why the
+reply goes unseen is a hypothesis there).
 labkit's panels draw into a ``FigureView`` (an ``Image`` widget) instead. These tests run a
 notebook that redraws one many times and check that no cell waited for its timeout, and that no
 panel has gone back to an Output widget."""
