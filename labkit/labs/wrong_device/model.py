@@ -250,6 +250,19 @@ def _per_token_ms(times: list[float]) -> dict:
     return {"ms_per_token": at(0.5), "ms_per_token_p25": at(0.25), "ms_per_token_p75": at(0.75)}
 
 
+def _timed_passes(model, prompt, new_tokens: int, passes: int, forced=None):
+    """``passes`` decode passes: (tokens, logits) of the first, and the timing fields of a record
+    (``_per_token_ms`` over every pass's tokens, and ``pass_ms_per_token``, each pass's median)."""
+    toks, logits, times, pass_ms = None, None, [], []
+    for _ in range(passes):
+        out, lg, t = greedy_decode(model, prompt, new_tokens, forced=forced)
+        if toks is None:
+            toks, logits = out, lg
+        times += t
+        pass_ms.append(_per_token_ms(t)["ms_per_token"])
+    return toks, logits, {**_per_token_ms(times), "pass_ms_per_token": pass_ms}
+
+
 def decode_benchmark(cfg: DecoderConfig = LLAMA_8B_LAYERS, gpus: int = 2, new_tokens: int = 16,
                      prompt_len: int = 32, seed: int = 0, passes: int = 3) -> list[dict]:
     """ms/token of batch-1 greedy decode, bf16 vs SC linears, the model sharded over ``gpus``.
@@ -271,38 +284,25 @@ def decode_benchmark(cfg: DecoderConfig = LLAMA_8B_LAYERS, gpus: int = 2, new_to
         device_map = {"": "cpu"}
     on = sorted({str(d) for d in device_map.values()})
     prompt = torch.randint(0, cfg.vocab, (prompt_len,), generator=torch.Generator().manual_seed(seed))
-    median_ms = lambda times: 1e3 * sorted(times)[len(times) // 2]  # noqa: E731
     # Warm-up over exactly the sequence lengths that are timed: on the H200 machine the first
     # pass over new KV lengths measured several times slower than later passes (the profile
     # points at the attention call; the cause is not established). Its time is recorded too.
     _, _, first = greedy_decode(model, prompt, new_tokens)
-    toks, ref_logits, times = greedy_decode(model, prompt, new_tokens)
-    pass_ms = [median_ms(times)]
-    for _ in range(passes - 1):
-        _, _, more = greedy_decode(model, prompt, new_tokens)
-        pass_ms.append(median_ms(more))
-        times = times + more
-    bf16 = _per_token_ms(times)
+    toks, ref_logits, bf16 = _timed_passes(model, prompt, new_tokens, passes)
     bf16_ms = bf16["ms_per_token"]
-    records = [{"config": "bf16", **bf16, "ratio_vs_bf16": 1.0, "top1_agreement": 1.0,
-                "cosine": 1.0, "layers_on": on, "new_tokens": new_tokens, "first_pass_ms_per_token": median_ms(first),
-                "pass_ms_per_token": pass_ms}]
+    records = [{"config": "bf16", **bf16, "ratio_vs_bf16": 1.0, "top1_agreement": 1.0, "cosine": 1.0,
+                "layers_on": on, "new_tokens": new_tokens,
+                "first_pass_ms_per_token": _per_token_ms(first)["ms_per_token"]}]
     dense = {(i, n): getattr(layer, n) for i, layer in enumerate(model.layers) for n in LINEARS}
     for name, opts in SC_CONFIGS.items():
         for (i, n), lin in dense.items():       # back to the dense linears, then swap again
             setattr(model.layers[i], n, lin)
         use_sc(model, **dict(opts))
         _, _, first = greedy_decode(model, prompt, new_tokens, forced=toks)  # compiles, quantises weights
-        _, logits, times = greedy_decode(model, prompt, new_tokens, forced=toks)
-        pass_ms = [median_ms(times)]
-        for _ in range(passes - 1):
-            _, _, more = greedy_decode(model, prompt, new_tokens, forced=toks)
-            pass_ms.append(median_ms(more))
-            times = times + more
-        sc = _per_token_ms(times)
+        _, logits, sc = _timed_passes(model, prompt, new_tokens, passes, forced=toks)
         records.append({"config": name, **sc, "ratio_vs_bf16": sc["ms_per_token"] / bf16_ms,
                         **agreement(ref_logits, logits), "layers_on": on, "new_tokens": new_tokens,
-                        "first_pass_ms_per_token": median_ms(first), "pass_ms_per_token": pass_ms})
+                        "first_pass_ms_per_token": _per_token_ms(first)["ms_per_token"]})
     return records
 
 
