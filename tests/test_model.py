@@ -59,8 +59,10 @@ def test_sc_model_benchmark_records_on_cpu(tmp_path):
 
 
 def test_per_token_quartiles_and_bad_passes():
-    q = M._per_token_ms([0.004, 0.001, 0.003, 0.002])   # seconds, in no order
+    q = M._per_token_ms([0.005, 0.001, 0.004, 0.002, 0.003])   # seconds, in no order
     assert (q["ms_per_token_p25"], q["ms_per_token"], q["ms_per_token_p75"]) == pytest.approx((2.0, 3.0, 4.0))
+    q = M._per_token_ms([0.004, 0.001, 0.003, 0.002])   # an even count: the median between the middle two
+    assert q["ms_per_token"] == pytest.approx(2.5)
     with pytest.raises(ValueError, match="passes=0"):
         M.decode_benchmark(M.TINY, gpus=0, passes=0)
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from labkit.kernels.sc.matmul import prepare_b, PreparedB, sc_matmul_prepared, SCConfig
+from labkit.workbench.bench import Timing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,10 +245,11 @@ REQUIRED = ("config", "ms_per_token", "ratio_vs_bf16", "top1_agreement", "cosine
 
 
 def _per_token_ms(times: list[float]) -> dict:
-    """Median and quartiles, in ms, of per-token times in seconds (every timed pass's tokens)."""
-    ms = sorted(1e3 * t for t in times)
-    at = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))]  # noqa: E731
-    return {"ms_per_token": at(0.5), "ms_per_token_p25": at(0.25), "ms_per_token_p75": at(0.75)}
+    """Median and quartiles, in ms, of per-token times in seconds (every timed pass's tokens), by
+    the rule every labkit benchmark's ``us_p25``/``us_p75`` follow (``bench.Timing``)."""
+    t = Timing("host_clock", [1e6 * s for s in times], inner=1)
+    return {"ms_per_token": t.median_us / 1e3, "ms_per_token_p25": t.p25_us / 1e3,
+            "ms_per_token_p75": t.p75_us / 1e3}
 
 
 def _timed_passes(model, prompt, new_tokens: int, passes: int, forced=None):
