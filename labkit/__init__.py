@@ -9,6 +9,7 @@ Triton kernel is defined or any process group is made:
 * it picks the execution tier (see :mod:`labkit.workbench.tier`): on a machine without a CUDA GPU it sets
   TRITON_INTERPRET=1, so every labkit kernel runs under the Triton interpreter on the CPU.
 """
+
 import os as _os
 
 MULTICAST_OFF = {

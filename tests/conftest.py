@@ -18,6 +18,7 @@ skipped (those needing more GPUs among them) in one pytest seeing every GPU. A l
 second pytest does not collect stops it with an error naming the id: it would otherwise run in
 neither process and show in neither count (``handed_on`` says how an empty parametrisation is
 listed)."""
+
 import re
 import zlib
 
@@ -28,12 +29,24 @@ from labkit.workbench import gates
 
 
 def pytest_addoption(parser):
-    parser.addoption("--labkit-shard", default=None, metavar="K/N",
-                     help="run only the K-th of N shards (by node id) of the selected tests (1 <= K <= N)")
-    parser.addoption("--labkit-skips-to", default=None, metavar="FILE",
-                     help="append the node id of every skipped test to FILE, one a line")
-    parser.addoption("--labkit-nodeids", default=None, metavar="FILE",
-                     help="run only the tests whose node ids FILE lists, one a line")
+    parser.addoption(
+        "--labkit-shard",
+        default=None,
+        metavar="K/N",
+        help="run only the K-th of N shards (by node id) of the selected tests (1 <= K <= N)",
+    )
+    parser.addoption(
+        "--labkit-skips-to",
+        default=None,
+        metavar="FILE",
+        help="append the node id of every skipped test to FILE, one a line",
+    )
+    parser.addoption(
+        "--labkit-nodeids",
+        default=None,
+        metavar="FILE",
+        help="run only the tests whose node ids FILE lists, one a line",
+    )
 
 
 def read_nodeids(path: str) -> set[str]:
@@ -79,8 +92,10 @@ def pytest_collection_modifyitems(config, items):
         if lost:
             # a test skipped in the per-GPU runs that the run on every GPU does not collect would
             # otherwise vanish from both runs' counts: refuse it, naming each
-            raise pytest.UsageError(f"--labkit-nodeids: {len(lost)} listed test(s) match no collected test "
-                                    f"(they would run nowhere): {', '.join(lost)}")
+            raise pytest.UsageError(
+                f"--labkit-nodeids: {len(lost)} listed test(s) match no collected test "
+                f"(they would run nowhere): {', '.join(lost)}"
+            )
         dropped = [it for it in items if not listed(it.nodeid, wanted)]
         if dropped:
             config.hook.pytest_deselected(items=dropped)

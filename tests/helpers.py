@@ -1,4 +1,5 @@
 """Builders for small notebooks and profiles used by the runner tests."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,8 +7,9 @@ from pathlib import Path
 import nbformat
 
 
-def make_notebook(path: Path, params: str, *cells: str, requires: dict | None = None,
-                  tag_parameters: bool = True) -> Path:
+def make_notebook(
+    path: Path, params: str, *cells: str, requires: dict | None = None, tag_parameters: bool = True
+) -> Path:
     nb = nbformat.v4.new_notebook()
     nb.cells.append(nbformat.v4.new_markdown_cell("# fixture\n\n**Hardware:** none."))
     p = nbformat.v4.new_code_cell(params)
@@ -32,16 +34,19 @@ from labkit.workbench import results
 def fixture_workbook(folder: Path) -> tuple[Path, Path]:
     """A notebooks folder (ok, fails, needs_4_gpus, sleeps) and its profiles file."""
     folder.mkdir(parents=True, exist_ok=True)
-    make_notebook(folder / "ok.ipynb",
-                  'N = 3  # an int\nNAME = "x"  # a str\nSCALE = 1.5  # a float\nFLAG = True  # a bool',
-                  WRITE_PARAMS,
-                  "from labkit.workbench import gates\ngates.requires(gpus=64).announce('the 64-GPU part')")
+    make_notebook(
+        folder / "ok.ipynb",
+        'N = 3  # an int\nNAME = "x"  # a str\nSCALE = 1.5  # a float\nFLAG = True  # a bool',
+        WRITE_PARAMS,
+        "from labkit.workbench import gates\ngates.requires(gpus=64).announce('the 64-GPU part')",
+    )
     make_notebook(folder / "fails.ipynb", "N = 1", "x = 1", "raise RuntimeError('planted failure')")
-    make_notebook(folder / "needs_4_gpus.ipynb", "N = 1", "print('should not run here')",
-                  requires={"gpus": 4096})
+    make_notebook(folder / "needs_4_gpus.ipynb", "N = 1", "print('should not run here')", requires={"gpus": 4096})
     make_notebook(folder / "sleeps.ipynb", "SECONDS = 600.0", "import time\ntime.sleep(SECONDS)")
     make_notebook(folder / "dies.ipynb", "N = 1", "x = 1", "import os\nos.abort()")
     profiles = folder / "profiles.yml"
-    profiles.write_text("cpu:\n  timeout_s: 300\n  notebooks:\n    ok:\n      parameters:\n        N: 7\n"
-                        "gpu:\n  timeout_s: 300\n  notebooks: {}\n")
+    profiles.write_text(
+        "cpu:\n  timeout_s: 300\n  notebooks:\n    ok:\n      parameters:\n        N: 7\n"
+        "gpu:\n  timeout_s: 300\n  notebooks: {}\n"
+    )
     return folder, profiles

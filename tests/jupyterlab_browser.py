@@ -16,6 +16,7 @@
 Each check returns the problems it found as lines naming the notebook, the cell and the widget,
 so a failing test says what a reader would have seen.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,8 +42,13 @@ from pathlib import Path
 #: work on the project's machines. LABKIT_CHROMIUM points elsewhere.
 CHROMIUM = Path(os.environ.get("LABKIT_CHROMIUM", "/usr/bin/chromium"))
 #: The flags that work headless here (no sandbox as root, no GPU, nothing fetched in the background).
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 VIEWPORT = {"width": 1400, "height": 1000}
 #: Tallest full-page screenshot (pixels); a longer notebook is cut there.
 MAX_SCREENSHOT_HEIGHT = 30000
@@ -79,6 +85,7 @@ def free_port() -> int:
 # The server
 # --------------------------------------------------------------------------------------------
 
+
 def lab_settings(folder: Path) -> Path:
     """A JupyterLab settings folder of the test's own: the defaults a new reader gets, less the
     news and update-check toasts (they would cover the page and reach the network)."""
@@ -99,7 +106,7 @@ class LabServer:
         self.port = 0
         self.token = ""
         self.argv: list[str] = []
-        self.ctx = None                 # the browser context that looks at it (set by the test)
+        self.ctx = None  # the browser context that looks at it (set by the test)
         self.run_dir: Path | None = None
 
     @property
@@ -122,9 +129,18 @@ class LabServer:
             self.port, self.token = free_port(), secrets.token_urlsafe(24)
             # The same entry point a reader uses (make lab -> labkit lab), with a test's options:
             # only 127.0.0.1, this port or fail (no silent retry on another), never a browser.
-            self.argv = [sys.executable, "-m", "labkit", "lab", "--no-browser", "--ip=127.0.0.1",
-                         f"--port={self.port}", "--ServerApp.port_retries=0", f"--ServerApp.root_dir={self.root}",
-                         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+            self.argv = [
+                sys.executable,
+                "-m",
+                "labkit",
+                "lab",
+                "--no-browser",
+                "--ip=127.0.0.1",
+                f"--port={self.port}",
+                "--ServerApp.port_retries=0",
+                f"--ServerApp.root_dir={self.root}",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            ]
             # The token goes by environment (JupyterLab reads JUPYTER_TOKEN), not on a command line
             # that any local user can read with ps.
             env = {**os.environ, **self.env, "JUPYTER_TOKEN": self.token}
@@ -132,8 +148,14 @@ class LabServer:
             with open(self.log_path, "ab") as log:
                 log.write(f"\n--- start {attempt + 1}: {' '.join(self.argv)}\n".encode())
                 log.flush()
-                self.proc = subprocess.Popen(self.argv, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                             stderr=subprocess.STDOUT, start_new_session=True)
+                self.proc = subprocess.Popen(
+                    self.argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             deadline = time.monotonic() + self.start_timeout_s
             while time.monotonic() < deadline and self.proc.poll() is None:
                 try:
@@ -142,8 +164,10 @@ class LabServer:
                 except (OSError, urllib.error.URLError):
                     time.sleep(0.3)
             self.stop()
-        raise RuntimeError(f"JupyterLab did not start through labkit lab in {attempts} attempts; "
-                           f"its log: {self.log_path}\n{self.log_tail()}")
+        raise RuntimeError(
+            f"JupyterLab did not start through labkit lab in {attempts} attempts; "
+            f"its log: {self.log_path}\n{self.log_tail()}"
+        )
 
     def log_tail(self, lines: int = 30) -> str:
         try:
@@ -153,8 +177,9 @@ class LabServer:
 
     def api(self, method: str, path: str, body: dict | None = None, token: bool = True, timeout: float = 10.0):
         """One call of the server's REST API; the decoded JSON (None for an empty body)."""
-        req = urllib.request.Request(self.url + path, method=method,
-                                     data=None if body is None else json.dumps(body).encode())
+        req = urllib.request.Request(
+            self.url + path, method=method, data=None if body is None else json.dumps(body).encode()
+        )
         if token:
             req.add_header("Authorization", f"token {self.token}")
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -224,8 +249,9 @@ def chromium(profile_dir: Path):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(str(profile_dir), executable_path=str(CHROMIUM), headless=True,
-                                                   args=CHROMIUM_ARGS, viewport=VIEWPORT)
+        ctx = p.chromium.launch_persistent_context(
+            str(profile_dir), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS, viewport=VIEWPORT
+        )
         try:
             yield ctx
         finally:
@@ -236,13 +262,14 @@ def chromium(profile_dir: Path):
 # One notebook in JupyterLab
 # --------------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class NotebookCheck:
     name: str
     problems: list[str] = dataclasses.field(default_factory=list)
-    lines: list[str] = dataclasses.field(default_factory=list)    # what was done and seen
+    lines: list[str] = dataclasses.field(default_factory=list)  # what was done and seen
     screenshot: Path | None = None
-    saved: Path | None = None                                      # the notebook as JupyterLab saved it
+    saved: Path | None = None  # the notebook as JupyterLab saved it
     seconds: float = 0.0
 
     def problem(self, text: str) -> None:
@@ -336,15 +363,17 @@ class NotebookPage:
 
     def open(self, timeout_s: float = 120.0) -> None:
         q = urllib.parse.urlencode({"token": self.server.token})
-        self.page.goto(f"{self.server.url}/lab/tree/{urllib.parse.quote(self.path)}?reset&{q}",
-                       timeout=timeout_s * 1000)
+        self.page.goto(
+            f"{self.server.url}/lab/tree/{urllib.parse.quote(self.path)}?reset&{q}", timeout=timeout_s * 1000
+        )
         self.page.wait_for_selector(f"{PANEL} .jp-Notebook .jp-Cell", timeout=timeout_s * 1000)
         self.wait_kernel_idle(timeout_s, started=True)
 
     def status(self) -> str:
         """The kernel status the notebook's toolbar shows (idle, busy, ...)."""
         return self.page.evaluate(
-            f"() => (document.querySelector('{PANEL} .jp-Notebook-ExecutionIndicator') || {{}}).dataset?.status || ''")
+            f"() => (document.querySelector('{PANEL} .jp-Notebook-ExecutionIndicator') || {{}}).dataset?.status || ''"
+        )
 
     def kernel_state(self) -> dict:
         k = self.server.kernel(self.path)
@@ -473,8 +502,9 @@ class NotebookPage:
             self.page.close()
 
 
-def check_notebook(ctx, server: LabServer, path: str, name: str, timeout_s: float, screenshot: Path,
-                   panel_timeout_s: float = 300.0) -> NotebookCheck:
+def check_notebook(
+    ctx, server: LabServer, path: str, name: str, timeout_s: float, screenshot: Path, panel_timeout_s: float = 300.0
+) -> NotebookCheck:
     """Open ``path`` (relative to the server's root) in the page, run it, look at it, use its panels.
 
     ``timeout_s`` bounds the run of all cells (the profile's timeout for the notebook);
@@ -490,8 +520,11 @@ def check_notebook(ctx, server: LabServer, path: str, name: str, timeout_s: floa
         if not finished:
             cell = f"cell {nb.running[0]}" if nb.running else "an unknown cell"
             dialog = " | ".join(ln for ln in nb.dialog().splitlines() if ln.strip())
-            res.problem(f"JupyterLab shows a dialog while running {cell}: {dialog[:300]}" if dialog else
-                        f"did not finish in {timeout_s:.0f} s (the profile's timeout); running {cell}")
+            res.problem(
+                f"JupyterLab shows a dialog while running {cell}: {dialog[:300]}"
+                if dialog
+                else f"did not finish in {timeout_s:.0f} s (the profile's timeout); running {cell}"
+            )
             return res
         nb.wait_widgets_settled()
         if not nb.save(file):
@@ -530,8 +563,11 @@ def _check_outputs(res: NotebookCheck, file_cells: list[dict], dom_cells: list[d
                 first = (str(o.get("evalue", "")).strip().splitlines() or [""])[0]
                 res.problem(f"{where} raised {o.get('ename')}: {first}")
         for o in dc["outputs"]:
-            if o["mime"] == "application/vnd.jupyter.stderr" and "Traceback" in o["text"] \
-                    and not any(x["output_type"] == "error" for x in outs):
+            if (
+                o["mime"] == "application/vnd.jupyter.stderr"
+                and "Traceback" in o["text"]
+                and not any(x["output_type"] == "error" for x in outs)
+            ):
                 res.problem(f"{where} wrote a traceback to stderr: {o['text'][:200]!r}")
             if FALLBACK.match(o["text"]) and not o["widget"]:
                 res.problem(f"{where} shows a widget's text fallback instead of its view: {o['text'][:120]!r}")
@@ -547,28 +583,39 @@ def _check_outputs(res: NotebookCheck, file_cells: list[dict], dom_cells: list[d
                 seen = dom_widgetish[k] if k < len(dom_widgetish) else None
                 if seen is None or seen["broken"] or not seen["widget"]:
                     what = seen["text"].strip()[:120] if seen else "nothing"
-                    res.problem(f"{where}: widget {_widget_name(o)} is not rendered as a widget view "
-                                f"(the page shows {what!r})")
+                    res.problem(
+                        f"{where}: widget {_widget_name(o)} is not rendered as a widget view (the page shows {what!r})"
+                    )
         elif broken:
             for o in broken:
                 res.problem(f"{where}: a widget output shows {o['text'].strip()[:120]!r}")
         if len(shown) == len(expected):
             many = len(expected) > 1
-            panels += [(o["tag"], f"{where}{f' widget {k + 1}' if many else ''}", _widget_name(f))
-                       for k, (o, f) in enumerate(zip(shown, expected)) if "tag" in o]
+            panels += [
+                (o["tag"], f"{where}{f' widget {k + 1}' if many else ''}", _widget_name(f))
+                for k, (o, f) in enumerate(zip(shown, expected))
+                if "tag" in o
+            ]
         # figures: every image output is an image that loaded; every "saved X.png" line is shown
         want = sum(any(m in o.get("data", {}) for m in IMAGE_MIMES) for o in outs)
         loaded = sum(ok for o in dc["outputs"] for ok in o["images"])
         failed = sum(not ok for o in dc["outputs"] for ok in o["images"])
-        said = [ln for o in outs if o["output_type"] == "stream" for ln in "".join(o["text"]).splitlines()
-                if re.match(r"saved .*\.(png|svg|jpg)$", ln)]
+        said = [
+            ln
+            for o in outs
+            if o["output_type"] == "stream"
+            for ln in "".join(o["text"]).splitlines()
+            if re.match(r"saved .*\.(png|svg|jpg)$", ln)
+        ]
         if failed:
             res.problem(f"{where}: {failed} image(s) did not load (naturalWidth 0)")
         if loaded < want:
             res.problem(f"{where}: {want} figure output(s) in the notebook, {loaded} shown as images")
         if loaded < len(said):
-            res.problem(f"{where}: saved {len(said)} figure(s) ({', '.join(Path(s).name for s in said)}) "
-                        f"but shows {loaded} inline")
+            res.problem(
+                f"{where}: saved {len(said)} figure(s) ({', '.join(Path(s).name for s in said)}) "
+                f"but shows {loaded} inline"
+            )
         images += loaded
     if draws and not images:
         res.problem("calls plot.save/plot.beside but shows no image")
@@ -591,8 +638,11 @@ def _use_panel(res: NotebookCheck, nb: NotebookPage, tag: str, where: str, widge
         why = "no control" if not controls else "no output widget to watch"
         res.lines.append(f"{where}: {widget[:70]}: {why}, not a panel")
         return
-    label = f"{where}: panel" + (f" with button {buttons[0]['name']!r}" if buttons else
-                                 f" of {', '.join(c['kind'] + ' ' + repr(c['name']) for c in controls)}")
+    label = f"{where}: panel" + (
+        f" with button {buttons[0]['name']!r}"
+        if buttons
+        else f" of {', '.join(c['kind'] + ' ' + repr(c['name']) for c in controls)}"
+    )
     before = el.evaluate(_OUTPUT_SIGNATURE)
     logs_before = nb.log_console_count()
     activity = nb.kernel_state().get("last_activity")
@@ -652,8 +702,10 @@ def _use_panel(res: NotebookCheck, nb: NotebookPage, tag: str, where: str, widge
         text = nb.log_console_text()
         if "Traceback" in text or "Error" in text:
             errors = [ln.strip() for ln in text.splitlines() if re.match(r"\s*\w*(Error|Exception)\b.*:", ln)]
-            res.problem(f"{label}: {action}; the widget's callback raised (log console: "
-                        f"{errors[-1] if errors else text.strip()[-200:]})")
+            res.problem(
+                f"{label}: {action}; the widget's callback raised (log console: "
+                f"{errors[-1] if errors else text.strip()[-200:]})"
+            )
 
 
 def _change(el, c: dict) -> str:
@@ -704,6 +756,7 @@ def _change(el, c: dict) -> str:
 # A run folder's index.html
 # --------------------------------------------------------------------------------------------
 
+
 @contextlib.contextmanager
 def serve_folder(folder: Path):
     """A static HTTP server for ``folder`` on 127.0.0.1 (a free port), stopped on exit."""
@@ -748,8 +801,10 @@ def check_index(ctx, run_dir: Path) -> tuple[list[str], list[str]]:
                 resp = page.request.get(link["href"])
                 body = resp.body() if resp.ok else b""
                 if not resp.ok or not body:
-                    problems.append(f"index.html: link {link['text']!r} -> {link['href']}: HTTP {resp.status}"
-                                    f"{', empty' if resp.ok else ''}")
+                    problems.append(
+                        f"index.html: link {link['text']!r} -> {link['href']}: HTTP {resp.status}"
+                        f"{', empty' if resp.ok else ''}"
+                    )
                 elif link["href"].endswith(".ipynb"):
                     try:
                         assert json.loads(body)["cells"]
@@ -771,8 +826,12 @@ def check_index(ctx, run_dir: Path) -> tuple[list[str], list[str]]:
         found = page.evaluate(_READ_INDEX)
         bad = [i["src"] for i in found["images"] if not i["ok"]]
         problems += [f"index.html opened from disk: thumbnail {s} does not show" for s in bad]
-        missing_files = [x["href"] for x in found["links"]
-                         if x["href"].startswith("file:") and not Path(urllib.parse.unquote(urllib.parse.urlparse(x["href"]).path)).is_file()]
+        missing_files = [
+            x["href"]
+            for x in found["links"]
+            if x["href"].startswith("file:")
+            and not Path(urllib.parse.unquote(urllib.parse.urlparse(x["href"]).path)).is_file()
+        ]
         problems += [f"index.html opened from disk: link {h} has no file" for h in missing_files]
         lines.append(f"from disk: {len(found['images'])} thumbnail(s) shown, {len(found['links'])} link(s) to files")
         page.screenshot(path=str(run_dir / "index.png"), full_page=True)

@@ -3,6 +3,7 @@ name, so they live in a module: see tests/rank_fns.py).
 
 Each returns a dict of named outcomes, so that one start of the emulated world (a few seconds per
 rank) checks many things; the tests read the dict."""
+
 from __future__ import annotations
 
 import gc
@@ -77,12 +78,15 @@ def plans_and_cache(ctx, n: int = 4096 + 24, dtype_name: str = "float32") -> dic
     y1 = q()
     buf.tensor.copy_(x)
     y2 = q()
-    found["plan new outs"] = y1 is not y2 and y1.data_ptr() != y2.data_ptr() and _close(y1, xs, dtype, w) \
-        and _close(y2, xs, dtype, w)
+    found["plan new outs"] = (
+        y1 is not y2 and y1.data_ptr() != y2.data_ptr() and _close(y1, xs, dtype, w) and _close(y2, xs, dtype, w)
+    )
     ip = C.all_reduce_plan(buf, buf.tensor)
     buf.tensor.copy_(x)
     y = ip()
-    found["plan in place"] = y is buf.tensor and ip.in_place and ip.algorithm == "two_shot" and _close(y.clone(), xs, dtype, w)
+    found["plan in place"] = (
+        y is buf.tensor and ip.in_place and ip.algorithm == "two_shot" and _close(y.clone(), xs, dtype, w)
+    )
     found["tree plan"] = C.all_reduce_plan(buf, algorithm="tree").algorithm == "tree"
     buf.tensor.copy_(x)
     found["tree plan sums"] = _close(C.all_reduce_plan(buf, algorithm="tree")(), xs, dtype, w)
@@ -91,7 +95,7 @@ def plans_and_cache(ctx, n: int = 4096 + 24, dtype_name: str = "float32") -> dic
     s = n // w
     buf.tensor.copy_(x)
     rs = C.reduce_scatter_plan(buf)()
-    found["reduce_scatter plan"] = _close(rs, [v[ctx.rank * s:(ctx.rank + 1) * s] for v in xs], dtype, w)
+    found["reduce_scatter plan"] = _close(rs, [v[ctx.rank * s : (ctx.rank + 1) * s] for v in xs], dtype, w)
     g = symm.empty(s, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
     g.tensor.copy_(x[:s])
     ag = C.all_gather_plan(g)()
@@ -107,11 +111,11 @@ def plans_and_cache(ctx, n: int = 4096 + 24, dtype_name: str = "float32") -> dic
     found["cached sums"] = _close(a, xs, dtype, w) and _close(b, xs, dtype, w) and a is not b
     found["cached plan reused"] = len(buf._plans) == 1 and all(buf._plans[k] is v for k, v in first.items())
     buf.tensor.copy_(x)
-    C.all_reduce(buf, out, algorithm="one_shot")   # another out: another plan
+    C.all_reduce(buf, out, algorithm="one_shot")  # another out: another plan
     buf.tensor.copy_(x)
-    C.all_reduce(buf, algorithm="two_shot")        # another algorithm: another plan
+    C.all_reduce(buf, algorithm="two_shot")  # another algorithm: another plan
     buf.tensor.copy_(x)
-    C.all_reduce(buf, buf.tensor)                  # in place
+    C.all_reduce(buf, buf.tensor)  # in place
     found["cached plans"] = len(buf._plans)
     found["cached plans hold the buffer weakly"] = all(v.buf is None and v.out is None for v in buf._plans.values())
     # a different out at another address, same shape: its own plan, the right answer
@@ -131,14 +135,16 @@ def plans_and_cache(ctx, n: int = 4096 + 24, dtype_name: str = "float32") -> dic
     C.reduce_scatter(buf)
     g.tensor.copy_(x[:s])
     C.all_gather(g)
-    found["shard ops cached"] = any(k[0] == "reduce_scatter" for k in buf._plans) and \
-        any(k[0] == "all_gather" for k in g._plans)
+    found["shard ops cached"] = any(k[0] == "reduce_scatter" for k in buf._plans) and any(
+        k[0] == "all_gather" for k in g._plans
+    )
     # a buffer of another size or dtype is another buffer: its own plans
     b2 = symm.empty(2 * n, torch.bfloat16, device=ctx.device, scratch_dir=ctx.scratch_dir)
     x2, xs2 = _inputs(ctx, 2 * n, torch.bfloat16, 4)
     b2.tensor.copy_(x2)
-    found["other buffer"] = _close(C.all_reduce(b2, algorithm="one_shot"), xs2, torch.bfloat16, w) \
-        and len(b2._plans) == 1
+    found["other buffer"] = (
+        _close(C.all_reduce(b2, algorithm="one_shot"), xs2, torch.bfloat16, w) and len(b2._plans) == 1
+    )
     # bad arguments still reach the checks that name them (unhashable, wrong types)
     found["unhashable config"] = _error(lambda: C.all_reduce(buf, config={"vectors": 2}))
     found["out not a tensor"] = _error(lambda: C.all_reduce(buf, [1.0]))
@@ -211,19 +217,23 @@ def ops_in_the_world(ctx, n: int = 2 * 1024) -> dict:
     found["all_reduce one_shot"] = _close(torch.ops.labkit.all_reduce(x, name, "one_shot"), xs, dtype, w)
     buf.tensor.copy_(x)
     found["all_reduce from the buffer itself"] = _close(torch.ops.labkit.all_reduce(buf.tensor, name), xs, dtype, w)
-    found["reduce_scatter"] = _close(torch.ops.labkit.reduce_scatter(x, name),
-                                     [v[ctx.rank * s:(ctx.rank + 1) * s] for v in xs], dtype, w)
+    found["reduce_scatter"] = _close(
+        torch.ops.labkit.reduce_scatter(x, name), [v[ctx.rank * s : (ctx.rank + 1) * s] for v in xs], dtype, w
+    )
     g = symm.empty(s, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
     gname = symm.register(g)
     found["default name"] = gname.startswith("labkit_symm_")
-    found["all_gather"] = bool(torch.equal(torch.ops.labkit.all_gather(x[:s].contiguous(), gname).cpu(),
-                                           torch.cat([v[:s] for v in xs])))
+    found["all_gather"] = bool(
+        torch.equal(torch.ops.labkit.all_gather(x[:s].contiguous(), gname).cpu(), torch.cat([v[:s] for v in xs]))
+    )
     mode = FakeTensorMode()
     fx, fg = mode.from_tensor(x), mode.from_tensor(x[:s].contiguous())
     with mode:
-        shapes = {"all_reduce": torch.ops.labkit.all_reduce(fx, name),
-                  "reduce_scatter": torch.ops.labkit.reduce_scatter(fx, name),
-                  "all_gather": torch.ops.labkit.all_gather(fg, gname)}
+        shapes = {
+            "all_reduce": torch.ops.labkit.all_reduce(fx, name),
+            "reduce_scatter": torch.ops.labkit.reduce_scatter(fx, name),
+            "all_gather": torch.ops.labkit.all_gather(fg, gname),
+        }
     found["fake"] = {k: (tuple(v.shape), str(v.dtype)) for k, v in shapes.items()}
     found["wrong shape"] = _error(lambda: torch.ops.labkit.all_reduce(x[:-1].contiguous(), name))
     found["unknown handle"] = _error(lambda: torch.ops.labkit.all_reduce(x, "nobody"))
@@ -332,8 +342,9 @@ def fast_path_on_gpu(ctx, n: int = (1 << 16) + 8) -> dict:
     for seed in (18, 19):
         xs = fresh(seed)
         y = C.all_reduce(buf, algorithm="one_shot")
-    found["cached fast"] = _close(y, xs, dtype, w) and \
-        [v.launch_path for v in buf._plans.values()] == ["compiled launcher"]
+    found["cached fast"] = _close(y, xs, dtype, w) and [v.launch_path for v in buf._plans.values()] == [
+        "compiled launcher"
+    ]
 
     # switched off: Triton's normal path, the same sums
     P.FAST_LAUNCH = False
@@ -405,39 +416,64 @@ def choices_agree(ctx) -> dict:
     dtype = torch.float32
     found = {}
     small, large = 1024, (C.DEFAULT_CROSSOVER_ABOVE_2 // 4) + 4 * w  # fp32: just above 256 KiB
-    cases = [("small out", small, "out", {}, False), ("large out", large, "out", {}, False),
-             ("small new", small, "new", {}, False), ("small in place", small, "in_place", {}, False),
-             ("in place ce", small, "in_place", {}, True),
-             ("explicit launch", small, "out", {"algorithm": "two_shot", "blocks": 3,
-                                                "config": C.LaunchConfig(num_warps=4)}, False)]
+    cases = [
+        ("small out", small, "out", {}, False),
+        ("large out", large, "out", {}, False),
+        ("small new", small, "new", {}, False),
+        ("small in place", small, "in_place", {}, False),
+        ("in place ce", small, "in_place", {}, True),
+        (
+            "explicit launch",
+            small,
+            "out",
+            {"algorithm": "two_shot", "blocks": 3, "config": C.LaunchConfig(num_warps=4)},
+            False,
+        ),
+    ]
     saved = C.CE_FROM_BYTES
     C.CE_FROM_BYTES = {**saved, w: 0}  # in place with a workspace: two_shot_ce at every size
     try:
         for label, n, where, kwargs, workspace in cases:
             buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=workspace)
-            target = {"out": lambda: torch.empty(n, dtype=dtype, device=ctx.device), "new": lambda: None,
-                      "in_place": lambda: buf.tensor}[where]()
+            target = {
+                "out": lambda: torch.empty(n, dtype=dtype, device=ctx.device),
+                "new": lambda: None,
+                "in_place": lambda: buf.tensor,
+            }[where]()
             held = C.all_reduce_plan(buf, target, **kwargs)
             x, xs = _inputs(ctx, n, dtype, 30 + len(found))
             buf.tensor.copy_(x)
             y = C.all_reduce(buf, target, **kwargs)
             sums = _close(y.clone(), xs, dtype, w)
-            key = ("all_reduce", P.out_key(target), kwargs.get("algorithm", "auto"), kwargs.get("blocks"), "correct",
-                   kwargs.get("config"))
+            key = (
+                "all_reduce",
+                P.out_key(target),
+                kwargs.get("algorithm", "auto"),
+                kwargs.get("blocks"),
+                "correct",
+                kwargs.get("config"),
+            )
             cached = buf._plans[key]
             b, o, in_place = C.check_all_reduce(buf, target, kwargs.get("algorithm", "auto"))
             alg, steps = C.choose_all_reduce(b, in_place, **kwargs)
-            uncached = P.CollectivePlan("all_reduce", b, steps, algorithm=alg, in_place=in_place,
-                                        out_shape=tuple(b.tensor.shape))
+            uncached = P.CollectivePlan(
+                "all_reduce", b, steps, algorithm=alg, in_place=in_place, out_shape=tuple(b.tensor.shape)
+            )
             _, graphed = C.graph_target(C.all_reduce, buf, target, **kwargs)
             nbytes = n * dtype.itemsize
-            chooser = kwargs.get("algorithm") or (C.choose_in_place(nbytes, w, workspace) if in_place
-                                                  else C.choose(nbytes, w))
-            found[label] = {"held": held.algorithm, "cached": cached.algorithm, "uncached": alg,
-                            "graphed": graphed.algorithm, "chooser": chooser, "sums": sums,
-                            "same launches": held.describe() == cached.describe() == uncached.describe()
-                            == graphed.describe(),
-                            "kernels": [d.get("kernel", "copies") for d in held.describe()]}
+            chooser = kwargs.get("algorithm") or (
+                C.choose_in_place(nbytes, w, workspace) if in_place else C.choose(nbytes, w)
+            )
+            found[label] = {
+                "held": held.algorithm,
+                "cached": cached.algorithm,
+                "uncached": alg,
+                "graphed": graphed.algorithm,
+                "chooser": chooser,
+                "sums": sums,
+                "same launches": held.describe() == cached.describe() == uncached.describe() == graphed.describe(),
+                "kernels": [d.get("kernel", "copies") for d in held.describe()],
+            }
         # reduce-scatter and all-gather: Graphed's plan is the cached one's
         n = 64 * w
         buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
@@ -474,9 +510,11 @@ def eager_series_in_the_world(ctx, n: int = 1024, stand_in: bool = True) -> list
     ops = {}
     if stand_in:
         other = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
-        ops["torch_stand_in"] = ({"impl": "torch_stand_in", "in_place": False, "algorithm": "one_shot"},
-                                 lambda: C.all_reduce(other, algorithm="one_shot"),
-                                 lambda: (other.tensor.copy_(x), close(C.all_reduce(other, algorithm="one_shot")))[-1])
+        ops["torch_stand_in"] = (
+            {"impl": "torch_stand_in", "in_place": False, "algorithm": "one_shot"},
+            lambda: C.all_reduce(other, algorithm="one_shot"),
+            lambda: (other.tensor.copy_(x), close(C.all_reduce(other, algorithm="one_shot")))[-1],
+        )
     records = bench.eager_series(ctx, buf, out, x, close, ops, iters=1, reps=3, warmup=1, dtype_name="float32")
     _sync(ctx)
     ctx.barrier()
@@ -501,9 +539,12 @@ def graphed_on_gpu(ctx, n: int = (1 << 14) + 8) -> dict:
         buf.tensor.copy_(x)
         return xs
 
-    cases = (("all_reduce out", (out,), {}), ("all_reduce in place", (buf.tensor,), {}),
-             ("all_reduce one_shot new", (), {"algorithm": "one_shot"}),
-             ("all_reduce two_shot out", (out,), {"algorithm": "two_shot"}))
+    cases = (
+        ("all_reduce out", (out,), {}),
+        ("all_reduce in place", (buf.tensor,), {}),
+        ("all_reduce one_shot new", (), {"algorithm": "one_shot"}),
+        ("all_reduce two_shot out", (out,), {"algorithm": "two_shot"}),
+    )
     for label, args, kwargs in cases:
         fresh(50)
         g = C.Graphed(C.all_reduce, buf, *args, **kwargs)
@@ -513,18 +554,30 @@ def graphed_on_gpu(ctx, n: int = (1 << 14) + 8) -> dict:
             ok.append(_close(g().clone(), xs, dtype, w))
         fresh(53)
         C.all_reduce(buf, *args, **kwargs)  # the eager call: its plan, kept on the buffer
-        key = ("all_reduce", P.out_key(args[0] if args else None), kwargs.get("algorithm", "auto"), None, "correct",
-               None)
-        found[label] = {"replays sum": all(ok), "algorithm": g.plan.algorithm,
-                        "same as the eager call's": g.plan.describe() == buf._plans[key].describe()}
+        key = (
+            "all_reduce",
+            P.out_key(args[0] if args else None),
+            kwargs.get("algorithm", "auto"),
+            None,
+            "correct",
+            None,
+        )
+        found[label] = {
+            "replays sum": all(ok),
+            "algorithm": g.plan.algorithm,
+            "same as the eager call's": g.plan.describe() == buf._plans[key].describe(),
+        }
     held = C.all_reduce_plan(buf, out, algorithm="two_shot")
     g = C.Graphed(held)
     ok = []
     for seed in (54, 55):
         xs = fresh(seed)
         ok.append(_close(g().clone(), xs, dtype, w))
-    found["held plan"] = {"replays sum": all(ok), "algorithm": g.plan.algorithm,
-                          "same as the eager call's": g.plan is held}
+    found["held plan"] = {
+        "replays sum": all(ok),
+        "algorithm": g.plan.algorithm,
+        "same as the eager call's": g.plan is held,
+    }
     _sync(ctx)
     ctx.barrier()
     return found

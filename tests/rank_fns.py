@@ -3,6 +3,7 @@
 They live in a module of their own because every rank imports its function by name: spawned
 ranks get the launcher's sys.path, where pytest has put tests/ (as for ``helpers``).
 """
+
 from __future__ import annotations
 
 import os
@@ -32,12 +33,22 @@ def report(ctx, seed: int, n: int) -> dict:
     ctx.barrier()  # rank 0 has written the file before anyone reads it
     with open(shared) as f:
         seen = f.read()
-    return {"rank": ctx.rank, "world_size": ctx.world_size, "device": str(ctx.device),
-            "backend": ctx.backend, "dist_rank": dist.get_rank(),
-            "dist_world_size": dist.get_world_size(), "sum": total.cpu(), "seen": seen,
-            "scratch_dir": ctx.scratch_dir, "pid": os.getpid(), "tier": labkit.TIER,
-            "env": {k: os.environ.get(k) for k in
-                    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NCCL_NVLS_ENABLE", "LABKIT_RANKS_PROBE")}}
+    return {
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "device": str(ctx.device),
+        "backend": ctx.backend,
+        "dist_rank": dist.get_rank(),
+        "dist_world_size": dist.get_world_size(),
+        "sum": total.cpu(),
+        "seen": seen,
+        "scratch_dir": ctx.scratch_dir,
+        "pid": os.getpid(),
+        "tier": labkit.TIER,
+        "env": {
+            k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NCCL_NVLS_ENABLE", "LABKIT_RANKS_PROBE")
+        },
+    }
 
 
 def raise_on_rank(ctx, bad_rank: int, sleep_s: float) -> int:

@@ -2,6 +2,7 @@
 
 CPU tests run everywhere (the raw allocator goes through ``__array_interface__`` there); the GPU
 tests check the CUDA path and the allocator's own accounting of when the memory is released."""
+
 import gc
 import math
 
@@ -51,14 +52,17 @@ def test_raw_offsets_are_256_aligned_and_packed_views_are_not():
     assert alloc.view_alignment((4095, 3), torch.bfloat16) == 2
 
 
-@pytest.mark.parametrize("shape,dtype,expected", [
-    ((4096, 4096), torch.bfloat16, 256),   # 32 MiB per piece
-    ((4096, 1), torch.bfloat16, 256),      # 8192 bytes
-    ((8,), torch.float32, 32),             # 32 bytes
-    ((3, 5), torch.bfloat16, 2),           # 30 bytes
-    ((1408, 2048), torch.bfloat16, 256),   # a MoE expert's weight
-    ((7,), torch.uint8, 1),
-])
+@pytest.mark.parametrize(
+    "shape,dtype,expected",
+    [
+        ((4096, 4096), torch.bfloat16, 256),  # 32 MiB per piece
+        ((4096, 1), torch.bfloat16, 256),  # 8192 bytes
+        ((8,), torch.float32, 32),  # 32 bytes
+        ((3, 5), torch.bfloat16, 2),  # 30 bytes
+        ((1408, 2048), torch.bfloat16, 256),  # a MoE expert's weight
+        ((7,), torch.uint8, 1),
+    ],
+)
 def test_view_alignment_is_what_packed_views_get(shape, dtype, expected):
     assert alloc.view_alignment(shape, dtype) == expected
     views = alloc.allocate_views([shape] * 5, dtype, tier.kernel_device())
@@ -81,8 +85,9 @@ def test_alignment_report_fields():
     buf = torch.empty(1024, dtype=torch.uint8, device=tier.kernel_device())
     base = buf.data_ptr()
     start = (-base) % 256  # first 256-aligned byte in the buffer
-    rows = alloc.alignment_report([buf[start:], buf[start + 2:], buf[start + 16:], buf[start + 128:]],
-                                  names=["a", "b", "c", "d"])
+    rows = alloc.alignment_report(
+        [buf[start:], buf[start + 2 :], buf[start + 16 :], buf[start + 128 :]], names=["a", "b", "c", "d"]
+    )
     assert [r["name"] for r in rows] == ["a", "b", "c", "d"]
     assert [r["mod_256"] for r in rows] == [0, 2, 16, 128]
     assert [r["mod_16"] for r in rows] == [0, 2, 0, 0]
@@ -109,24 +114,27 @@ def test_raw_piece_shares_memory_with_the_block():
     backing = bulk.backing()
     bulk.tensors[1].copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
     start = bulk.tensors[0].data_ptr() - backing.data_ptr()
-    got = backing[start + bulk.offsets[1]: start + bulk.offsets[1] + 16].view(torch.float32)
+    got = backing[start + bulk.offsets[1] : start + bulk.offsets[1] + 16].view(torch.float32)
     assert torch.equal(got, torch.tensor([1.0, 2.0, 3.0, 4.0]))
 
 
-@pytest.mark.parametrize("kwargs,exc,match", [
-    ({"shapes": []}, ValueError, "zero-size request"),
-    ({"shapes": [(3,), (0, 4)]}, ValueError, r"shapes\[1\]: zero-size request"),
-    ({"shapes": [(3,), (-1,)]}, ValueError, r"shapes\[1\]: negative"),
-    ({"shapes": (3, 4)}, TypeError, "one shape"),
-    ({"alignment": 0}, ValueError, "alignment: must be positive"),
-    ({"alignment": -256}, ValueError, "alignment: must be positive"),
-    ({"alignment": 96}, ValueError, "power of two"),
-    ({"alignment": 2.5}, TypeError, "alignment"),
-    ({"alignment": 2, "dtypes": torch.float32}, ValueError, "smaller than one element"),
-    ({"dtypes": [torch.float32, torch.bfloat16]}, TypeError, "mixed dtypes"),
-    ({"dtypes": [torch.float32]}, ValueError, "1 given for 2 shapes"),
-    ({"device": "meta"}, ValueError, "device"),
-])
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        ({"shapes": []}, ValueError, "zero-size request"),
+        ({"shapes": [(3,), (0, 4)]}, ValueError, r"shapes\[1\]: zero-size request"),
+        ({"shapes": [(3,), (-1,)]}, ValueError, r"shapes\[1\]: negative"),
+        ({"shapes": (3, 4)}, TypeError, "one shape"),
+        ({"alignment": 0}, ValueError, "alignment: must be positive"),
+        ({"alignment": -256}, ValueError, "alignment: must be positive"),
+        ({"alignment": 96}, ValueError, "power of two"),
+        ({"alignment": 2.5}, TypeError, "alignment"),
+        ({"alignment": 2, "dtypes": torch.float32}, ValueError, "smaller than one element"),
+        ({"dtypes": [torch.float32, torch.bfloat16]}, TypeError, "mixed dtypes"),
+        ({"dtypes": [torch.float32]}, ValueError, "1 given for 2 shapes"),
+        ({"device": "meta"}, ValueError, "device"),
+    ],
+)
 @pytest.mark.parametrize("fn", [alloc.allocate_raw, alloc.allocate_views])
 def test_bad_requests_are_refused_with_the_argument_named(fn, kwargs, exc, match):
     args = {"shapes": [(3,), (4,)], "dtypes": torch.float32, "device": "cpu", "alignment": 256}
@@ -135,9 +143,12 @@ def test_bad_requests_are_refused_with_the_argument_named(fn, kwargs, exc, match
         fn(**args)
 
 
-ALLOCATORS = [alloc.allocate_raw, alloc.allocate_views,
-              lambda shapes, dtypes, device: alloc.allocate("raw", shapes, dtypes, device),
-              lambda shapes, dtypes, device: alloc.allocate("views", shapes, dtypes, device)]
+ALLOCATORS = [
+    alloc.allocate_raw,
+    alloc.allocate_views,
+    lambda shapes, dtypes, device: alloc.allocate("raw", shapes, dtypes, device),
+    lambda shapes, dtypes, device: alloc.allocate("views", shapes, dtypes, device),
+]
 ALLOCATOR_IDS = ["allocate_raw", "allocate_views", "allocate-raw", "allocate-views"]
 
 
@@ -160,15 +171,18 @@ def test_a_cuda_device_this_machine_lacks_is_refused_naming_device(fn):
 
 
 @pytest.mark.parametrize("fn", ALLOCATORS, ids=ALLOCATOR_IDS)
-@pytest.mark.parametrize("device,exc,match", [
-    ("garbage", ValueError, r"^device: 'garbage' is not a device"),
-    ("cuda:x", ValueError, r"^device: 'cuda:x' is not a device"),
-    ("cuda:-1", ValueError, r"^device: 'cuda:-1' is not a device"),
-    ("", ValueError, r"^device: '' is not a device"),
-    ("meta", ValueError, r"^device: expected one of the device types \('cpu', 'cuda'\), got 'meta'"),
-    (None, TypeError, r"^device: expected a device such as 'cpu' or 'cuda:0', got NoneType"),
-    (2.5, TypeError, r"^device: expected a device"),
-])
+@pytest.mark.parametrize(
+    "device,exc,match",
+    [
+        ("garbage", ValueError, r"^device: 'garbage' is not a device"),
+        ("cuda:x", ValueError, r"^device: 'cuda:x' is not a device"),
+        ("cuda:-1", ValueError, r"^device: 'cuda:-1' is not a device"),
+        ("", ValueError, r"^device: '' is not a device"),
+        ("meta", ValueError, r"^device: expected one of the device types \('cpu', 'cuda'\), got 'meta'"),
+        (None, TypeError, r"^device: expected a device such as 'cpu' or 'cuda:0', got NoneType"),
+        (2.5, TypeError, r"^device: expected a device"),
+    ],
+)
 def test_a_bad_device_is_refused_naming_device(fn, device, exc, match):
     with pytest.raises(exc, match=match):
         fn([(3,), (4,)], torch.float32, device)
@@ -184,6 +198,7 @@ def test_check_device_accepts_what_exists():
         assert check_device("device", "cuda") == torch.device("cuda", torch.cuda.current_device())
         assert check_device("device", f"cuda:{n - 1}") == torch.device("cuda", n - 1)
     from labkit.workbench.errors import UsageError
+
     with pytest.raises(UsageError, match="^x: expected one of the device types"):
         check_device("x", "cpu", types=("cuda",))
 

@@ -1,4 +1,5 @@
 """The timing harness: paired comparisons order candidates correctly; bad arguments refused."""
+
 import time
 
 import pytest
@@ -8,8 +9,9 @@ from labkit.workbench import bench
 
 
 def test_paired_ratio_orders_candidates_on_cpu():
-    cmp = bench.compare({"1ms": lambda: time.sleep(0.001), "3ms": lambda: time.sleep(0.003)},
-                        baseline="1ms", reps=9, warmup=1)
+    cmp = bench.compare(
+        {"1ms": lambda: time.sleep(0.001), "3ms": lambda: time.sleep(0.003)}, baseline="1ms", reps=9, warmup=1
+    )
     assert cmp.timings["1ms"].method == "cpu_clock"
     assert len(cmp.timings["3ms"].samples_us) == 9
     r = cmp.ratio("3ms")
@@ -32,10 +34,16 @@ def test_inner_divides_sample_time():
     assert len(calls) == 2 + 4 * 5 and t.inner == 5
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"reps": 0}, "reps"), ({"warmup": -1}, "warmup"), ({"inner": 0}, "inner"),
-    ({"method": "stopwatch"}, "method"), ({"method": "cuda_events"}, "CUDA device"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"reps": 0}, "reps"),
+        ({"warmup": -1}, "warmup"),
+        ({"inner": 0}, "inner"),
+        ({"method": "stopwatch"}, "method"),
+        ({"method": "cuda_events"}, "CUDA device"),
+    ],
+)
 def test_bad_arguments_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         bench.time_fn(lambda: None, **kwargs)
@@ -54,7 +62,13 @@ def test_gbps():
 @pytest.mark.parametrize("method", ["cuda_events", "cuda_graph"])
 def test_cuda_timers_order_candidates(method):
     a = torch.randn(2048, 2048, device="cuda")
-    cmp = bench.compare({"1x": lambda: a @ a, "4x": lambda: [a @ a for _ in range(4)]}, baseline="1x",
-                        device=a.device, reps=20, inner=3, method=method)
+    cmp = bench.compare(
+        {"1x": lambda: a @ a, "4x": lambda: [a @ a for _ in range(4)]},
+        baseline="1x",
+        device=a.device,
+        reps=20,
+        inner=3,
+        method=method,
+    )
     assert cmp.timings["1x"].method == method
     assert 3.0 < cmp.ratio("4x") < 5.0, cmp.ratio("4x")

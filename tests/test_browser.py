@@ -13,6 +13,7 @@ goes to ``runs/<timestamp>_browser/<notebook>.png``. The same browser then opens
 Where Chromium or Playwright is missing these tests are skipped with the reason; under CI
 (CI=true) that is a failure instead: CI installs both (.ci/run).
 """
+
 import json
 import os
 import re
@@ -44,6 +45,7 @@ def _timeout(name: str) -> float:
 
 # --- the entry point a reader uses (no browser needed) ---------------------------------------
 
+
 def test_labkit_lab_serves_the_workbook_and_passes_arguments_through():
     argv = lab_argv(["--port=8899", "--IdentityProvider.token=abc"], euid=1000)
     assert argv[:3] == [sys.executable, "-m", "jupyterlab"]
@@ -60,18 +62,25 @@ def test_labkit_lab_allows_root_as_root():
 
 def test_labkit_lab_leaves_the_folder_to_the_reader():
     for given in (["elsewhere/"], ["--ServerApp.root_dir=/x"], ["--notebook-dir=/x"]):
-        assert not any(a.startswith("--ServerApp.root_dir=") and a != "--ServerApp.root_dir=/x"
-                       for a in lab_argv(given, euid=1000)), given
+        assert not any(
+            a.startswith("--ServerApp.root_dir=") and a != "--ServerApp.root_dir=/x" for a in lab_argv(given, euid=1000)
+        ), given
 
 
 def test_make_lab_runs_labkit_lab_with_its_arguments():
     """`make lab ARGS=...` is `labkit lab ...`: the entry point the browser test starts."""
-    out = subprocess.run(["make", "-n", "-s", "lab", "ARGS=--port=8899 --no-browser"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["make", "-n", "-s", "lab", "ARGS=--port=8899 --no-browser"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert re.search(r"^\S*/labkit lab --port=8899 --no-browser$", out, re.M), out
 
 
 # --- the comparison of page and saved notebook (no browser needed) ---------------------------
+
 
 def _code(src, *outputs):
     return {"cell_type": "code", "source": src, "outputs": list(outputs)}
@@ -81,27 +90,46 @@ def _dom(*outputs, prompt="[1]:"):
     return {"code": True, "prompt": prompt, "outputs": list(outputs)}
 
 
-WIDGET_OUT = {"output_type": "display_data", "data": {jb.WIDGET_MIME: {"model_id": "x"},
-                                                      "text/plain": "VBox(children=(Button(description='Go'),))"}}
+WIDGET_OUT = {
+    "output_type": "display_data",
+    "data": {jb.WIDGET_MIME: {"model_id": "x"}, "text/plain": "VBox(children=(Button(description='Go'),))"},
+}
 
 
 def test_comparison_names_a_widget_shown_as_its_text_fallback():
     """What a reader sees without the widget extension: the widget's repr as text."""
     res = jb.NotebookCheck("nb")
-    panels = jb._check_outputs(res, [_code("display(panel())", WIDGET_OUT)], [_dom(
-        {"mime": "text/plain", "widget": False, "broken": False, "images": [],
-         "text": "VBox(children=(Button(description='Go'),))"})])
+    panels = jb._check_outputs(
+        res,
+        [_code("display(panel())", WIDGET_OUT)],
+        [
+            _dom(
+                {
+                    "mime": "text/plain",
+                    "widget": False,
+                    "broken": False,
+                    "images": [],
+                    "text": "VBox(children=(Button(description='Go'),))",
+                }
+            )
+        ],
+    )
     assert not panels
-    assert any("cell 0 `display(panel())`: widget VBox(children=(Button(description='Go'),)) is not rendered" in p
-               for p in res.problems), res.problems
+    assert any(
+        "cell 0 `display(panel())`: widget VBox(children=(Button(description='Go'),)) is not rendered" in p
+        for p in res.problems
+    ), res.problems
     assert any("text fallback" in p for p in res.problems), res.problems
 
 
 def test_comparison_names_an_image_that_did_not_load_and_a_missing_figure():
     png = {"output_type": "display_data", "data": {"image/png": "iVBO", "text/plain": "<Figure>"}}
     res = jb.NotebookCheck("nb")
-    jb._check_outputs(res, [_code("plot.save(fig)", png, png)], [_dom(
-        {"mime": "image/png", "widget": False, "broken": False, "images": [False], "text": ""})])
+    jb._check_outputs(
+        res,
+        [_code("plot.save(fig)", png, png)],
+        [_dom({"mime": "image/png", "widget": False, "broken": False, "images": [False], "text": ""})],
+    )
     assert any("1 image(s) did not load" in p for p in res.problems), res.problems
     assert any("2 figure output(s) in the notebook, 0 shown" in p for p in res.problems), res.problems
     assert any("calls plot.save/plot.beside but shows no image" in p for p in res.problems), res.problems
@@ -109,12 +137,16 @@ def test_comparison_names_an_image_that_did_not_load_and_a_missing_figure():
 
 def test_comparison_passes_a_rendered_widget_on_to_be_used():
     res = jb.NotebookCheck("nb")
-    panels = jb._check_outputs(res, [_code("display(panel())", WIDGET_OUT)], [_dom(
-        {"mime": "", "widget": True, "broken": False, "images": [], "text": "Go", "tag": "0"})])
+    panels = jb._check_outputs(
+        res,
+        [_code("display(panel())", WIDGET_OUT)],
+        [_dom({"mime": "", "widget": True, "broken": False, "images": [], "text": "Go", "tag": "0"})],
+    )
     assert not res.problems and panels == [("0", "cell 0 `display(panel())`", WIDGET_OUT["data"]["text/plain"])]
 
 
 # --- fixtures ---------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
@@ -130,11 +162,13 @@ def lab(tmp_path_factory):
     root = run_dir / "lab"
     root.mkdir()
     tmp = tmp_path_factory.mktemp("jupyterlab")
-    env = {**kernel_env(PROFILE),
-           results.OUTPUT_ENV: str(run_dir / "outputs"),     # what the notebooks write
-           "JUPYTERLAB_SETTINGS_DIR": str(jb.lab_settings(tmp / "settings")),  # a new reader's settings
-           "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **kernel_env(PROFILE),
+        results.OUTPUT_ENV: str(run_dir / "outputs"),  # what the notebooks write
+        "JUPYTERLAB_SETTINGS_DIR": str(jb.lab_settings(tmp / "settings")),  # a new reader's settings
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "workspaces"),
+        "PYTHONUNBUFFERED": "1",
+    }
     with jb.LabServer(root, env, run_dir / "jupyterlab.log") as server:
         assert server.refuses_without_token(), "the server answered a request without its token"
         with jb.chromium(tmp / "chromium-profile") as ctx:
@@ -142,8 +176,9 @@ def lab(tmp_path_factory):
             yield server
 
 
-def _run_in_browser(lab, path: Path, name: str, folder: str, profiles_file=None, notebooks_dir=None,
-                    capsys=None, panel_timeout_s=300.0) -> jb.NotebookCheck:
+def _run_in_browser(
+    lab, path: Path, name: str, folder: str, profiles_file=None, notebooks_dir=None, capsys=None, panel_timeout_s=300.0
+) -> jb.NotebookCheck:
     _, jobs = plan(only=[name], profile=PROFILE, notebooks_dir=notebooks_dir, profiles_file=profiles_file)
     ((_, src, params, timeout, needs),) = jobs
     gate = gates.requires(**needs)
@@ -162,10 +197,12 @@ def _run_in_browser(lab, path: Path, name: str, folder: str, profiles_file=None,
 
 # --- every notebook ---------------------------------------------------------------------------
 
+
 @pytest.mark.browser
 @pytest.mark.notebook
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.timeout(_timeout(n) + PANELS_GRACE_S))
-                                  for n in sorted(NOTEBOOKS)])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.timeout(_timeout(n) + PANELS_GRACE_S)) for n in sorted(NOTEBOOKS)]
+)
 def test_notebook_in_jupyterlab(name, lab, capsys):
     res = _run_in_browser(lab, NOTEBOOKS[name], name, "notebooks", capsys=capsys)
     assert res.screenshot and res.screenshot.is_file(), f"{name}: no screenshot"
@@ -174,19 +211,27 @@ def test_notebook_in_jupyterlab(name, lab, capsys):
 
 # --- the test of the test -------------------------------------------------------------------
 
+
 @pytest.mark.browser
 def test_checker_fails_a_notebook_with_broken_widgets(lab, capsys):
     """tests/fixtures/browser/broken_widgets.ipynb: each planted fault is named, with the notebook
     and the widget; its working panel and figure are not."""
-    res = _run_in_browser(lab, FIXTURES / "broken_widgets.ipynb", "broken_widgets", "fixtures",
-                          profiles_file=FIXTURES / "profiles.yml", notebooks_dir=FIXTURES, capsys=capsys,
-                          panel_timeout_s=60.0)
+    res = _run_in_browser(
+        lab,
+        FIXTURES / "broken_widgets.ipynb",
+        "broken_widgets",
+        "fixtures",
+        profiles_file=FIXTURES / "profiles.yml",
+        notebooks_dir=FIXTURES,
+        capsys=capsys,
+        panel_timeout_s=60.0,
+    )
     text = "\n".join(res.problems)
     assert all(p.startswith("broken_widgets: ") for p in res.problems), text
     expected = {
         "dead button": r"button 'Dead button'.*did not change",
         "missing model": r"widget VBox\(children=\(Button\(description='Ghost button'.*not rendered as a widget view"
-                         r".*Error displaying widget",
+        r".*Error displaying widget",
         "raising callback": r"button 'Raising button'.*callback raised.*planted callback failure",
         "figure not shown": r"saved 1 figure\(s\) \(never_shown.png\) but shows 0 inline",
         "cell error": r"raised RuntimeError: planted cell failure",
@@ -201,29 +246,47 @@ def test_checker_fails_a_notebook_with_broken_widgets(lab, capsys):
     # the copy opened is the parameterised one (the runner's injection), run in the page
     saved = json.loads(res.saved.read_text())
     assert any("injected-parameters" in c["metadata"].get("tags", []) for c in saved["cells"])
-    assert any("injected by the cpu profile" in "".join(o.get("text", "")) for c in saved["cells"]
-               if c["cell_type"] == "code" for o in c.get("outputs", []))
+    assert any(
+        "injected by the cpu profile" in "".join(o.get("text", ""))
+        for c in saved["cells"]
+        if c["cell_type"] == "code"
+        for o in c.get("outputs", [])
+    )
 
 
 @pytest.mark.browser
 def test_checker_stops_at_a_dead_kernel(lab, capsys):
     """A kernel that dies makes JupyterLab show a dialog: the check reports it at once instead of
     waiting for the notebook's timeout (300 s in the fixture's profile)."""
-    res = _run_in_browser(lab, FIXTURES / "kernel_dies.ipynb", "kernel_dies", "fixtures",
-                          profiles_file=FIXTURES / "profiles.yml", notebooks_dir=FIXTURES, capsys=capsys)
-    assert len(res.problems) == 1 and re.search(r"^kernel_dies: JupyterLab shows a dialog while running "
-                                                r"cell 2: Kernel Restarting.*appears to have died", res.problems[0], re.I), res.problems
+    res = _run_in_browser(
+        lab,
+        FIXTURES / "kernel_dies.ipynb",
+        "kernel_dies",
+        "fixtures",
+        profiles_file=FIXTURES / "profiles.yml",
+        notebooks_dir=FIXTURES,
+        capsys=capsys,
+    )
+    assert len(res.problems) == 1 and re.search(
+        r"^kernel_dies: JupyterLab shows a dialog while running "
+        r"cell 2: Kernel Restarting.*appears to have died",
+        res.problems[0],
+        re.I,
+    ), res.problems
     assert res.seconds < 120, res.seconds
 
 
 # --- a labkit run's index.html -------------------------------------------------------------
 
+
 def _smallest_notebook_with_figures() -> str:
     """The notebook with the fewest code cells among those that draw figures (plot.save/beside)."""
+
     def size(name):
         cells = [c for c in nbs.read(NOTEBOOKS[name]).cells if c.cell_type == "code"]
         draws = any(re.search(r"\bplot\.(save|beside)\(", c.source) for c in cells)
         return (not draws, len(cells), name)
+
     return min(NOTEBOOKS, key=size)
 
 
@@ -232,9 +295,24 @@ def _smallest_notebook_with_figures() -> str:
 def test_run_index_links_and_thumbnails_resolve(lab, capsys):
     name = _smallest_notebook_with_figures()
     runs = lab.run_dir / "labkit_run"
-    proc = subprocess.run([sys.executable, "-m", "labkit", "run", "--profile", PROFILE, "--only", name,
-                           "--runs-dir", str(runs), "--no-progress"], capture_output=True, text=True,
-                          timeout=_timeout(name) + 120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "labkit",
+            "run",
+            "--profile",
+            PROFILE,
+            "--only",
+            name,
+            "--runs-dir",
+            str(runs),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=_timeout(name) + 120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     m = re.search(r"^index: (.+index\.html)$", proc.stdout, re.M)
     assert m, proc.stdout

@@ -2,6 +2,7 @@
 random inputs, for every world size this machine allows (the CPU tier emulates ranks as
 processes over shared memory, so CI checks W = 2, 3, 4 and 8), odd sizes, both dtypes; pads
 back at zero; hangs and misuse turned into clear errors."""
+
 import secrets
 
 import pytest
@@ -35,8 +36,13 @@ def _check(w, n, dtype, trials=1, config=None):
 def test_every_algorithm_sums_right_with_odd_sizes(w):
     n = 4096 * 2 + 3 * w + 1 if tier.interpreted() else (1 << 20) + 7
     rows = _check(w, n, "bfloat16")
-    assert {r["algorithm"] for r in rows if r["op"] == "all_reduce"} == {"one_shot", "two_shot", "tree",
-                                                                         "two_shot_in_place", "two_shot_ce_in_place"}
+    assert {r["algorithm"] for r in rows if r["op"] == "all_reduce"} == {
+        "one_shot",
+        "two_shot",
+        "tree",
+        "two_shot_in_place",
+        "two_shot_ce_in_place",
+    }
 
 
 @pytest.mark.parametrize("w", _world_sizes())
@@ -47,10 +53,13 @@ def test_fp32_and_scatter_gather(w):
     assert {r["algorithm"] for r in rows if r["op"] == "all_gather"} == {"direct", "naive"}  # both read orders
 
 
-@pytest.mark.skipif(tier.interpreted() or not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                    reason="launch configs change only compiled kernels: needs 2 GPUs")
-@pytest.mark.parametrize("config", [{"vectors": 4, "num_warps": 4, "programs": 3},
-                                    {"vectors": 2, "num_warps": 16, "programs": 264}])
+@pytest.mark.skipif(
+    tier.interpreted() or not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+    reason="launch configs change only compiled kernels: needs 2 GPUs",
+)
+@pytest.mark.parametrize(
+    "config", [{"vectors": 4, "num_warps": 4, "programs": 3}, {"vectors": 2, "num_warps": 16, "programs": 264}]
+)
 def test_other_launch_configs_sum_right(config):
     """Another block shape and grid: more vectors per thread, odd program counts, a grid larger
     than the pad allows (capped by it), all with a tail."""
@@ -75,9 +84,11 @@ def test_best_configs_reports_the_fastest_correct_one():
     from labkit.labs.collectives.bench import best_configs
 
     base = {"kind": "tune", "impl": "labkit_one_shot", "op": "all_reduce", "world_size": 2, "bytes": 1 << 20}
-    recs = [dict(base, vectors=1, num_warps=16, programs=132, us=10.0, busbw_GBps=1.0, correct=True, default=True),
-            dict(base, vectors=4, num_warps=4, programs=64, us=5.0, busbw_GBps=2.0, correct=False),  # wrong: ignored
-            dict(base, vectors=2, num_warps=8, programs=64, us=7.0, busbw_GBps=1.5, correct=True)]
+    recs = [
+        dict(base, vectors=1, num_warps=16, programs=132, us=10.0, busbw_GBps=1.0, correct=True, default=True),
+        dict(base, vectors=4, num_warps=4, programs=64, us=5.0, busbw_GBps=2.0, correct=False),  # wrong: ignored
+        dict(base, vectors=2, num_warps=8, programs=64, us=7.0, busbw_GBps=1.5, correct=True),
+    ]
     (row,) = best_configs(recs)
     assert row["best"] == {"vectors": 2, "num_warps": 8, "programs": 64, "us": 7.0, "busbw_GBps": 1.5}
     assert row["default_us"] == 10.0
@@ -96,12 +107,12 @@ def test_tree_links_are_consistent():
             roots = [r for r in range(w) if links[r][3 * tree] == -1]
             assert len(roots) == 1
             for r in range(w):
-                parent, c0, c1 = links[r][3 * tree: 3 * tree + 3]
+                parent, c0, c1 = links[r][3 * tree : 3 * tree + 3]
                 for c in (c0, c1):
                     if c >= 0:
                         assert links[c][3 * tree] == r  # my child names me as its parent
                 if parent >= 0:
-                    assert r in links[parent][3 * tree + 1: 3 * tree + 3]
+                    assert r in links[parent][3 * tree + 1 : 3 * tree + 3]
 
 
 def test_a_lonely_barrier_times_out_instead_of_hanging():
@@ -146,23 +157,35 @@ def test_the_unguarded_leaf_crashes_and_is_reported():
 def test_the_correct_kernel_is_never_wrong_under_load(form):
     """Back-to-back calls on new inputs, one rank made late in turn: no wrong result, pads clean."""
     skip_without_a_world()
-    good = run_ranks(experiments.broken_trials, 2, "correct", form, 6, 4096, "float32",
-                     5000.0 if tier.interpreted() else 200.0, timeout=300).unwrap()
+    good = run_ranks(
+        experiments.broken_trials,
+        2,
+        "correct",
+        form,
+        6,
+        4096,
+        "float32",
+        5000.0 if tier.interpreted() else 200.0,
+        timeout=300,
+    ).unwrap()
     assert sum(r["wrong"] for r in good) == 0 and all(r["pads_zero"] for r in good), good
 
 
-@pytest.mark.skipif(not tier.interpreted(),
-                    reason="on GPUs this race is measured, not asserted: no_end_barrier gave 0 wrong of 120 "
-                           "with a late rank and 0 of 24 with a GEMM overlapping the collective on 2xH200 "
-                           "(reference/h200x2/collectives.json)")
+@pytest.mark.skipif(
+    not tier.interpreted(),
+    reason="on GPUs this race is measured, not asserted: no_end_barrier gave 0 wrong of 120 "
+    "with a late rank and 0 of 24 with a GEMM overlapping the collective on 2xH200 "
+    "(reference/h200x2/collectives.json)",
+)
 @pytest.mark.parametrize("form", ["one_shot", "two_shot_in_place", "two_shot_ce_in_place"])
 def test_no_end_barrier_goes_wrong_in_the_emulated_world(form):
     """Without the end barrier a rank that finishes first overwrites its buffer with the next
     input while its peer still reads it (one-shot), or reads its result while a peer is still
     pushing into it (two-shot in place). In the emulated world (one rank late by 5 ms on the
     host, interpreted kernels) that shows as wrong results every run."""
-    bad = run_ranks(experiments.broken_trials, 2, "no_end_barrier", form, 6, 4096, "float32",
-                    5000.0, timeout=300).unwrap()
+    bad = run_ranks(
+        experiments.broken_trials, 2, "no_end_barrier", form, 6, 4096, "float32", 5000.0, timeout=300
+    ).unwrap()
     assert sum(r["wrong"] for r in bad) > 0, bad
 
 
@@ -172,9 +195,12 @@ def test_live_broken_runs_every_variant_in_one_world_and_isolates_a_failure(caps
     skip_without_a_world()
     late = 5000.0 if tier.interpreted() else 200.0
     rows = experiments.live_broken(("correct", "no_end_barrier"), ("one_shot",), 4, 4096, late)
-    assert [(r["variant"], r["impl"]) for r in rows] == [("correct", "labkit_one_shot"), ("no_end_barrier", "labkit_one_shot")]
+    assert [(r["variant"], r["impl"]) for r in rows] == [
+        ("correct", "labkit_one_shot"),
+        ("no_end_barrier", "labkit_one_shot"),
+    ]
     assert rows[0]["wrong_results"] == 0 and rows[0]["outcome"] == "0 wrong of 8"
-    if tier.interpreted():   # the race shows in the emulated world (see the test above)
+    if tier.interpreted():  # the race shows in the emulated world (see the test above)
         assert rows[1]["wrong_results"] > 0
     # a variant that fails on every rank (refused by the kernel's variant check) fails the shared
     # world: every run is then redone alone, and only the failing one says so
@@ -225,13 +251,16 @@ def test_crossover_is_where_two_shot_starts_winning_for_good():
     from labkit.labs.collectives.bench import crossover_bytes
 
     def recs(times):
-        return [{"impl": f"labkit_{impl}", "op": "all_reduce", "world_size": 4, "bytes": b, "us": us}
-                for b, (one, two) in times.items() for impl, us in (("one_shot", one), ("two_shot", two))]
+        return [
+            {"impl": f"labkit_{impl}", "op": "all_reduce", "world_size": 4, "bytes": b, "us": us}
+            for b, (one, two) in times.items()
+            for impl, us in (("one_shot", one), ("two_shot", two))
+        ]
 
     # two-shot wins at 1024 once, loses at 2048, then wins from 4096 on: the crossover is 2048
     assert crossover_bytes(recs({512: (1, 2), 1024: (3, 2), 2048: (2, 3), 4096: (5, 4), 8192: (9, 6)}), 4) == 2048
     assert crossover_bytes(recs({512: (1, 2), 1024: (1, 2)}), 4) is None  # one-shot always
-    assert crossover_bytes(recs({512: (3, 2)}), 4) == 0                   # two-shot always
+    assert crossover_bytes(recs({512: (3, 2)}), 4) == 0  # two-shot always
     assert crossover_bytes([], 4) is None
 
 
@@ -273,16 +302,19 @@ def test_chosen_vs_best_reads_the_in_place_series():
 
     base = {"kind": "sweep", "op": "all_reduce", "world_size": 2}
     big, small = C.CE_FROM_BYTES[2] * 2, 4096
-    recs = [dict(base, impl="nccl", bytes=big, us=900.0, graph_us=890.0),
-            dict(base, impl="labkit_two_shot_ce_in_place", bytes=big, us=750.0, graph_us=740.0),
-            dict(base, impl="nccl", bytes=small, us=20.0, graph_us=11.0),
-            dict(base, impl="labkit_two_shot_in_place", bytes=small, us=28.0, graph_us=7.0)]
+    recs = [
+        dict(base, impl="nccl", bytes=big, us=900.0, graph_us=890.0),
+        dict(base, impl="labkit_two_shot_ce_in_place", bytes=big, us=750.0, graph_us=740.0),
+        dict(base, impl="nccl", bytes=small, us=20.0, graph_us=11.0),
+        dict(base, impl="labkit_two_shot_in_place", bytes=small, us=28.0, graph_us=7.0),
+    ]
     rows = {r["bytes"]: r for r in plots.chosen_vs_best(recs, 2, in_place=True)}
     assert rows[big]["algorithm"] == "two_shot_ce_in_place" and rows[big]["mine"]["us"] == 750.0
     assert rows[big]["best"]["us"]["impl"] == "nccl" and rows[big]["best"]["graph_us"]["graph_us"] == 890.0
     assert rows[small]["algorithm"] == "two_shot_in_place" and rows[small]["mine"]["graph_us"] == 7.0
     assert plots.chosen_vs_best_verdict(recs, 2, in_place=True).endswith(
-        "back to back 1 of 2 sizes (x0.83 at 256 MiB); graph replay 2 of 2 sizes (x0.83 at 256 MiB)")
+        "back to back 1 of 2 sizes (x0.83 at 256 MiB); graph replay 2 of 2 sizes (x0.83 at 256 MiB)"
+    )
 
 
 def test_the_explorer_runs_an_in_place_form():
@@ -290,21 +322,37 @@ def test_the_explorer_runs_an_in_place_form():
     from labkit.labs.collectives import widgets
 
     text = widgets.collective_report("two_shot_ce_in_place", 300, 2, [], live_world=True)
-    assert "two_shot_ce_in_place on 2 ranks, 300 bf16 elements: correct on 2 of 2 ranks, pads back at zero on 2 of 2" in text, text
+    assert (
+        "two_shot_ce_in_place on 2 ranks, 300 bf16 elements: correct on 2 of 2 ranks, pads back at zero on 2 of 2"
+        in text
+    ), text
 
 
 def test_headline_table_takes_labkits_best_against_each_baseline():
     from labkit.labs.collectives import plots
 
     def rec(impl, op, nbytes, us, bw):
-        return {"kind": "sweep", "impl": impl, "op": op, "world_size": 2, "bytes": nbytes, "us": us,
-                "graph_us": us / 2, "busbw_GBps": bw, "graph_busbw_GBps": bw * 2}
+        return {
+            "kind": "sweep",
+            "impl": impl,
+            "op": op,
+            "world_size": 2,
+            "bytes": nbytes,
+            "us": us,
+            "graph_us": us / 2,
+            "busbw_GBps": bw,
+            "graph_busbw_GBps": bw * 2,
+        }
 
-    recs = [rec("labkit_one_shot", "all_reduce", 4096, 9.0, 1.0), rec("labkit_two_shot", "all_reduce", 4096, 12.0, 1.0),
-            rec("nccl", "all_reduce", 4096, 20.0, 1.0), rec("torch_one_shot", "all_reduce", 4096, 8.0, 1.0),
-            rec("labkit_two_shot", "all_reduce", 1 << 28, 800.0, 300.0),
-            rec("labkit_two_shot_ce_in_place", "all_reduce", 1 << 28, 700.0, 350.0),
-            rec("nccl", "all_reduce", 1 << 28, 900.0, 290.0)]
+    recs = [
+        rec("labkit_one_shot", "all_reduce", 4096, 9.0, 1.0),
+        rec("labkit_two_shot", "all_reduce", 4096, 12.0, 1.0),
+        rec("nccl", "all_reduce", 4096, 20.0, 1.0),
+        rec("torch_one_shot", "all_reduce", 4096, 8.0, 1.0),
+        rec("labkit_two_shot", "all_reduce", 1 << 28, 800.0, 300.0),
+        rec("labkit_two_shot_ce_in_place", "all_reduce", 1 << 28, 700.0, 350.0),
+        rec("nccl", "all_reduce", 1 << 28, 900.0, 290.0),
+    ]
     text = plots.headline_markdown(recs)
     assert "| all_reduce 4 KiB | 9.0 µs / 4.5 µs | 20.0 µs / 10.0 µs | 8.0 µs / 4.0 µs |" in text
     assert "| all_reduce 256 MiB | 350 GB/s / 700 GB/s | 290 GB/s / 580 GB/s | – / – |" in text
@@ -313,6 +361,7 @@ def test_headline_table_takes_labkits_best_against_each_baseline():
 
 
 # ---- lab 02's figures, on small constructed records: what each one draws
+
 
 def _axes():
     import matplotlib
@@ -332,8 +381,16 @@ def test_correctness_grid_and_verdicts():
     from labkit.labs.collectives import plots
 
     def row(w, dtype, op, alg, rank, correct=True):
-        return {"world_size": w, "dtype": dtype, "op": op, "algorithm": alg, "rank": rank, "n": 11,
-                "correct": correct, "pads_zero": True}
+        return {
+            "world_size": w,
+            "dtype": dtype,
+            "op": op,
+            "algorithm": alg,
+            "rank": rank,
+            "n": 11,
+            "correct": correct,
+            "pads_zero": True,
+        }
 
     rows = [row(2, "float32", "all_reduce", "one_shot", r) for r in range(2)]
     rows += [row(2, "float32", "reduce_scatter", "direct", r) for r in range(2)]
@@ -343,8 +400,12 @@ def test_correctness_grid_and_verdicts():
     assert plots.plot_correctness(rows, ax) == 5  # W=3 did not run reduce-scatter or all-gather: grey, not cells
     assert _texts(ax) == ["2/2", "2/2", "2/2", "2/2", "2/3", "not run", "not run", "not run"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["W=2 float32", "W=3 float32"]
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["one_shot", "reduce_scatter", "all_gather",
-                                                              "all_gather (naive)"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        "one_shot",
+        "reduce_scatter",
+        "all_gather",
+        "all_gather (naive)",
+    ]
     plt.close(fig)
     lines = plots.correctness_verdicts(rows)
     assert len(lines) == 2
@@ -356,30 +417,50 @@ def test_broken_grid_counts_wrong_results_and_failed_runs():
     from labkit.labs.collectives import plots
 
     def rec(variant, alg, wrong, load="late"):
-        return {"kind": "broken", "impl": f"labkit_{alg}", "variant": variant, "load": load, "world_size": 2,
-                "bytes": 1 << 14, "ranks_x_trials": 12, "wrong_results": wrong,
-                "outcome": f"{wrong} wrong of 12" if wrong is not None else "rank 0: timeout after 60 s"}
+        return {
+            "kind": "broken",
+            "impl": f"labkit_{alg}",
+            "variant": variant,
+            "load": load,
+            "world_size": 2,
+            "bytes": 1 << 14,
+            "ranks_x_trials": 12,
+            "wrong_results": wrong,
+            "outcome": f"{wrong} wrong of 12" if wrong is not None else "rank 0: timeout after 60 s",
+        }
 
-    recs = [rec("correct", "one_shot", 0), rec("no_end_barrier", "one_shot", 5), rec("no_end_barrier", "two_shot", None),
-            rec("correct", "one_shot", 0, load="gemm"), {"kind": "sweep", "impl": "nccl"}]
+    recs = [
+        rec("correct", "one_shot", 0),
+        rec("no_end_barrier", "one_shot", 5),
+        rec("no_end_barrier", "two_shot", None),
+        rec("correct", "one_shot", 0, load="gemm"),
+        {"kind": "sweep", "impl": "nccl"},
+    ]
     plt, fig, ax = _axes()
     assert plots.plot_broken(recs, ax, "live") == 4
     assert _texts(ax) == ["0/12", "not run", "5/12", "rank 0: timeout af", "0/12", "not run"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["correct, late", "no_end_barrier, late", "correct, gemm"]
     assert "W=2 16 KiB" in ax.get_title()
     plt.close(fig)
-    assert plots.broken_verdict(recs) == ("correct wrong in 0 of 12 (late), 0 of 12 (gemm); "
-                                          "no_end_barrier wrong in 5 of 12 (late), 1 of 2 runs did not finish")
+    assert plots.broken_verdict(recs) == (
+        "correct wrong in 0 of 12 (late), 0 of 12 (gemm); "
+        "no_end_barrier wrong in 5 of 12 (late), 1 of 2 runs did not finish"
+    )
     assert plots.broken_verdict([]) == "no broken-variant runs"
 
 
 def _sweep(world=2):
     base = {"kind": "sweep", "op": "all_reduce", "world_size": world}
     out = []
-    for b, one, nccl in ((4096, (20.0, 7.0), (15.0, 9.0)), (1 << 20, (30.0, 10.0), (40.0, 20.0)),
-                         (1 << 28, (800.0, 790.0), (900.0, 880.0))):
-        out += [dict(base, impl="labkit_one_shot", bytes=b, us=one[0], graph_us=one[1], busbw_GBps=b / one[0] / 1e3),
-                dict(base, impl="nccl", bytes=b, us=nccl[0], graph_us=nccl[1], busbw_GBps=b / nccl[0] / 1e3)]
+    for b, one, nccl in (
+        (4096, (20.0, 7.0), (15.0, 9.0)),
+        (1 << 20, (30.0, 10.0), (40.0, 20.0)),
+        (1 << 28, (800.0, 790.0), (900.0, 880.0)),
+    ):
+        out += [
+            dict(base, impl="labkit_one_shot", bytes=b, us=one[0], graph_us=one[1], busbw_GBps=b / one[0] / 1e3),
+            dict(base, impl="nccl", bytes=b, us=nccl[0], graph_us=nccl[1], busbw_GBps=b / nccl[0] / 1e3),
+        ]
     return out
 
 
@@ -397,18 +478,28 @@ def test_chosen_vs_best_plot_draws_both_timings_and_the_line_at_one():
     plt.close(fig)
     assert plots.chosen_vs_best_verdict(_sweep(), 2) == (
         "W=2, out of place: chosen as fast as the best other at back to back 2 of 3 sizes (x0.89 at 256 MiB); "
-        "graph replay 3 of 3 sizes (x0.90 at 256 MiB)")
+        "graph replay 3 of 3 sizes (x0.90 at 256 MiB)"
+    )
 
 
 def test_tune_grid_has_a_cell_per_op_and_size_with_its_launch():
     from labkit.labs.collectives import plots
 
     def row(impl, op, w, b, us, default_us=None):
-        return {"impl": impl, "op": op, "world_size": w, "bytes": b, "default_us": default_us,
-                "best": {"vectors": 2, "num_warps": 16, "programs": 132, "us": us, "busbw_GBps": b / us / 1e3}}
+        return {
+            "impl": impl,
+            "op": op,
+            "world_size": w,
+            "bytes": b,
+            "default_us": default_us,
+            "best": {"vectors": 2, "num_warps": 16, "programs": 132, "us": us, "busbw_GBps": b / us / 1e3},
+        }
 
-    rows = [row("labkit_one_shot", "all_reduce", 2, 1 << 20, 10.0, 11.0), row("labkit_one_shot", "all_reduce", 2, 1 << 28, 800.0),
-            row("labkit", "reduce_scatter", 4, 1 << 20, 9.0)]
+    rows = [
+        row("labkit_one_shot", "all_reduce", 2, 1 << 20, 10.0, 11.0),
+        row("labkit_one_shot", "all_reduce", 2, 1 << 28, 800.0),
+        row("labkit", "reduce_scatter", 4, 1 << 20, 9.0),
+    ]
     plt, fig, ax = _axes()
     assert plots.plot_tune(rows, ax, "RECORDED x") == 3
     texts = [t for t in _texts(ax) if t]
@@ -420,12 +511,28 @@ def test_tune_grid_has_a_cell_per_op_and_size_with_its_launch():
 
 def _links():
     def rec(impl, direction, b, gbps, correct=True):
-        return {"kind": "link", "impl": impl, "direction": direction, "world_size": 2, "bytes": b, "GBps": gbps,
-                "us": b / gbps / 1e3, "correct": correct, "vectors": 4, "num_warps": 16, "programs": 132}
+        return {
+            "kind": "link",
+            "impl": impl,
+            "direction": direction,
+            "world_size": 2,
+            "bytes": b,
+            "GBps": gbps,
+            "us": b / gbps / 1e3,
+            "correct": correct,
+            "vectors": 4,
+            "num_warps": 16,
+            "programs": 132,
+        }
 
-    return [rec("sm_read", "both", 1 << 28, 330.0), rec("sm_write", "both", 1 << 28, 360.0),
-            rec("memcpy_write", "both", 1 << 28, 380.0), rec("memcpy_write", "both", 1 << 28, 999.0, correct=False),
-            rec("memcpy_write", "one", 1 << 28, 395.0), rec("memcpy_write", "both", 1 << 26, 500.0)]
+    return [
+        rec("sm_read", "both", 1 << 28, 330.0),
+        rec("sm_write", "both", 1 << 28, 360.0),
+        rec("memcpy_write", "both", 1 << 28, 380.0),
+        rec("memcpy_write", "both", 1 << 28, 999.0, correct=False),
+        rec("memcpy_write", "one", 1 << 28, 395.0),
+        rec("memcpy_write", "both", 1 << 26, 500.0),
+    ]
 
 
 def test_link_ceiling_is_the_best_push_or_copy_at_the_largest_size_both_directions_busy():
@@ -434,8 +541,9 @@ def test_link_ceiling_is_the_best_push_or_copy_at_the_largest_size_both_directio
     c = plots.link_ceiling(_links(), "reference h200x2")
     # not the wrong copy (999), not one direction (395), not a smaller size (500), not loads
     assert (c["GBps"], c["mode"], c["direction"], c["bytes"]) == (380.0, "memcpy_write", "both", 1 << 28)
-    assert c["label"] == ("link ceiling, measured: 380 GB/s (memcpy_write, 256 MiB, both directions busy), "
-                          "reference h200x2")
+    assert c["label"] == (
+        "link ceiling, measured: 380 GB/s (memcpy_write, 256 MiB, both directions busy), reference h200x2"
+    )
     assert plots.link_ceiling([], "x") is None and plots.link_ceiling(None, "x") is None
 
 
@@ -464,20 +572,41 @@ def test_tuned_crossover_draws_one_and_two_shot_per_world_size():
     from labkit.labs.collectives import plots
 
     def row(impl, w, b, us):
-        return {"impl": impl, "op": "all_reduce", "world_size": w, "bytes": b,
-                "best": {"vectors": 1, "num_warps": 16, "programs": 132, "us": us, "busbw_GBps": 1.0}}
+        return {
+            "impl": impl,
+            "op": "all_reduce",
+            "world_size": w,
+            "bytes": b,
+            "best": {"vectors": 1, "num_warps": 16, "programs": 132, "us": us, "busbw_GBps": 1.0},
+        }
 
-    rows = [row("labkit_one_shot", 2, 1 << 16, 7.0), row("labkit_two_shot", 2, 1 << 16, 10.0),
-            row("labkit_one_shot", 2, 1 << 20, 10.0), row("labkit_two_shot", 2, 1 << 20, 13.0),
-            row("labkit_one_shot", 4, 1 << 16, 9.0), row("labkit_two_shot", 4, 1 << 16, 14.0),
-            row("labkit_one_shot", 4, 1 << 20, 19.0), row("labkit_two_shot", 4, 1 << 20, 18.0),
-            {"impl": "labkit", "op": "all_gather", "world_size": 4, "bytes": 1 << 16,
-             "best": {"vectors": 1, "num_warps": 4, "programs": 1, "us": 1.0, "busbw_GBps": 1.0}}]
+    rows = [
+        row("labkit_one_shot", 2, 1 << 16, 7.0),
+        row("labkit_two_shot", 2, 1 << 16, 10.0),
+        row("labkit_one_shot", 2, 1 << 20, 10.0),
+        row("labkit_two_shot", 2, 1 << 20, 13.0),
+        row("labkit_one_shot", 4, 1 << 16, 9.0),
+        row("labkit_two_shot", 4, 1 << 16, 14.0),
+        row("labkit_one_shot", 4, 1 << 20, 19.0),
+        row("labkit_two_shot", 4, 1 << 20, 18.0),
+        {
+            "impl": "labkit",
+            "op": "all_gather",
+            "world_size": 4,
+            "bytes": 1 << 16,
+            "best": {"vectors": 1, "num_warps": 4, "programs": 1, "us": 1.0, "busbw_GBps": 1.0},
+        },
+    ]
     plt, fig, ax = _axes()
     assert plots.plot_tuned_crossover(rows, ax, "RECORDED m") == {2: None, 4: 1 << 16}
     labels = [ln.get_label() for ln in ax.get_lines()]
-    assert labels == ["one_shot, W=2", "two_shot, W=2", "one_shot, W=4", "two_shot, W=4",
-                      "W=4: two-shot faster above 64 KiB"]
+    assert labels == [
+        "one_shot, W=2",
+        "two_shot, W=2",
+        "one_shot, W=4",
+        "two_shot, W=4",
+        "W=4: two-shot faster above 64 KiB",
+    ]
     assert list(ax.get_lines()[3].get_ydata()) == [14.0, 18.0]
     plt.close(fig)
 
@@ -486,17 +615,30 @@ def test_ptx_lines_name_the_atomics_and_vector_widths():
     from labkit.labs.collectives import plots
 
     def row(alg, sem, atomics, loads, stores=False, world=2):
-        return {"algorithm": alg, "world": world, "sem": sem, "atomics": atomics, "vector_loads": loads,
-                "vector_stores": stores}
+        return {
+            "algorithm": alg,
+            "world": world,
+            "sem": sem,
+            "atomics": atomics,
+            "vector_loads": loads,
+            "vector_stores": stores,
+        }
 
     ok = ["atom.global.acquire.sys.cas.b32", "atom.global.release.sys.cas.b32"]
-    rows = [row("one_shot", 0, ok, True), row("one_shot", 1, ["atom.global.relaxed.sys.cas.b32"], True),
-            row("tree", 0, ok, False, world=8), row("tree", 1, ["atom.global.relaxed.sys.cas.b32"], False, world=8)]
+    rows = [
+        row("one_shot", 0, ok, True),
+        row("one_shot", 1, ["atom.global.relaxed.sys.cas.b32"], True),
+        row("tree", 0, ok, False, world=8),
+        row("tree", 1, ["atom.global.relaxed.sys.cas.b32"], False, world=8),
+    ]
     lines = plots.ptx_lines(rows)
     assert lines[0] == "atomics, correct kernels: " + ", ".join(ok)
     assert lines[1] == "atomics, 'relaxed' variant: atom.global.relaxed.sys.cas.b32"
     assert lines[2].strip() == "one_shot: correct release/acquire, relaxed variant relaxed; 16-byte vector loads (W=2)"
-    assert lines[3].strip() == "tree: correct release/acquire, relaxed variant relaxed; 16-byte vector accesses: none (W=8)"
+    assert (
+        lines[3].strip()
+        == "tree: correct release/acquire, relaxed variant relaxed; 16-byte vector accesses: none (W=8)"
+    )
 
 
 def test_ptx_summary_of_some_kernels_only_and_a_bad_name_refused():
@@ -509,19 +651,54 @@ def test_ptx_summary_of_some_kernels_only_and_a_bad_name_refused():
 def _eager(world=2):
     """Eager-series records as ``bench.eager_series`` writes them: torch's two ops, labkit's three
     paths in place and out of place, at 4 KiB and 1 MiB."""
-    base = {"kind": "eager", "op": "all_reduce", "world_size": world, "dtype": "bfloat16", "correct": True,
-            "busbw_GBps": None}
+    base = {
+        "kind": "eager",
+        "op": "all_reduce",
+        "world_size": world,
+        "dtype": "bfloat16",
+        "correct": True,
+        "busbw_GBps": None,
+    }
     out = []
     for b, torch_us in ((4096, (9.0, 8.0)), (1 << 20, (16.0, 12.0))):
-        out += [dict(base, impl="torch_one_shot", path="torch_eager", in_place=False, bytes=b, us=torch_us[0],
-                     us_p25=torch_us[0] - 0.5, us_p75=torch_us[0] + 0.5),
-                dict(base, impl="torch_two_shot", path="torch_eager", in_place=True, bytes=b, us=torch_us[1],
-                     us_p25=torch_us[1] - 0.5, us_p75=torch_us[1] + 0.5)]
+        out += [
+            dict(
+                base,
+                impl="torch_one_shot",
+                path="torch_eager",
+                in_place=False,
+                bytes=b,
+                us=torch_us[0],
+                us_p25=torch_us[0] - 0.5,
+                us_p75=torch_us[0] + 0.5,
+            ),
+            dict(
+                base,
+                impl="torch_two_shot",
+                path="torch_eager",
+                in_place=True,
+                bytes=b,
+                us=torch_us[1],
+                us_p25=torch_us[1] - 0.5,
+                us_p75=torch_us[1] + 0.5,
+            ),
+        ]
         for path, us in (("eager_uncached", 40.0), ("plan_cached", 11.0), ("plan", 9.0)):
             for in_place in (False, True):
-                out.append(dict(base, impl="labkit_all_reduce", path=path, in_place=in_place, bytes=b,
-                                us=us + in_place, us_p25=us - 1, us_p75=us + 2, target=1.2,
-                                ratio_to_torch_best=(us + in_place) / min(torch_us)))
+                out.append(
+                    dict(
+                        base,
+                        impl="labkit_all_reduce",
+                        path=path,
+                        in_place=in_place,
+                        bytes=b,
+                        us=us + in_place,
+                        us_p25=us - 1,
+                        us_p75=us + 2,
+                        target=1.2,
+                        ratio_to_torch_best=(us + in_place) / min(torch_us),
+                    )
+                )
     return out
 
 
@@ -536,8 +713,10 @@ def test_eager_plot_draws_every_path_beside_torch_and_the_target():
         assert list(lines["target: 1.2x torch's best eager op"].get_ydata()) == pytest.approx([1.2 * 8, 1.2 * 12])
         labels = [t.get_text() for t in ax.get_legend().get_texts()]
         assert [lb for lb in labels if lb.startswith("labkit")] == [
-            "labkit, no plan (every call checks, chooses, Triton launch)", "labkit all_reduce(...), its cached plan",
-            "labkit plan() (held by the caller)"]
+            "labkit, no plan (every call checks, chooses, Triton launch)",
+            "labkit all_reduce(...), its cached plan",
+            "labkit plan() (held by the caller)",
+        ]
         assert ("in place" if in_place else "out of place") in ax.get_title()
         plt.close(fig)
 
@@ -556,18 +735,63 @@ def test_old_sweep_files_still_plot_and_say_they_lack_the_eager_series():
     assert "no eager-series records here" in _texts(ax)[0]
     plt.close(fig)
     refs = results.load_references("collectives")
-    old = ([r for r in refs["h200x2"].records if r.get("kind") not in ("eager", "host_cost", "gather_order",
-                                                                         "ce_profile")]
-           if "h200x2" in refs else _sweep())
-    host = [{"kind": "host_cost", "impl": "labkit_all_reduce", "op": "all_reduce", "world_size": 2, "bytes": 4096,
-             "us": 3.0, "path": "plan()", "stage": "plan launch"}]
-    orders = [{"kind": "gather_order", "impl": "labkit", "op": "all_gather", "order": o, "world_size": 2,
-               "bytes": 1 << 21, "shard_bytes": 1 << 20, "dtype": "bfloat16", "us": 9.0, "us_p25": 8.9, "us_p75": 9.2,
-               "busbw_GBps": 116.5, "correct": True, "ratio_to_rotated": 1.0, "ratio_p25": 1.0, "ratio_p75": 1.0}
-              for o in ("rotated", "naive")]
-    profile = [{"kind": "ce_profile", "impl": "labkit_two_shot_ce_in_place", "op": "all_reduce", "world_size": 2,
-                "bytes": 1 << 28, "dtype": "bfloat16", "us": 370.0, "busbw_GBps": None, "correct": True, "rank": 0,
-                "index": 0, "activity": "memcpy", "activity_kind": "Memcpy DtoD", "name": "Memcpy DtoD", "start_us": 0.0}]
+    old = (
+        [r for r in refs["h200x2"].records if r.get("kind") not in ("eager", "host_cost", "gather_order", "ce_profile")]
+        if "h200x2" in refs
+        else _sweep()
+    )
+    host = [
+        {
+            "kind": "host_cost",
+            "impl": "labkit_all_reduce",
+            "op": "all_reduce",
+            "world_size": 2,
+            "bytes": 4096,
+            "us": 3.0,
+            "path": "plan()",
+            "stage": "plan launch",
+        }
+    ]
+    orders = [
+        {
+            "kind": "gather_order",
+            "impl": "labkit",
+            "op": "all_gather",
+            "order": o,
+            "world_size": 2,
+            "bytes": 1 << 21,
+            "shard_bytes": 1 << 20,
+            "dtype": "bfloat16",
+            "us": 9.0,
+            "us_p25": 8.9,
+            "us_p75": 9.2,
+            "busbw_GBps": 116.5,
+            "correct": True,
+            "ratio_to_rotated": 1.0,
+            "ratio_p25": 1.0,
+            "ratio_p75": 1.0,
+        }
+        for o in ("rotated", "naive")
+    ]
+    profile = [
+        {
+            "kind": "ce_profile",
+            "impl": "labkit_two_shot_ce_in_place",
+            "op": "all_reduce",
+            "world_size": 2,
+            "bytes": 1 << 28,
+            "dtype": "bfloat16",
+            "us": 370.0,
+            "busbw_GBps": None,
+            "correct": True,
+            "rank": 0,
+            "index": 0,
+            "activity": "memcpy",
+            "activity_kind": "Memcpy DtoD",
+            "name": "Memcpy DtoD",
+            "start_us": 0.0,
+        }
+    ]
     new = old + _eager() + host + orders + profile
     assert plots.headline_markdown(new) == plots.headline_markdown(old)
     assert plots.chosen_vs_best(new, 2) == plots.chosen_vs_best(old, 2)
@@ -584,7 +808,8 @@ def test_old_sweep_files_still_plot_and_say_they_lack_the_eager_series():
     plt.close(fig)
     assert bench.eager_target_verdicts(new)[1] == (
         "W=2, plan_cached, out of place: x0.92..x1.38 of torch's best eager op (paired medians) at 4 KiB..1 MiB; "
-        "within x1.2 at 1 of 2 sizes")
+        "within x1.2 at 1 of 2 sizes"
+    )
 
 
 def test_the_recorded_eager_series_has_a_verdict_per_path_and_form():

@@ -1,6 +1,7 @@
 """The profile of one ``two_shot_ce`` call (records of kind "ce_profile"): the reduction of a
 Chrome trace to GPU activities, on a synthetic trace shaped as torch.profiler exports it; the
 verdict and table from records; the skipped record off GPUs; the profile itself on GPUs."""
+
 import pytest
 import torch
 
@@ -20,14 +21,39 @@ def _trace():
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamIsCapturing", "ts": 1009.0, "dur": 1.0, "args": {}},
         {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 1001.0, "dur": 4.0, "args": {}},
         {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 1020.0, "dur": 4.0, "args": {}},
-        {"ph": "X", "cat": "kernel", "name": "two_shot_ce_kernel", "ts": 1400.0, "dur": 380.0,
-         "args": {"stream": 7, "device": 0, "grid": [132, 1, 1]}},
-        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD (Device -> Device)", "ts": 1020.5, "dur": 370.0,
-         "args": {"stream": 7, "device": 0, "bytes": 134217728, "memory bandwidth (GB/s)": 362.7}},
-        {"ph": "X", "cat": "Kernel", "name": "barrier_kernel", "ts": 1010.5, "dur": 8.0, "args": {"stream": 7, "device": 0}},
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "two_shot_ce_kernel",
+            "ts": 1400.0,
+            "dur": 380.0,
+            "args": {"stream": 7, "device": 0, "grid": [132, 1, 1]},
+        },
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy DtoD (Device -> Device)",
+            "ts": 1020.5,
+            "dur": 370.0,
+            "args": {"stream": 7, "device": 0, "bytes": 134217728, "memory bandwidth (GB/s)": 362.7},
+        },
+        {
+            "ph": "X",
+            "cat": "Kernel",
+            "name": "barrier_kernel",
+            "ts": 1010.5,
+            "dur": 8.0,
+            "args": {"stream": 7, "device": 0},
+        },
         {"ph": "i", "cat": "kernel", "name": "an instant", "ts": 1000.0, "args": {}},
-        {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "ts": 1900.0, "dur": 2.0,
-         "args": {"stream": 9, "device": 0, "bytes": 64}},
+        {
+            "ph": "X",
+            "cat": "gpu_memset",
+            "name": "Memset (Device)",
+            "ts": 1900.0,
+            "dur": 2.0,
+            "args": {"stream": 9, "device": 0, "bytes": 64},
+        },
     ]
     return {"traceEvents": ev, "deviceProperties": []}
 
@@ -35,14 +61,20 @@ def _trace():
 def test_the_trace_is_reduced_to_its_gpu_activities_in_order():
     rows = ce_profile.summarize_trace(_trace())
     assert [(r["activity"], r["activity_kind"], r["name"]) for r in rows] == [
-        ("kernel", "kernel", "barrier_kernel"), ("memcpy", "Memcpy DtoD", "Memcpy DtoD (Device -> Device)"),
-        ("kernel", "kernel", "two_shot_ce_kernel"), ("memset", "Memset", "Memset (Device)")]
+        ("kernel", "kernel", "barrier_kernel"),
+        ("memcpy", "Memcpy DtoD", "Memcpy DtoD (Device -> Device)"),
+        ("kernel", "kernel", "two_shot_ce_kernel"),
+        ("memset", "Memset", "Memset (Device)"),
+    ]
     assert [r["start_us"] for r in rows] == pytest.approx([0.0, 10.0, 389.5, 889.5])
     assert [r["us"] for r in rows] == [8.0, 370.0, 380.0, 2.0]
     assert [r["copy_bytes"] for r in rows] == [None, 134217728, None, 64]
     assert rows[1]["stream"] == 7 and rows[1]["device"] == 0
     assert not any(r["copy_kernel"] for r in rows)
-    long_name = dict(next(e for e in _trace()["traceEvents"] if e["name"] == "two_shot_ce_kernel"), name="void at::native::elementwise_kernel<" + "x" * 150 + "direct_copy_kernel_cuda>")
+    long_name = dict(
+        next(e for e in _trace()["traceEvents"] if e["name"] == "two_shot_ce_kernel"),
+        name="void at::native::elementwise_kernel<" + "x" * 150 + "direct_copy_kernel_cuda>",
+    )
     (copy,) = ce_profile.summarize_trace([long_name])
     assert copy["copy_kernel"] and len(copy["name"]) == 120  # judged on the whole name, stored short
     assert ce_profile.summarize_trace(_trace()["traceEvents"]) == rows  # the event list alone
@@ -69,19 +101,36 @@ def _records(world=2, kind="Memcpy DtoD"):
     for rank in range(world):
         for i, row in enumerate(rows):
             row = dict(row, activity_kind=kind if row["activity"] == "memcpy" else row["activity_kind"])
-            out.append({"kind": "ce_profile", "impl": "labkit_two_shot_ce_in_place", "op": "all_reduce",
-                        "world_size": world, "bytes": 256 << 20, "dtype": "bfloat16", "busbw_GBps": None,
-                        "rank": rank, "index": i, "correct": True, "host_calls": "cudaMemcpyAsync x1", **row})
+            out.append(
+                {
+                    "kind": "ce_profile",
+                    "impl": "labkit_two_shot_ce_in_place",
+                    "op": "all_reduce",
+                    "world_size": world,
+                    "bytes": 256 << 20,
+                    "dtype": "bfloat16",
+                    "busbw_GBps": None,
+                    "rank": rank,
+                    "index": i,
+                    "correct": True,
+                    "host_calls": "cudaMemcpyAsync x1",
+                    **row,
+                }
+            )
     return out
 
 
 def test_verdict_and_table_from_records():
     recs = _records()
-    assert ce_profile.verdict(recs) == ("2 ranks, 256 MiB in place, one call: every rank: 2 kernels and 1 copy "
-                                        "(Memcpy DtoD); no kernel named like a copy")
+    assert ce_profile.verdict(recs) == (
+        "2 ranks, 256 MiB in place, one call: every rank: 2 kernels and 1 copy "
+        "(Memcpy DtoD); no kernel named like a copy"
+    )
     table = ce_profile.summary_markdown(recs).splitlines()
     assert len(table) == 2 + 3
-    assert "| 1 | memcpy | Memcpy DtoD | `Memcpy DtoD (Device -> Device)` | 7 | 10.0 | 370.0 | 134217728 | 363 |" in table
+    assert (
+        "| 1 | memcpy | Memcpy DtoD | `Memcpy DtoD (Device -> Device)` | 7 | 10.0 | 370.0 | 134217728 | 363 |" in table
+    )
     many = [dict(recs[0], index=i, start_us=float(i)) for i in range(20)]
     table = ce_profile.summary_markdown(many).splitlines()
     assert len(table) == 2 + ce_profile.MAX_ROWS + 1 and "5 more" in table[-1]
@@ -112,8 +161,10 @@ def test_off_gpus_the_profile_is_a_skipped_record():
 
 
 @pytest.mark.multigpu
-@pytest.mark.skipif(tier.interpreted() or not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                    reason="the copy engines and CUPTI need 2 GPUs")
+@pytest.mark.skipif(
+    tier.interpreted() or not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+    reason="the copy engines and CUPTI need 2 GPUs",
+)
 def test_one_profiled_call_on_gpus_shows_copies_between_two_kernels():
     recs = run_ranks(ce_profile.profile_two_shot_ce, 2, 16 << 20, timeout=300).unwrap()[0]
     assert all(r["correct"] is True for r in recs), recs[:1]

@@ -2,6 +2,7 @@
 on fresh inputs for every world size the machine allows, the naive one a constexpr the default
 compiles away, the benchmark's order comparison (records of kind "gather_order") on the emulated
 world, and its verdicts and plot from records, old reference files included."""
+
 import secrets
 
 import pytest
@@ -27,8 +28,11 @@ def test_both_orders_gather_right_on_fresh_inputs(w):
     """Odd shards (the tail path), two fresh inputs, eager and through a held plan, bf16."""
     seed = secrets.randbelow(2**20)
     shard = 4096 + 2 * w + 1 if tier.interpreted() else (1 << 20) + 2 * w + 1
-    rows = [r for rs in run_ranks(experiments.check_all_gather_orders, w, shard, "bfloat16", seed, 2,
-                                  timeout=300).unwrap() for r in rs]
+    rows = [
+        r
+        for rs in run_ranks(experiments.check_all_gather_orders, w, shard, "bfloat16", seed, 2, timeout=300).unwrap()
+        for r in rs
+    ]
     bad = [r for r in rows if not (r["correct"] and r["pads_zero"])]
     assert not bad, f"seed {seed}: {bad}"
     assert {(r["order"], r["how"]) for r in rows} == {(o, h) for o in C.ALL_GATHER_ORDERS for h in ("eager", "plan")}
@@ -49,8 +53,9 @@ def test_the_naive_order_is_a_constexpr_of_the_same_kernel():
     from labkit.labs.collectives import ptx
     from labkit.workbench import sandbox
 
-    res = sandbox.run_isolated("labkit.labs.collectives.ptx:all_gather_orders", 4, timeout=300,
-                               env={"TRITON_INTERPRET": "0"})
+    res = sandbox.run_isolated(
+        "labkit.labs.collectives.ptx:all_gather_orders", 4, timeout=300, env={"TRITON_INTERPRET": "0"}
+    )
     found = res.unwrap()
     assert set(found) == {"rotated", "naive"}
     assert found["rotated"] != found["naive"]
@@ -64,8 +69,9 @@ def test_compare_orders_records_both_orders_in_the_emulated_world():
     and timed in the same rounds, records with the benchmark's fields, the rotated order the baseline."""
     skip_without_a_world()
     shard_bytes = 4 * (4096 + 3)
-    recs = run_ranks(gather_order.compare_orders, 2, (shard_bytes,), "float32", 3, 1,
-                     secrets.randbelow(2**20), 1, timeout=300).unwrap()[0]
+    recs = run_ranks(
+        gather_order.compare_orders, 2, (shard_bytes,), "float32", 3, 1, secrets.randbelow(2**20), 1, timeout=300
+    ).unwrap()[0]
     assert [r["order"] for r in recs] == list(gather_order.ORDERS)
     for r in recs:
         assert set(bench.REQUIRED) <= set(r), r
@@ -86,24 +92,50 @@ def _records(world, shard, naive_ratio, us_rotated=100.0):
     out = []
     for order, ratio in (("rotated", (1.0, 1.0, 1.0)), ("naive", naive_ratio)):
         us = us_rotated * ratio[1]
-        out.append({"kind": "gather_order", "impl": "labkit", "op": "all_gather", "order": order, "world_size": world,
-                    "bytes": world * shard, "shard_bytes": shard, "dtype": "bfloat16", "correct": True,
-                    "pads_zero": True, "us": us, "us_p25": us * 0.98, "us_p75": us * 1.03, "us_min": us * 0.97,
-                    "samples": 15, "inner": 5, "method": "cuda_graph",
-                    "busbw_GBps": world * shard / us / 1e3 * (world - 1) / world,
-                    "ratio_to_rotated": ratio[1], "ratio_p25": ratio[0], "ratio_p75": ratio[2]})
+        out.append(
+            {
+                "kind": "gather_order",
+                "impl": "labkit",
+                "op": "all_gather",
+                "order": order,
+                "world_size": world,
+                "bytes": world * shard,
+                "shard_bytes": shard,
+                "dtype": "bfloat16",
+                "correct": True,
+                "pads_zero": True,
+                "us": us,
+                "us_p25": us * 0.98,
+                "us_p75": us * 1.03,
+                "us_min": us * 0.97,
+                "samples": 15,
+                "inner": 5,
+                "method": "cuda_graph",
+                "busbw_GBps": world * shard / us / 1e3 * (world - 1) / world,
+                "ratio_to_rotated": ratio[1],
+                "ratio_p25": ratio[0],
+                "ratio_p75": ratio[2],
+            }
+        )
     return out
 
 
 def test_verdicts_read_the_quartiles_of_the_paired_ratio():
-    recs = (_records(2, 1 << 20, (0.99, 1.001, 1.02)) + _records(4, 1 << 28, (1.5, 1.6, 1.7))
-            + _records(4, 1 << 20, (0.8, 0.9, 0.95)))
+    recs = (
+        _records(2, 1 << 20, (0.99, 1.001, 1.02))
+        + _records(4, 1 << 28, (1.5, 1.6, 1.7))
+        + _records(4, 1 << 20, (0.8, 0.9, 0.95))
+    )
     lines = gather_order.order_verdicts(recs)
     assert len(lines) == 3
     assert lines[0].startswith("W=2, 1 MiB per rank: naive/rotated x1.001 (quartiles 0.990..1.020, 15 paired rounds")
     assert lines[0].endswith("no difference beyond the round-to-round spread")
-    assert lines[1].startswith("W=4, 1 MiB") and lines[1].endswith("naive faster in most rounds (its upper quartile below 1)")
-    assert lines[2].startswith("W=4, 256 MiB") and lines[2].endswith("naive slower in most rounds (its lower quartile above 1)")
+    assert lines[1].startswith("W=4, 1 MiB") and lines[1].endswith(
+        "naive faster in most rounds (its upper quartile below 1)"
+    )
+    assert lines[2].startswith("W=4, 256 MiB") and lines[2].endswith(
+        "naive slower in most rounds (its lower quartile above 1)"
+    )
     one = [r for r in recs if r["order"] == "rotated"][:1]
     assert gather_order.order_verdicts(one) == ["W=2, 1 MiB per rank: only ['rotated'] timed"]
 
@@ -143,8 +175,20 @@ def test_old_reference_files_lack_the_comparison_and_still_plot():
             fig, axes = plt.subplots(1, 2)
             assert gather_order.plot_gather_order(rs.records, list(axes), machine) == 0
             plt.close(fig)
-    failed = [{"kind": "gather_order", "impl": "labkit", "op": "all_gather", "world_size": 2, "bytes": None,
-               "dtype": "bfloat16", "us": None, "busbw_GBps": None, "correct": False, "outcome": "rank 0 timeout"}]
+    failed = [
+        {
+            "kind": "gather_order",
+            "impl": "labkit",
+            "op": "all_gather",
+            "world_size": 2,
+            "bytes": None,
+            "dtype": "bfloat16",
+            "us": None,
+            "busbw_GBps": None,
+            "correct": False,
+            "outcome": "rank 0 timeout",
+        }
+    ]
     assert gather_order.order_records(failed) == [] and gather_order.order_verdicts(failed) == []
 
 

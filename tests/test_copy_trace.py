@@ -1,6 +1,7 @@
 """labkit.labs.start_here.copy_trace: the profiler's view of a 1 GiB copy, eager and under graph
 replay. The reduction and the verdict on synthetic Chrome-trace events and on a real CPU trace;
 the records on this tier (a ``skipped`` reason); the trace itself on a GPU."""
+
 import pytest
 import torch
 
@@ -15,34 +16,48 @@ def ev(cat, name, dur, ph="X"):
 
 
 MEMCPY = "Memcpy DtoD (Device -> Device)"
-EAGER = [ev("cpu_op", "aten::copy_", 30.0), ev("cuda_runtime", "cudaMemcpyAsync", 8.0),
-         ev("gpu_memcpy", MEMCPY, 506.0), ev("cuda_runtime", "cudaDeviceSynchronize", 510.0),
-         ev("ac2g", "flow", 0.0, ph="s"), {"ph": "M", "name": "process_name", "args": {}}]
+EAGER = [
+    ev("cpu_op", "aten::copy_", 30.0),
+    ev("cuda_runtime", "cudaMemcpyAsync", 8.0),
+    ev("gpu_memcpy", MEMCPY, 506.0),
+    ev("cuda_runtime", "cudaDeviceSynchronize", 510.0),
+    ev("ac2g", "flow", 0.0, ph="s"),
+    {"ph": "M", "name": "process_name", "args": {}},
+]
 
 
 def graph(device_event):
-    return [ev("cuda_runtime", "cudaGraphLaunch", 12.0), device_event,
-            ev("cuda_runtime", "cudaDeviceSynchronize", 790.0)]
+    return [
+        ev("cuda_runtime", "cudaGraphLaunch", 12.0),
+        device_event,
+        ev("cuda_runtime", "cudaDeviceSynchronize", 790.0),
+    ]
 
 
 def test_summary_keeps_gpu_work_and_host_calls_per_name():
     rows = copy_trace.summarize_trace(EAGER + [ev("gpu_memcpy", MEMCPY, 494.0)])
     assert rows[0] == {"activity": "gpu_memcpy", "name": MEMCPY, "count": 2, "us": 1000.0, "us_max": 506.0}
     assert [(r["activity"], r["name"]) for r in rows[1:]] == [
-        ("cuda_runtime", "cudaDeviceSynchronize"), ("cuda_runtime", "cudaMemcpyAsync")]  # by time
+        ("cuda_runtime", "cudaDeviceSynchronize"),
+        ("cuda_runtime", "cudaMemcpyAsync"),
+    ]  # by time
     assert copy_trace.device_work(rows) == rows[:1]
     assert copy_trace.summarize_trace(EAGER, kinds=("cpu_op",)) == [
-        {"activity": "cpu_op", "name": "aten::copy_", "count": 1, "us": 30.0, "us_max": 30.0}]
+        {"activity": "cpu_op", "name": "aten::copy_", "count": 1, "us": 30.0, "us_max": 30.0}
+    ]
     assert copy_trace.summarize_trace([]) == []
 
 
-@pytest.mark.parametrize("events, kinds, match", [
-    ("trace.json", copy_trace.DEVICE_ACTIVITIES, "events"),
-    ({"traceEvents": []}, copy_trace.DEVICE_ACTIVITIES, "events"),
-    ([3], copy_trace.DEVICE_ACTIVITIES, "item 0"),
-    ([ev("kernel", "k", None)], copy_trace.DEVICE_ACTIVITIES, "no duration"),
-    ([], (), "kinds"),
-])
+@pytest.mark.parametrize(
+    "events, kinds, match",
+    [
+        ("trace.json", copy_trace.DEVICE_ACTIVITIES, "events"),
+        ({"traceEvents": []}, copy_trace.DEVICE_ACTIVITIES, "events"),
+        ([3], copy_trace.DEVICE_ACTIVITIES, "item 0"),
+        ([ev("kernel", "k", None)], copy_trace.DEVICE_ACTIVITIES, "no duration"),
+        ([], (), "kinds"),
+    ],
+)
 def test_summary_refuses_bad_input(events, kinds, match):
     with pytest.raises(ValueError, match=match):
         copy_trace.summarize_trace(events, kinds)
@@ -77,11 +92,16 @@ def _flat(path_rows: dict) -> list[dict]:
 
 
 def test_records_round_trip_and_report(tmp_path):
-    recs = _flat({"eager copy_": copy_trace.summarize_trace(EAGER),
-                  "graph replay": copy_trace.summarize_trace(graph(ev("gpu_memcpy", MEMCPY, 780.0)))})
+    recs = _flat(
+        {
+            "eager copy_": copy_trace.summarize_trace(EAGER),
+            "graph replay": copy_trace.summarize_trace(graph(ev("gpu_memcpy", MEMCPY, 780.0))),
+        }
+    )
     # they carry the workbench benchmark's required fields, so its results file takes them
-    path = results.write_results(tmp_path / "workbench.json", "workbench", recs, generator="t",
-                                 required=copy_bandwidth.REQUIRED)
+    path = results.write_results(
+        tmp_path / "workbench.json", "workbench", recs, generator="t", required=copy_bandwidth.REQUIRED
+    )
     back = results.load_results(path).records
     assert copy_trace.summaries(back)["graph replay"][0]["name"] == MEMCPY
     text = copy_trace.report(back, "reference h200x2 (RECORDED, not this machine)")

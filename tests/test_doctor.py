@@ -1,4 +1,5 @@
 """The doctor reports this machine truthfully, as text, JSON (CLI) and a widget."""
+
 import json
 import subprocess
 import sys
@@ -15,8 +16,11 @@ def test_report_matches_this_machine():
     assert len(rep["peer_access"]) == n and all(len(row) == n for row in rep["peer_access"])
     assert all(rep["peer_access"][i][i] is False for i in range(n))
     assert torch.__version__.startswith(rep["versions"]["torch"].split("+")[0])
-    assert rep["multicast_env"] == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-                                    "NVSHMEM_DISABLE_NVLS": "1"}
+    assert rep["multicast_env"] == {
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }
     assert [c["lab"] for c in rep["labs"]] == [lab.id for lab in catalogue.LABS]
     if n == 0:
         assert rep["machine"] == "cpu" and rep["tier"] == "interpreter"
@@ -33,7 +37,9 @@ def test_text_report_names_every_lab_and_gpu():
 
 
 def test_cli_json_is_valid_and_complete():
-    p = subprocess.run([sys.executable, "-m", "labkit", "doctor", "--json"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "labkit", "doctor", "--json"], capture_output=True, text=True, timeout=120
+    )
     assert p.returncode == 0, p.stderr
     rep = json.loads(p.stdout)
     assert {"machine", "versions", "gpu_count", "gpus", "peer_access", "nvlink_topology", "labs", "tier"} <= set(rep)
@@ -49,8 +55,11 @@ def test_widget_renders_on_demand():
 
 def test_peer_matrix_text_for_two_gpus():
     rep = doctor.collect()
-    rep.update(gpu_count=2, gpus=[{"name": "NVIDIA H200", "capability": [9, 0], "memory_gib": 140.0,
-                                   "multiprocessors": 132}] * 2, peer_access=[[False, True], [True, False]])
+    rep.update(
+        gpu_count=2,
+        gpus=[{"name": "NVIDIA H200", "capability": [9, 0], "memory_gib": 140.0, "multiprocessors": 132}] * 2,
+        peer_access=[[False, True], [True, False]],
+    )
     text = doctor.format_text(rep)
     assert "peer access (row can reach column):" in text and "yes" in text
 
@@ -62,8 +71,13 @@ def test_l2_size_comes_from_the_device_properties():
 
     assert Hardware.fake(1, l2_mb=52.4).gpus[0].l2_mb == 52.4
     rep = doctor.collect()
-    rep.update(gpu_count=1, gpus=[{"name": "NVIDIA H200", "capability": [9, 0], "memory_gib": 140.0,
-                                   "multiprocessors": 132, "l2_mb": 52.4}], peer_access=[[False]])
+    rep.update(
+        gpu_count=1,
+        gpus=[
+            {"name": "NVIDIA H200", "capability": [9, 0], "memory_gib": 140.0, "multiprocessors": 132, "l2_mb": 52.4}
+        ],
+        peer_access=[[False]],
+    )
     assert "132 SMs, 52.4 MB L2" in doctor.format_text(rep)
     del rep["gpus"][0]["l2_mb"]
     assert "MB L2" not in doctor.format_text(rep)
@@ -89,6 +103,7 @@ def test_a_broken_interpreter_is_named_with_its_fix(monkeypatch):
         def __getitem__(self, grid):
             def launch(*args, **kwargs):
                 raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+
             return launch
 
     monkeypatch.setattr(interpreter, "_grid_stride_probe", Broken())

@@ -6,6 +6,7 @@ reason), the speed comparison's code at tiny shapes (interpreter, emulated GEMM)
 of ``run_case``, every figure drawn from those records (Agg), and the panel: changing a control
 reruns and changes the verdict and the figure. GPU: the speed comparison at a small shape, and the
 two-GPU matrix cells in their child processes."""
+
 import labkit  # noqa: F401  (first: picks the tier before any kernel module is imported)
 
 import json
@@ -63,7 +64,9 @@ def test_cpu_benchmark_records_carry_required_and_sane_values(cpu_records):
     inputs = [r for r in meta if r["tensor"] == "input"]
     assert all(r["amax"] > 0 for r in inputs)
     for r in inputs:  # the default recipe: "max" over the history, margin 0
-        seen = max(q["amax"] for q in inputs if (q["mode"], q["module"]) == (r["mode"], r["module"]) and q["step"] <= r["step"])
+        seen = max(
+            q["amax"] for q in inputs if (q["mode"], q["module"]) == (r["mode"], r["module"]) and q["step"] <= r["step"]
+        )
         assert math.isclose(r["scale"], 448.0 / seen, rel_tol=1e-6), r
 
 
@@ -93,25 +96,39 @@ def test_gpu_profile_without_a_gpu_is_refused_in_one_line():
 
 
 def test_a_dead_child_becomes_a_record_with_the_sandbox_status(monkeypatch):
-    died = sandbox.SandboxResult(status="illegal_memory_access", error_type=None,
-                                 message="CUDA error: an illegal memory access was encountered", seconds=1.0,
-                                 stderr="...\nCUDA error: an illegal memory access was encountered\n", returncode=-6,
-                                 traceback='  File "/x/labkit/labs/fp8_dispatch/model.py", line 77, in forward\n'
-                                           '    return self.down_proj(gate * up)\n')
+    died = sandbox.SandboxResult(
+        status="illegal_memory_access",
+        error_type=None,
+        message="CUDA error: an illegal memory access was encountered",
+        seconds=1.0,
+        stderr="...\nCUDA error: an illegal memory access was encountered\n",
+        returncode=-6,
+        traceback='  File "/x/labkit/labs/fp8_dispatch/model.py", line 77, in forward\n'
+        "    return self.down_proj(gate * up)\n",
+    )
     monkeypatch.setattr(bench.sandbox, "run_isolated", lambda *a, **k: died)
-    cell = {"kind": "launch_blocking", "placement": "two_gpus", "mode": "fp8_naive",
-            "env": {"CUDA_LAUNCH_BLOCKING": "1"}, "skip": None}
+    cell = {
+        "kind": "launch_blocking",
+        "placement": "two_gpus",
+        "mode": "fp8_naive",
+        "env": {"CUDA_LAUNCH_BLOCKING": "1"},
+        "skip": None,
+    }
     rec = bench.run_cell(cell, 1.0, 3, isolated=True)
     assert set(bench.REQUIRED) <= set(rec)
     assert rec["outcome"] == rec["sandbox"] == "illegal_memory_access" and rec["launch_blocking"]
     assert rec["reported_at"] == "labs/fp8_dispatch/model.py:77 (return self.down_proj(gate * up))"
     assert rec["mechanism"] == "all three" and "illegal memory access" in rec["stderr_tail"]
-    assert bench._flatten(rec) == [rec]     # no meta from a cell that died
+    assert bench._flatten(rec) == [rec]  # no meta from a cell that died
 
 
 def test_reported_at_is_the_first_error_of_the_chain():
-    rec = {"errors": [{"type": "RuntimeError", "message": "again", "at": "kernels/fp8/autocast.py:1 (exit)"},
-                      {"type": "RuntimeError", "message": "first", "at": "labs/fp8_dispatch/model.py:77 (gate * up)"}]}
+    rec = {
+        "errors": [
+            {"type": "RuntimeError", "message": "again", "at": "kernels/fp8/autocast.py:1 (exit)"},
+            {"type": "RuntimeError", "message": "first", "at": "labs/fp8_dispatch/model.py:77 (gate * up)"},
+        ]
+    }
     assert bench.reported_at(rec) == "labs/fp8_dispatch/model.py:77 (gate * up)"
     assert bench.reported_at({"errors": []}) is None and bench.reported_at(traceback="") is None
 
@@ -142,11 +159,11 @@ def test_drift_scales_and_the_delayed_scale_they_show():
     with pytest.raises(ValueError, match="input_scales: expected None or at least 3"):
         model.run_case(HERE, size=SIZE, steps=3, input_scales=[1.0, 2.0])
     rec = model.run_case(HERE, size=SIZE, steps=4, input_scales=[1.0, 1.0, 16.0, 1.0])
-    assert rec["outcome"] == "ok" and not rec["mismatches"]       # the checker follows the drift
+    assert rec["outcome"] == "ok" and not rec["mismatches"]  # the checker follows the drift
     errs = rec["norm_rel_err_per_step"]
-    assert errs[2] > 0.5 > model.WRONG_OUTPUT > errs[1]          # the spike is cast with the old scale: saturated
+    assert errs[2] > 0.5 > model.WRONG_OUTPUT > errs[1]  # the spike is cast with the old scale: saturated
     q = [r for r in rec["records"] if r["module"] == "attn.q_proj" and r["tensor"] == "input"]
-    assert q[2]["amax"] == 16 * q[1]["amax"] and q[3]["scale"] == q[2]["scale"] < q[1]["scale"]   # "max" keeps it
+    assert q[2]["amax"] == 16 * q[1]["amax"] and q[3]["scale"] == q[2]["scale"] < q[1]["scale"]  # "max" keeps it
 
 
 def test_plots_draw_from_benchmark_records(cpu_records):
@@ -158,27 +175,60 @@ def test_plots_draw_from_benchmark_records(cpu_records):
     speed = bench.speed_records("cpu", shapes={"gate/up": (32, 48, 64), "down": (32, 64, 48)})
     plots.plot_speed(speed, axes[1][0], "speed")
     assert len(axes[1][0].patches) == 2 * len(bench.SPEED_IMPLS)
-    plots.plot_speed([{"kind": "speed", "outcome": "skipped: needs 1 CUDA GPU; this machine has 0"}], axes[1][1], "none")
+    plots.plot_speed(
+        [{"kind": "speed", "outcome": "skipped: needs 1 CUDA GPU; this machine has 0"}], axes[1][1], "none"
+    )
     assert "needs 1 CUDA GPU" in axes[1][1].texts[0].get_text()
     plots.plot_matrix([], axes[1][2], "empty")
     plt.close(fig)
 
 
 def test_plots_show_a_crash_a_skip_and_state_off_its_weights_device():
-    recs = [{"kind": "matrix", "placement": "two_gpus", "mode": "fp8_naive", "outcome": "illegal_memory_access",
-             "rel_err_vs_bf16": None, "forward_ms": None},
-            {"kind": "matrix", "placement": "two_gpus", "mode": "global_reduction",
-             "outcome": "exception: ValueError: Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)"},
-            {"kind": "matrix", "placement": "other_gpu", "mode": "fp8_naive",
-             "outcome": "skipped: needs 2 CUDA GPUs; this machine has 1"}]
-    meta = [{"kind": "meta", "placement": "two_gpus", "mode": "lazy_meta_on_current_device", "step": s, "module": m,
-             "tensor": "input", "device": "cuda:0", "weight_device": w, "amax": 2.0, "scale": 224.0}
-            for s in range(3) for m, w in (("attn.q_proj", "cuda:0"), ("mlp.up_proj", "cuda:1"))]
+    recs = [
+        {
+            "kind": "matrix",
+            "placement": "two_gpus",
+            "mode": "fp8_naive",
+            "outcome": "illegal_memory_access",
+            "rel_err_vs_bf16": None,
+            "forward_ms": None,
+        },
+        {
+            "kind": "matrix",
+            "placement": "two_gpus",
+            "mode": "global_reduction",
+            "outcome": "exception: ValueError: Pointer argument (at 0) cannot be accessed from Triton (cpu tensor?)",
+        },
+        {
+            "kind": "matrix",
+            "placement": "other_gpu",
+            "mode": "fp8_naive",
+            "outcome": "skipped: needs 2 CUDA GPUs; this machine has 1",
+        },
+    ]
+    meta = [
+        {
+            "kind": "meta",
+            "placement": "two_gpus",
+            "mode": "lazy_meta_on_current_device",
+            "step": s,
+            "module": m,
+            "tensor": "input",
+            "device": "cuda:0",
+            "weight_device": w,
+            "amax": 2.0,
+            "scale": 224.0,
+        }
+        for s in range(3)
+        for m, w in (("attn.q_proj", "cuda:0"), ("mlp.up_proj", "cuda:1"))
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     plots.plot_matrix(recs, axes[0])
     colours = {tuple(round(c, 3) for c in p.get_facecolor()[:3]) for p in axes[0].patches}
     assert len(colours) == 3
-    assert plots.outcome_class(recs[1]["outcome"]) == "exception" and plots.outcome_class(recs[2]["outcome"]) == "skipped"
+    assert (
+        plots.outcome_class(recs[1]["outcome"]) == "exception" and plots.outcome_class(recs[2]["outcome"]) == "skipped"
+    )
     plots.plot_meta_history(meta, axes[1:], "lazy", "two_gpus", "lazy_meta_on_current_device")
     labels = [t.get_text() for t in axes[2].get_legend().get_texts()]
     assert labels == ["state on cuda:0", "state on cuda:0, its weight on cuda:1"]
@@ -194,16 +244,32 @@ def test_datasheet_ceilings_are_listed_only_for_known_gpus():
 
 # --- the panel --------------------------------------------------------------------------------
 
+
 def _controls(panel):
     (margin, history, steps), (algo, fmt), drift, (device_map, mode), text, figure = (
-        panel.children[0].children, panel.children[1].children, panel.children[2], panel.children[3].children,
-        panel.children[4], panel.children[5])
-    return dict(margin=margin, history=history, steps=steps, algo=algo, fmt=fmt, drift=drift,
-                device_map=device_map, mode=mode, text=text, figure=figure)
+        panel.children[0].children,
+        panel.children[1].children,
+        panel.children[2],
+        panel.children[3].children,
+        panel.children[4],
+        panel.children[5],
+    )
+    return dict(
+        margin=margin,
+        history=history,
+        steps=steps,
+        algo=algo,
+        fmt=fmt,
+        drift=drift,
+        device_map=device_map,
+        mode=mode,
+        text=text,
+        figure=figure,
+    )
 
 
 def test_changing_a_control_reruns_and_changes_the_verdict(monkeypatch):
-    shown = []   # every figure the panel draws, in order
+    shown = []  # every figure the panel draws, in order
     real_show = FigureView.show
     monkeypatch.setattr(FigureView, "show", lambda view, fig: (shown.append(fig), real_show(view, fig))[1])
     maps = widgets.CPU_MAPS if HERE == "cpu" else widgets.ONE_GPU_MAPS
@@ -212,10 +278,10 @@ def test_changing_a_control_reruns_and_changes_the_verdict(monkeypatch):
     assert bytes(c["figure"].value)[:4] == b"\x89PNG" and c["figure"].figure is shown[0]
     assert list(c["device_map"].options) == list(maps)
     first = c["text"].value
-    assert f"fp8_device_aware on {HERE}: wrong_output" in first          # a doubling input, no margin: saturated
+    assert f"fp8_device_aware on {HERE}: wrong_output" in first  # a doubling input, no margin: saturated
     c["margin"].value = 1
     assert f"fp8_device_aware on {HERE}: ok" in c["text"].value and c["text"].value != first
-    assert len(shown) == 2   # redrawn: the scales halve with one more bit of margin
+    assert len(shown) == 2  # redrawn: the scales halve with one more bit of margin
     assert c["figure"].figure is shown[1]
     assert shown[1].axes[1].lines[0].get_ydata()[0] == shown[0].axes[1].lines[0].get_ydata()[0] / 2
     c["drift"].value = "spike"
@@ -241,13 +307,31 @@ def test_case_report_text_and_figure():
 
 
 def test_verdict_of_a_dead_child_and_of_misplaced_state():
-    dead = {"placement": "two_gpus", "mode": "fp8_naive", "outcome": "illegal_memory_access", "records": [],
-            "errors": [], "sandbox_summary": "illegal_memory_access: CUDA error (3.0 s)", "norm_rel_err_per_step": []}
-    assert widgets.verdict(dead) == "fp8_naive on two_gpus: illegal_memory_access (illegal_memory_access: CUDA error (3.0 s))"
-    misplaced = {"placement": "two_gpus", "mode": "fp8_naive", "outcome": "wrong_scale", "norm_rel_err_per_step": [0.1, 0.2],
-                 "mismatches": [{}], "errors": [],
-                 "records": [{"module": "attn.q_proj", "device": "cuda:0", "weight_device": "cuda:0"},
-                             {"module": "mlp.up_proj", "device": "cuda:0", "weight_device": "cuda:1"}]}
+    dead = {
+        "placement": "two_gpus",
+        "mode": "fp8_naive",
+        "outcome": "illegal_memory_access",
+        "records": [],
+        "errors": [],
+        "sandbox_summary": "illegal_memory_access: CUDA error (3.0 s)",
+        "norm_rel_err_per_step": [],
+    }
+    assert (
+        widgets.verdict(dead)
+        == "fp8_naive on two_gpus: illegal_memory_access (illegal_memory_access: CUDA error (3.0 s))"
+    )
+    misplaced = {
+        "placement": "two_gpus",
+        "mode": "fp8_naive",
+        "outcome": "wrong_scale",
+        "norm_rel_err_per_step": [0.1, 0.2],
+        "mismatches": [{}],
+        "errors": [],
+        "records": [
+            {"module": "attn.q_proj", "device": "cuda:0", "weight_device": "cuda:0"},
+            {"module": "mlp.up_proj", "device": "cuda:0", "weight_device": "cuda:1"},
+        ],
+    }
     v = widgets.verdict(misplaced)
     assert "attn state on cuda:0; mlp state on cuda:0, its weights on cuda:1" in v and "1 amax/scale values differ" in v
 
@@ -260,6 +344,7 @@ def test_device_maps_follow_the_machine():
 
 
 # --- GPUs -------------------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 def test_speed_comparison_on_a_gpu():
@@ -274,7 +359,11 @@ def test_speed_comparison_on_a_gpu():
 
 @pytest.mark.multigpu
 def test_two_gpu_cells_run_contained_and_flatten():
-    cells = [c for c in bench.plan("gpu", 2) if c["placement"] == "two_gpus" and c["mode"] in ("fp8_device_aware", "fp8_naive")]
+    cells = [
+        c
+        for c in bench.plan("gpu", 2)
+        if c["placement"] == "two_gpus" and c["mode"] in ("fp8_device_aware", "fp8_naive")
+    ]
     for cell in cells:
         rec = bench.run_cell(cell, 1 / 64, 2, isolated=True)
         assert set(bench.REQUIRED) <= set(rec) and rec["sandbox"] in sandbox.STATUSES
@@ -288,7 +377,7 @@ def test_two_gpu_cells_run_contained_and_flatten():
 @pytest.mark.multigpu
 def test_the_panel_runs_the_naive_mode_in_a_child_on_two_gpus():
     text, fig = widgets.case_report("two_gpus", "fp8_naive", drift="constant", steps=2)
-    recipe_line, verdict = text.splitlines()[:2]   # the recipe that ran heads the verdict
+    recipe_line, verdict = text.splitlines()[:2]  # the recipe that ran heads the verdict
     assert recipe_line.startswith("recipe: margin 0,")
     assert verdict.startswith("fp8_naive on two_gpus:")
     print(text)
@@ -302,17 +391,17 @@ def test_the_recorded_h200_figures_name_refusals_nan_and_the_hbm_ceiling():
     plots.plot_matrix(two, axes[0])
     cells = [t.get_text() for t in axes[0].texts]
     assert any(t.startswith("exception: refused by\ntorch's device check") for t in cells)
-    assert any("wrong_scale\noutput NaN" in t for t in cells)      # not "max rel err nan"
+    assert any("wrong_scale\noutput NaN" in t for t in cells)  # not "max rel err nan"
     one = json.loads((root / "h200x1" / "fp8.json").read_text())["records"]
     plots.plot_speed(one, axes[1])
     cast = [r for r in plots.speed_rows(one) if r["impl"] == "fp8_weight_cast"][0]
     floor = 3 * cast["N"] * cast["K"] / (hardware.datasheet_hbm_tbps(cast["gpu"]) * 1e9)
-    assert any(np.allclose(line.get_ydata(), floor) for line in axes[1].lines)   # drawn, in ms, below the bar
+    assert any(np.allclose(line.get_ydata(), floor) for line in axes[1].lines)  # drawn, in ms, below the bar
     assert floor < cast["ms"]
     plots.plot_meta_history(two, axes[2:], "", "two_gpus", "fp8_device_aware")
     fig.canvas.draw()
-    for ax in axes[2:]:   # the line-end names do not cover one another
+    for ax in axes[2:]:  # the line-end names do not cover one another
         boxes = [t.get_window_extent() for t in ax.texts]
         assert len(boxes) == 7
-        assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+        assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
     plt.close(fig)

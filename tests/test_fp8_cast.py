@@ -3,6 +3,7 @@ on fresh random inputs: the FP8 bits, the amax (of the UNSCALED input), scale_in
 both formats, the delayed-scale semantics (this step casts with the scale of the last update and
 only records its amax), and bad input. On GPUs: the in-kernel FP8 conversion bit for bit against
 torch's, and the launch on the input's device whatever the current device."""
+
 import labkit  # noqa: F401  (picks the tier before the kernels are imported)
 
 import pytest
@@ -27,23 +28,29 @@ def _slots(scale: float, device=DEV):
 
 
 @pytest.mark.parametrize("fp8_dtype", FORMATS)
-@pytest.mark.parametrize("dtype, shape", [(torch.bfloat16, (37, 300)), (torch.float32, (5000,)),
-                                          (torch.float16, (3, 7, 129))])
+@pytest.mark.parametrize(
+    "dtype, shape", [(torch.bfloat16, (37, 300)), (torch.float32, (5000,)), (torch.float16, (3, 7, 129))]
+)
 def test_quantize_matches_reference(fp8_dtype, dtype, shape):
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     x = (torch.randn(shape, generator=g) * 3).to(dtype).to(DEV)
-    scale = float(torch.empty(()).uniform_(0.5, 40.0, generator=g))   # large enough to saturate E4M3
+    scale = float(torch.empty(()).uniform_(0.5, 40.0, generator=g))  # large enough to saturate E4M3
     _, s, amax = _slots(scale)
     q = quantize(x, s, amax, fp8_dtype)
     data, ref_amax, ref_inv = quantize_reference(x, s, fp8_dtype)
     assert q.data.dtype == fp8_dtype and q.data.shape == x.shape and q.data.device == x.device
     assert torch.equal(_bits(q.data), _bits(data))
-    assert amax.item() == ref_amax.item() == x.float().abs().max().item()   # unscaled
+    assert amax.item() == ref_amax.item() == x.float().abs().max().item()  # unscaled
     assert q.scale_inv.item() == ref_inv.item()
 
 
-@pytest.mark.parametrize("fp8_dtype, fp8_max, half", [(torch.float8_e4m3fn, 448.0, 448.0),   # 500 saturates
-                                                      (torch.float8_e5m2, 57344.0, 512.0)])  # 500 rounds to 512
+@pytest.mark.parametrize(
+    "fp8_dtype, fp8_max, half",
+    [
+        (torch.float8_e4m3fn, 448.0, 448.0),  # 500 saturates
+        (torch.float8_e5m2, 57344.0, 512.0),
+    ],
+)  # 500 rounds to 512
 def test_values_past_the_format_saturate(fp8_dtype, fp8_max, half):
     x = torch.tensor([1e3, -1e3, 1e5, -1e5, 0.5, 0.0], device=DEV)
     _, s, amax = _slots(1000.0)
@@ -99,7 +106,7 @@ def test_bad_input_is_refused():
         quantize(x, s, amax, torch.bfloat16)
     with pytest.raises(TypeError, match="scale: expected a torch.Tensor, got float"):
         quantize(x, 1.0, amax)
-    where = x.device   # "cpu", or "cuda:0" (with its index) on a GPU
+    where = x.device  # "cpu", or "cuda:0" (with its index) on a GPU
     with pytest.raises(ValueError, match=f"x on {where}, scale on {where}, amax on meta"):
         quantize(x, s, torch.zeros(1, device="meta"))
 
@@ -113,7 +120,7 @@ def test_in_kernel_fp8_conversion_matches_torch_bit_for_bit(fp8_dtype):
     # every bf16 bit pattern between -2**9 and 2**9, too: all the ties of both formats are there
     every = torch.arange(0, 2**16, dtype=torch.int32, device="cuda").to(torch.int16).view(torch.bfloat16)
     every = every[every.float().abs() < 512]
-    for t, scale in ((x, 1.7), (every.contiguous(), 1.0), (every.contiguous(), 1.7)):   # scale 1: exact ties
+    for t, scale in ((x, 1.7), (every.contiguous(), 1.0), (every.contiguous(), 1.7)):  # scale 1: exact ties
         _, s, amax = _slots(scale, "cuda")
         q = quantize(t, s, amax, fp8_dtype)
         data, ref_amax, ref_inv = quantize_reference(t, s, fp8_dtype)

@@ -4,6 +4,7 @@ product's per-device update bit for bit, the amax/scale checker of ``run_case`` 
 not vacuous), and ``run_case`` records on the CPU tier. On two GPUs: where each mechanism puts
 the state, the device-aware run equal to the one-GPU run bit for bit, and every story mode run
 contained in the sandbox."""
+
 import labkit  # noqa: F401  (picks the tier before the kernels are imported)
 
 import json
@@ -20,7 +21,7 @@ from labkit.labs.fp8_dispatch.bulk_update import bulk_update
 from labkit.workbench import sandbox
 from labkit.workbench.errors import UsageError
 
-SIZE = 1 / 512          # hidden 16, kv 16, intermediate 64, tokens 32
+SIZE = 1 / 512  # hidden 16, kv 16, intermediate 64, tokens 32
 #: where the small runs go: "cpu" under the interpreter, "one_gpu" on a GPU machine's compiled tier
 HERE = story.local_placement()
 HERE_DEVICE = story.PLACEMENTS[HERE][0]
@@ -78,17 +79,18 @@ def _random_states(m, length, n, g):
         meta.amax_history.copy_(torch.rand(length, n, generator=g) * 100)
         meta.scale.copy_(torch.rand(n, generator=g) * 10 + 0.1)
         metas.append(meta)
-    metas[0].amax_history[0, 0] = 0.0                        # never ran: keep the scale
+    metas[0].amax_history[0, 0] = 0.0  # never ran: keep the scale
     metas[0].amax_history[:, 0] = 0.0
-    metas[-1].amax_history[0, -1] = math.inf                 # overflowed: keep the scale
+    metas[-1].amax_history[0, -1] = math.inf  # overflowed: keep the scale
     if length == 1 or m > 2:
-        metas[1].amax_history[:, 0] = 1e-38                  # tiny: the scale becomes fp32's max
+        metas[1].amax_history[:, 0] = 1e-38  # tiny: the scale becomes fp32's max
     return metas
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # 448 / 1e-38 in the interpreter
-@pytest.mark.parametrize("length, n, algo, margin", [(16, 2, "max", 0), (3, 1, "most_recent", 1),
-                                                     (1, 2, "max", 2), (5, 2, "most_recent", 0)])
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # 448 / 1e-38 in the interpreter
+@pytest.mark.parametrize(
+    "length, n, algo, margin", [(16, 2, "max", 0), (3, 1, "most_recent", 1), (1, 2, "max", 2), (5, 2, "most_recent", 0)]
+)
 def test_one_kernel_update_equals_the_per_device_update_bit_for_bit(length, n, algo, margin):
     g = torch.Generator().manual_seed(length * 10 + n)
     kernel_states = _random_states(4, length, n, g)
@@ -119,15 +121,18 @@ def test_every_mode_runs_on_one_device_and_agrees():
     # per step: 7 modules x (input, weight, grad_output)
     assert len(fp8["records"]) == 2 * 7 * 3
     inputs = [r for r in fp8["records"] if r["tensor"] == "input"]
-    assert {r["module"] for r in inputs} == {f"{b}.{p}_proj" for b, ps in (("attn", "qkvo"), ("mlp", ()))
-                                             for p in ps} | {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
-    assert all(r["amax"] > 0 and r["scale"] == pytest.approx(448.0 / r["amax"], rel=1e-6) for r in inputs
-               if r["step"] == 0)
+    assert {r["module"] for r in inputs} == {
+        f"{b}.{p}_proj" for b, ps in (("attn", "qkvo"), ("mlp", ())) for p in ps
+    } | {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}
+    assert all(
+        r["amax"] > 0 and r["scale"] == pytest.approx(448.0 / r["amax"], rel=1e-6) for r in inputs if r["step"] == 0
+    )
     assert {(r["device"], r["weight_device"]) for r in fp8["records"]} == {(HERE_DEVICE, HERE_DEVICE)}
 
 
 class _Stuck(DeviceAware):
     """A broken policy: never updates a scale."""
+
     name = "stuck"
 
     def reduce_and_update(self, entries, recipe):
@@ -159,9 +164,11 @@ def test_failures_become_outcomes_with_their_chain():
         _raise_twice()
     except Exception as e:
         errors = measure.errors_of(e)
-    assert [err["message"] for err in errors] == ["raised again at torch.cat",
-                                                  "CUDA error: an illegal memory access was encountered"]
-    assert all(err["at"] is None for err in errors)      # raised in the test file, not in labkit
+    assert [err["message"] for err in errors] == [
+        "raised again at torch.cat",
+        "CUDA error: an illegal memory access was encountered",
+    ]
+    assert all(err["at"] is None for err in errors)  # raised in the test file, not in labkit
     rec = {"errors": errors, "mismatches": [], "norm_rel_err_vs_bf16": None}
     assert story._outcome(rec) == "illegal_memory_access"
     rec["errors"] = [{"type": "ValueError", "message": "Pointer argument (at 0) cannot be accessed\nmore", "at": None}]
@@ -194,6 +201,7 @@ def test_story_shapes():
 
 # --- two GPUs ------------------------------------------------------------------------------------
 
+
 @pytest.mark.multigpu
 def test_where_each_policy_puts_the_state_under_dispatch_model():
     """No kernel runs here: only where the state is made (a crash cannot happen in this process)."""
@@ -202,16 +210,18 @@ def test_where_each_policy_puts_the_state_under_dispatch_model():
     model = story.dispatch(story.build(1 / 64, 0, devices), devices)
     up = model.mlp.up_proj
     assert up.weight.device == torch.device("cuda:1")
-    assert {b.device for b in up.buffers()} == {torch.device("cuda:1")}       # buffers moved with it
+    assert {b.device for b in up.buffers()} == {torch.device("cuda:1")}  # buffers moved with it
     assert DeviceAware().meta(up, "forward").device == torch.device("cuda:1")
     lazy = naive.StoryPolicy(naive.Mechanisms.only("lazy_meta_on_current_device")).meta(up, "forward")
-    assert lazy.device == torch.device("cuda:0")                               # the story's placement
+    assert lazy.device == torch.device("cuda:0")  # the story's placement
 
 
 @pytest.mark.multigpu
 def test_device_aware_two_gpus_equals_one_gpu_bit_for_bit():
-    res = {p: sandbox.run_isolated(story.run_case, p, "fp8_device_aware", 1 / 16, 3, timeout=600)
-           for p in ("one_gpu", "two_gpus")}
+    res = {
+        p: sandbox.run_isolated(story.run_case, p, "fp8_device_aware", 1 / 16, 3, timeout=600)
+        for p in ("one_gpu", "two_gpus")
+    }
     one, two = (res[p].unwrap() for p in ("one_gpu", "two_gpus"))
     assert one["outcome"] == two["outcome"] == "ok", (one["errors"], two["errors"])
     assert one["output_digest"] == two["output_digest"]
@@ -226,5 +236,7 @@ def test_story_modes_run_contained_on_two_gpus(mode):
     res = sandbox.run_isolated(story.run_case, "two_gpus", mode, 1 / 16, 3, timeout=600)
     assert res.status in sandbox.STATUSES
     rec = res.value if res.ok else None
-    print(f"{mode}: {res.summary()} -> {rec['outcome'] if rec else res.status}"
-          f"{'; ' + str(rec['mismatches'][:2]) if rec and rec['mismatches'] else ''}")
+    print(
+        f"{mode}: {res.summary()} -> {rec['outcome'] if rec else res.status}"
+        f"{'; ' + str(rec['mismatches'][:2]) if rec and rec['mismatches'] else ''}"
+    )

@@ -1,5 +1,6 @@
 """labkit.labs.fp8_dispatch.findings: the two-GPU cells read into sentences, from records (the
 recorded 2x H200 run and made-up ones for the outcomes it did not produce)."""
+
 import json
 from pathlib import Path
 
@@ -7,8 +8,10 @@ from labkit.labs.fp8_dispatch import findings
 from labkit.labs.fp8_dispatch.naive import MECHANISMS
 
 ROOT = Path(__file__).resolve().parents[1]
-SAME_DEVICE = ("exception: RuntimeError: Expected all tensors to be on the same device, but got scale_a is on cuda:0, "
-               "different from other tensors on cuda:1 (when checking argument in method wrapper_CUDA___scaled_mm_v2)")
+SAME_DEVICE = (
+    "exception: RuntimeError: Expected all tensors to be on the same device, but got scale_a is on cuda:0, "
+    "different from other tensors on cuda:1 (when checking argument in method wrapper_CUDA___scaled_mm_v2)"
+)
 
 
 def rec(placement, mode, outcome, kind="matrix", digest="d1", **extra):
@@ -29,8 +32,14 @@ def test_nothing_on_two_gpus_reads_as_nothing():
 
 
 def test_a_mechanism_that_faults_alone_is_named():
-    recs = story({"fp8_naive": "illegal_memory_access", "lazy_meta_on_current_device": "illegal_memory_access",
-                  "global_reduction": "ok", "unguarded_launch": "ok"})
+    recs = story(
+        {
+            "fp8_naive": "illegal_memory_access",
+            "lazy_meta_on_current_device": "illegal_memory_access",
+            "global_reduction": "ok",
+            "unguarded_launch": "ok",
+        }
+    )
     assert findings.story_verdict(recs).startswith("reproduced: lazy_meta_on_current_device alone")
     lines = findings.reading(recs)
     assert "the story's failure, reproduced" in lines[0] and "harmless on this machine" in lines[2]
@@ -42,9 +51,16 @@ def test_a_fault_only_together_says_so():
 
 
 def test_refusals_silent_errors_and_the_timing_dependence():
-    recs = story({"fp8_naive": SAME_DEVICE, "lazy_meta_on_current_device": SAME_DEVICE, "global_reduction": "ok",
-                  "unguarded_launch": "wrong_scale", "fp8_device_aware": "ok"},
-                 blocking={"unguarded_launch": "ok", "global_reduction": "ok"})
+    recs = story(
+        {
+            "fp8_naive": SAME_DEVICE,
+            "lazy_meta_on_current_device": SAME_DEVICE,
+            "global_reduction": "ok",
+            "unguarded_launch": "wrong_scale",
+            "fp8_device_aware": "ok",
+        },
+        blocking={"unguarded_launch": "ok", "global_reduction": "ok"},
+    )
     next(r for r in recs if r["mode"] == "unguarded_launch" and r["kind"] == "matrix")["mismatches"] = [{}, {}]
     text = "\n".join(findings.reading(recs))
     assert "when checking argument" not in text  # torch's operator name is cut
@@ -76,7 +92,8 @@ def test_the_recorded_two_h200_run_reads_whole():
 def test_a_nan_output_is_called_nan_and_the_hypothesis_names_the_two_streams():
     recs = story({"unguarded_launch": "wrong_scale"}, blocking={"unguarded_launch": "ok"})
     next(r for r in recs if r["kind"] == "matrix" and r["placement"] == "two_gpus").update(
-        mismatches=[{}], rel_err_vs_bf16=float("nan"))
+        mismatches=[{}], rel_err_vs_bf16=float("nan")
+    )
     (line,) = findings.reading(recs)
     assert "(the output is NaN)" in line
     assert "the cast kernel runs on the current device's stream" in line and "nothing orders" in line
@@ -85,6 +102,8 @@ def test_a_nan_output_is_called_nan_and_the_hypothesis_names_the_two_streams():
 def test_the_benchmark_summary_counts_outcome_classes():
     from labkit.labs.fp8_dispatch import bench
 
-    recs = story({"fp8_naive": SAME_DEVICE, "global_reduction": "ok", "unguarded_launch": "wrong_scale"},
-                 blocking={"unguarded_launch": "ok"}) + [{"kind": "speed", "outcome": "ok"}]
+    recs = story(
+        {"fp8_naive": SAME_DEVICE, "global_reduction": "ok", "unguarded_launch": "wrong_scale"},
+        blocking={"unguarded_launch": "ok"},
+    ) + [{"kind": "speed", "outcome": "ok"}]
     assert bench.summary(recs) == "FP8 matrix: 5 cells: 3 ok, 1 exception, 1 wrong_scale"

@@ -12,6 +12,7 @@ element (plus bf16 output rounding, 2**-8 of the result, and fp32 accumulation).
 is far below it: rounding errors are independent, about u / sqrt(3) rms each, so the norm-wise
 error of E4M3 x E4M3 is about sqrt(2) x 0.036 / 1.4 = 0.037 (measured 0.037 at K = 32 .. 2048):
 bound 0.06; E5M2 x E4M3 about 0.06: bound 0.1."""
+
 import labkit  # noqa: F401  (picks the tier before the kernels are imported)
 
 import warnings
@@ -25,8 +26,8 @@ from labkit.kernels.fp8.recipe import FP8Meta
 from labkit.workbench.tier import kernel_device
 
 DEV = kernel_device()
-E4M3 = (2.0 ** -4, 2.0 ** -10)   # (relative rounding bound, subnormal absolute bound before scaling)
-E5M2 = (2.0 ** -3, 2.0 ** -17)
+E4M3 = (2.0**-4, 2.0**-10)  # (relative rounding bound, subnormal absolute bound before scaling)
+E5M2 = (2.0**-3, 2.0**-17)
 
 
 def _err(a, scale, fmt):
@@ -38,14 +39,14 @@ def _err(a, scale, fmt):
 def _hard_bound(a, sa, fa, b, sb, fb, ref):
     """|a~ b~^T - a b^T| per element, plus output rounding (bf16) and fp32 accumulation."""
     ea, eb = _err(a, sa, fa), _err(b, sb, fb)
-    return ea @ (b.abs() + eb).T + a.abs() @ eb.T + 2.0 ** -8 * ref.abs() + 1e-5 * (a.abs() @ b.abs().T)
+    return ea @ (b.abs() + eb).T + a.abs() @ eb.T + 2.0**-8 * ref.abs() + 1e-5 * (a.abs() @ b.abs().T)
 
 
 def _layer(K=256, N=64, seed=0, device=DEV, **kw):
     torch.manual_seed(seed)
     lin = FP8Linear(K, N, dtype=torch.bfloat16, device=device, **kw)
     with torch.no_grad():
-        lin.weight.normal_(0, K ** -0.5)
+        lin.weight.normal_(0, K**-0.5)
     return lin
 
 
@@ -60,14 +61,14 @@ def test_forward_and_backward_within_bounds():
 def _check_bounds(device):
     lin = _layer(device=device)
     x = torch.randn(96, 256, device=device).to(torch.bfloat16).requires_grad_()
-    with fp8_autocast():               # step 1: calibrates every scale (casts with scale 1)
+    with fp8_autocast():  # step 1: calibrates every scale (casts with scale 1)
         lin(x)
     fwd, bwd = lin.fp8_meta("forward"), lin.fp8_meta("backward")
     sx, sw = fwd.scale[0].item(), fwd.scale[1].item()
     with fp8_autocast():
         y = lin(x)
     dy = torch.randn(96, 64, device=device).to(torch.bfloat16)
-    sdy = bwd.scale[0].item()          # scale 1 (no backward ran yet): E5M2 spans it
+    sdy = bwd.scale[0].item()  # scale 1 (no backward ran yet): E5M2 spans it
     y.backward(dy)
     xd, wd, dyd = x.detach().double(), lin.weight.detach().double(), dy.double()
     ref = xd @ wd.T
@@ -101,7 +102,7 @@ def test_weight_is_cast_once_per_optimizer_step():
     # cast at step 1 (scale 1), once more after the first update, then cached
     assert casts == [1, 2, 2, 2]
     with torch.no_grad():
-        lin.weight.mul_(1.01)          # what an optimizer step does: an in-place update
+        lin.weight.mul_(1.01)  # what an optimizer step does: an in-place update
     with fp8_autocast():
         lin(x)
     assert lin.weight_casts == 3
@@ -163,13 +164,16 @@ def _operands(M, N, K, device=DEV):
 
 def test_scaled_mm_shapes_must_be_multiples_of_16():
     a, b = _operands(24, 32, 48)
-    with pytest.raises(ValueError, match=r"x: the FP8 GEMM \(torch._scaled_mm\) needs every dimension a multiple "
-                                         r"of 16; x has shape \(24, 48\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"x: the FP8 GEMM \(torch._scaled_mm\) needs every dimension a multiple "
+        r"of 16; x has shape \(24, 48\)",
+    ):
         fp8_gemm(a, b, backend="scaled_mm", a_name="x", b_name="weight")
     a, b = _operands(32, 24, 48)
     with pytest.raises(ValueError, match=r"weight: .* has shape \(24, 48\)"):
         fp8_gemm(a, b, backend="scaled_mm", a_name="x", b_name="weight")
-    assert fp8_gemm(a, b, backend="emulated").shape == (32, 24)     # the emulation takes any shape
+    assert fp8_gemm(a, b, backend="emulated").shape == (32, 24)  # the emulation takes any shape
 
 
 @pytest.mark.parametrize("api", ["F.scaled_mm", "torch._scaled_mm"])
@@ -192,13 +196,16 @@ def test_both_scaled_mm_calls_match_the_emulation(api, monkeypatch):
 
 
 def test_a_gpu_without_fp8_warns_and_emulates(monkeypatch):
-    monkeypatch.setattr(gemm_mod, "fp8_gemm_support",
-                        lambda d: (False, "cuda:0 (Fake A100, sm_80) has no FP8 tensor cores; they need sm_89"))
+    monkeypatch.setattr(
+        gemm_mod,
+        "fp8_gemm_support",
+        lambda d: (False, "cuda:0 (Fake A100, sm_80) has no FP8 tensor cores; they need sm_89"),
+    )
     with pytest.warns(UserWarning, match="Fake A100, sm_80.*using the emulated GEMM"):
         assert gemm_mod.choose_backend(torch.device("cuda", 0)) == "emulated"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert gemm_mod.choose_backend(torch.device("cpu")) == "emulated"   # the CPU tier: no warning
+        assert gemm_mod.choose_backend(torch.device("cpu")) == "emulated"  # the CPU tier: no warning
     with pytest.raises(ValueError, match="backend: 'fast' is not one of"):
         gemm_mod.choose_backend(torch.device("cpu"), "fast")
 
@@ -230,7 +237,7 @@ def _train_steps(device):
         with fp8_autocast(recipe=recipe):
             y = lin(x)
         y.float().square().mean().backward()
-        outs += [t.detach().cpu() for t in (y, x.grad, lin.weight.grad, *lin.buffers())]   # this step's values
+        outs += [t.detach().cpu() for t in (y, x.grad, lin.weight.grad, *lin.buffers())]  # this step's values
     return outs, lin
 
 
@@ -247,6 +254,7 @@ def test_device_aware_on_cuda1_equals_cuda0_bit_for_bit():
 
 class _Spy(DeviceAware):
     """The product's policy, recording the FP8 dtype of every cast."""
+
     name = "spy"
 
     def __init__(self):
@@ -265,13 +273,16 @@ def test_gradients_are_cast_to_the_recipes_backward_format(fmt, grad_dtype):
     with fp8_autocast(recipe=DelayedScaling(fp8_format=fmt), mode=spy):
         y = lin(x)
     y.sum().backward()
-    assert spy.casts == [((16, 32), torch.float8_e4m3fn),    # the input
-                         ((16, 32), torch.float8_e4m3fn),    # the weight [out=16, in=32]
-                         ((16, 16), grad_dtype)]             # the output gradient
+    assert spy.casts == [
+        ((16, 32), torch.float8_e4m3fn),  # the input
+        ((16, 32), torch.float8_e4m3fn),  # the weight [out=16, in=32]
+        ((16, 16), grad_dtype),
+    ]  # the output gradient
 
 
 def test_the_functional_form_needs_an_entered_context():
     from labkit.kernels.fp8 import fp8_linear
+
     lin = _layer(K=32, N=16)
     x = torch.randn(16, 32, device=DEV).to(torch.bfloat16)
     with pytest.raises(ValueError, match="ctx: expected an entered fp8_autocast, got None"):

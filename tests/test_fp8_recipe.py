@@ -1,6 +1,7 @@
 """labkit.kernels.fp8.recipe: delayed scaling's rules against hand-computed values: the amax from
 the history (both algorithms), the scale (margin, 0 / inf / NaN keep the old one, overflow to the
 largest fp32), the history roll, the window, and the recipe's refusals."""
+
 import labkit  # noqa: F401  (picks the tier before the kernels are imported)
 
 import math
@@ -8,19 +9,28 @@ import math
 import pytest
 import torch
 
-from labkit.kernels.fp8.recipe import (FP32_MAX, DelayedScaling, FP8Meta, amax_from_history, rolled_history,
-                                       scale_from_amax, updated)
+from labkit.kernels.fp8.recipe import (
+    FP32_MAX,
+    DelayedScaling,
+    FP8Meta,
+    amax_from_history,
+    rolled_history,
+    scale_from_amax,
+    updated,
+)
 
 INF, NAN = math.inf, math.nan
 
 # Five tensors (columns), a history of four steps (rows; row 0 = this step's amax).
-HISTORY = torch.tensor([
-    # ordinary  never ran  inf now  NaN now  tiny
-    [2.0,       0.0,       INF,     NAN,     1e-38],
-    [1.0,       0.0,       1.0,     0.0,     0.0],
-    [4.0,       0.0,       1.0,     0.0,     0.0],
-    [0.5,       0.0,       1.0,     0.0,     0.0],
-])
+HISTORY = torch.tensor(
+    [
+        # ordinary  never ran  inf now  NaN now  tiny
+        [2.0, 0.0, INF, NAN, 1e-38],
+        [1.0, 0.0, 1.0, 0.0, 0.0],
+        [4.0, 0.0, 1.0, 0.0, 0.0],
+        [0.5, 0.0, 1.0, 0.0, 0.0],
+    ]
+)
 OLD_SCALE = torch.tensor([7.0, 3.0, 5.0, 6.0, 2.0])
 
 
@@ -32,19 +42,22 @@ def test_amax_max_is_the_column_max_and_most_recent_is_row_0():
     assert recent[0] == 2.0 and recent[2] == INF and recent[4] == 1e-38
 
 
-@pytest.mark.parametrize("algo, margin, expected0", [
-    ("max", 0, 448 / 4.0),          # 112
-    ("max", 1, 448 / 4.0 / 2),      # 56: a margin of 1 halves the scale
-    ("most_recent", 0, 448 / 2.0),  # 224
-    ("most_recent", 2, 448 / 2.0 / 4),
-])
+@pytest.mark.parametrize(
+    "algo, margin, expected0",
+    [
+        ("max", 0, 448 / 4.0),  # 112
+        ("max", 1, 448 / 4.0 / 2),  # 56: a margin of 1 halves the scale
+        ("most_recent", 0, 448 / 2.0),  # 224
+        ("most_recent", 2, 448 / 2.0 / 4),
+    ],
+)
 def test_scale_by_hand(algo, margin, expected0):
     _, scale, scale_inv = updated(HISTORY, OLD_SCALE, 448.0, margin, algo)
     assert scale[0].item() == expected0
-    assert scale[1].item() == 3.0            # amax 0: the previous scale is kept
-    assert scale[2].item() == 5.0            # amax inf: kept
-    assert scale[3].item() == 6.0            # amax NaN: kept
-    assert scale[4].item() == FP32_MAX       # 448 / 1e-38 overflows fp32: the largest fp32
+    assert scale[1].item() == 3.0  # amax 0: the previous scale is kept
+    assert scale[2].item() == 5.0  # amax inf: kept
+    assert scale[3].item() == 6.0  # amax NaN: kept
+    assert scale[4].item() == FP32_MAX  # 448 / 1e-38 overflows fp32: the largest fp32
     assert torch.equal(scale_inv, torch.reciprocal(scale))
 
 
@@ -108,14 +121,17 @@ def test_recipe_dtypes():
     assert DelayedScaling().fp8_max("forward") == 448.0 and DelayedScaling().fp8_max("backward") == 57344.0
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"amax_history_len": 0}, "amax_history_len: expected an int >= 1, got 0"),
-    ({"amax_history_len": 2.0}, "amax_history_len"),
-    ({"amax_compute_algo": "mean"}, "amax_compute_algo: 'mean' is not one of 'max', 'most_recent'"),
-    ({"fp8_format": "E5M2"}, "fp8_format: 'E5M2' is not one of 'HYBRID', 'E4M3'"),
-    ({"margin": -1}, "margin: expected a finite number >= 0"),
-    ({"margin": True}, "margin"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"amax_history_len": 0}, "amax_history_len: expected an int >= 1, got 0"),
+        ({"amax_history_len": 2.0}, "amax_history_len"),
+        ({"amax_compute_algo": "mean"}, "amax_compute_algo: 'mean' is not one of 'max', 'most_recent'"),
+        ({"fp8_format": "E5M2"}, "fp8_format: 'E5M2' is not one of 'HYBRID', 'E4M3'"),
+        ({"margin": -1}, "margin: expected a finite number >= 0"),
+        ({"margin": True}, "margin"),
+    ],
+)
 def test_recipe_refuses_bad_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DelayedScaling(**kwargs)

@@ -1,4 +1,5 @@
 """Gates decide from the hardware and give one-line reasons; skips are recorded for the runner."""
+
 import pytest
 
 from labkit.workbench import gates
@@ -13,15 +14,29 @@ def test_enough_hardware_is_ok():
     g.check()  # does not raise
 
 
-@pytest.mark.parametrize("needs,hw,reason", [
-    ({"gpus": 2}, Hardware.fake(0), "needs 2 CUDA GPUs; this machine has 0"),
-    ({"gpus": 1}, Hardware.fake(0), "needs 1 CUDA GPU; this machine has 0"),
-    ({"gpus": 4}, H200x2, "needs 4 CUDA GPUs; this machine has 2"),
-    ({"gpus": 1, "capability": (9, 0)}, Hardware.fake(1, name="NVIDIA A100", capability=(8, 0)),
-     "needs compute capability >= 9.0; GPU 0 (NVIDIA A100) is 8.0"),
-    ({"gpus": 2, "peer_access": True}, Hardware.fake(2, peer=False), "needs peer access between GPUs; missing for 0->1, 1->0"),
-    ({"gpus": 1, "memory_gib": 100}, Hardware.fake(1, memory_gib=79.2), "needs 100 GiB per GPU; GPU 0 has 79.2 GiB"),
-])
+@pytest.mark.parametrize(
+    "needs,hw,reason",
+    [
+        ({"gpus": 2}, Hardware.fake(0), "needs 2 CUDA GPUs; this machine has 0"),
+        ({"gpus": 1}, Hardware.fake(0), "needs 1 CUDA GPU; this machine has 0"),
+        ({"gpus": 4}, H200x2, "needs 4 CUDA GPUs; this machine has 2"),
+        (
+            {"gpus": 1, "capability": (9, 0)},
+            Hardware.fake(1, name="NVIDIA A100", capability=(8, 0)),
+            "needs compute capability >= 9.0; GPU 0 (NVIDIA A100) is 8.0",
+        ),
+        (
+            {"gpus": 2, "peer_access": True},
+            Hardware.fake(2, peer=False),
+            "needs peer access between GPUs; missing for 0->1, 1->0",
+        ),
+        (
+            {"gpus": 1, "memory_gib": 100},
+            Hardware.fake(1, memory_gib=79.2),
+            "needs 100 GiB per GPU; GPU 0 has 79.2 GiB",
+        ),
+    ],
+)
 def test_first_unmet_need_is_the_reason(needs, hw, reason):
     g = gates.requires(hw=hw, **needs)
     assert not g.ok and g.reason == reason
@@ -54,10 +69,15 @@ def test_mark_skips_with_the_reason():
     assert mark.kwargs["reason"] == "needs 3 CUDA GPUs; this machine has 2" and mark.args == (True,)
 
 
-@pytest.mark.parametrize("name,count,tag", [
-    ("NVIDIA H200", 2, "h200x2"), ("NVIDIA H100 80GB HBM3", 1, "h100x1"),
-    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 2, "rtxpro6000x2"), ("NVIDIA A100-SXM4-80GB", 8, "a100x8"),
-])
+@pytest.mark.parametrize(
+    "name,count,tag",
+    [
+        ("NVIDIA H200", 2, "h200x2"),
+        ("NVIDIA H100 80GB HBM3", 1, "h100x1"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 2, "rtxpro6000x2"),
+        ("NVIDIA A100-SXM4-80GB", 8, "a100x8"),
+    ],
+)
 def test_machine_tag(name, count, tag):
     from labkit.workbench.hardware import machine_tag
 

@@ -1,6 +1,7 @@
 """scripts/gpu_tier.sh on the CPU tier: its parts (each fits one call on a GPU machine) are the
 benchmark registry's labs, a wrong part is refused in one line, and --dry-run shows what each
 selection runs. Nothing here runs a step."""
+
 import os
 import re
 import shutil
@@ -63,12 +64,14 @@ def test_dry_run_each_selection(tmp_path):
     assert _steps("--part", "all", tmp_path=tmp_path)[0] == everything
     assert _steps("--part", "bench", tmp_path=tmp_path)[0] == bench
     # several parts: in the tier's order, each once
-    steps, text = _steps("--part", "bench:links", "--part", "tests", "--part", "bench:links", "-k", "a and b",
-                         tmp_path=tmp_path)
+    steps, text = _steps(
+        "--part", "bench:links", "--part", "tests", "--part", "bench:links", "-k", "a and b", tmp_path=tmp_path
+    )
     assert steps == ["tests tests", "bench:links bench-links"]
     assert re.search(r"-m not\\ notebook .*-k a\\ and\\ b --junitxml=\S*/pytest.xml$", text.splitlines()[0]), text
-    steps, text = _steps("--part", "notebooks", "--only", "00_start_here", "--only", "02_collectives",
-                         tmp_path=tmp_path)
+    steps, text = _steps(
+        "--part", "notebooks", "--only", "00_start_here", "--only", "02_collectives", tmp_path=tmp_path
+    )
     assert steps == ["notebooks notebooks"]
     assert "labkit run --profile gpu" in text and text.rstrip().endswith("--only 00_start_here 02_collectives")
 
@@ -87,7 +90,12 @@ def test_split_gpus_runs_one_pytest_per_gpu_then_their_skips_on_every_gpu(tmp_pa
     assert steps == ["tests tests-2-of-3-gpu0", "tests tests-2-of-3-gpu1", "tests tests-2-of-3-all-gpus"]
     gpu0, gpu1, every = text.splitlines()
     # shard 2 of 3 dealt again over 2 GPUs: shards 2 and 5 of 6, each process seeing one GPU
-    assert "CUDA_VISIBLE_DEVICES=0 " in gpu0 and "--labkit-shard 2/6 " in gpu0 and "--labkit-skips-to=" in gpu0 and "pytest-2-of-3.skipped.gpu0" in gpu0
+    assert (
+        "CUDA_VISIBLE_DEVICES=0 " in gpu0
+        and "--labkit-shard 2/6 " in gpu0
+        and "--labkit-skips-to=" in gpu0
+        and "pytest-2-of-3.skipped.gpu0" in gpu0
+    )
     assert "CUDA_VISIBLE_DEVICES=1 " in gpu1 and "--labkit-shard 5/6 " in gpu1
     assert "CUDA_VISIBLE_DEVICES" not in every and "--labkit-nodeids=" in every and "pytest-2-of-3.skipped " in every
     for bad in ("1", "0", "two"):
@@ -139,7 +147,8 @@ def test_the_recorder_writes_skips_and_marks_an_empty_parametrisation(tmp_path):
         f"spec = importlib.util.spec_from_file_location('labkit_conftest', {str(Path(__file__).with_name('conftest.py'))!r})\n"
         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
         "pytest_addoption, pytest_configure = m.pytest_addoption, m.pytest_configure\n"
-        "pytest_collection_modifyitems = m.pytest_collection_modifyitems\n")
+        "pytest_collection_modifyitems = m.pytest_collection_modifyitems\n"
+    )
     (tmp_path / "test_some.py").write_text(
         "import os, pytest\n"
         "W = [2, 4] if os.environ.get('MORE') else []\n"
@@ -149,18 +158,27 @@ def test_the_recorder_writes_skips_and_marks_an_empty_parametrisation(tmp_path):
         "@pytest.mark.parametrize('flag', [False, True])\n"
         "def test_mixed(flag, w):\n    pass\n"
         "def test_skips():\n    pytest.skip('needs more')\n"
-        "def test_runs():\n    pass\n")
+        "def test_runs():\n    pass\n"
+    )
     skips = tmp_path / "skipped"
 
     def pytest_run(*args, **env):
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-                              cwd=tmp_path, capture_output=True, text=True, env={**os.environ, **env})
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **env},
+        )
 
     first = pytest_run("--labkit-skips-to", str(skips))
     assert first.returncode == 0, first.stdout
     assert sorted(skips.read_text().split()) == [
-        "test_some.py::test_by_gpus[*]", "test_some.py::test_mixed[False-*]", "test_some.py::test_mixed[True-*]",
-        "test_some.py::test_skips"]
+        "test_some.py::test_by_gpus[*]",
+        "test_some.py::test_mixed[False-*]",
+        "test_some.py::test_mixed[True-*]",
+        "test_some.py::test_skips",
+    ]
     again = pytest_run("--labkit-nodeids", str(skips), "-vv", MORE="1")
     assert "test_by_gpus[2] PASSED" in again.stdout and "test_by_gpus[4] PASSED" in again.stdout
     assert all(f"test_mixed[{f}-{w}] PASSED" in again.stdout for f in ("False", "True") for w in (2, 4))

@@ -3,6 +3,7 @@ experts, on fresh random splits with zero-token experts and sizes that are not t
 backward against torch autograd of the loop; the accumulate mask; bad input; and on a GPU, the
 proof that a CUDA m_splits never syncs with the host, and graph capture with counts changed on
 the device between replays."""
+
 import labkit  # noqa: F401  (picks the tier before the kernels are imported)
 
 import dataclasses
@@ -35,7 +36,7 @@ def loop_reference(x, w, splits, bias=None):
     """float64 x_e @ w_e (+ bias_e), expert by expert."""
     out, row = [], 0
     for e, m in enumerate(splits):
-        y = x[row:row + m].double() @ w[e].double()
+        y = x[row : row + m].double() @ w[e].double()
         out.append(y + bias[e].double() if bias is not None else y)
         row += m
     return torch.cat(out) if out else x.new_zeros((0, w.shape[2]), dtype=torch.float64)
@@ -57,8 +58,9 @@ def test_forward_matches_float64_loop(dtype, form):
     x = torch.randn(M, K, generator=g).to(dtype).to(DEV)
     w = torch.randn(E, K, N, generator=g).to(dtype).to(DEV)
     bias = torch.randn(E, N, generator=g).to(dtype).to(DEV)
-    m_splits = {"list": splits, "cpu_tensor": torch.tensor(splits),
-                "device_tensor": torch.tensor(splits, device=DEV)}[form]
+    m_splits = {"list": splits, "cpu_tensor": torch.tensor(splits), "device_tensor": torch.tensor(splits, device=DEV)}[
+        form
+    ]
     out = gg.grouped_mm(x, w, m_splits, bias=bias)
     assert rel_err(out, loop_reference(x, w, splits, bias)) < TOL[dtype], (seed, splits)
 
@@ -67,7 +69,7 @@ def test_dgrad_through_transposed_weights_and_int64_counts():
     g = torch.Generator().manual_seed(1)
     splits = [0, 33, 1, 0, 30]
     dy = torch.randn(sum(splits), 24, generator=g).to(DEV)
-    w = torch.randn(len(splits), 40, 24, generator=g).to(DEV)   # [E, K, N]: dgrad multiplies by w[e]^T
+    w = torch.randn(len(splits), 40, 24, generator=g).to(DEV)  # [E, K, N]: dgrad multiplies by w[e]^T
     dx = gg.grouped_mm(dy, w.transpose(1, 2), torch.tensor(splits, dtype=torch.int64, device=DEV))
     assert rel_err(dx, loop_reference(dy, w.transpose(1, 2), splits)) < 1e-5
 
@@ -85,7 +87,7 @@ def test_wgrad_sums_over_each_experts_tokens(dtype):
     assert dw.dtype == torch.float32 and dw.shape == (5, K, N)
     row = 0
     for e, m in enumerate(splits):
-        ref = x[row:row + m].double().T @ dy[row:row + m].double()
+        ref = x[row : row + m].double().T @ dy[row : row + m].double()
         row += m
         if m == 0:
             assert dw[e].abs().max().item() == 0, "a zero-token expert's gradient is 0"
@@ -104,7 +106,7 @@ def test_wgrad_accumulate_mask_adds_or_overwrites_per_expert():
     gg.grouped_mm_wgrad(x, dy, splits, out=main_grad, accumulate=mask)
     torch.testing.assert_close(main_grad[0], fresh[0] + 5.0)
     torch.testing.assert_close(main_grad[1], torch.full((8, 12), 5.0, device=DEV))  # 0 tokens, added: unchanged
-    torch.testing.assert_close(main_grad[2], fresh[2])                               # overwritten
+    torch.testing.assert_close(main_grad[2], fresh[2])  # overwritten
     torch.testing.assert_close(main_grad[3], fresh[3])
     everything = torch.ones(4, 8, 12, device=DEV)
     gg.grouped_mm_wgrad(x, dy, splits, out=everything, accumulate=True)
@@ -159,7 +161,7 @@ def test_a_wrong_device_count_never_reads_out_of_bounds():
     with pytest.raises(ValueError, match="m_splits: counts sum to 1006, but x has M = 10"):
         gg.grouped_mm(x, w, too_many, check_splits=True)
     negative = torch.tensor([-3, 10], device=DEV)
-    out = gg.grouped_mm(x, w, negative)   # -3 reads as 0: expert 1 gets all 10 rows
+    out = gg.grouped_mm(x, w, negative)  # -3 reads as 0: expert 1 gets all 10 rows
     torch.testing.assert_close(out, loop_reference(x, w, [0, 10]).float(), rtol=1e-5, atol=1e-5)
 
 
@@ -170,28 +172,39 @@ def test_empty_and_zero_everything():
     assert dw.shape == (3, 8, 4) and dw.abs().max().item() == 0
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda x, w: gg.grouped_mm(x, w, [3, 3]), "m_splits: counts sum to 6, but x has M = 7"),
-    (lambda x, w: gg.grouped_mm(x, w, [8, -1]), "m_splits: count of expert 1 is negative"),
-    (lambda x, w: gg.grouped_mm(x, w, [7]), "m_splits: expected 2 counts"),
-    (lambda x, w: gg.grouped_mm(x, w, [3.0, 4.0]), "m_splits: expected integer counts, got float"),
-    (lambda x, w: gg.grouped_mm(x, w, torch.tensor([3.0, 4.0])), "m_splits: dtype float32 is not an integer"),
-    (lambda x, w: gg.grouped_mm(x, w, "3,4"), "m_splits: expected a list of ints"),
-    (lambda x, w: gg.grouped_mm(x, w[:, :5], [3, 4]), "w: shape .* is not \\[E, K, N\\] with K = 8"),
-    (lambda x, w: gg.grouped_mm(x, w.half(), [3, 4]), "w: dtype float16 differs from x's dtype float32"),
-    (lambda x, w: gg.grouped_mm(x.int(), w, [3, 4]), "x: dtype int32 is not supported"),
-    (lambda x, w: gg.grouped_mm(x[0], w, [3, 4]), "x: expected a 2-D tensor"),
-    (lambda x, w: gg.grouped_mm(x, w, [3, 4], bias=torch.zeros(2, 5)), "bias: expected \\[E, N\\]"),
-    (lambda x, w: gg.grouped_mm(x, w, [3, 4], out=torch.empty(7, 5)), "out: shape"),
-    (lambda x, w: gg.grouped_mm(x, w, [3, 4], out=torch.empty(6, 7).t()), "out: needs column stride 1"),
-    (lambda x, w: gg.grouped_mm_wgrad(x, torch.zeros(6, 6), [3, 4]), "dy: has 6 rows, x has 7"),
-    (lambda x, w: gg.grouped_mm_wgrad(x, torch.zeros(7, 6), [3, 4], accumulate=True), "out: accumulating needs"),
-    (lambda x, w: gg.grouped_mm_wgrad(x, torch.zeros(7, 6), [3, 4], out=torch.zeros(2, 8, 6),
-                                      accumulate=torch.ones(3, dtype=torch.bool)), "accumulate: has 3 flags for 2"),
-    # an out of neither fp32 nor x's dtype (this path once raised NameError instead)
-    (lambda x, w: gg.grouped_mm_wgrad(x, torch.zeros(7, 6), [3, 4], out=torch.zeros(2, 8, 6, dtype=torch.float16)),
-     "out: dtype float16; expected one of float32$"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda x, w: gg.grouped_mm(x, w, [3, 3]), "m_splits: counts sum to 6, but x has M = 7"),
+        (lambda x, w: gg.grouped_mm(x, w, [8, -1]), "m_splits: count of expert 1 is negative"),
+        (lambda x, w: gg.grouped_mm(x, w, [7]), "m_splits: expected 2 counts"),
+        (lambda x, w: gg.grouped_mm(x, w, [3.0, 4.0]), "m_splits: expected integer counts, got float"),
+        (lambda x, w: gg.grouped_mm(x, w, torch.tensor([3.0, 4.0])), "m_splits: dtype float32 is not an integer"),
+        (lambda x, w: gg.grouped_mm(x, w, "3,4"), "m_splits: expected a list of ints"),
+        (lambda x, w: gg.grouped_mm(x, w[:, :5], [3, 4]), "w: shape .* is not \\[E, K, N\\] with K = 8"),
+        (lambda x, w: gg.grouped_mm(x, w.half(), [3, 4]), "w: dtype float16 differs from x's dtype float32"),
+        (lambda x, w: gg.grouped_mm(x.int(), w, [3, 4]), "x: dtype int32 is not supported"),
+        (lambda x, w: gg.grouped_mm(x[0], w, [3, 4]), "x: expected a 2-D tensor"),
+        (lambda x, w: gg.grouped_mm(x, w, [3, 4], bias=torch.zeros(2, 5)), "bias: expected \\[E, N\\]"),
+        (lambda x, w: gg.grouped_mm(x, w, [3, 4], out=torch.empty(7, 5)), "out: shape"),
+        (lambda x, w: gg.grouped_mm(x, w, [3, 4], out=torch.empty(6, 7).t()), "out: needs column stride 1"),
+        (lambda x, w: gg.grouped_mm_wgrad(x, torch.zeros(6, 6), [3, 4]), "dy: has 6 rows, x has 7"),
+        (lambda x, w: gg.grouped_mm_wgrad(x, torch.zeros(7, 6), [3, 4], accumulate=True), "out: accumulating needs"),
+        (
+            lambda x, w: gg.grouped_mm_wgrad(
+                x, torch.zeros(7, 6), [3, 4], out=torch.zeros(2, 8, 6), accumulate=torch.ones(3, dtype=torch.bool)
+            ),
+            "accumulate: has 3 flags for 2",
+        ),
+        # an out of neither fp32 nor x's dtype (this path once raised NameError instead)
+        (
+            lambda x, w: gg.grouped_mm_wgrad(
+                x, torch.zeros(7, 6), [3, 4], out=torch.zeros(2, 8, 6, dtype=torch.float16)
+            ),
+            "out: dtype float16; expected one of float32$",
+        ),
+    ],
+)
 def test_bad_input_names_the_argument(call, match, monkeypatch):
     # every tensor the cases make is put on the kernel device (CPU tensors on the GPU tier would
     # be refused first, for their device)
@@ -242,7 +255,7 @@ def test_device_counts_never_sync_with_the_host():
     counts = torch.tensor([100, 0, 37, 300, 1, 0, 62, 12], device="cuda")
     x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     gy = torch.randn(512, 128, device="cuda", dtype=torch.bfloat16)
-    (layer(x, counts) * gy).sum().backward()      # compile and load every kernel first
+    (layer(x, counts) * gy).sum().backward()  # compile and load every kernel first
     torch.cuda.synchronize()
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("error")
@@ -250,7 +263,7 @@ def test_device_counts_never_sync_with_the_host():
         x.grad = None
         (layer(x, counts) * gy).sum().backward()
         with pytest.raises(RuntimeError, match="called a synchronizing CUDA operation"):
-            counts.tolist()                       # the check is live: a host read raises
+            counts.tolist()  # the check is live: a host read raises
     finally:
         torch.cuda.set_sync_debug_mode(previous)
     torch.cuda.synchronize()
@@ -264,23 +277,24 @@ def test_one_graph_serves_every_token_distribution():
     g = torch.Generator(device="cuda").manual_seed(3)
     E, M, K, N = 16, 1024, 512, 384
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
-    w = torch.randn(E, K, N, device="cuda", dtype=torch.bfloat16, generator=g) / K ** 0.5
+    w = torch.randn(E, K, N, device="cuda", dtype=torch.bfloat16, generator=g) / K**0.5
     counts = torch.tensor(random_splits(random.Random(0), E, M), device="cuda")
-    out = gg.grouped_mm(x, w, counts)            # warm-up: compile before capture
+    out = gg.grouped_mm(x, w, counts)  # warm-up: compile before capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         gg.grouped_mm(x, w, counts, out=out)
     for seed in range(1, 4):
         splits = random_splits(random.Random(seed), E, M)
-        counts.copy_(torch.tensor(splits))        # new distribution, written into the captured tensor
+        counts.copy_(torch.tensor(splits))  # new distribution, written into the captured tensor
         graph.replay()
         torch.testing.assert_close(out, gg.grouped_mm(x, w, splits), rtol=0, atol=0)
         assert rel_err(out, loop_reference(x, w, splits)) < TOL[torch.bfloat16]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("E, M, K, N", [(4, 8192, 1024, 1024), (8, 4096, 1024, 1024), (64, 4096, 512, 704),
-                                        (128, 2048, 512, 384)])
+@pytest.mark.parametrize(
+    "E, M, K, N", [(4, 8192, 1024, 1024), (8, 4096, 1024, 1024), (64, 4096, 512, 704), (128, 2048, 512, 384)]
+)
 def test_hopper_configs_at_lab_shapes(E, M, K, N):
     """Each configuration forward_config picks (by tokens per expert) against the loop, skewed:
     between them the shapes reach every row of HOPPER_FORWARD (checked first)."""

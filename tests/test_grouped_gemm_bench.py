@@ -31,8 +31,9 @@ def test_uniform_split_is_even_and_exact(experts, tokens):
     assert c == sorted(c, reverse=True)  # the remainder goes to the first experts
 
 
-@pytest.mark.parametrize("experts,tokens", [(2, 1), (2, 5), (4, 96), (8, 16384), (10, 3), (11, 1000),
-                                            (64, 16384), (128, 8192), (100, 12345)])
+@pytest.mark.parametrize(
+    "experts,tokens", [(2, 1), (2, 5), (4, 96), (8, 16384), (10, 3), (11, 1000), (64, 16384), (128, 8192), (100, 12345)]
+)
 def test_skewed_split_sums_exactly_and_empties_a_tenth(experts, tokens):
     c = token_counts(experts, tokens, "skewed")
     assert len(c) == experts and sum(c) == tokens
@@ -53,11 +54,11 @@ def test_skewed_split_follows_zipf_1_2():
     E, M = 64, 16384
     c = sorted(token_counts(E, M, "skewed"), reverse=True)
     z = distributions.zero_experts(E)
-    weights = [r ** -distributions.ZIPF_S for r in range(1, E - z + 1)]
+    weights = [r**-distributions.ZIPF_S for r in range(1, E - z + 1)]
     quotas = [M * w / sum(weights) for w in weights]
     # largest-remainder rounding: every rank is within one token of its quota
     assert all(abs(got - q) < 1 for got, q in zip(c, quotas))
-    assert c[E - z:] == [0] * z
+    assert c[E - z :] == [0] * z
     # and the log-log slope over the busy ranks is -1.2
     xs = [math.log(r) for r in range(1, 41)]
     ys = [math.log(v) for v in c[:40]]
@@ -66,16 +67,19 @@ def test_skewed_split_follows_zipf_1_2():
     assert slope == pytest.approx(-1.2, abs=0.02)
 
 
-@pytest.mark.parametrize("args,kwargs,exc,match", [
-    ((0, 10), {}, ValueError, "experts"),
-    (("4", 10), {}, TypeError, "experts"),
-    ((True, 10), {}, TypeError, "experts"),
-    ((4, 0), {}, ValueError, "tokens"),
-    ((4, 2.5), {}, TypeError, "tokens"),
-    ((4, 10, "zipf"), {}, ValueError, "skew"),
-    ((4, 10, "skewed"), {"seed": "a"}, TypeError, "seed"),
-    ((1, 10, "skewed"), {}, ValueError, "experts"),
-])
+@pytest.mark.parametrize(
+    "args,kwargs,exc,match",
+    [
+        ((0, 10), {}, ValueError, "experts"),
+        (("4", 10), {}, TypeError, "experts"),
+        ((True, 10), {}, TypeError, "experts"),
+        ((4, 0), {}, ValueError, "tokens"),
+        ((4, 2.5), {}, TypeError, "tokens"),
+        ((4, 10, "zipf"), {}, ValueError, "skew"),
+        ((4, 10, "skewed"), {"seed": "a"}, TypeError, "seed"),
+        ((1, 10, "skewed"), {}, ValueError, "experts"),
+    ],
+)
 def test_bad_split_arguments_are_named(args, kwargs, exc, match):
     with pytest.raises(exc, match=match):
         token_counts(*args, **kwargs)
@@ -106,7 +110,7 @@ def _operands(E, M, K, N, dtype, seed=0):
 def _reference64(x, w, counts):
     out, row = torch.zeros(x.shape[0], w.shape[2], dtype=torch.float64), 0
     for e, m in enumerate(counts):
-        out[row:row + m] = x[row:row + m].double() @ w[e].double()
+        out[row : row + m] = x[row : row + m].double() @ w[e].double()
         row += m
     return out
 
@@ -123,7 +127,7 @@ def test_host_sync_loop_matches_a_float64_reference(skew):
     xb, wb = _operands(8, 100, 24, 40, torch.bfloat16, seed=2)
     ref = _reference64(xb, wb, counts)
     got = baselines.host_sync_loop(xb, wb, counts).double()
-    assert float((got - ref).abs().max()) <= 2 ** -7 * float(ref.abs().max())
+    assert float((got - ref).abs().max()) <= 2**-7 * float(ref.abs().max())
 
 
 def test_host_sync_loop_refuses_bad_input():
@@ -173,7 +177,7 @@ def test_torch_grouped_mm_call_shape_on_the_cpu():
     except (RuntimeError, NotImplementedError) as e:
         pytest.skip(f"torch's grouped GEMM does not run on the CPU here: {e}")
     ref = _reference64(x, w, counts)
-    assert float((got.double() - ref).abs().max()) <= 2 ** -7 * float(ref.abs().max())
+    assert float((got.double() - ref).abs().max()) <= 2**-7 * float(ref.abs().max())
     got_k = baselines.torch_grouped_mm(x, baselines.k_major(w), counts)
     assert baselines.k_major(w).stride(1) == 1
     torch.testing.assert_close(got_k, got)
@@ -288,18 +292,36 @@ def _gpu_like_records():
     for E, M, K, N in bench.SHAPES["gpu"]:
         for skew in distributions.SKEWS:
             for method in ("eager", "graph"):
-                for impl, layout, best, ms in (("labkit", "N-contiguous", None, 1.0),
-                                               ("torch_grouped_mm", "N-contiguous", False, 1.2),
-                                               ("torch_grouped_mm", "K-contiguous", True, 1.1),
-                                               ("host_sync_loop", "N-contiguous", None, 3.0)):
+                for impl, layout, best, ms in (
+                    ("labkit", "N-contiguous", None, 1.0),
+                    ("torch_grouped_mm", "N-contiguous", False, 1.2),
+                    ("torch_grouped_mm", "K-contiguous", True, 1.1),
+                    ("host_sync_loop", "N-contiguous", None, 3.0),
+                ):
                     if method == "graph" and impl == "host_sync_loop":
                         continue
-                    rows.append({"kind": "gemm", "impl": impl, "w_layout": layout, "experts": E, "tokens": M,
-                                 "K": K, "N": N, "skew": skew, "method": method, "ms": ms,
-                                 "tflops": gg.flops(M, N, K) / ms / 1e9, "gpu": "NVIDIA H200",
-                                 "torch_layout_best": best, "ratio_vs_torch": ms / 1.1, "ratio_vs_torch_p25": ms / 1.15,
-                                 "ratio_vs_torch_p75": ms / 1.05, "ratio_vs_loop": ms / 3.0 if method == "eager" else None,
-                                 "cpu_us": 30.0 if method == "eager" else None})
+                    rows.append(
+                        {
+                            "kind": "gemm",
+                            "impl": impl,
+                            "w_layout": layout,
+                            "experts": E,
+                            "tokens": M,
+                            "K": K,
+                            "N": N,
+                            "skew": skew,
+                            "method": method,
+                            "ms": ms,
+                            "tflops": gg.flops(M, N, K) / ms / 1e9,
+                            "gpu": "NVIDIA H200",
+                            "torch_layout_best": best,
+                            "ratio_vs_torch": ms / 1.1,
+                            "ratio_vs_torch_p25": ms / 1.15,
+                            "ratio_vs_torch_p75": ms / 1.05,
+                            "ratio_vs_loop": ms / 3.0 if method == "eager" else None,
+                            "cpu_us": 30.0 if method == "eager" else None,
+                        }
+                    )
     return rows
 
 
@@ -351,17 +373,17 @@ def test_torch_grouped_mm_and_labkit_agree(skew):
     counts = token_counts(E, M, skew, seed=7)
     g = torch.Generator(device="cuda").manual_seed(11)
     x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
-    w = (torch.randn(E, K, N, device="cuda", generator=g) / K ** 0.5).bfloat16()
+    w = (torch.randn(E, K, N, device="cuda", generator=g) / K**0.5).bfloat16()
     c = torch.tensor(counts, dtype=torch.int32, device="cuda")
     ours = gg.grouped_mm(x, w, c).float()
     ref = _reference64(x.cpu(), w.cpu(), counts).float().cuda()
     scale = float(ref.abs().max())
     for ww in (w, baselines.k_major(w)):
         theirs = baselines.torch_grouped_mm(x, ww, c).float()
-        assert float((theirs - ref).abs().max()) <= 2 ** -7 * scale
-        assert float((ours - theirs).abs().max()) <= 2 ** -6 * scale
+        assert float((theirs - ref).abs().max()) <= 2**-7 * scale
+        assert float((ours - theirs).abs().max()) <= 2**-6 * scale
     loop = baselines.host_sync_loop(x, w, c).float()
-    assert float((loop - ref).abs().max()) <= 2 ** -7 * scale
+    assert float((loop - ref).abs().max()) <= 2**-7 * scale
 
 
 @pytest.mark.gpu

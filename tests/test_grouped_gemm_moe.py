@@ -28,8 +28,9 @@ def make(sync="device", dtype=torch.float32, device=DEV, seed=0, route_bias=None
 def reference(layer, x, grad_out):
     """Float64, one (token, expert) pair at a time, from the layer's own weights: no sort, no
     permutation, no grouped GEMM. Returns (out, grads in moe.grad_names order, expert ids)."""
-    wr, wgu, wd = (p.detach().double().requires_grad_() for p in
-                   (layer.router.weight, layer.gate_up.weight, layer.down.weight))
+    wr, wgu, wd = (
+        p.detach().double().requires_grad_() for p in (layer.router.weight, layer.gate_up.weight, layer.down.weight)
+    )
     x64 = x.detach().double().requires_grad_()
     probs = torch.softmax(x64 @ wr.T + layer.route_bias.double(), dim=-1)
     top_p, ids = probs.topk(layer.top_k, dim=-1)
@@ -40,7 +41,7 @@ def reference(layer, x, grad_out):
         for j in range(layer.top_k):
             e = int(ids[t, j])
             h = x64[t] @ wgu[e]
-            per_expert.append(weights[t, j] * ((F.silu(h[:layer.ffn_size]) * h[layer.ffn_size:]) @ wd[e]))
+            per_expert.append(weights[t, j] * ((F.silu(h[: layer.ffn_size]) * h[layer.ffn_size :]) @ wd[e]))
         tokens.append(torch.stack(per_expert).sum(0))
     out = torch.stack(tokens)
     grads = torch.autograd.grad(out, (x64, wr, wgu, wd), grad_out.double())
@@ -53,6 +54,7 @@ def assert_close(got, want, tol, what):
 
 
 # --- the two paths compute one function ----------------------------------------------------
+
 
 @pytest.mark.parametrize("route_bias", [None, [0.0, 2.0, -1.0, 0.5]], ids=["router", "skewed"])
 def test_device_and_host_paths_match_each_other_and_a_float64_loop(route_bias):
@@ -81,6 +83,7 @@ def test_with_sync_copies_parameters_and_route_bias():
 
 # --- routing, permutation, un-permutation -------------------------------------------------
 
+
 def test_routing_counts_match_bincount_and_rows_are_grouped_by_expert():
     layer, x, _ = make(route_bias=[0.0, 1.5, -0.5, 0.0])
     weights, ids = moe.route(x, layer.router.weight, layer.route_bias, K)
@@ -106,8 +109,7 @@ def test_unpermute_inverts_permute():
     assert torch.allclose(moe.unpermute(rows, order, weights), x, atol=1e-6)
     # and with distinct rows, token t gets sum_j w[t, j] * (row of pair (t, j))
     tagged = rows + order[:, None].float()  # row of flat pair i carries i
-    expected = ((x.repeat_interleave(K, 0) + everyone[:, None].float()).view(T, K, H)
-                * weights[..., None]).sum(1)
+    expected = ((x.repeat_interleave(K, 0) + everyone[:, None].float()).view(T, K, H) * weights[..., None]).sum(1)
     assert torch.allclose(moe.unpermute(tagged, order, weights), expected, atol=1e-5)
 
 
@@ -141,13 +143,17 @@ def test_skewed_route_bias_is_seeded_and_kills_experts():
 
 # --- bad input ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs, error, name", [
-    ({"sync": "both"}, UsageError, "sync"),
-    ({"top_k": E + 1}, UsageError, "top_k"),
-    ({"top_k": 0}, UsageError, "top_k"),
-    ({"hidden_size": 2.5}, UsageError, "hidden_size"),
-    ({"dtype": torch.float64}, UsageError, "dtype"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, error, name",
+    [
+        ({"sync": "both"}, UsageError, "sync"),
+        ({"top_k": E + 1}, UsageError, "top_k"),
+        ({"top_k": 0}, UsageError, "top_k"),
+        ({"hidden_size": 2.5}, UsageError, "hidden_size"),
+        ({"dtype": torch.float64}, UsageError, "dtype"),
+    ],
+)
 def test_bad_construction_names_the_argument(kwargs, error, name):
     args = {"hidden_size": H, "ffn_size": FFN, "num_experts": E, "top_k": K, **kwargs}
     sync = args.pop("sync", "device")
@@ -183,22 +189,48 @@ def test_bad_input_names_the_argument():
 
 # --- timeline reduction, records, plots (no GPU needed) ------------------------------------
 
+
 def _trace():
     """A synthetic chrome trace: the step [1000, 1100] on the host; kernels at 1005-1020,
     1020-1030 and 1070-1120; a device-to-host copy and the wait for it at 1030-1065."""
-    ev = [{"ph": "X", "cat": "user_annotation", "name": moe_timeline.STEP, "ts": 1000.0, "dur": 100.0},
-          {"ph": "X", "cat": "kernel", "name": "void at::native::(anonymous namespace)::sortKernel<float, 4>(int*)",
-           "ts": 1005.0, "dur": 15.0},
-          {"ph": "X", "cat": "kernel", "name": "_grouped_mm_kernel", "ts": 1020.0, "dur": 10.0},
-          {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 1030.0, "dur": 5.0,
-           "args": {"correlation": 7}},
-          {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "ts": 1031.0, "dur": 1.0,
-           "args": {"correlation": 7}},
-          {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 1035.0, "dur": 30.0},
-          {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 1080.0, "dur": 2.0,
-           "args": {"correlation": 9}},  # host to device: not a wait
-          {"ph": "X", "cat": "kernel", "name": "nvjet_tst_128x256", "ts": 1070.0, "dur": 50.0},
-          {"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "ts": 1101.0, "dur": 19.0}]
+    ev = [
+        {"ph": "X", "cat": "user_annotation", "name": moe_timeline.STEP, "ts": 1000.0, "dur": 100.0},
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "void at::native::(anonymous namespace)::sortKernel<float, 4>(int*)",
+            "ts": 1005.0,
+            "dur": 15.0,
+        },
+        {"ph": "X", "cat": "kernel", "name": "_grouped_mm_kernel", "ts": 1020.0, "dur": 10.0},
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaMemcpyAsync",
+            "ts": 1030.0,
+            "dur": 5.0,
+            "args": {"correlation": 7},
+        },
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy DtoH (Device -> Pageable)",
+            "ts": 1031.0,
+            "dur": 1.0,
+            "args": {"correlation": 7},
+        },
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 1035.0, "dur": 30.0},
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaMemcpyAsync",
+            "ts": 1080.0,
+            "dur": 2.0,
+            "args": {"correlation": 9},
+        },  # host to device: not a wait
+        {"ph": "X", "cat": "kernel", "name": "nvjet_tst_128x256", "ts": 1070.0, "dur": 50.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "ts": 1101.0, "dur": 19.0},
+    ]
     return ev
 
 
@@ -208,8 +240,9 @@ def test_reduce_trace_measures_idle_and_host_waits():
     assert r["span_us"] == 120.0 and r["host_us"] == 100.0
     # busy: 1005-1030 (25) + 1031-1032 (1) + 1070-1120 (50) = 76 of 120
     assert r["gpu_busy_us"] == 76.0 and r["gpu_idle_us"] == 44.0
-    assert [s[2] for s in r["syncs"]] == ["cudaMemcpyAsync", "cudaStreamSynchronize"], \
+    assert [s[2] for s in r["syncs"]] == ["cudaMemcpyAsync", "cudaStreamSynchronize"], (
         "the D2H copy and the wait; not the H2D copy, not the synchronize after the step"
+    )
     assert r["sync_us"] == 35.0
     assert r["kernels"][0] == [5.0, 15.0, "sortKernel", 15.0]
     json.dumps(r)
@@ -226,8 +259,9 @@ def test_reduce_trace_merges_the_smallest_gaps_and_keeps_the_idle_total():
     small = moe_timeline.reduce_trace(ev, max_intervals=50)
     assert len(full["kernels"]) == 1000 and len(small["kernels"]) <= 50
     assert small["gpu_idle_us"] == full["gpu_idle_us"]
-    assert any(b[0] - (a[0] + a[1]) >= 500 for a, b in zip(small["kernels"], small["kernels"][1:])), \
+    assert any(b[0] - (a[0] + a[1]) >= 500 for a, b in zip(small["kernels"], small["kernels"][1:])), (
         "the large gap survives merging"
+    )
     assert small["merged"] and any("(+" in k[2] for k in small["kernels"])
     # merged stretches keep how much of them is kernels: 1 µs in every 1.5 µs
     merged = [k for k in small["kernels"] if "(+" in k[2]]
@@ -269,15 +303,32 @@ def test_step_flops_counts_three_times_the_forward():
 
 def test_plots_draw_records():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     def layer_row(impl, method, ms, skew):
-        return {"kind": "moe_layer", "impl": impl, "method": method, "skew": skew, "ms_fwd_bwd": ms,
-                "us_p25": ms * 900, "us_p75": ms * 1100, "tokens": 4096, "experts": 64, "top_k": 4,
-                "K": 2048, "N": 1408, "ratio_vs_host_sync": None}
-    rows = [layer_row(i, m, ms, s) for s in (0.0, 2.0)
-            for i, m, ms in (("host_sync", "eager", 9.0), ("device", "eager", 3.0), ("device", "graph", 2.0))]
+        return {
+            "kind": "moe_layer",
+            "impl": impl,
+            "method": method,
+            "skew": skew,
+            "ms_fwd_bwd": ms,
+            "us_p25": ms * 900,
+            "us_p75": ms * 1100,
+            "tokens": 4096,
+            "experts": 64,
+            "top_k": 4,
+            "K": 2048,
+            "N": 1408,
+            "ratio_vs_host_sync": None,
+        }
+
+    rows = [
+        layer_row(i, m, ms, s)
+        for s in (0.0, 2.0)
+        for i, m, ms in (("host_sync", "eager", 9.0), ("device", "eager", 3.0), ("device", "graph", 2.0))
+    ]
     fig, (a, b, c) = plt.subplots(1, 3)
     moe_plots.plot_layer_times(rows, a, "step time")
     assert any("4.5x faster" in t.get_text() for t in a.texts)
@@ -296,8 +347,9 @@ GPU_SIZES = {"tokens": 512, "hidden_size": 256, "ffn_size": 128, "num_experts": 
 def gpu_layer(sync="device", dtype=torch.bfloat16):
     torch.manual_seed(0)
     p = GPU_SIZES
-    layer = moe.MoELayer(p["hidden_size"], p["ffn_size"], p["num_experts"], p["top_k"], sync=sync,
-                         dtype=dtype, device="cuda")
+    layer = moe.MoELayer(
+        p["hidden_size"], p["ffn_size"], p["num_experts"], p["top_k"], sync=sync, dtype=dtype, device="cuda"
+    )
     x = torch.randn(p["tokens"], p["hidden_size"], dtype=dtype, device="cuda")
     return layer, x, torch.randn_like(x)
 
@@ -346,8 +398,11 @@ def test_timings_and_timelines_on_a_small_layer():
     layer, x, grad_out = gpu_layer()
     host = moe.with_sync(layer, "host")
     records = moe_bench.time_layer(layer, host, x, grad_out, reps=3, cpu_reps=2, warmup=1)
-    assert [(r["impl"], r["method"]) for r in records] == [("host_sync", "eager"), ("device", "eager"),
-                                                             ("device", "graph")]
+    assert [(r["impl"], r["method"]) for r in records] == [
+        ("host_sync", "eager"),
+        ("device", "eager"),
+        ("device", "graph"),
+    ]
     assert all(r["ms_fwd_bwd"] > 0 and r["tflops"] > 0 and r["cpu_us"] > 0 for r in records)
     tl_host = moe_timeline.timeline(host, x, grad_out)
     tl_graph = moe_timeline.timeline(layer, x, grad_out, graph=True)

@@ -1,5 +1,6 @@
 """labkit.labs.grouped_gemm.staging: the PR's pinned staging buffer fills up and races, the
 resetting fix breaks graph replay, an owned slot does neither; the CUDA-graph form on a GPU."""
+
 import labkit  # noqa: F401  (sets the tier before anything defines a kernel)
 
 import json
@@ -13,6 +14,7 @@ from labkit.workbench.errors import UsageError
 
 
 # --- the PR's design: a global index that never resets ---------------------------------------------
+
 
 @pytest.mark.parametrize("capacity,num_gemms", [(64, 4), (100, 3), (8, 4)])
 def test_the_global_index_refuses_every_call_after_capacity_over_2_num_gemms(capacity, num_gemms):
@@ -38,6 +40,7 @@ def test_the_other_designs_never_fill_up(design):
 
 
 # --- two threads ----------------------------------------------------------------------------------
+
 
 def test_forced_interleaving_gives_two_threads_one_slot_under_the_global_index():
     r = staging.thread_race_scenario("global_index", trials=10, forced=True)
@@ -76,6 +79,7 @@ def test_free_running_threads_report_what_they_saw():
 
 # --- graph replay -----------------------------------------------------------------------------------
 
+
 def test_a_captured_copy_reads_the_slot_when_it_replays():
     slot = torch.tensor([1, 2, 3], dtype=torch.int64)
     dst = torch.zeros(3, dtype=torch.int64)
@@ -111,6 +115,7 @@ def test_a_real_cuda_graph_replays_from_the_rewritten_pinned_slot(design, corrup
 
 # --- the design labkit's kernel uses: nothing staged -------------------------------------------------
 
+
 def test_device_expert_addresses_are_base_plus_offsets():
     w = torch.zeros(4, 6, 5, dtype=torch.float16)
     out = staging.device_expert_addresses(w, torch.tensor([3, 0, 5, 2]))
@@ -119,6 +124,7 @@ def test_device_expert_addresses_are_base_plus_offsets():
 
 
 # --- records and the plot -----------------------------------------------------------------------------
+
 
 def test_all_scenarios_are_json_records_with_the_common_fields():
     recs = staging.all_scenarios("cpu", trials=4, free_trials=4)
@@ -131,6 +137,7 @@ def test_all_scenarios_are_json_records_with_the_common_fields():
 
 def test_plot_staging_draws_a_bar_per_record():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -145,6 +152,7 @@ def test_plot_staging_draws_a_bar_per_record():
 
 
 # --- bad input -------------------------------------------------------------------------------------
+
 
 def test_bad_arguments_name_themselves():
     with pytest.raises(UsageError, match="capacity"):

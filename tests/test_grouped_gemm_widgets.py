@@ -1,4 +1,5 @@
 """Lab 04's panel: changing a control re-runs the schedule and redraws (the text and the figure)."""
+
 import labkit  # noqa: F401
 
 import matplotlib
@@ -19,7 +20,7 @@ def test_changing_experts_or_skew_redraws_the_panel():
     skew.value = "uniform"
     assert before != after_experts != text.value
     assert bytes(drawn)[:4] == b"\x89PNG" and bytes(figure.value) != bytes(drawn)
-    assert len(figure.figure.axes[0].patches) == 64   # one bar per expert
+    assert len(figure.figure.axes[0].patches) == 64  # one bar per expert
     assert "64" not in before and "timing needs a CUDA GPU" in panel.children[3].value
 
 

@@ -1,6 +1,7 @@
 """labkit.kernels.comm.into: the out-of-place all-reduce into a symmetric output against an fp64
 sum on fresh inputs every call, back to back, with a late rank; the input left as it was; bad
 input refused by name."""
+
 import secrets
 
 import pytest
@@ -22,7 +23,9 @@ def _gpu_or_emulated():
     return tier.interpreted() or (torch.cuda.is_available() and torch.cuda.device_count() >= 2)
 
 
-pytestmark = pytest.mark.skipif(not _gpu_or_emulated(), reason="needs 2 CUDA GPUs (or the interpreter's emulated world)")
+pytestmark = pytest.mark.skipif(
+    not _gpu_or_emulated(), reason="needs 2 CUDA GPUs (or the interpreter's emulated world)"
+)
 
 
 @pytest.mark.parametrize("w", _world_sizes())
@@ -31,8 +34,9 @@ def test_every_call_sums_right_and_leaves_the_input(w, dtype_name):
     # odd sizes: the last shard is short; on GPUs a size past the copy engines' threshold
     n = 1000 * w + 7 if tier.interpreted() else (64 << 20) // 2 + 8 * 1024 + 7
     seed = secrets.randbelow(2**20)  # fresh inputs every run; printed on failure
-    parts = run_ranks(experiments.into_trials, w, n, dtype_name, seed, 4, late_rank=w - 1, late_s=0.2,
-                      timeout=300).unwrap()
+    parts = run_ranks(
+        experiments.into_trials, w, n, dtype_name, seed, 4, late_rank=w - 1, late_s=0.2, timeout=300
+    ).unwrap()
     for part in parts:
         assert part["wrong"] == [], (seed, part)
         assert part["input_changed"] == [], (seed, part)
@@ -55,14 +59,31 @@ def test_bad_input_is_refused_naming_the_argument():
 
 def _records():
     def rec(impl, nbytes, gbps, out="plain", timing="graph"):
-        return {"kind": "into", "impl": impl, "bytes": nbytes, "busbw_GBps": gbps, "busbw_p25": gbps - 2,
-                "busbw_p75": gbps + 3, "out": out, "us": 1.0, "world_size": 2, "correct": True, "timing": timing,
-                "ratio_to_baseline": 0.9, "ratio_p25": 0.88, "ratio_p75": 0.93}
+        return {
+            "kind": "into",
+            "impl": impl,
+            "bytes": nbytes,
+            "busbw_GBps": gbps,
+            "busbw_p25": gbps - 2,
+            "busbw_p75": gbps + 3,
+            "out": out,
+            "us": 1.0,
+            "world_size": 2,
+            "correct": True,
+            "timing": timing,
+            "ratio_to_baseline": 0.9,
+            "ratio_p25": 0.88,
+            "ratio_p75": 0.93,
+        }
 
-    return [rec("labkit_into", 16 << 20, 300.0, "symmetric"), rec("labkit_into", 256 << 20, 350.0, "symmetric"),
-            rec("labkit_one_shot", 16 << 20, 290.0), rec("labkit_one_shot", 256 << 20, 325.0),
-            rec("labkit_into", 256 << 20, 320.0, "symmetric", timing="eager"),
-            {"kind": "sweep", "impl": "labkit_into", "bytes": 256 << 20, "busbw_GBps": 1.0}]
+    return [
+        rec("labkit_into", 16 << 20, 300.0, "symmetric"),
+        rec("labkit_into", 256 << 20, 350.0, "symmetric"),
+        rec("labkit_one_shot", 16 << 20, 290.0),
+        rec("labkit_one_shot", 256 << 20, 325.0),
+        rec("labkit_into", 256 << 20, 320.0, "symmetric", timing="eager"),
+        {"kind": "sweep", "impl": "labkit_into", "bytes": 256 << 20, "busbw_GBps": 1.0},
+    ]
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -81,7 +102,8 @@ def test_the_summary_and_figure_read_the_records_and_judge_the_target():
         "graph: labkit_one_shot (plain out): 16 MiB 290 GB/s, 256 MiB 325 GB/s",
         "eager: labkit_into (symmetric out): 256 MiB 320 GB/s",
         "out of place at 256 MiB into a symmetric output (graph): 350 GB/s busbw (quartiles 348-353); 0.90x the "
-        "one-shot's time (quartiles 0.88-0.93): meets the 340 GB/s target"]
+        "one-shot's time (quartiles 0.88-0.93): meets the 340 GB/s target",
+    ]
     slow = [dict(r, busbw_GBps=330.0) if r["impl"] == "labkit_into" and r["bytes"] == 256 << 20 else r for r in recs]
     assert into_bench.summary(slow)[-1].endswith("misses the 340 GB/s target")
     # files recorded before the graph timing hold single eager calls only: judged on those, labelled
@@ -94,6 +116,8 @@ def test_the_summary_and_figure_read_the_records_and_judge_the_target():
     assert into_bench.plot_into(recs, a, "t") == 2  # the graph timing: into and the one-shot
     assert "CUDA-graph replay" in a.get_ylabel()
     assert any(line.get_label().startswith("target out of place: 340") for line in a.get_lines())
-    assert into_bench.plot_into([{"kind": "sweep"}], b, "old") == 0 and "no out-of-place-into records" in b.texts[0].get_text()
+    assert (
+        into_bench.plot_into([{"kind": "sweep"}], b, "old") == 0
+        and "no out-of-place-into records" in b.texts[0].get_text()
+    )
     plt.close(fig)
-

@@ -2,6 +2,7 @@
 
 The multi-GPU test applies the wrong-current-device regression to EVERY launcher in
 labkit.kernels.LAUNCHERS: data on cuda:1 while the current device is cuda:0."""
+
 import pytest
 import torch
 
@@ -35,14 +36,28 @@ def test_copy_keeps_shape_and_allocates_on_the_input_device():
     assert copy(torch.empty(0, device=DEV)).numel() == 0
 
 
-@pytest.mark.parametrize("make,exc,match", [
-    (lambda: copy([1, 2, 3]), TypeError, "src: expected a torch.Tensor, got list"),
-    (lambda: copy(torch.randn(4, dtype=torch.float64, device=DEV)), TypeError, "src: dtype float64 is not supported"),
-    (lambda: copy(torch.randn(4, 4, device=DEV).t()), ValueError, "src: expected a contiguous tensor"),
-    (lambda: copy(torch.randn(4, device=DEV), torch.empty(5, device=DEV)), ValueError, r"out: shape \(5,\) differs"),
-    (lambda: copy(torch.randn(4, device=DEV), torch.empty(4, dtype=torch.float16, device=DEV)), TypeError,
-     "out: dtype torch.float16 differs"),
-])
+@pytest.mark.parametrize(
+    "make,exc,match",
+    [
+        (lambda: copy([1, 2, 3]), TypeError, "src: expected a torch.Tensor, got list"),
+        (
+            lambda: copy(torch.randn(4, dtype=torch.float64, device=DEV)),
+            TypeError,
+            "src: dtype float64 is not supported",
+        ),
+        (lambda: copy(torch.randn(4, 4, device=DEV).t()), ValueError, "src: expected a contiguous tensor"),
+        (
+            lambda: copy(torch.randn(4, device=DEV), torch.empty(5, device=DEV)),
+            ValueError,
+            r"out: shape \(5,\) differs",
+        ),
+        (
+            lambda: copy(torch.randn(4, device=DEV), torch.empty(4, dtype=torch.float16, device=DEV)),
+            TypeError,
+            "out: dtype torch.float16 differs",
+        ),
+    ],
+)
 def test_copy_refuses_bad_input(make, exc, match):
     with pytest.raises(exc, match=match):
         make()
@@ -71,6 +86,7 @@ def test_cpu_tensor_to_gpu_kernel_is_refused():
 def _guarded_add_one():
     """Lab 01's experiment kernel, guarded (its default): held to the same regression."""
     from labkit.labs.wrong_device.experiments import add_one
+
     return add_one, lambda g: (torch.randn(1 << 20, generator=g),)
 
 

@@ -9,6 +9,7 @@ allowed to cross are the ``labkit bench`` registry's.
 
 Then every lab marked ready or draft has everything "Adding a lab" in the README lists.
 """
+
 import ast
 import re
 from pathlib import Path
@@ -37,13 +38,13 @@ def _references(path: Path) -> list[tuple[int, str, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             refs += [(node.lineno, "import", a.name) for a in node.names if a.name.startswith("labkit")]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
-                and node.module.startswith("labkit"):
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and node.module.startswith("labkit"):
             # `from labkit.labs import x` imports labkit.labs.x: name the submodule where one exists
             for a in node.names:
                 sub = f"{node.module}.{a.name}"
-                is_module = (ROOT / Path(*sub.split("."))).with_suffix(".py").exists() \
-                    or (ROOT / Path(*sub.split("."))).is_dir()
+                is_module = (ROOT / Path(*sub.split("."))).with_suffix(".py").exists() or (
+                    ROOT / Path(*sub.split("."))
+                ).is_dir()
                 refs.append((node.lineno, "import", sub if is_module else node.module))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             m = MODULE_STRING.match(node.value)
@@ -67,10 +68,10 @@ MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 def test_the_three_layers_are_the_package():
     """Modules and packages only: a copied tree may carry folders Python or a tool left behind."""
-    top = {p.name for p in PACKAGE.iterdir()
-           if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())}
-    assert top == {"__init__.py", "__main__.py", "workbench", "kernels", "labs"}, \
+    top = {p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())}
+    assert top == {"__init__.py", "__main__.py", "workbench", "kernels", "labs"}, (
         "labkit/ holds the three layers and nothing else"
+    )
 
 
 def _violations(modules=MODULES):
@@ -132,8 +133,7 @@ def test_the_checker_sees_a_crossing(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from labkit.labs.stream_races import race\n    return 'labkit.labs.x:fn'\n")
     refs = _references(bad)
-    assert [(k, t) for _, k, t in refs] == [("import", "labkit.labs.stream_races.race"),
-                                           ("string", "labkit.labs.x")]
+    assert [(k, t) for _, k, t in refs] == [("import", "labkit.labs.stream_races.race"), ("string", "labkit.labs.x")]
     assert _layer("labkit.labs.stream_races.race") == "labs.stream_races"
     assert _layer("labkit.kernels.comm.symm") == "kernels"
     assert len(_violations({"labkit.kernels.bad": bad})) == 2
@@ -182,8 +182,11 @@ def test_a_written_lab_has_every_part(lab):
 def test_a_draft_lab_has_recorded_its_references(lab):
     """A draft lab (notebook runs, its issue open) may still lack GPU reference data: reported as
     a skip naming the files, never hidden; a ready lab without them fails the test above."""
-    absent = [f"reference/<machine>/{name}.json" for name in lab.benchmarks
-              if not list((ROOT / "reference").glob(f"*/{name}.json"))]
+    absent = [
+        f"reference/<machine>/{name}.json"
+        for name in lab.benchmarks
+        if not list((ROOT / "reference").glob(f"*/{name}.json"))
+    ]
     if absent:
         pytest.skip(f"{lab.id} is a draft without recorded GPU results: {', '.join(absent)}")
 

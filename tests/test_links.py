@@ -1,6 +1,7 @@
 """labkit.labs.collectives.links: the link-copy kernel moves the right bytes across ranks (emulated on the
 CPU tier, over NVLink on GPUs), refuses bad input, and its tables pick the fastest correct run.
 The bandwidth itself is measured by ``labkit bench links``, not asserted here."""
+
 import secrets
 
 import pytest
@@ -30,25 +31,39 @@ def test_link_copy_reads_and_writes_peers(w):
     assert per_rank == [{"read": True, "write": True}] * w, f"seed {seed}: {per_rank}"
 
 
-@pytest.mark.parametrize("src,dst,kwargs,match", [
-    (torch.zeros(8), torch.zeros(8, dtype=torch.float64), {}, "dst: 8 x torch.float64 does not match"),
-    (torch.zeros(8), torch.zeros(9), {}, "does not match src"),
-    (torch.zeros(8, 2).t(), torch.zeros(16), {}, "src: must be contiguous"),
-    (torch.zeros(9)[1:], torch.zeros(8), {}, "src: must be 16-byte aligned"),
-    (torch.zeros(8), torch.zeros(8), {"vectors": 3}, "launch: vectors 3"),
-    (torch.zeros(8), [0.0] * 8, {}, "dst: expected a torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "src,dst,kwargs,match",
+    [
+        (torch.zeros(8), torch.zeros(8, dtype=torch.float64), {}, "dst: 8 x torch.float64 does not match"),
+        (torch.zeros(8), torch.zeros(9), {}, "does not match src"),
+        (torch.zeros(8, 2).t(), torch.zeros(16), {}, "src: must be contiguous"),
+        (torch.zeros(9)[1:], torch.zeros(8), {}, "src: must be 16-byte aligned"),
+        (torch.zeros(8), torch.zeros(8), {"vectors": 3}, "launch: vectors 3"),
+        (torch.zeros(8), [0.0] * 8, {}, "dst: expected a torch.Tensor"),
+    ],
+)
 def test_link_copy_refuses_bad_input(src, dst, kwargs, match):
     with pytest.raises((TypeError, ValueError), match=match):
         links.link_copy(src, dst, **kwargs)
 
 
 def test_best_links_keeps_the_fastest_correct_launch():
-    base = {"kind": "link", "impl": "sm_read", "direction": "both", "bytes": 1 << 28, "world_size": 2,
-            "num_warps": 16, "programs": 132, "us": 1.0}
-    recs = [dict(base, vectors=1, GBps=300.0, correct=True), dict(base, vectors=4, GBps=500.0, correct=False),
-            dict(base, vectors=2, GBps=330.0, correct=True),
-            dict(base, impl="memcpy_write", vectors=None, GBps=390.0, correct=True)]
+    base = {
+        "kind": "link",
+        "impl": "sm_read",
+        "direction": "both",
+        "bytes": 1 << 28,
+        "world_size": 2,
+        "num_warps": 16,
+        "programs": 132,
+        "us": 1.0,
+    }
+    recs = [
+        dict(base, vectors=1, GBps=300.0, correct=True),
+        dict(base, vectors=4, GBps=500.0, correct=False),
+        dict(base, vectors=2, GBps=330.0, correct=True),
+        dict(base, impl="memcpy_write", vectors=None, GBps=390.0, correct=True),
+    ]
     rows = links.best_links(recs)
     assert [(r["impl"], r["GBps"]) for r in rows] == [("memcpy_write", 390.0), ("sm_read", 330.0)]
     table = links.links_markdown(recs)

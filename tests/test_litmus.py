@@ -2,6 +2,7 @@
 and against an independent classification (reeselevine/cuda-litmus), the classifier's
 statistics, every test run under the interpreter (only SC outcomes may appear there), the PTX
 the GPU-only variants compile to, and bad input. GPU tests run every variant at 1e5 instances."""
+
 import math
 import secrets
 
@@ -20,6 +21,7 @@ INTERPRETED = tier.interpreted()
 
 
 # --- the catalogue ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", TESTS)
 def test_every_test_is_well_formed(name):
@@ -44,9 +46,15 @@ SC = {
     "RWC": {(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 0, 1), (1, 1, 0), (1, 1, 1)},
 }
 #: semantics that forbid the weak outcome when their scope covers the placement (module docstring)
-FORBIDDING = {"MP": {"acq_rel", "fence", "fence_sc"}, "SB": {"fence_sc"}, "LB": {"acq_rel", "fence", "fence_sc"},
-              "CoRR": set(model.SEMANTICS), "IRIW": {"acq_rel", "fence", "fence_sc"},
-              "2+2W": {"acq_rel", "fence", "fence_sc"}, "RWC": {"fence_sc"}}
+FORBIDDING = {
+    "MP": {"acq_rel", "fence", "fence_sc"},
+    "SB": {"fence_sc"},
+    "LB": {"acq_rel", "fence", "fence_sc"},
+    "CoRR": set(model.SEMANTICS),
+    "IRIW": {"acq_rel", "fence", "fence_sc"},
+    "2+2W": {"acq_rel", "fence", "fence_sc"},
+    "RWC": {"fence_sc"},
+}
 
 
 @pytest.mark.parametrize("name", TESTS)
@@ -63,8 +71,12 @@ def test_sc_outcomes_match_the_hand_derived_sets(name):
 def test_the_relaxed_table_matches_the_hand_derived_rules(name):
     for sem, scope, placement in model.variants():
         weak_forbidden = (name == "CoRR") or (sem in FORBIDDING[name] and model.covers(scope, placement))
-        assert model.verdict(name, sem, scope, placement) == ("forbidden" if weak_forbidden else "allowed"), \
-            (name, sem, scope, placement)
+        assert model.verdict(name, sem, scope, placement) == ("forbidden" if weak_forbidden else "allowed"), (
+            name,
+            sem,
+            scope,
+            placement,
+        )
 
 
 @pytest.mark.parametrize("name", TESTS)
@@ -95,22 +107,88 @@ def test_scope_covers_placement():
 # Each row maps to the variant of ours that orders the same pairs at the same scope.
 ANCHOR = [
     # (row, base, strengthened, seen on h100, our (test, semantics, scope, placement))
-    ("iriw_TB_0_1_2_3_SCOPE_DEVICE_NO_FENCE_RELAXED", "INSTANCE", "INSTANCE", True, ("IRIW", "relaxed", "gpu", "cross_cta")),
-    ("iriw_TB_0_1_2_3_SCOPE_DEVICE_NO_FENCE_ACQUIRE", "INSTANCE", "INSTANCE", False, ("IRIW", "acq_rel", "gpu", "cross_cta")),
-    ("iriw_TB_0_1_2_3_SCOPE_DEVICE_FENCE_SCOPE_DEVICE_BOTH_FENCE", "INSTANCE", "INSTANCE", False, ("IRIW", "fence", "gpu", "cross_cta")),
-    ("iriw_TB_0_1_2_3_SCOPE_BLOCK_FENCE_SCOPE_BLOCK_BOTH_FENCE", "INSTANCE", "INSTANCE", True, ("IRIW", "fence", "cta", "cross_cta")),
-    ("two_2w_TB_0_1_SCOPE_DEVICE_NO_FENCE_RELAXED", "INSTANCE", "INSTANCE", True, ("2+2W", "relaxed", "gpu", "cross_cta")),
-    ("two_2w_TB_0_1_SCOPE_DEVICE_NO_FENCE_RELEASE", "INSTANCE", "UNSAT", False, ("2+2W", "acq_rel", "gpu", "cross_cta")),
-    ("two_2w_TB_0_1_SCOPE_DEVICE_FENCE_SCOPE_DEVICE_BOTH_FENCE", "INSTANCE", "UNSAT", False, ("2+2W", "fence", "gpu", "cross_cta")),
-    ("two_2w_TB_0_1_SCOPE_BLOCK_NO_FENCE_RELEASE", "INSTANCE", "INSTANCE", True, ("2+2W", "acq_rel", "cta", "cross_cta")),
+    (
+        "iriw_TB_0_1_2_3_SCOPE_DEVICE_NO_FENCE_RELAXED",
+        "INSTANCE",
+        "INSTANCE",
+        True,
+        ("IRIW", "relaxed", "gpu", "cross_cta"),
+    ),
+    (
+        "iriw_TB_0_1_2_3_SCOPE_DEVICE_NO_FENCE_ACQUIRE",
+        "INSTANCE",
+        "INSTANCE",
+        False,
+        ("IRIW", "acq_rel", "gpu", "cross_cta"),
+    ),
+    (
+        "iriw_TB_0_1_2_3_SCOPE_DEVICE_FENCE_SCOPE_DEVICE_BOTH_FENCE",
+        "INSTANCE",
+        "INSTANCE",
+        False,
+        ("IRIW", "fence", "gpu", "cross_cta"),
+    ),
+    (
+        "iriw_TB_0_1_2_3_SCOPE_BLOCK_FENCE_SCOPE_BLOCK_BOTH_FENCE",
+        "INSTANCE",
+        "INSTANCE",
+        True,
+        ("IRIW", "fence", "cta", "cross_cta"),
+    ),
+    (
+        "two_2w_TB_0_1_SCOPE_DEVICE_NO_FENCE_RELAXED",
+        "INSTANCE",
+        "INSTANCE",
+        True,
+        ("2+2W", "relaxed", "gpu", "cross_cta"),
+    ),
+    (
+        "two_2w_TB_0_1_SCOPE_DEVICE_NO_FENCE_RELEASE",
+        "INSTANCE",
+        "UNSAT",
+        False,
+        ("2+2W", "acq_rel", "gpu", "cross_cta"),
+    ),
+    (
+        "two_2w_TB_0_1_SCOPE_DEVICE_FENCE_SCOPE_DEVICE_BOTH_FENCE",
+        "INSTANCE",
+        "UNSAT",
+        False,
+        ("2+2W", "fence", "gpu", "cross_cta"),
+    ),
+    (
+        "two_2w_TB_0_1_SCOPE_BLOCK_NO_FENCE_RELEASE",
+        "INSTANCE",
+        "INSTANCE",
+        True,
+        ("2+2W", "acq_rel", "cta", "cross_cta"),
+    ),
     ("two_2w_TB_01_SCOPE_BLOCK_NO_FENCE_RELEASE", "INSTANCE", "UNSAT", False, ("2+2W", "acq_rel", "cta", "same_cta")),
-    ("two_2w_TB_01_SCOPE_BLOCK_NO_FENCE_RELAXED", "INSTANCE", "INSTANCE", False, ("2+2W", "relaxed", "cta", "same_cta")),
-    ("rwc_TB_0_1_2_SCOPE_DEVICE_NO_FENCE_RELAXED", "INSTANCE", "INSTANCE", True, ("RWC", "relaxed", "gpu", "cross_cta")),
+    (
+        "two_2w_TB_01_SCOPE_BLOCK_NO_FENCE_RELAXED",
+        "INSTANCE",
+        "INSTANCE",
+        False,
+        ("2+2W", "relaxed", "cta", "same_cta"),
+    ),
+    (
+        "rwc_TB_0_1_2_SCOPE_DEVICE_NO_FENCE_RELAXED",
+        "INSTANCE",
+        "INSTANCE",
+        True,
+        ("RWC", "relaxed", "gpu", "cross_cta"),
+    ),
 ]
 #: rows where their variant is stronger than ours (theirs: acq_rel fence in T1, fence.sc in T2;
 #: ours, `fence`: acq_rel fences in both): allowed for theirs implies allowed for ours
 ANCHOR_STRONGER = [
-    ("rwc_TB_0_1_2_SCOPE_DEVICE_FENCE_SCOPE_DEVICE_BOTH_FENCE", "INSTANCE", "INSTANCE", False, ("RWC", "fence", "gpu", "cross_cta")),
+    (
+        "rwc_TB_0_1_2_SCOPE_DEVICE_FENCE_SCOPE_DEVICE_BOTH_FENCE",
+        "INSTANCE",
+        "INSTANCE",
+        False,
+        ("RWC", "fence", "gpu", "cross_cta"),
+    ),
 ]
 
 
@@ -136,10 +214,14 @@ def test_a_weaker_variant_of_an_allowed_anchor_row_is_allowed(row):
 
 def test_model_and_ptx_differ_only_where_the_docstring_says():
     diffs = {(r["test"], r["semantics"]) for r in model.table() if r["model"] != r["ptx"]}
-    assert diffs == {("CoRR", s) for s in model.SEMANTICS} | \
-        {(t, s) for t in ("IRIW", "2+2W") for s in ("acq_rel", "fence")}
-    assert all(r["ptx"] == "forbidden" for r in model.table() if r["semantics"] == "fence_sc"
-               and model.covers(r["scope"], r["placement"]))
+    assert diffs == {("CoRR", s) for s in model.SEMANTICS} | {
+        (t, s) for t in ("IRIW", "2+2W") for s in ("acq_rel", "fence")
+    }
+    assert all(
+        r["ptx"] == "forbidden"
+        for r in model.table()
+        if r["semantics"] == "fence_sc" and model.covers(r["scope"], r["placement"])
+    )
 
 
 def test_possible_adds_only_the_weak_outcome_where_ptx_allows_it():
@@ -147,15 +229,19 @@ def test_possible_adds_only_the_weak_outcome_where_ptx_allows_it():
         t = catalogue.TESTS[name]
         for sem, scope, placement in model.variants():
             extra = model.possible(name, sem, scope, placement) - model.outcomes(name, "relaxed", sem, scope, placement)
-            ptx_only = model.ptx_verdict(name, sem, scope, placement)[0] == "allowed" and \
-                model.verdict(name, sem, scope, placement) == "forbidden"
+            ptx_only = (
+                model.ptx_verdict(name, sem, scope, placement)[0] == "allowed"
+                and model.verdict(name, sem, scope, placement) == "forbidden"
+            )
             assert extra == ({t.weak} if ptx_only else set())
             # every outcome but the weak one is SC: nothing else can be a PTX-only outcome
-            assert model.outcomes(name, "sc") | {t.weak} == model.outcomes(name, "relaxed", "plain", None, placement) \
-                | {t.weak}
+            assert model.outcomes(name, "sc") | {t.weak} == model.outcomes(
+                name, "relaxed", "plain", None, placement
+            ) | {t.weak}
 
 
 # --- the classifier ---------------------------------------------------------------------------------
+
 
 def test_histogram_and_weak_count_on_hand_made_records():
     records = torch.tensor([[0, 0], [1, 1], [1, 0], [1, 1], [0, 1], [1, 0]], dtype=torch.int32)
@@ -183,7 +269,7 @@ def test_zero_weak_is_reported_as_a_bound_not_a_zero():
 @pytest.mark.parametrize("k,n", [(1, 10), (5, 100), (3, 7), (50, 60), (0, 1)])
 def test_clopper_pearson_bounds_solve_the_binomial_tail(k, n):
     def cdf(k, n, p):
-        return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1))
+        return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
 
     up = C.upper_bound(k, n)
     assert cdf(k, n, up) == pytest.approx(0.05, abs=1e-9)
@@ -234,10 +320,13 @@ def test_every_test_runs_and_every_outcome_is_possible(name, placement):
         assert set(res.counts) <= allowed, (seed, sem, res.counts)
 
 
-@pytest.mark.skipif(not INTERPRETED, reason="checks the interpreter's sequential programs (a GPU may show weak outcomes)")
+@pytest.mark.skipif(
+    not INTERPRETED, reason="checks the interpreter's sequential programs (a GPU may show weak outcomes)"
+)
 def test_stress_and_delay_change_nothing_under_the_interpreter():
-    res = run_litmus("IRIW", "volatile", None, "cross_cta", 100, seed=3,
-                     stress=Stress(programs=3, iterations=4, lines=4, delay=2))
+    res = run_litmus(
+        "IRIW", "volatile", None, "cross_cta", 100, seed=3, stress=Stress(programs=3, iterations=4, lines=4, delay=2)
+    )
     assert sum(res.counts.values()) == 100 and set(res.counts) <= model.outcomes("IRIW", "sc")
     assert res.stress.programs == 3 and res.classify().instances == 100
 
@@ -292,17 +381,24 @@ def test_several_tests_run_in_one_start_of_the_two_ranks():
         assert set(r.counts) <= model.outcomes(r.test, "sc")
     one = run_litmus("IRIW", "plain", None, "two_gpus", 96, seed=3, timeout=120)
     assert (one.instances, one.stride, one.lanes, one.launches) == (
-        runs[2].instances, runs[2].stride, runs[2].lanes, runs[2].launches)  # what run_litmus runs
+        runs[2].instances,
+        runs[2].stride,
+        runs[2].lanes,
+        runs[2].launches,
+    )  # what run_litmus runs
 
 
-@pytest.mark.parametrize("args,kwargs,match", [
-    (("MP",), {}, "tests: expected a non-empty list"),
-    (([],), {}, "tests: expected a non-empty list"),
-    ((["MP", "XYZ"],), {}, "test: 'XYZ' is not a litmus test"),
-    ((["MP"], "relaxed", "device"), {}, "scope: 'device'"),
-    ((["MP"],), {"instances": 0}, "instances"),
-    ((["MP"],), {"stress": {"programs": 1}}, "stress: expected"),
-])
+@pytest.mark.parametrize(
+    "args,kwargs,match",
+    [
+        (("MP",), {}, "tests: expected a non-empty list"),
+        (([],), {}, "tests: expected a non-empty list"),
+        ((["MP", "XYZ"],), {}, "test: 'XYZ' is not a litmus test"),
+        ((["MP"], "relaxed", "device"), {}, "scope: 'device'"),
+        ((["MP"],), {"instances": 0}, "instances"),
+        ((["MP"],), {"stress": {"programs": 1}}, "stress: expected"),
+    ],
+)
 def test_run_two_gpus_refuses_bad_input_naming_the_argument(args, kwargs, match):
     with pytest.raises(UsageError, match=match):
         run_two_gpus(*args, **kwargs)
@@ -310,20 +406,24 @@ def test_run_two_gpus_refuses_bad_input_naming_the_argument(args, kwargs, match)
 
 # --- bad input ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"test": "XYZ"}, "test: 'XYZ' is not a litmus test"),
-    ({"semantics": "seq_cst"}, "semantics: 'seq_cst'"),
-    ({"semantics": "relaxed", "scope": "device"}, "scope: 'device'"),
-    ({"semantics": "relaxed", "scope": None}, "needs a scope"),
-    ({"scope": "gpu"}, "carry no scope"),
-    ({"placement": "two_ctas"}, "placement: 'two_ctas'"),
-    ({"instances": 0}, "instances"),
-    ({"instances": 2.5}, "instances"),
-    ({"lanes": 48}, "lanes"),
-    ({"stress": Stress(programs=-1)}, "stress.programs"),
-    ({"stress": {"programs": 1}}, "stress: expected"),
-    ({"programs_per_launch": 0}, "programs_per_launch"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"test": "XYZ"}, "test: 'XYZ' is not a litmus test"),
+        ({"semantics": "seq_cst"}, "semantics: 'seq_cst'"),
+        ({"semantics": "relaxed", "scope": "device"}, "scope: 'device'"),
+        ({"semantics": "relaxed", "scope": None}, "needs a scope"),
+        ({"scope": "gpu"}, "carry no scope"),
+        ({"placement": "two_ctas"}, "placement: 'two_ctas'"),
+        ({"instances": 0}, "instances"),
+        ({"instances": 2.5}, "instances"),
+        ({"lanes": 48}, "lanes"),
+        ({"stress": Stress(programs=-1)}, "stress.programs"),
+        ({"stress": {"programs": 1}}, "stress: expected"),
+        ({"programs_per_launch": 0}, "programs_per_launch"),
+    ],
+)
 def test_bad_arguments_are_named(kwargs, match):
     args = {"test": "MP", "semantics": "plain", "scope": None, "placement": "cross_cta", "instances": 32}
     args.update(kwargs)
@@ -366,10 +466,16 @@ def test_model_functions_check_their_inputs():
 
 PTX_CASES = [
     (("MP", "acq_rel", "gpu", "cross_cta"), {"ld.acquire.gpu.global.b32", "st.release.gpu.global.b32"}, {"fence"}),
-    (("SB", "fence_sc", "sys", "cross_cta"), {"ld.relaxed.sys.global.b32", "st.relaxed.sys.global.b32", "fence.sc.sys"},
-     {"ld.acquire", "st.release"}),
-    (("IRIW", "fence", "cta", "same_cta"), {"ld.relaxed.cta.global.b32", "st.relaxed.cta.global.b32", "fence.acq_rel.cta"},
-     {"fence.sc"}),
+    (
+        ("SB", "fence_sc", "sys", "cross_cta"),
+        {"ld.relaxed.sys.global.b32", "st.relaxed.sys.global.b32", "fence.sc.sys"},
+        {"ld.acquire", "st.release"},
+    ),
+    (
+        ("IRIW", "fence", "cta", "same_cta"),
+        {"ld.relaxed.cta.global.b32", "st.relaxed.cta.global.b32", "fence.acq_rel.cta"},
+        {"fence.sc"},
+    ),
     (("2+2W", "relaxed", "sys", "cross_cta"), {"st.relaxed.sys.global.b32"}, {"fence", "st.release"}),
     (("MP", "plain", None, "cross_cta"), {"ld.global.b32", "st.global.b32"}, {"ld.acquire", "ld.relaxed.", "fence"}),
     (("RWC", "acq_rel", "sys", "same_cta"), {"ld.acquire.sys.global.b32", "st.release.sys.global.b32"}, {"fence"}),
@@ -380,8 +486,12 @@ PTX_CASES = [
 def test_gpu_variants_compile_to_the_ptx_the_model_assumes():
     from labkit.workbench import sandbox
 
-    res = sandbox.run_isolated("labkit.kernels.litmus.ptx:memory_ops_table", [c[0] for c in PTX_CASES],
-                               timeout=300, env={"TRITON_INTERPRET": "0"})
+    res = sandbox.run_isolated(
+        "labkit.kernels.litmus.ptx:memory_ops_table",
+        [c[0] for c in PTX_CASES],
+        timeout=300,
+        env={"TRITON_INTERPRET": "0"},
+    )
     for row, (variant, must, must_not) in zip(res.unwrap(), PTX_CASES):
         ops = set(row["ops"])
         assert must <= ops, (variant, sorted(ops))
@@ -389,8 +499,9 @@ def test_gpu_variants_compile_to_the_ptx_the_model_assumes():
         if variant[3] == "same_cta":  # one lane per thread, 32 lanes per warp: each role on its own warps
             warps = len(catalogue.TESTS[variant[0]].threads)
             warps = 1 << (warps - 1).bit_length()
-            assert row["layouts"] == [f"#ttg.blocked<{{sizePerThread = [1], threadsPerWarp = [32], "
-                                      f"warpsPerCTA = [{warps}], order = [0]}}>"], row["layouts"]
+            assert row["layouts"] == [
+                f"#ttg.blocked<{{sizePerThread = [1], threadsPerWarp = [32], warpsPerCTA = [{warps}], order = [0]}}>"
+            ], row["layouts"]
 
 
 # --- GPU tier ------------------------------------------------------------------------------------------
@@ -420,8 +531,9 @@ def test_no_guaranteed_forbidden_outcome_on_one_gpu(name):
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("sem,scope", [("plain", None), ("relaxed", "sys"), ("acq_rel", "gpu"),
-                                       ("acq_rel", "sys"), ("fence_sc", "sys")])
+@pytest.mark.parametrize(
+    "sem,scope", [("plain", None), ("relaxed", "sys"), ("acq_rel", "gpu"), ("acq_rel", "sys"), ("fence_sc", "sys")]
+)
 def test_no_guaranteed_forbidden_outcome_across_two_gpus(sem, scope):
     """Every test at 1e5 instances across two GPUs, all in one start of the two ranks (a start
     costs about as much as a run): counts add up, nothing unwritten, every outcome possible, and

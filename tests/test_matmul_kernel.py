@@ -12,6 +12,7 @@ those same values, so the kernel differs from the reference only by
 So |out - ref| <= rtol * |ref| + atol * sqrt(K). A wrong tile, mask or stride shows up as an error
 of order sqrt(K), hundreds of times the budget (``test_the_tolerance_catches_one_wrong_element``).
 """
+
 import math
 
 import pytest
@@ -29,8 +30,7 @@ TOL = {  # dtype -> (rtol, atol per sqrt(K)); see the module docstring
     torch.bfloat16: (2**-7, 1e-3),
 }
 # Odd sizes exercise the M, N and K masks; 64-multiples the unmasked edges; 1 the degenerate tiles.
-SHAPES = [(65, 77, 129), (129, 65, 77), (64, 128, 64), (1, 200, 33), (200, 1, 200), (3, 5, 1),
-          (200, 193, 200)]
+SHAPES = [(65, 77, 129), (129, 65, 77), (64, 128, 64), (1, 200, 33), (200, 1, 200), (3, 5, 1), (200, 193, 200)]
 
 
 def _gen(seed):
@@ -83,19 +83,24 @@ def test_non_contiguous_inputs(dtype, layout):
     a = _randn(M, K, dtype=dtype, seed=3)
     b = _randn(K, N, dtype=dtype, seed=4)
     if layout in ("a_t", "both_t"):
-        a = _randn(K, M, dtype=dtype, seed=5).t()          # column-major A: stride (1, M)
+        a = _randn(K, M, dtype=dtype, seed=5).t()  # column-major A: stride (1, M)
     if layout in ("b_t", "both_t"):
-        b = _randn(N, K, dtype=dtype, seed=6).t()          # column-major B: stride (1, K)
-    if layout == "strided":                                # every other column / row of a bigger matrix
+        b = _randn(N, K, dtype=dtype, seed=6).t()  # column-major B: stride (1, K)
+    if layout == "strided":  # every other column / row of a bigger matrix
         a = _randn(M, 2 * K, dtype=dtype, seed=7)[:, ::2]
-        b = _randn(2 * K, N + 3, dtype=dtype, seed=8)[::2, 1:N + 1]
+        b = _randn(2 * K, N + 3, dtype=dtype, seed=8)[::2, 1 : N + 1]
     assert not (a.is_contiguous() and b.is_contiguous())
     _assert_close(matmul(a, b), a, b)
 
 
-@pytest.mark.parametrize("dtype,offsets", [
-    (torch.bfloat16, (2, 16, 128)), (torch.float16, (2, 16, 128)), (torch.float32, (4, 16, 128)),
-])
+@pytest.mark.parametrize(
+    "dtype,offsets",
+    [
+        (torch.bfloat16, (2, 16, 128)),
+        (torch.float16, (2, 16, 128)),
+        (torch.float32, (4, 16, 128)),
+    ],
+)
 def test_misaligned_operands(dtype, offsets):
     """Operands and output 2..128 bytes past a 256-byte boundary give the aligned results."""
     M, N, K = 65, 77, 129
@@ -106,7 +111,7 @@ def test_misaligned_operands(dtype, offsets):
         assert [t.data_ptr() % 256 for t in (a, b, out)] == [off] * 3
         assert matmul(a, b, out) is out
         _assert_close(out, a, b)
-        aligned = matmul(a.clone(), b.clone())             # fresh allocations: 256-aligned
+        aligned = matmul(a.clone(), b.clone())  # fresh allocations: 256-aligned
         assert aligned.data_ptr() % 16 == 0
         # Same kernel, same order of sums: only the pointers differ.
         assert torch.equal(out, aligned)
@@ -125,10 +130,10 @@ def test_writes_nothing_outside_out(dtype):
     M, N, K = 65, 77, 33
     a, b = _randn(M, K, dtype=dtype, seed=70), _randn(K, N, dtype=dtype, seed=71)
     flat = torch.full((M * N + 2 * 4096,), -7.0, dtype=dtype, device=DEV)
-    out = flat[4096:4096 + M * N].view(M, N)
+    out = flat[4096 : 4096 + M * N].view(M, N)
     matmul(a, b, out)
     _assert_close(out, a, b)
-    assert (flat[:4096] == -7).all() and (flat[4096 + M * N:] == -7).all()
+    assert (flat[:4096] == -7).all() and (flat[4096 + M * N :] == -7).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -193,14 +198,14 @@ def test_the_tolerance_catches_one_wrong_element():
 
 def test_flops_and_config():
     assert flops(2, 3, 4) == 48 and flops(4096, 4096, 4096) == 2 * 4096**3
-    assert mm.GPU_CONFIG == mm.MatmulConfig(block_m=128, block_n=128, block_k=64, group_m=8,
-                                            num_warps=8, num_stages=3)
+    assert mm.GPU_CONFIG == mm.MatmulConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
     cfg = mm.launch_config()
     assert cfg == (mm.INTERPRETER_CONFIG if labkit.workbench.tier.interpreted() else mm.GPU_CONFIG)
     assert min(cfg.block_m, cfg.block_n, cfg.block_k) >= 64  # big tiles under the interpreter too
 
 
 # ---- misaligned() ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype,offsets", [(torch.bfloat16, (0, 2, 16, 128)), (torch.float32, (0, 4, 16, 128))])
 def test_misaligned_lands_exactly_on_the_offset(dtype, offsets):
@@ -218,22 +223,25 @@ def test_misaligned_values_are_standard_normal_and_seeded():
     t = misaligned((200, 100), torch.float32, "cpu", 4, generator=_gen(7))
     assert abs(t.mean().item()) < 0.02 and abs(t.std().item() - 1) < 0.02
     same = misaligned((200, 100), torch.float32, "cpu", 128, generator=_gen(7))
-    assert torch.equal(t, same)                        # values depend on the generator, not the offset
+    assert torch.equal(t, same)  # values depend on the generator, not the offset
     assert torch.equal(t, torch.randn(200, 100, generator=_gen(7)))
     other = misaligned((200, 100), torch.float32, "cpu", 4, generator=_gen(8))
     assert not torch.equal(t, other)
-    if DEV.type == "cuda":                             # a CPU generator gives the same values on the GPU
+    if DEV.type == "cuda":  # a CPU generator gives the same values on the GPU
         assert torch.equal(misaligned((200, 100), torch.float32, DEV, 4, generator=_gen(7)).cpu(), t)
 
 
-@pytest.mark.parametrize("dtype,offset,exc,match", [
-    (torch.bfloat16, -2, ValueError, r"offset_bytes: expected 0 <= offset_bytes < 256, got -2"),
-    (torch.bfloat16, 256, ValueError, "offset_bytes: .*got 256"),
-    (torch.bfloat16, 3, ValueError, r"offset_bytes: 3 is not a multiple of the bfloat16 item size \(2"),
-    (torch.float32, 2, ValueError, r"offset_bytes: 2 is not a multiple of the float32 item size \(4"),
-    (torch.float32, 4.0, TypeError, "offset_bytes: expected an int, got float"),
-    (torch.int32, 0, TypeError, "dtype: expected a floating-point torch.dtype"),
-])
+@pytest.mark.parametrize(
+    "dtype,offset,exc,match",
+    [
+        (torch.bfloat16, -2, ValueError, r"offset_bytes: expected 0 <= offset_bytes < 256, got -2"),
+        (torch.bfloat16, 256, ValueError, "offset_bytes: .*got 256"),
+        (torch.bfloat16, 3, ValueError, r"offset_bytes: 3 is not a multiple of the bfloat16 item size \(2"),
+        (torch.float32, 2, ValueError, r"offset_bytes: 2 is not a multiple of the float32 item size \(4"),
+        (torch.float32, 4.0, TypeError, "offset_bytes: expected an int, got float"),
+        (torch.int32, 0, TypeError, "dtype: expected a floating-point torch.dtype"),
+    ],
+)
 def test_misaligned_refuses_bad_arguments(dtype, offset, exc, match):
     with pytest.raises(exc, match=match):
         misaligned((4, 4), dtype, "cpu", offset)
@@ -241,34 +249,59 @@ def test_misaligned_refuses_bad_arguments(dtype, offset, exc, match):
 
 # ---- bad input ------------------------------------------------------------------------------
 
+
 def _t(*shape, dtype=torch.float16):
     return torch.zeros(*shape, dtype=dtype, device=DEV)
 
 
-@pytest.mark.parametrize("make,exc,match", [
-    (lambda: matmul([[1.0]], _t(1, 1)), TypeError, "a: expected a torch.Tensor, got list"),
-    (lambda: matmul(_t(1, 1), None), TypeError, "b: expected a torch.Tensor, got NoneType"),
-    (lambda: matmul(_t(2, 3), _t(3, 2), out=[0]), TypeError, "out: expected a torch.Tensor, got list"),
-    (lambda: matmul(_t(4), _t(4, 2)), ValueError, r"a: expected a 2-D tensor, got shape \(4,\)"),
-    (lambda: matmul(_t(2, 4), _t(1, 4, 2)), ValueError, r"b: expected a 2-D tensor, got shape \(1, 4, 2\)"),
-    (lambda: matmul(_t(2, 3), _t(4, 5)), ValueError,
-     r"a, b: inner dimensions differ: a has shape \(2, 3\), b has shape \(4, 5\)"),
-    (lambda: matmul(_t(2, 3), _t(3, 5, dtype=torch.bfloat16)), TypeError,
-     "b: dtype bfloat16 differs from a's dtype float16"),
-    (lambda: matmul(_t(2, 3, dtype=torch.float64), _t(3, 5, dtype=torch.float64)), TypeError,
-     "a: dtype float64 is not supported"),
-    (lambda: matmul(_t(2, 3, dtype=torch.int32), _t(3, 5)), TypeError, "a: dtype int32 is not supported"),
-    (lambda: matmul(_t(2, 3), _t(3, 5), out=_t(5, 2)), ValueError,
-     r"out: shape \(5, 2\) is not \(M, N\) = \(2, 5\)"),
-    (lambda: matmul(_t(2, 3), _t(3, 5), out=_t(2, 5, dtype=torch.float32)), TypeError,
-     "out: dtype float32 differs from a's dtype float16"),
-    (lambda: matmul(_t(2, 3), _t(3, 5), out=_t(10)), ValueError, r"out: expected a 2-D tensor, got shape \(10,\)"),
-    (lambda: matmul(_t(2, 3), _t(3, 5), out=_t(5, 2).t()), ValueError, "out: expected a contiguous tensor"),
-    (lambda: matmul(_t(2, 3), _t(3, 5), out=torch.empty(2, 5, dtype=torch.float16, device="meta")),
-     ValueError, "tensors must share one device: a on .*, b on .*, out on meta"),
-    (lambda: matmul(_t(2, 3), torch.empty(3, 5, dtype=torch.float16, device="meta")),
-     ValueError, "tensors must share one device: a on .*, b on meta"),
-])
+@pytest.mark.parametrize(
+    "make,exc,match",
+    [
+        (lambda: matmul([[1.0]], _t(1, 1)), TypeError, "a: expected a torch.Tensor, got list"),
+        (lambda: matmul(_t(1, 1), None), TypeError, "b: expected a torch.Tensor, got NoneType"),
+        (lambda: matmul(_t(2, 3), _t(3, 2), out=[0]), TypeError, "out: expected a torch.Tensor, got list"),
+        (lambda: matmul(_t(4), _t(4, 2)), ValueError, r"a: expected a 2-D tensor, got shape \(4,\)"),
+        (lambda: matmul(_t(2, 4), _t(1, 4, 2)), ValueError, r"b: expected a 2-D tensor, got shape \(1, 4, 2\)"),
+        (
+            lambda: matmul(_t(2, 3), _t(4, 5)),
+            ValueError,
+            r"a, b: inner dimensions differ: a has shape \(2, 3\), b has shape \(4, 5\)",
+        ),
+        (
+            lambda: matmul(_t(2, 3), _t(3, 5, dtype=torch.bfloat16)),
+            TypeError,
+            "b: dtype bfloat16 differs from a's dtype float16",
+        ),
+        (
+            lambda: matmul(_t(2, 3, dtype=torch.float64), _t(3, 5, dtype=torch.float64)),
+            TypeError,
+            "a: dtype float64 is not supported",
+        ),
+        (lambda: matmul(_t(2, 3, dtype=torch.int32), _t(3, 5)), TypeError, "a: dtype int32 is not supported"),
+        (
+            lambda: matmul(_t(2, 3), _t(3, 5), out=_t(5, 2)),
+            ValueError,
+            r"out: shape \(5, 2\) is not \(M, N\) = \(2, 5\)",
+        ),
+        (
+            lambda: matmul(_t(2, 3), _t(3, 5), out=_t(2, 5, dtype=torch.float32)),
+            TypeError,
+            "out: dtype float32 differs from a's dtype float16",
+        ),
+        (lambda: matmul(_t(2, 3), _t(3, 5), out=_t(10)), ValueError, r"out: expected a 2-D tensor, got shape \(10,\)"),
+        (lambda: matmul(_t(2, 3), _t(3, 5), out=_t(5, 2).t()), ValueError, "out: expected a contiguous tensor"),
+        (
+            lambda: matmul(_t(2, 3), _t(3, 5), out=torch.empty(2, 5, dtype=torch.float16, device="meta")),
+            ValueError,
+            "tensors must share one device: a on .*, b on .*, out on meta",
+        ),
+        (
+            lambda: matmul(_t(2, 3), torch.empty(3, 5, dtype=torch.float16, device="meta")),
+            ValueError,
+            "tensors must share one device: a on .*, b on meta",
+        ),
+    ],
+)
 def test_refuses_bad_input(make, exc, match):
     with pytest.raises(exc, match=match):
         make()

@@ -1,6 +1,7 @@
 """Lab 06 (labkit.labs.memory_model): the litmus sweep's records, the plots drawn from records
 (skipped and zero-count rows included), lab 02's broken barriers under an in-kernel delay (the
 emulated world on the CPU tier; 2 GPUs marked multigpu), the delay compiled away at 0, bad input."""
+
 import json
 
 import matplotlib
@@ -38,8 +39,9 @@ def test_cpu_records_carry_the_required_fields(cpu_records, tmp_path):
         assert r["verdict"] == model.verdict(r["test"], r["semantics"], r["scope"], r["placement"])
         assert r["ptx_verdict"] in ("allowed", "forbidden") and r["not_possible"] == 0
         assert all("," in k for k in r["counts"]) and isinstance(r["stress"], dict)
-    path = results.write_results(tmp_path / "litmus.json", "litmus", cpu_records, generator="test",
-                                 required=sweep.REQUIRED)
+    path = results.write_results(
+        tmp_path / "litmus.json", "litmus", cpu_records, generator="test", required=sweep.REQUIRED
+    )
     assert len(results.load_results(path).records) == len(cpu_records)
     json.loads(path.read_text())
 
@@ -77,8 +79,9 @@ def test_budget_records_pending_rows_and_resume_keeps_finished_ones(tmp_path, cp
     assert len(recs) == 14 * len(sweep.STRESSES) and len(sweep.pending(recs)) == len(recs)
     # resume: a finished row with enough instances is kept as it was, not rerun
     done = dict(sweep.record(recs[0], skipped=None), runs=sweep.INSTANCES, skipped=None)
-    path = results.write_results(tmp_path / "litmus.json", "litmus", [done] + recs[1:], generator="test",
-                                 required=sweep.REQUIRED)
+    path = results.write_results(
+        tmp_path / "litmus.json", "litmus", [done] + recs[1:], generator="test", required=sweep.REQUIRED
+    )
     resume = sweep.load_resume(path)
     assert list(resume) == [sweep.key_of(done)]
     again = sweep.sweep(("cross_cta",), "gpu", tests=["MP"], budget_s=-1.0, resume=resume, progress=False)
@@ -86,8 +89,13 @@ def test_budget_records_pending_rows_and_resume_keeps_finished_ones(tmp_path, cp
     commit = results.load_results(path).env.get("git_commit") or "unknown"
     assert again[0] == dict(done, resumed_from=commit) and len(sweep.pending(again)) == len(again) - 1
     # resumed a second time, a row keeps its first mark (a later file's commit did not measure it)
-    path2 = results.write_results(tmp_path / "litmus2.json", "litmus", [dict(again[0], resumed_from="abc123")],
-                                  generator="test", required=sweep.REQUIRED)
+    path2 = results.write_results(
+        tmp_path / "litmus2.json",
+        "litmus",
+        [dict(again[0], resumed_from="abc123")],
+        generator="test",
+        required=sweep.REQUIRED,
+    )
     assert sweep.load_resume(path2)[sweep.key_of(done)]["resumed_from"] == "abc123"
     assert sweep.load_resume(tmp_path / "absent.json") == {}
 
@@ -97,8 +105,9 @@ def test_rows_dealt_to_two_workers_match_the_rows_run_here(cpu_records):
     """devices=[two]: the one-GPU rows run in two worker processes at once (on a GPU machine one
     per GPU); the records are those of the same rows run in this process (same seeds, the
     interpreter's deterministic order), in the grid's order, each naming the device that ran it."""
-    dealt = sweep.sweep(("cross_cta", "same_cta"), "cpu", instances=64, tests=["MP", "IRIW"], progress=False,
-                        devices=["cpu", "cpu"])
+    dealt = sweep.sweep(
+        ("cross_cta", "same_cta"), "cpu", instances=64, tests=["MP", "IRIW"], progress=False, devices=["cpu", "cpu"]
+    )
     assert [sweep.key_of(r) for r in dealt] == [sweep.key_of(r) for r in cpu_records]
     for a, b in zip(dealt, cpu_records):
         assert a["skipped"] is None and a["counts"] == b["counts"] and a["runs"] == b["runs"] == 64
@@ -138,7 +147,11 @@ def test_two_gpu_rows_sharing_a_variant_start_the_ranks_once(monkeypatch):
     recs = sweep.sweep(("two_gpus",), "cpu", tests=["MP", "SB"], progress=False)
     assert starts == [["MP", "SB"], ["MP", "SB"]]
     assert [(r["test"], r["semantics"]) for r in recs] == [
-        ("MP", "plain"), ("MP", "volatile"), ("SB", "plain"), ("SB", "volatile")]
+        ("MP", "plain"),
+        ("MP", "volatile"),
+        ("SB", "plain"),
+        ("SB", "volatile"),
+    ]
     for r in recs:
         assert r["batch_rows"] == 2 and r["runs"] == sweep.TWO_RANK_CPU_INSTANCES and r["unwritten"] == 0
         assert sum(r["counts"].values()) == sweep.TWO_RANK_CPU_INSTANCES
@@ -163,11 +176,14 @@ def test_bad_input_is_refused_naming_the_argument():
         sweep.rows(("cross_cta",), semantics=["seq_cst"])
     # the product's own checks, through the lab's row runner
     with pytest.raises(UsageError, match="scope: 'device'"):
-        sweep.run_row({"test": "MP", "semantics": "relaxed", "scope": "device", "placement": "cross_cta",
-                       "stress_name": "none"}, 32)
+        sweep.run_row(
+            {"test": "MP", "semantics": "relaxed", "scope": "device", "placement": "cross_cta", "stress_name": "none"},
+            32,
+        )
     with pytest.raises(UsageError, match="scope: 'gpu' given"):
-        sweep.run_row({"test": "MP", "semantics": "plain", "scope": "gpu", "placement": "cross_cta",
-                       "stress_name": "none"}, 32)
+        sweep.run_row(
+            {"test": "MP", "semantics": "plain", "scope": "gpu", "placement": "cross_cta", "stress_name": "none"}, 32
+        )
     # sys scope across GPUs needs symmetric memory: buffers of one device are refused
     from labkit.kernels.litmus import allocate
 
@@ -175,13 +191,17 @@ def test_bad_input_is_refused_naming_the_argument():
         run_litmus("MP", "plain", None, "two_gpus", 32, buffers=allocate(32))
     with pytest.raises(UsageError, match="instances: 64 is more than the buffers hold"):
         run_litmus("MP", "plain", None, "cross_cta", 64, buffers=allocate(32))
-    for args, match in (((("x", "one_shot", 0)), "variant: 'x'"), ((("correct", "ring", 0)), "algorithm: 'ring'"),
-                        ((("correct", "one_shot", -1)), "delay: expected an int >= 0")):
+    for args, match in (
+        ((("x", "one_shot", 0)), "variant: 'x'"),
+        ((("correct", "ring", 0)), "algorithm: 'ring'"),
+        ((("correct", "one_shot", -1)), "delay: expected an int >= 0"),
+    ):
         with pytest.raises(UsageError, match=match):
             bb.measure(*args, trials=1, n=64)
 
 
 # --- plots from records ----------------------------------------------------------------------
+
 
 def _row(test="MP", semantics="relaxed", scope="gpu", placement="cross_cta", counts=None, skipped=None):
     row = {"test": test, "semantics": semantics, "scope": scope, "placement": placement, "stress_name": "memory"}
@@ -190,8 +210,16 @@ def _row(test="MP", semantics="relaxed", scope="gpu", placement="cross_cta", cou
     rec = sweep.record(row)
     n = sum(counts.values())
     weak = counts.get(",".join(map(str, sweep.get_test(test).weak)), 0)
-    return dict(rec, runs=n, classified=n, counts=counts, weak_outcomes=weak, rate=weak / n,
-                lower=sweep.lower_bound(weak, n), upper=sweep.upper_bound(weak, n))
+    return dict(
+        rec,
+        runs=n,
+        classified=n,
+        counts=counts,
+        weak_outcomes=weak,
+        rate=weak / n,
+        lower=sweep.lower_bound(weak, n),
+        upper=sweep.upper_bound(weak, n),
+    )
 
 
 def test_plots_draw_from_records_with_skipped_and_zero_rows():
@@ -234,7 +262,9 @@ def test_plots_draw_from_records_with_skipped_and_zero_rows():
     assert plots.cost_rows([timed, old_memory, old_none], None) == [timed, old_memory]
     assert plots.cost_rows([timed, old_memory, old_none], "memory") == [old_memory]
     assert [(k, n) for k, *_, n in plots.cost_by_variant([timed, old_memory], None)] == [
-        ("relaxed.gpu", 1), ("acq_rel.gpu", 1)]
+        ("relaxed.gpu", 1),
+        ("acq_rel.gpu", 1),
+    ]
     assert plots.cost_by_variant([timed], None)[0][1] == pytest.approx(0.5 / 1000 * 1e9)
     ax = plots.plot_cost([timed, old_memory], None, "t", None)
     assert len(ax.patches) == 2 and "stress memory, none" in ax.get_title()
@@ -245,9 +275,11 @@ def test_plots_draw_from_records_with_skipped_and_zero_rows():
     for name in sweep.TESTS:
         plt.close(plots.plot_test(name).figure)
     plt.close(plots.plot_barrier_hb().figure)
-    broken = [bb.row("one_shot", "no_end_barrier", 0, 4, "emulated", wrong_results=0),
-              bb.row("one_shot", "no_end_barrier", 400, 4, "emulated", wrong_results=3),
-              bb.row("tree", "gpu_scope", 400, 4, "gpus", skipped="needs 2 CUDA GPUs")]
+    broken = [
+        bb.row("one_shot", "no_end_barrier", 0, 4, "emulated", wrong_results=0),
+        bb.row("one_shot", "no_end_barrier", 400, 4, "emulated", wrong_results=3),
+        bb.row("tree", "gpu_scope", 400, 4, "gpus", skipped="needs 2 CUDA GPUs"),
+    ]
     assert [(e["trials"], e["wrong"]) for e in bb.rates(broken)] == [(4, 0), (4, 3), (0, 0)]
     ax = plots.plot_broken(broken)
     assert "1 rows not run" in ax.get_title()
@@ -256,6 +288,7 @@ def test_plots_draw_from_records_with_skipped_and_zero_rows():
 
 
 # --- broken barriers -------------------------------------------------------------------------
+
 
 @pytest.mark.skipif(not tier.interpreted(), reason="the emulated world is the CPU tier's; GPUs: the multigpu test")
 def test_broken_barriers_in_the_emulated_world():
@@ -267,7 +300,7 @@ def test_broken_barriers_in_the_emulated_world():
     for g in good:
         assert g["world"] == "emulated" and g["skipped"] is None and g["wrong_results"] == 0 and g["pads_zero"], g
         assert g["wrong_per_rank"] == [0, 0] and g["seconds"] > 0 and g["wall_s"] >= 0
-        assert g["setup_s"] > 0 and g["check_s"] > 0   # where a row's wall time goes besides its trials
+        assert g["setup_s"] > 0 and g["check_s"] > 0  # where a row's wall time goes besides its trials
         assert g["compare_s"] >= 0 and g["pads_s"] >= 0 and g["compare_s"] + g["pads_s"] <= g["check_s"] + 2e-3, g
     bad = bb.measure("no_end_barrier", "one_shot", 400, 4, 4096)  # one row, a spawn of its own
     assert bad["wrong_results"] > 0, bad
@@ -279,11 +312,29 @@ class _FakeRanks:
 
     def __init__(self, ok, variant, form, delays, trials, n, dtype_name):
         self.ok = ok
-        self._values = [[{"variant": variant, "algorithm": form, "delay": d, "trials": trials, "n": n,
-                          "dtype": dtype_name, "rank": r, "wrong": int(d > 0 and r == 1),
-                          "wrong_trials": [0] if d > 0 and r == 1 else [], "seconds": 0.5 + r,
-                          "pads_zero": True, "setup_s": 2.0 + r, "check_s": 0.1, "compare_s": 0.06,
-                          "pads_s": 0.04} for d in delays] for r in range(2)]
+        self._values = [
+            [
+                {
+                    "variant": variant,
+                    "algorithm": form,
+                    "delay": d,
+                    "trials": trials,
+                    "n": n,
+                    "dtype": dtype_name,
+                    "rank": r,
+                    "wrong": int(d > 0 and r == 1),
+                    "wrong_trials": [0] if d > 0 and r == 1 else [],
+                    "seconds": 0.5 + r,
+                    "pads_zero": True,
+                    "setup_s": 2.0 + r,
+                    "check_s": 0.1,
+                    "compare_s": 0.06,
+                    "pads_s": 0.04,
+                }
+                for d in delays
+            ]
+            for r in range(2)
+        ]
 
     def summary(self):
         return "rank 0 ok (1.0 s); rank 1 illegal_memory_access (1.0 s)" if not self.ok else "ok"
@@ -311,8 +362,9 @@ def test_the_benchmark_spawns_once_per_form_and_variant(monkeypatch):
     assert all(c[0] is bb.delayed_sweep and c[1] == 2 and c[4] == p["delays"] for c in calls)
     assert [(c[3], c[2]) for c in calls] == pairs
     assert all(0 < c[5] <= bb.SPAWN_TIMEOUT_S for c in calls)
-    assert [(r["algorithm"], r["variant"], r["delay"]) for r in recs] == \
-        [(f, v, d) for f, v in pairs for d in p["delays"]]
+    assert [(r["algorithm"], r["variant"], r["delay"]) for r in recs] == [
+        (f, v, d) for f, v in pairs for d in p["delays"]
+    ]
     world = "emulated" if tier.interpreted() else "gpus"
     ok = [r for r in recs if (r["algorithm"], r["variant"]) != ("tree", "gpu_scope")]
     failed = [r for r in recs if (r["algorithm"], r["variant"]) == ("tree", "gpu_scope")]
@@ -323,10 +375,22 @@ def test_the_benchmark_spawns_once_per_form_and_variant(monkeypatch):
         assert r["skipped"] is None and r["world"] == world and r["trials"] == p["trials"]
         assert r["wrong_results"] == (r["delay"] > 0) and r["wrong_per_rank"] == [0, int(r["delay"] > 0)]
         assert r["seconds"] == 1.5 and r["pads_zero"] is True and r["n"] == p["n"] and r["dtype"] == p["dtype"]
-        assert r["setup_s"] == 3.0 and r["check_s"] == 0.1   # the slowest rank's phases
+        assert r["setup_s"] == 3.0 and r["check_s"] == 0.1  # the slowest rank's phases
         assert r["compare_s"] == 0.06 and r["pads_s"] == 0.04
-        assert set(r) == set(bb.REQUIRED) | {"stress", "slow_rank", "wrong_per_rank", "n", "dtype", "pads_zero",
-                                             "seconds", "setup_s", "check_s", "compare_s", "pads_s", "wall_s"}
+        assert set(r) == set(bb.REQUIRED) | {
+            "stress",
+            "slow_rank",
+            "wrong_per_rank",
+            "n",
+            "dtype",
+            "pads_zero",
+            "seconds",
+            "setup_s",
+            "check_s",
+            "compare_s",
+            "pads_s",
+            "wall_s",
+        }
     # measure: one row, one spawn of one delay, the same record
     calls.clear()
     one = bb.measure("no_end_barrier", "two_shot", 400, 4, 4096)
@@ -352,8 +416,9 @@ def test_a_resumed_call_keeps_finished_spawns_and_runs_the_rest(monkeypatch, tmp
     done, half = pairs[0], pairs[1]
     earlier = [bb.row(f, v, d, p["trials"], "emulated", wrong_results=0) for f, v in (done, half) for d in p["delays"]]
     earlier[-1] = bb.row(*half, p["delays"][-1], p["trials"], "emulated", skipped=bb.not_started(10))
-    path = results.write_results(tmp_path / "broken_barriers.json", "broken_barriers", earlier,
-                                 generator="test", required=bb.REQUIRED)
+    path = results.write_results(
+        tmp_path / "broken_barriers.json", "broken_barriers", earlier, generator="test", required=bb.REQUIRED
+    )
     spawns = []
 
     def fake_measure_delays(variant, form, delays, trials, n, dtype_name, timeout):
@@ -364,13 +429,14 @@ def test_a_resumed_call_keeps_finished_spawns_and_runs_the_rest(monkeypatch, tmp
     monkeypatch.setenv(bb.RESUME_ENV, str(path))
     monkeypatch.delenv(bb.BUDGET_ENV, raising=False)
     recs = bb.benchmark("cpu", progress=False)
-    assert spawns == pairs[1:]                                   # the finished pair is not spawned again
-    assert [(r["algorithm"], r["variant"], r["delay"]) for r in recs] == \
-        [(f, v, d) for f, v in pairs for d in p["delays"]]       # the grid's order, kept rows included
+    assert spawns == pairs[1:]  # the finished pair is not spawned again
+    assert [(r["algorithm"], r["variant"], r["delay"]) for r in recs] == [
+        (f, v, d) for f, v in pairs for d in p["delays"]
+    ]  # the grid's order, kept rows included
     commit = results.load_results(path).env.get("git_commit") or "unknown"
-    kept = recs[:len(p["delays"])]
+    kept = recs[: len(p["delays"])]
     assert all(r["wrong_results"] == 0 and r["resumed_from"] == commit for r in kept)
-    assert all("resumed_from" not in r and r["wrong_results"] == 1 for r in recs[len(p["delays"]):])
+    assert all("resumed_from" not in r and r["wrong_results"] == 1 for r in recs[len(p["delays"]) :])
     assert bb.load_resume(None) == {} and bb.load_resume(tmp_path / "absent.json") == {}
 
 
@@ -395,10 +461,9 @@ def test_the_budget_stops_new_spawns_and_records_the_rest(monkeypatch):
     assert len(spawns) == 3
     assert [t for _, _, t in spawns] == [250 + bb.GRACE_S, 150 + bb.GRACE_S, 50 + bb.GRACE_S]
     assert len(recs) == 16 * len(p["delays"])
-    run, rest = recs[:3 * len(p["delays"])], recs[3 * len(p["delays"]):]
+    run, rest = recs[: 3 * len(p["delays"])], recs[3 * len(p["delays"]) :]
     assert all(r["skipped"] is None for r in run)
-    assert all(r["skipped"] == "not started: the budget of 250 s ran out" and r["wrong_results"] is None
-               for r in rest)
+    assert all(r["skipped"] == "not started: the budget of 250 s ran out" and r["wrong_results"] is None for r in rest)
     assert all(k in r for r in recs for k in bb.REQUIRED)
     assert [(e["trials"], e["skipped"]) for e in bb.rates(rest)][:1] == [(0, rest[0]["skipped"])]
     # the default, an explicit budget, and bad values naming the variable
@@ -425,8 +490,9 @@ def test_delay_compiles_away_at_zero_and_gpu_scope_is_gpu_scoped():
     """Compiled for sm_90 in a child with TRITON_INTERPRET=0 (no GPU needed)."""
     from labkit.workbench import sandbox
 
-    res = sandbox.run_isolated(bb.delay_ptx, ["one_shot", "two_shot", "tree"], timeout=600,
-                               env={"TRITON_INTERPRET": "0"})
+    res = sandbox.run_isolated(
+        bb.delay_ptx, ["one_shot", "two_shot", "tree"], timeout=600, env={"TRITON_INTERPRET": "0"}
+    )
     rows = res.unwrap()
     for r in rows:
         if r["delay"] == 0:
@@ -462,8 +528,16 @@ def test_litmus_rows_on_one_gpu():
     gate = gates.requires(gpus=1, compiled=True)
     if not gate.ok:
         pytest.skip(gate.reason)
-    recs = sweep.sweep(("cross_cta", "same_cta"), "gpu", instances=20_000, tests=["MP"],
-                       semantics=["plain", "acq_rel"], stresses=["memory"], budget_s=1e9, progress=False)
+    recs = sweep.sweep(
+        ("cross_cta", "same_cta"),
+        "gpu",
+        instances=20_000,
+        tests=["MP"],
+        semantics=["plain", "acq_rel"],
+        stresses=["memory"],
+        budget_s=1e9,
+        progress=False,
+    )
     assert len(recs) == 2 * (1 + 3)
     for r in recs:
         assert r["tier"] == "gpu" and r["skipped"] is None and r["runs"] == 20_000, r
@@ -480,13 +554,22 @@ def test_one_gpu_rows_dealt_to_every_gpu():
     if not gate.ok:
         pytest.skip(gate.reason)
     devices = sweep.gpu_devices()
-    recs = sweep.sweep(("cross_cta",), "gpu", instances=20_000, tests=["MP", "SB"], semantics=["plain", "acq_rel"],
-                       stresses=["memory"], budget_s=1e9, progress=False, devices=devices)
+    recs = sweep.sweep(
+        ("cross_cta",),
+        "gpu",
+        instances=20_000,
+        tests=["MP", "SB"],
+        semantics=["plain", "acq_rel"],
+        stresses=["memory"],
+        budget_s=1e9,
+        progress=False,
+        devices=devices,
+    )
     assert len(recs) == 2 * (1 + 3)
     for r in recs:
         assert r["skipped"] is None and r["runs"] == 20_000 and r["timeouts"] == 0 and r["unwritten"] == 0, r
         assert r["device"] in devices, r
-    assert {r["device"] for r in recs} == set(devices[:len(recs)])  # each worker took a row at the start
+    assert {r["device"] for r in recs} == set(devices[: len(recs)])  # each worker took a row at the start
 
 
 @pytest.mark.multigpu
@@ -496,8 +579,16 @@ def test_litmus_rows_on_two_gpus():
     gate = gates.requires(gpus=2, peer_access=True, compiled=True)
     if not gate.ok:
         pytest.skip(gate.reason)
-    recs = sweep.sweep(("two_gpus",), "gpu", instances=20_000, tests=["MP"], semantics=["acq_rel"],
-                       stresses=["none"], budget_s=1e9, progress=False)
+    recs = sweep.sweep(
+        ("two_gpus",),
+        "gpu",
+        instances=20_000,
+        tests=["MP"],
+        semantics=["acq_rel"],
+        stresses=["none"],
+        budget_s=1e9,
+        progress=False,
+    )
     assert len(recs) == 3
     for r in recs:
         assert r["skipped"] is None and r["runs"] == 20_000 and r["timeouts"] == 0 and r["not_possible"] == 0, r
@@ -505,6 +596,7 @@ def test_litmus_rows_on_two_gpus():
 
 
 # --- panels ----------------------------------------------------------------------------------
+
 
 def test_the_litmus_panel_reruns_and_redraws():
     from labkit.labs.memory_model import widgets
@@ -539,8 +631,8 @@ def test_the_model_grid_marks_where_ptx_allows_more():
     at = {(r, c): v for r, line in zip(rows, cells) for c, v in zip(cols, line)}
     assert len(cells) == len(rows) and all(len(line) == len(cols) for line in cells)
     assert at[(("MP", "cross_cta"), ("acq_rel", "gpu"))] == "forbidden"
-    assert at[(("MP", "two_gpus"), ("acq_rel", "gpu"))] == "allowed"       # gpu scope does not cover two GPUs
-    assert at[(("CoRR", "cross_cta"), ("plain", None))] == "ptx_allows"   # coherence only for strong accesses
+    assert at[(("MP", "two_gpus"), ("acq_rel", "gpu"))] == "allowed"  # gpu scope does not cover two GPUs
+    assert at[(("CoRR", "cross_cta"), ("plain", None))] == "ptx_allows"  # coherence only for strong accesses
     assert at[(("IRIW", "cross_cta"), ("acq_rel", "gpu"))] == "ptx_allows"
     assert at[(("IRIW", "cross_cta"), ("fence_sc", "gpu"))] == "forbidden"
     ax = plots.plot_model_grid()

@@ -1,5 +1,6 @@
 """The Llama-shaped decoder: KV-cache decode equals a full forward, SC linears plug in, accelerate
 dispatch keeps the logits, and on 2 GPUs the guarded SC model runs sharded (the story's fix)."""
+
 import pytest
 import torch
 
@@ -14,7 +15,7 @@ def test_cached_decode_equals_full_forward():
     m = M.build(M.TINY, seed=3, dtype=torch.float32)
     prompt = torch.tensor([1, 5, 9, 2])
     toks, logits, _ = M.greedy_decode(m, prompt, 5)
-    full = m(torch.tensor([prompt.tolist() + toks[:-1]]), 0)[0, len(prompt) - 1:]
+    full = m(torch.tensor([prompt.tolist() + toks[:-1]]), 0)[0, len(prompt) - 1 :]
     assert torch.allclose(full, logits, atol=1e-4), (full - logits).abs().max()
 
 
@@ -53,15 +54,15 @@ def test_sc_model_benchmark_records_on_cpu(tmp_path):
     rs = results.load_results(benchmarks.run("sc_model", "cpu", out_dir=tmp_path))
     assert [r["config"] for r in rs.records] == ["bf16"] + list(M.SC_CONFIGS)
     assert all(r["ms_per_token"] > 0 and 0 <= r["top1_agreement"] <= 1 for r in rs.records)
-    for r in rs.records:   # the spread beside the median: quartiles over every timed token, each pass's median
+    for r in rs.records:  # the spread beside the median: quartiles over every timed token, each pass's median
         assert r["ms_per_token_p25"] <= r["ms_per_token"] <= r["ms_per_token_p75"], r
         assert len(r["pass_ms_per_token"]) == 2 and all(ms > 0 for ms in r["pass_ms_per_token"]), r
 
 
 def test_per_token_quartiles_and_bad_passes():
-    q = M._per_token_ms([0.005, 0.001, 0.004, 0.002, 0.003])   # seconds, in no order
+    q = M._per_token_ms([0.005, 0.001, 0.004, 0.002, 0.003])  # seconds, in no order
     assert (q["ms_per_token_p25"], q["ms_per_token"], q["ms_per_token_p75"]) == pytest.approx((2.0, 3.0, 4.0))
-    q = M._per_token_ms([0.004, 0.001, 0.003, 0.002])   # an even count: the median between the middle two
+    q = M._per_token_ms([0.004, 0.001, 0.003, 0.002])  # an even count: the median between the middle two
     assert q["ms_per_token"] == pytest.approx(2.5)
     with pytest.raises(ValueError, match="passes=0"):
         M.decode_benchmark(M.TINY, gpus=0, passes=0)

@@ -1,6 +1,7 @@
 """Every notebook: committed stripped, parameters first, hardware stated, every cell with its
 own id, profile overrides naming real parameters, and executing top to bottom under papermill in
 this machine's tier with its figures shown inline."""
+
 import json
 import re
 import warnings
@@ -25,8 +26,9 @@ def test_committed_stripped_with_parameters_first(name):
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(not c.outputs and c.execution_count is None for c in code), "commit notebooks without outputs"
     assert nbs.parameters_cell(nb) is not None, "first code cell must be tagged 'parameters'"
-    assert nb.cells[0].cell_type == "markdown" and "**Hardware:**" in nb.cells[0].source, \
+    assert nb.cells[0].cell_type == "markdown" and "**Hardware:**" in nb.cells[0].source, (
         "the first cell must state the hardware the notebook needs"
+    )
     assert nbs.parameters(nb), "the parameters cell defines no parameter"
 
 
@@ -37,10 +39,14 @@ CELL_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 def _cell_id_problems(cells) -> list[str]:
     ids = [c.get("id") for c in cells]
     problems = [f"cell {i} has no id" for i, x in enumerate(ids) if x is None]
-    problems += [f"cell {i} has an invalid id {x!r}" for i, x in enumerate(ids)
-                 if x is not None and not (isinstance(x, str) and CELL_ID.fullmatch(x))]
-    problems += [f"cell id {x!r} is used {ids.count(x)} times" for x in sorted(set(ids) - {None}, key=str)
-                 if ids.count(x) > 1]
+    problems += [
+        f"cell {i} has an invalid id {x!r}"
+        for i, x in enumerate(ids)
+        if x is not None and not (isinstance(x, str) and CELL_ID.fullmatch(x))
+    ]
+    problems += [
+        f"cell id {x!r} is used {ids.count(x)} times" for x in sorted(set(ids) - {None}, key=str) if ids.count(x) > 1
+    ]
     return problems
 
 
@@ -50,7 +56,8 @@ def test_committed_cells_have_unique_valid_ids(name):
     doc = json.loads(NOTEBOOKS[name].read_text(encoding="utf-8"))
     assert (doc["nbformat"], doc["nbformat_minor"]) >= (4, 5), "nbformat 4.5 or later: cells carry ids"
     assert not _cell_id_problems(doc["cells"]), (
-        f"{name}: {'; '.join(_cell_id_problems(doc['cells']))} (nbformat.validator.normalize adds the missing ones)")
+        f"{name}: {'; '.join(_cell_id_problems(doc['cells']))} (nbformat.validator.normalize adds the missing ones)"
+    )
 
 
 def test_runner_prepares_every_notebook_without_missing_id_warning(tmp_path):
@@ -61,7 +68,9 @@ def test_runner_prepares_every_notebook_without_missing_id_warning(tmp_path):
         _, jobs = plan(profile="cpu")
         for name, path, params, timeout, _needs in jobs:
             out = tmp_path / f"{name}.ipynb"
-            assert _execute(str(path), str(out), params, str(path.parent), timeout, prepare_only=True) == {"status": "ran"}
+            assert _execute(str(path), str(out), params, str(path.parent), timeout, prepare_only=True) == {
+                "status": "ran"
+            }
             cells = json.loads(out.read_text(encoding="utf-8"))["cells"]
             assert any("injected-parameters" in c["metadata"].get("tags", []) for c in cells) or not params
             assert not _cell_id_problems(cells), f"{name}: {_cell_id_problems(cells)}"
@@ -82,8 +91,9 @@ def test_runner_gives_the_kernel_the_inline_backend(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MPLBACKEND", "Agg")
     monkeypatch.setattr(execute.sandbox, "run_isolated", fake_run_isolated)
-    run(only=["ok"], profile="cpu", runs_dir=tmp_path / "runs", notebooks_dir=folder, profiles_file=prof,
-        progress=False)
+    run(
+        only=["ok"], profile="cpu", runs_dir=tmp_path / "runs", notebooks_dir=folder, profiles_file=prof, progress=False
+    )
     assert seen and seen[0]["MPLBACKEND"] == "module://matplotlib_inline.backend_inline"
 
 
@@ -112,8 +122,13 @@ def test_notebook_executes(name, tmp_path, monkeypatch):
     for i, cell in enumerate(c for c in cells if c["cell_type"] == "code"):
         outputs = cell.get("outputs", [])
         shown = sum("image/png" in o.get("data", {}) for o in outputs)
-        saved = [line for o in outputs if o["output_type"] == "stream"
-                 for line in "".join(o["text"]).splitlines() if re.match(r"saved .*\.png$", line)]
+        saved = [
+            line
+            for o in outputs
+            if o["output_type"] == "stream"
+            for line in "".join(o["text"]).splitlines()
+            if re.match(r"saved .*\.png$", line)
+        ]
         assert shown >= len(saved), f"{name}: code cell {i} saved {saved} but shows {shown} image(s) inline"
         images += shown
     assert images >= len(res.figures), f"{name}: {len(res.figures)} figures saved, {images} shown inline"

@@ -3,6 +3,7 @@ torch.compile over the ops. Copy and sc_matmul run on the CPU under the interpre
 tier, on the GPU); the collectives on an emulated world of 2 processes (GPUs on the GPU tier).
 torch.compile on the CPU tier uses backend "aot_eager" (and "eager"): Inductor needs a C++
 toolchain there, which CI machines may lack; the GPU tests compile with Inductor."""
+
 import pytest
 import torch
 
@@ -22,8 +23,15 @@ def test_every_op_is_registered_in_the_labkit_namespace():
         op = getattr(torch.ops.labkit, name)
         assert op.default._schema.name == f"labkit::{name}"
     schema = str(torch.ops.labkit.sc_matmul.default._schema)
-    for arg in ("int sc_prec=8", "int stoc_len=256", 'str granularity="per_row"', "int chunk_d=0",
-                'str a_seq="bitrev"', 'str b_seq="counter_alt"', "bool halve=False"):
+    for arg in (
+        "int sc_prec=8",
+        "int stoc_len=256",
+        'str granularity="per_row"',
+        "int chunk_d=0",
+        'str a_seq="bitrev"',
+        'str b_seq="counter_alt"',
+        "bool halve=False",
+    ):
         assert arg in schema, schema
     assert 'str algorithm="auto"' in str(torch.ops.labkit.all_reduce.default._schema)
 
@@ -35,9 +43,14 @@ def test_copy_passes_opcheck_and_copies():
     assert set(result.values()) == {"SUCCESS"}, result
 
 
-@pytest.mark.parametrize("shape,options", [(((6, 64), (64, 16)), {"stoc_len": 16}),
-                                           (((2, 3, 32), (2, 32, 8)), {"granularity": "per_head", "stoc_len": 32}),
-                                           (((1, 40), (40, 24)), {"chunk_d": 16, "sc_prec": 6, "halve": True})])
+@pytest.mark.parametrize(
+    "shape,options",
+    [
+        (((6, 64), (64, 16)), {"stoc_len": 16}),
+        (((2, 3, 32), (2, 32, 8)), {"granularity": "per_head", "stoc_len": 32}),
+        (((1, 40), (40, 24)), {"chunk_d": 16, "sc_prec": 6, "halve": True}),
+    ],
+)
 def test_sc_matmul_passes_opcheck_and_matches_the_launcher(shape, options):
     from labkit.kernels.sc import sc_matmul
 
@@ -76,11 +89,22 @@ def test_compile_fullgraph_over_copy(backend):
 def test_collectives_as_ops_in_an_emulated_world():
     skip_without_a_world()
     for found in run_ranks(plan_fns.ops_in_the_world, 2, timeout=300).unwrap():
-        for k in ("lookup", "all_reduce", "all_reduce one_shot", "all_reduce from the buffer itself",
-                  "reduce_scatter", "default name", "all_gather", "compiled"):
+        for k in (
+            "lookup",
+            "all_reduce",
+            "all_reduce one_shot",
+            "all_reduce from the buffer itself",
+            "reduce_scatter",
+            "default name",
+            "all_gather",
+            "compiled",
+        ):
             assert found[k] is True, (k, found)
-        assert found["fake"] == {"all_reduce": ((2048,), "torch.float32"), "reduce_scatter": ((1024,), "torch.float32"),
-                                 "all_gather": ((2048,), "torch.float32")}
+        assert found["fake"] == {
+            "all_reduce": ((2048,), "torch.float32"),
+            "reduce_scatter": ((1024,), "torch.float32"),
+            "all_gather": ((2048,), "torch.float32"),
+        }
         assert isinstance(found["opcheck"], dict) and set(found["opcheck"].values()) == {"SUCCESS"}, found["opcheck"]
         assert found["wrong shape"].startswith("UsageError: input: (2047,) torch.float32")
         assert found["unknown handle"].startswith("UsageError: handle: 'nobody' names no symmetric buffer")
@@ -92,10 +116,12 @@ def test_a_name_names_one_buffer():
 
     with pytest.raises(TypeError, match="plain tensor"):
         symm.register(torch.zeros(4))
+
     def lone(n):  # a one-rank buffer by hand: enough for the registry, which only holds it
         t, pad = torch.zeros(n), torch.zeros(symm.CHANNELS, 1, 1, dtype=torch.int32)
-        return symm.SymmBuffer(t, [t], torch.tensor([t.data_ptr()]), [pad], torch.tensor([pad.data_ptr()]),
-                               0, 1, 1, True)
+        return symm.SymmBuffer(
+            t, [t], torch.tensor([t.data_ptr()]), [pad], torch.tensor([pad.data_ptr()]), 0, 1, 1, True
+        )
 
     fake, other = lone(4), lone(4)
     try:
@@ -108,6 +134,7 @@ def test_a_name_names_one_buffer():
 
 
 # ---- GPU tier
+
 
 @pytest.mark.gpu
 def test_compiled_and_graphed_ops_on_a_gpu():

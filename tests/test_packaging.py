@@ -1,5 +1,6 @@
 """The project's own promises: environment.yml == pyproject.toml, the README's table and
 commands match the code, and every notebook is a lab of the catalogue."""
+
 import re
 import tomllib
 from pathlib import Path

@@ -5,6 +5,7 @@ CPU tier: plans and the eager calls' plan cache on an emulated world against fp6
 plans refused; the fallback launch path under the interpreter; the fast path's call into
 Triton's compiled launcher checked against a stand-in compiled kernel and against the installed
 Triton's own JIT path; the breakdown and its plot. GPU tier (marked): the fast path itself."""
+
 import inspect
 import types
 
@@ -32,16 +33,31 @@ def world():
 
 def test_plans_sum_right(world):
     for found in world:
-        for k in ("plan with out", "plan new outs", "plan in place", "tree plan", "tree plan sums",
-                  "reduce_scatter plan", "all_gather plan"):
+        for k in (
+            "plan with out",
+            "plan new outs",
+            "plan in place",
+            "tree plan",
+            "tree plan sums",
+            "reduce_scatter plan",
+            "all_gather plan",
+        ):
             assert found[k] is True, (k, found)
         assert found["repr"].startswith("CollectivePlan(all_reduce, one_shot, rank ")
 
 
 def test_eager_calls_keep_one_plan_per_arguments(world):
     for found in world:
-        for k in ("cached sums", "cached plan reused", "cached plans hold the buffer weakly", "another out",
-                  "bounded cache", "shard ops cached", "other buffer", "cache off"):
+        for k in (
+            "cached sums",
+            "cached plan reused",
+            "cached plans hold the buffer weakly",
+            "another out",
+            "bounded cache",
+            "shard ops cached",
+            "other buffer",
+            "cache off",
+        ):
             assert found[k] is True, (k, found)
         # one_shot new, one_shot into out, two_shot new, in place
         assert found["cached plans"] == 4
@@ -68,7 +84,10 @@ def test_stale_plans_are_refused(world):
 def test_the_interpreter_takes_the_normal_launch(world, monkeypatch):
     for found in world:
         assert found["launch_path"] == "triton (not launched yet)"
-        assert found["launch_path after"] == "triton (Triton interpreter: kernels run in Python, there is no compiled launcher)"
+        assert (
+            found["launch_path after"]
+            == "triton (Triton interpreter: kernels run in Python, there is no compiled launcher)"
+        )
     assert P.fast_launch_status() == (False, "Triton interpreter: kernels run in Python, there is no compiled launcher")
     monkeypatch.setattr(P, "FAST_LAUNCH", False)
     assert P.fast_launch_status()[1].startswith("switched off")
@@ -80,6 +99,7 @@ def test_triton_versions_are_read():
 
 
 # ---- the fast path's call into CompiledKernel.run, against a stand-in compiled kernel
+
 
 class _Compiled:
     """What Triton's JIT path hands back (a CompiledKernel), recording every launch."""
@@ -100,21 +120,26 @@ class _Kernel:
 
     def __init__(self):
         p = types.SimpleNamespace
-        self.params = [p(name="src", is_constexpr=False, default=None), p(name="out", is_constexpr=False, default=None),
-                       p(name="n", is_constexpr=False, default=None), p(name="BLOCK", is_constexpr=True, default=None),
-                       p(name="FLAG", is_constexpr=True, default=7)]
+        self.params = [
+            p(name="src", is_constexpr=False, default=None),
+            p(name="out", is_constexpr=False, default=None),
+            p(name="n", is_constexpr=False, default=None),
+            p(name="BLOCK", is_constexpr=True, default=None),
+            p(name="FLAG", is_constexpr=True, default=7),
+        ]
         self.compiled, self.slow = _Compiled(), []
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.slow.append((grid, args, kwargs))
             return self.compiled
+
         return launch
 
 
 def _fast_launch(monkeypatch):
     monkeypatch.setattr(P, "fast_launch_status", lambda: (True, "test"))
-    monkeypatch.setattr(P, "_stream_getter", lambda: (lambda index: 1234 + (index or 0)))
+    monkeypatch.setattr(P, "_stream_getter", lambda: lambda index: 1234 + (index or 0))
     monkeypatch.setattr(P, "_hooks", lambda: (None, None))
     k = _Kernel()
     src = torch.zeros(8)
@@ -164,7 +189,10 @@ def test_no_fast_path_without_the_compiled_kernels_surface(monkeypatch):
     k, src, launch = _fast_launch(monkeypatch)
     k.compiled = object()  # what an unknown Triton might hand back
     launch(torch.zeros(8))
-    assert not launch.fast and "without ['run', 'function', 'packed_metadata', 'launch_metadata']" in launch.fallback_reason
+    assert (
+        not launch.fast
+        and "without ['run', 'function', 'packed_metadata', 'launch_metadata']" in launch.fallback_reason
+    )
     launch(torch.zeros(8))
     assert len(k.slow) == 2
 
@@ -180,8 +208,10 @@ def test_the_installed_triton_launches_as_the_fast_path_assumes():
     if P._version(triton.__version__) < P.MIN_TRITON:
         pytest.skip(f"triton {triton.__version__}: plans take the normal launch")
     src = " ".join(inspect.getsource(JITFunction.run).split())
-    assert ("kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata, "
-            "knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *bound_args.values())") in src
+    assert (
+        "kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata, "
+        "knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *bound_args.values())"
+    ) in src
     from triton.compiler.compiler import CompiledKernel
 
     assert {"run", "launch_metadata"} <= set(dir(CompiledKernel))
@@ -197,6 +227,7 @@ def test_a_plan_refuses_a_buffer_it_does_not_know():
 
 
 # ---- the host-cost breakdown and its plot
+
 
 @pytest.fixture(scope="module")
 def host_records():
@@ -253,7 +284,9 @@ def test_the_plot_stacks_the_stages(host_records, tmp_path):
     plt.close(fig)
     # the stages that launch nothing (what the CPU tier's notebook draws): every path, no whole-call tick
     host = host_cost.host_only(host_records)
-    assert {r["stage"] for r in host} <= set(host_cost.HOST_STAGES) and {r["path"] for r in host} == set(host_cost.PATHS)
+    assert {r["stage"] for r in host} <= set(host_cost.HOST_STAGES) and {r["path"] for r in host} == set(
+        host_cost.PATHS
+    )
     fig, ax = plt.subplots()
     assert host_cost.plot_host_cost(host, ax, "t") == 3
     assert not [t for t in ax.texts if "(whole " in t.get_text()]
@@ -269,6 +302,7 @@ def test_measure_checks_its_out():
 
 # ---- GPU tier
 
+
 @pytest.mark.gpu
 def test_kernel_launch_goes_fast_on_a_gpu():
     """One Triton kernel (labkit's copy) through KernelLaunch: Triton's path first, then the
@@ -276,12 +310,13 @@ def test_kernel_launch_goes_fast_on_a_gpu():
     still sees the launches)."""
     from triton import knobs
 
-    copy_module = importlib.import_module("labkit.kernels.copy")   # the package exports the function `copy`
+    copy_module = importlib.import_module("labkit.kernels.copy")  # the package exports the function `copy`
 
     dev = torch.device("cuda", torch.cuda.current_device())
     src = torch.randn(1 << 20, device=dev)
-    launch = P.KernelLaunch(copy_module._copy_kernel, (256,), (src, P.OUT, src.numel()),
-                            {"BLOCK": 4096, "num_warps": 8}, dev)
+    launch = P.KernelLaunch(
+        copy_module._copy_kernel, (256,), (src, P.OUT, src.numel()), {"BLOCK": 4096, "num_warps": 8}, dev
+    )
     outs = [torch.empty_like(src) for _ in range(3)]
     launch(outs[0])
     assert launch.fast, launch.fallback_reason
@@ -306,8 +341,16 @@ def test_plans_go_fast_and_stay_right_on_gpus():
     for found in run_ranks(plan_fns.fast_path_on_gpu, 2, timeout=600).unwrap():
         assert found["status"][0], found["status"]
         assert found["launch_path"] == "compiled launcher"
-        for k in ("plan sums", "two_shot", "tree", "in place", "side stream", "graph replay", "cached fast",
-                  "switched off"):
+        for k in (
+            "plan sums",
+            "two_shot",
+            "tree",
+            "in place",
+            "side stream",
+            "graph replay",
+            "cached fast",
+            "switched off",
+        ):
             assert found[k] is True, (k, found)
         assert found.get("other device current", True) is True
 
@@ -333,6 +376,7 @@ def test_a_plan_for_one_call_prepares_no_fast_path(monkeypatch):
 
 # ---- the chooser, the plans, the eager call and Graphed agree (issue 18, item 4)
 
+
 @pytest.fixture(scope="module")
 def choices():
     skip_without_a_world(3)
@@ -352,8 +396,12 @@ def test_a_plan_and_the_eager_call_choose_alike(choices):
         assert found["small in place"]["held"] == "two_shot" and found["in place ce"]["held"] == "two_shot_ce"
         assert found["in place ce"]["kernels"] == ["barrier_kernel", "copies", "two_shot_ce_kernel"]
         assert found["explicit launch"]["held"] == "two_shot"
-        for k in ("reduce_scatter same launches", "all_gather same launches", "graph_target of a plan",
-                  "graph_target, other callable"):
+        for k in (
+            "reduce_scatter same launches",
+            "all_gather same launches",
+            "graph_target of a plan",
+            "graph_target, other callable",
+        ):
             assert found[k] is True, (k, found[k])
         assert found["graph_target, bad argument"].startswith("TypeError: got an unexpected keyword argument 'bogus'")
 
@@ -368,6 +416,7 @@ def test_graphed_takes_no_arguments_with_a_plan():
 
 # ---- the sweep's eager series (issue 18, item 4), on the emulated world
 
+
 @pytest.fixture(scope="module")
 def eager_records():
     skip_without_a_world()
@@ -379,7 +428,9 @@ def test_the_eager_series_times_every_path_in_place_and_not(eager_records):
 
     for records in eager_records:
         labkit = [r for r in records if r["impl"] == "labkit_all_reduce"]
-        assert {(r["path"], r["in_place"]) for r in labkit} == {(p, ip) for p in bench.EAGER_PATHS for ip in (False, True)}
+        assert {(r["path"], r["in_place"]) for r in labkit} == {
+            (p, ip) for p in bench.EAGER_PATHS for ip in (False, True)
+        }
         for r in records:
             assert set(bench.REQUIRED) <= set(r), r
             assert r["kind"] == "eager" and r["correct"] is True and r["us"] > 0 and r["op"] == "all_reduce"

@@ -1,4 +1,5 @@
 """Plot helpers (byte axes, captions naming machine and versions) and the notebook widgets."""
+
 import dataclasses
 import matplotlib
 
@@ -10,8 +11,18 @@ from labkit.workbench import env, plot, results  # noqa: E402
 from labkit.labs.start_here import widgets
 
 
-@pytest.mark.parametrize("n,text", [(1, "1 B"), (1024, "1 KiB"), (1536, "1.5 KiB"), (3 << 20, "3 MiB"),
-                                    (1 << 30, "1 GiB"), (256 << 30, "256 GiB"), (1 << 42, "4 TiB")])
+@pytest.mark.parametrize(
+    "n,text",
+    [
+        (1, "1 B"),
+        (1024, "1 KiB"),
+        (1536, "1.5 KiB"),
+        (3 << 20, "3 MiB"),
+        (1 << 30, "1 GiB"),
+        (256 << 30, "256 GiB"),
+        (1 << 42, "4 TiB"),
+    ],
+)
 def test_format_bytes(n, text):
     assert plot.format_bytes(n) == text
 
@@ -83,14 +94,17 @@ def test_copy_explorer_measures_one_size():
 def test_graph_vs_events_pairs_methods_per_size():
     from labkit.labs.start_here.copy_bandwidth import graph_vs_events
 
-    recs = [{"impl": "a", "bytes": 8, "method": "cuda_events", "us": 10.0},
-            {"impl": "a", "bytes": 8, "method": "cuda_graph", "us": 2.0},
-            {"impl": "a", "bytes": 16, "method": "cuda_events", "us": 4.0},   # no graph twin: left out
-            {"impl": "b", "bytes": 8, "method": "cuda_graph", "us": 6.0},
-            {"impl": "b", "bytes": 8, "method": "cuda_events", "us": 3.0}]
+    recs = [
+        {"impl": "a", "bytes": 8, "method": "cuda_events", "us": 10.0},
+        {"impl": "a", "bytes": 8, "method": "cuda_graph", "us": 2.0},
+        {"impl": "a", "bytes": 16, "method": "cuda_events", "us": 4.0},  # no graph twin: left out
+        {"impl": "b", "bytes": 8, "method": "cuda_graph", "us": 6.0},
+        {"impl": "b", "bytes": 8, "method": "cuda_events", "us": 3.0},
+    ]
     assert graph_vs_events(recs) == [
         {"impl": "a", "bytes": 8, "events_us": 10.0, "graph_us": 2.0, "graph_over_events": 0.2},
-        {"impl": "b", "bytes": 8, "events_us": 3.0, "graph_us": 6.0, "graph_over_events": 2.0}]
+        {"impl": "b", "bytes": 8, "events_us": 3.0, "graph_us": 6.0, "graph_over_events": 2.0},
+    ]
     assert graph_vs_events([{"impl": "a", "bytes": 8, "method": "cpu_clock", "us": 1.0}]) == []
 
 
@@ -101,7 +115,9 @@ def test_copy_bandwidth_plot_has_your_run_and_references(tmp_path):
         return {"impl": impl, "method": method, "bytes": nbytes, "GBps": gbps}
 
     mine = [rec(i, "cpu_clock", b, 1.0) for i in copy_bandwidth.IMPLS for b in (4096, 16384)]
-    ref_recs = [rec(i, m, b, 1e3) for i in copy_bandwidth.IMPLS for m in ("cuda_events", "cuda_graph") for b in (4096, 16384)]
+    ref_recs = [
+        rec(i, m, b, 1e3) for i in copy_bandwidth.IMPLS for m in ("cuda_events", "cuda_graph") for b in (4096, 16384)
+    ]
     path = results.write_results(tmp_path / "h200x2" / "workbench.json", "workbench", ref_recs, generator="t")
     # the reference names its GPU whatever machine writes this file (on a GPU node the stamp would
     # name that node's GPU, on the CPU tier none): the ceiling drawn is the named GPU's datasheet HBM
@@ -111,11 +127,18 @@ def test_copy_bandwidth_plot_has_your_run_and_references(tmp_path):
     eager, graph = fig.axes[:2]
     peak = "HBM peak, H200 datasheet: 4.8 TB/s"
     assert [line.get_label() for line in eager.lines] == [
-        "your run: torch.copy_", "your run: triton copy", "reference h200x2: torch.copy_", "reference h200x2: triton copy",
-        peak]
+        "your run: torch.copy_",
+        "your run: triton copy",
+        "reference h200x2: torch.copy_",
+        "reference h200x2: triton copy",
+        peak,
+    ]
     # the CPU clock run has no graph replays; the reference has
-    assert [line.get_label() for line in graph.lines] == ["reference h200x2: torch.copy_", "reference h200x2: triton copy",
-                                                         peak]
+    assert [line.get_label() for line in graph.lines] == [
+        "reference h200x2: torch.copy_",
+        "reference h200x2: triton copy",
+        peak,
+    ]
     assert "reference h200x2" in fig.texts[-1].get_text()
     # one legend for both panels, beside them: it hides no point (it once sat on the 1 GiB ones)
     (legend,) = fig.legends
@@ -134,7 +157,8 @@ def test_panels_put_the_readers_run_first_and_label_every_reference(tmp_path):
     assert [(p.title, p.machine, p.live) for p in got] == [
         ("your run (live)", None, True),
         ("reference h100x1 (RECORDED, not this machine)", "h100x1", False),
-        ("reference h200x2 (RECORDED, not this machine)", "h200x2", False)]
+        ("reference h200x2 (RECORDED, not this machine)", "h200x2", False),
+    ]
     assert got[0].records == live and got[2].records == [{"x": 1, "y": 2.0}]
     only = results.panels("lab", None, machines=["h200x2"], reference_dir=tmp_path)
     assert [p.machine for p in only] == ["h200x2"]
@@ -170,19 +194,30 @@ def test_copy_plot_draws_the_datasheet_ceiling_and_the_headline_reads_the_refere
     from labkit.labs.start_here import copy_bandwidth
     from labkit.workbench.results import ResultSet
 
-    env_h200 = {"gpus": [{"name": "NVIDIA H200"}], "machine": "h200x1", "created": "2026-11-23",
-                "versions": {"torch": "2.11.0", "triton": "3.6.0"}, "interpreter": False}
-    recs = [{"impl": i, "method": "cuda_graph", "bytes": 1 << 30, "GBps": g}
-            for i, g in (("triton copy", 4000.0), ("torch.copy_", 2800.0))]
+    env_h200 = {
+        "gpus": [{"name": "NVIDIA H200"}],
+        "machine": "h200x1",
+        "created": "2026-11-23",
+        "versions": {"torch": "2.11.0", "triton": "3.6.0"},
+        "interpreter": False,
+    }
+    recs = [
+        {"impl": i, "method": "cuda_graph", "bytes": 1 << 30, "GBps": g}
+        for i, g in (("triton copy", 4000.0), ("torch.copy_", 2800.0))
+    ]
     refs = {"h200x1": ResultSet("workbench", "t", env_h200, recs, tmp_path / "w.json")}
     fig = copy_bandwidth.plot_copy_bandwidth([], env.stamp(), refs)
     ceilings = [line for line in fig.axes[1].lines if "datasheet" in line.get_label()]
     assert len(ceilings) == 1 and ceilings[0].get_ydata()[0] == 4800.0
     text = copy_bandwidth.headline(refs)
-    assert text == ("RECORDED h200x1: labkit's Triton copy moves 4,000 GB/s at 1024 MiB under graph replay "
-                    "(torch.copy_: 2,800), 83% of the H200 datasheet HBM peak")
-    eager = [{"impl": i, "method": "cuda_events", "bytes": 1 << 30, "GBps": g}
-             for i, g in (("triton copy", 3990.0), ("torch.copy_", 4200.0))]
+    assert text == (
+        "RECORDED h200x1: labkit's Triton copy moves 4,000 GB/s at 1024 MiB under graph replay "
+        "(torch.copy_: 2,800), 83% of the H200 datasheet HBM peak"
+    )
+    eager = [
+        {"impl": i, "method": "cuda_events", "bytes": 1 << 30, "GBps": g}
+        for i, g in (("triton copy", 3990.0), ("torch.copy_", 4200.0))
+    ]
     refs["h200x1"] = ResultSet("workbench", "t", env_h200, recs + eager, tmp_path / "w.json")
     assert copy_bandwidth.headline(refs).endswith("; launched eagerly 3,990 GB/s (torch.copy_: 4,200)")
     unknown = {"x": ResultSet("workbench", "t", {"gpus": [{"name": "NVIDIA B200"}]}, recs, tmp_path / "x.json")}

@@ -1,6 +1,7 @@
 """labkit.kernels.comm.push: the push one-shot all-reduce against an fp64 sum on fresh inputs
 every call, back to back without host barriers, with a late rank and a slow reader; the one-slot
 variant shows the race the second slot prevents; bad input refused by name."""
+
 import secrets
 
 import pytest
@@ -21,8 +22,9 @@ def _world_sizes():
 
 def _run(w, n, **kw):
     seed = secrets.randbelow(2**20)  # fresh inputs every run; printed on failure
-    res = run_ranks(experiments.push_trials, w, n, kw.pop("dtype_name", "float32"), seed, kw.pop("calls", 5),
-                    timeout=300, **kw)
+    res = run_ranks(
+        experiments.push_trials, w, n, kw.pop("dtype_name", "float32"), seed, kw.pop("calls", 5), timeout=300, **kw
+    )
     return seed, res.unwrap()
 
 
@@ -30,7 +32,9 @@ def _gpu_or_emulated():
     return tier.interpreted() or (torch.cuda.is_available() and torch.cuda.device_count() >= 2)
 
 
-pytestmark = pytest.mark.skipif(not _gpu_or_emulated(), reason="needs 2 CUDA GPUs (or the interpreter's emulated world)")
+pytestmark = pytest.mark.skipif(
+    not _gpu_or_emulated(), reason="needs 2 CUDA GPUs (or the interpreter's emulated world)"
+)
 
 
 @pytest.mark.parametrize("w", _world_sizes())
@@ -70,18 +74,20 @@ def bad_inputs(ctx) -> list[str]:
     box = push.inbox(64, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
     x = torch.ones(64, device=ctx.device)
     errors = []
-    for call in (lambda: push.all_reduce(x.to(torch.bfloat16), box),
-                 lambda: push.all_reduce(torch.ones(65, device=ctx.device), box),
-                 lambda: push.all_reduce(torch.ones(128, device=ctx.device)[::2], box),
-                 lambda: push.all_reduce(x, "box"),
-                 lambda: push.all_reduce(x, box, out=torch.ones(63, device=ctx.device)),
-                 lambda: push.all_reduce(x, box, out=x[1:]),
-                 lambda: push.all_reduce(box.buf.tensor[0, 0], box),
-                 lambda: push.all_reduce(x, box, out=box.buf.tensor[1, 0]),
-                 lambda: push.all_reduce_variant(x, box, slots=3),
-                 lambda: push.all_reduce_variant(x, box, delay=-1),
-                 lambda: push.inbox(0, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir),
-                 lambda: push.inbox(64, torch.float32, device=ctx.device, block=1000, scratch_dir=ctx.scratch_dir)):
+    for call in (
+        lambda: push.all_reduce(x.to(torch.bfloat16), box),
+        lambda: push.all_reduce(torch.ones(65, device=ctx.device), box),
+        lambda: push.all_reduce(torch.ones(128, device=ctx.device)[::2], box),
+        lambda: push.all_reduce(x, "box"),
+        lambda: push.all_reduce(x, box, out=torch.ones(63, device=ctx.device)),
+        lambda: push.all_reduce(x, box, out=x[1:]),
+        lambda: push.all_reduce(box.buf.tensor[0, 0], box),
+        lambda: push.all_reduce(x, box, out=box.buf.tensor[1, 0]),
+        lambda: push.all_reduce_variant(x, box, slots=3),
+        lambda: push.all_reduce_variant(x, box, delay=-1),
+        lambda: push.inbox(0, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir),
+        lambda: push.inbox(64, torch.float32, device=ctx.device, block=1000, scratch_dir=ctx.scratch_dir),
+    ):
         try:
             call()
         except (TypeError, ValueError) as e:
@@ -102,12 +108,17 @@ def test_the_push_summary_reads_records():
     def rec(impl, timing, nbytes, us, ratio):
         return {"kind": "push", "impl": impl, "timing": timing, "bytes": nbytes, "us": us, "ratio_to_torch_best": ratio}
 
-    recs = [rec("labkit_push_one_shot", "graph", 4096, 3.5, 0.55), rec("labkit_push_one_shot", "graph", 1 << 20, 9.0, 0.9),
-            rec("labkit_push_one_shot_in_place", "eager", 4096, 8.0, None), rec("torch_one_shot", "graph", 4096, 6.3, 1.0),
-            {"kind": "sweep", "impl": "labkit_one_shot", "bytes": 4096, "us": 6.7}]
+    recs = [
+        rec("labkit_push_one_shot", "graph", 4096, 3.5, 0.55),
+        rec("labkit_push_one_shot", "graph", 1 << 20, 9.0, 0.9),
+        rec("labkit_push_one_shot_in_place", "eager", 4096, 8.0, None),
+        rec("torch_one_shot", "graph", 4096, 6.3, 1.0),
+        {"kind": "sweep", "impl": "labkit_one_shot", "bytes": 4096, "us": 6.7},
+    ]
     assert push_bench.summary(recs) == [
         "push one-shot, out of place, graph: 4 KiB 3.50 µs (0.55x torch's best), 1 MiB 9.00 µs (0.90x torch's best)",
-        "push one-shot, in place, eager: 4 KiB 8.00 µs"]
+        "push one-shot, in place, eager: 4 KiB 8.00 µs",
+    ]
     assert push_bench.summary([]) == []
 
 
@@ -119,8 +130,11 @@ def test_the_push_figure_draws_records_and_says_when_there_are_none():
 
     from labkit.labs.collectives import push_bench
 
-    recs = [{"kind": "push", "impl": impl, "timing": "graph", "bytes": b, "us": us, "us_p25": us * 0.9, "us_p75": us * 1.1}
-            for impl in ("labkit_push_one_shot", "torch_one_shot") for b, us in ((4096, 4.0), (1 << 20, 10.0))]
+    recs = [
+        {"kind": "push", "impl": impl, "timing": "graph", "bytes": b, "us": us, "us_p25": us * 0.9, "us_p75": us * 1.1}
+        for impl in ("labkit_push_one_shot", "torch_one_shot")
+        for b, us in ((4096, 4.0), (1 << 20, 10.0))
+    ]
     fig, (a, b) = plt.subplots(1, 2)
     assert push_bench.plot_push(recs, a, "t") == 2 and len(a.get_lines()) >= 2
     assert push_bench.plot_push([{"kind": "sweep"}], b, "old") == 0

@@ -3,6 +3,7 @@
 Each launch spawns W fresh interpreters that import torch (seconds each), so the CPU tests share
 a few launches: one W=4 run that several tests inspect, one failing run and one hung run.
 """
+
 import os
 import secrets
 import time
@@ -28,8 +29,9 @@ def four_ranks():
     """One W=4 gloo run of rank_fns.report, with fresh random inputs."""
     seed = secrets.randbelow(2**31)
     # TRITON_INTERPRET=0 proves `env` is set before the rank imports labkit (which reads it).
-    res = run_ranks(rank_fns.report, 4, seed, N, backend="gloo", timeout=60,
-                    env={"LABKIT_RANKS_PROBE": 42, "TRITON_INTERPRET": "0"})
+    res = run_ranks(
+        rank_fns.report, 4, seed, N, backend="gloo", timeout=60, env={"LABKIT_RANKS_PROBE": 42, "TRITON_INTERPRET": "0"}
+    )
     return seed, res
 
 
@@ -44,8 +46,13 @@ def test_values_come_back_in_rank_order_with_each_ranks_context(four_ranks):
         assert (v["rank"], v["dist_rank"]) == (rank, rank)
         assert v["world_size"] == v["dist_world_size"] == 4
         assert (v["device"], v["backend"]) == ("cpu", "gloo")
-        assert v["env"] == {"RANK": str(rank), "WORLD_SIZE": "4", "LOCAL_RANK": str(rank),
-                            "NCCL_NVLS_ENABLE": "0", "LABKIT_RANKS_PROBE": "42"}
+        assert v["env"] == {
+            "RANK": str(rank),
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": str(rank),
+            "NCCL_NVLS_ENABLE": "0",
+            "LABKIT_RANKS_PROBE": "42",
+        }
         assert v["tier"] == ("gpu" if torch.cuda.is_available() else "cpu")
     assert res.summary().splitlines() == [r.summary() for r in res.results]
     assert res.summary().startswith("rank 0 ok (")
@@ -79,7 +86,9 @@ def test_ranks_share_the_cores_unless_told_otherwise(monkeypatch):
     assert run_ranks(rank_fns.torch_threads, 2, timeout=120).unwrap() == [share, share]
     # an explicit count wins (torch caps it at the cores, so pick one it can honour, other than share)
     given = 1 if share > 1 else min(2, os.cpu_count() or 1)
-    assert run_ranks(rank_fns.torch_threads, 2, timeout=120, env={"OMP_NUM_THREADS": str(given)}).unwrap() == [given] * 2
+    assert (
+        run_ranks(rank_fns.torch_threads, 2, timeout=120, env={"OMP_NUM_THREADS": str(given)}).unwrap() == [given] * 2
+    )
 
 
 def test_cpu_symmetric_buffers_are_refused_outside_the_interpreter():
@@ -121,19 +130,22 @@ def test_a_hung_rank_becomes_a_timeout_and_the_run_ends_soon_after():
         res.unwrap()
 
 
-@pytest.mark.parametrize("bad, name", [
-    ({"world_size": 0}, "world_size"),
-    ({"world_size": "2"}, "world_size"),
-    ({"world_size": 1.5}, "world_size"),
-    ({"world_size": True}, "world_size"),
-    ({"timeout": 0}, "timeout"),
-    ({"timeout": -1.0}, "timeout"),
-    ({"backend": "mpi"}, "backend"),
-    ({"env": ["X=1"]}, "env"),
-    ({"fn": lambda ctx: 1}, "lambda"),
-    ({"fn": "rank_fns"}, "module:function"),
-    ({"fn": "rank_fns:no_such_function"}, "no_such_function"),
-])
+@pytest.mark.parametrize(
+    "bad, name",
+    [
+        ({"world_size": 0}, "world_size"),
+        ({"world_size": "2"}, "world_size"),
+        ({"world_size": 1.5}, "world_size"),
+        ({"world_size": True}, "world_size"),
+        ({"timeout": 0}, "timeout"),
+        ({"timeout": -1.0}, "timeout"),
+        ({"backend": "mpi"}, "backend"),
+        ({"env": ["X=1"]}, "env"),
+        ({"fn": lambda ctx: 1}, "lambda"),
+        ({"fn": "rank_fns"}, "module:function"),
+        ({"fn": "rank_fns:no_such_function"}, "no_such_function"),
+    ],
+)
 def test_bad_input_is_refused_before_any_process_starts(monkeypatch, bad, name):
     def no_spawn(*a, **k):
         raise AssertionError("a process was about to start")

@@ -1,4 +1,5 @@
 """Results files: schema, required fields, atomic writes, references, output folders."""
+
 import json
 import os
 
@@ -9,8 +10,14 @@ from labkit.workbench.results import ResultsError
 
 
 def test_round_trip_with_stamp(tmp_path):
-    path = results.write_results(tmp_path / "x.json", "demo", [{"impl": "a", "us": 1.5}],
-                                 generator="tests.demo", required=("impl", "us"), command="labkit bench demo")
+    path = results.write_results(
+        tmp_path / "x.json",
+        "demo",
+        [{"impl": "a", "us": 1.5}],
+        generator="tests.demo",
+        required=("impl", "us"),
+        command="labkit bench demo",
+    )
     rs = results.load_results(path)
     assert rs.lab == "demo" and rs.generator == "tests.demo" and rs.records == [{"impl": "a", "us": 1.5}]
     assert rs.env["command"] == "labkit bench demo"
@@ -27,13 +34,18 @@ def test_missing_required_field_is_refused(tmp_path):
         results.write_results(tmp_path / "x.json", "demo", [], generator="t")
 
 
-@pytest.mark.parametrize("content,match", [
-    ("{not json", "not valid JSON"),
-    ('{"schema": "other/9"}', "schema is 'other/9'"),
-    ('{"schema": "labkit.results/1", "lab": "x"}', "missing 'generator'"),
-    ('{"schema": "labkit.results/1", "lab": "x", "generator": "g", "env": {}, "required": ["us"], "records": [{}]}',
-     "record 0 lacks required fields"),
-])
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        ("{not json", "not valid JSON"),
+        ('{"schema": "other/9"}', "schema is 'other/9'"),
+        ('{"schema": "labkit.results/1", "lab": "x"}', "missing 'generator'"),
+        (
+            '{"schema": "labkit.results/1", "lab": "x", "generator": "g", "env": {}, "required": ["us"], "records": [{}]}',
+            "record 0 lacks required fields",
+        ),
+    ],
+)
 def test_malformed_files_are_refused(tmp_path, content, match):
     p = tmp_path / "bad.json"
     p.write_text(content)

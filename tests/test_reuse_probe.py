@@ -1,5 +1,6 @@
 """labkit.labs.stream_races.reuse_probe: record_stream heard for views, ignored for raw pieces.
 The record, its verdict and its place in ``labkit bench streams`` on any tier; the probe on a GPU."""
+
 import inspect
 
 import pytest
@@ -12,20 +13,35 @@ GPU = torch.cuda.is_available()
 
 
 def _rec(style, reused, fresh_at, write=(20_000.0, 20_010.0)):
-    return {"kind": reuse_probe.KIND, "allocator": style, "trial": 0, "numel": 1 << 20, "sleep_ms": 20.0,
-            "record_stream_called": True, "owner_addr": 4096, "fresh_addr": 4096 if reused else 8192,
-            "block_reused": reused, "owner_freed_host_us": fresh_at - 20.0, "fresh_allocated_host_us": fresh_at,
-            "side_write_starts_gpu_us": write[0], "side_write_ends_gpu_us": write[1],
-            "fresh_before_write_ends": fresh_at < write[1], "skipped": None}
+    return {
+        "kind": reuse_probe.KIND,
+        "allocator": style,
+        "trial": 0,
+        "numel": 1 << 20,
+        "sleep_ms": 20.0,
+        "record_stream_called": True,
+        "owner_addr": 4096,
+        "fresh_addr": 4096 if reused else 8192,
+        "block_reused": reused,
+        "owner_freed_host_us": fresh_at - 20.0,
+        "fresh_allocated_host_us": fresh_at,
+        "side_write_starts_gpu_us": write[0],
+        "side_write_ends_gpu_us": write[1],
+        "fresh_before_write_ends": fresh_at < write[1],
+        "skipped": None,
+    }
 
 
 def test_verdict_reads_the_records_own_pointers_and_times():
     raw = [_rec("raw", True, 250.0), _rec("raw", True, 260.0), _rec("raw", True, 30_000.0)]
     assert reuse_probe.verdict(raw) == (
         "same block in 3 of 3 (record_stream ignored); fresh tensor made at 260 µs (host), side write into the "
-        "old piece 20,000-20,010 µs (GPU), medians; the same block was handed out before that write ended in 2 of 3")
+        "old piece 20,000-20,010 µs (GPU), medians; the same block was handed out before that write ended in 2 of 3"
+    )
     views = [_rec("views", False, 240.0)]
-    assert reuse_probe.verdict(views).startswith("same block in 0 of 1 (held back for the side stream: record_stream heard)")
+    assert reuse_probe.verdict(views).startswith(
+        "same block in 0 of 1 (held back for the side stream: record_stream heard)"
+    )
     assert "the outcome varied" in reuse_probe.verdict(views + raw[:1])
     text = reuse_probe.report(raw + views + [{"kind": "race"}], "reference h200x1 (RECORDED, not this machine)")
     lines = text.splitlines()

@@ -1,4 +1,5 @@
 """labkit run: validation before anything runs, one child per notebook, summary and index."""
+
 import json
 import subprocess
 import sys
@@ -43,16 +44,21 @@ def test_unknown_notebook_is_refused(workbook):
 
 def test_unknown_parameter_is_refused_naming_what_exists(workbook):
     folder, prof = workbook
-    with pytest.raises(RunError, match=r"notebook ok has no parameter 'M'; its parameters cell defines: N, NAME, SCALE, FLAG"):
+    with pytest.raises(
+        RunError, match=r"notebook ok has no parameter 'M'; its parameters cell defines: N, NAME, SCALE, FLAG"
+    ):
         plan(only=["ok"], profile="cpu", sets=["ok.M=1"], notebooks_dir=folder, profiles_file=prof)
 
 
-@pytest.mark.parametrize("assignment,expected", [
-    ("ok.N=2.5", "parameter N expects int"),
-    ("ok.N=true", "parameter N expects int"),
-    ("ok.FLAG=1", "parameter FLAG expects bool"),
-    ("ok.NAME=3", "parameter NAME expects str"),
-])
+@pytest.mark.parametrize(
+    "assignment,expected",
+    [
+        ("ok.N=2.5", "parameter N expects int"),
+        ("ok.N=true", "parameter N expects int"),
+        ("ok.FLAG=1", "parameter FLAG expects bool"),
+        ("ok.NAME=3", "parameter NAME expects str"),
+    ],
+)
 def test_wrong_value_type_is_refused(workbook, assignment, expected):
     folder, prof = workbook
     with pytest.raises(RunError, match=expected):
@@ -105,15 +111,21 @@ def test_gpu_profile_refused_without_gpu(workbook):
 def test_run_executes_reports_and_never_overwrites(workbook, tmp_path):
     folder, prof = workbook
     runs = tmp_path / "runs"
-    rep = run(only=["ok", "fails", "needs_4_gpus"], profile="cpu", sets=["ok.NAME=injected"],
-              runs_dir=runs, notebooks_dir=folder, profiles_file=prof, progress=False)
+    rep = run(
+        only=["ok", "fails", "needs_4_gpus"],
+        profile="cpu",
+        sets=["ok.NAME=injected"],
+        runs_dir=runs,
+        notebooks_dir=folder,
+        profiles_file=prof,
+        progress=False,
+    )
     by = {r.name: r for r in rep.results}
     # ok: ran, parameters from the profile (N=7) and from --set reached the kernel
     assert by["ok"].status == "ran", by["ok"].detail
     written = json.loads((rep.run_dir / "ok" / "params.json").read_text())
     assert written == {"N": 7, "NAME": "injected", "SCALE": 1.5}
-    assert by["ok"].skipped_parts == [{"part": "the 64-GPU part",
-                                       "reason": by["ok"].skipped_parts[0]["reason"]}]
+    assert by["ok"].skipped_parts == [{"part": "the 64-GPU part", "reason": by["ok"].skipped_parts[0]["reason"]}]
     assert "needs 64 CUDA GPUs" in by["ok"].skipped_parts[0]["reason"]
     assert (rep.run_dir / "ok" / "ok.ipynb").exists()
     # fails: the failing cell and the error are named
@@ -139,8 +151,15 @@ def test_run_executes_reports_and_never_overwrites(workbook, tmp_path):
 
 def test_notebook_timeout_is_a_failure_not_a_hang(workbook, tmp_path):
     folder, prof = workbook
-    rep = run(only=["sleeps"], profile="cpu", runs_dir=tmp_path / "runs", notebooks_dir=folder,
-              profiles_file=prof, timeout_s=3, progress=False)
+    rep = run(
+        only=["sleeps"],
+        profile="cpu",
+        runs_dir=tmp_path / "runs",
+        notebooks_dir=folder,
+        profiles_file=prof,
+        timeout_s=3,
+        progress=False,
+    )
     (r,) = rep.results
     assert r.status == "failed"
     assert r.detail == "cell 2 timed out after 3 s", r.detail  # 0 markdown, 1 parameters, 2 sleep
@@ -149,8 +168,14 @@ def test_notebook_timeout_is_a_failure_not_a_hang(workbook, tmp_path):
 
 def test_dead_kernel_is_reported_with_its_cell(workbook, tmp_path):
     folder, prof = workbook
-    rep = run(only=["dies", "ok"], profile="cpu", runs_dir=tmp_path / "runs", notebooks_dir=folder,
-              profiles_file=prof, progress=False)
+    rep = run(
+        only=["dies", "ok"],
+        profile="cpu",
+        runs_dir=tmp_path / "runs",
+        notebooks_dir=folder,
+        profiles_file=prof,
+        progress=False,
+    )
     dies, ok = rep.results
     assert dies.status == "failed" and dies.detail.startswith("cell 3 killed the notebook's kernel"), dies.detail
     assert ok.status == "ran"  # the next notebook is not affected
@@ -167,17 +192,25 @@ def test_new_run_dir_is_unique_for_the_same_second(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "labkit", *args], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[1])
+    return subprocess.run(
+        [sys.executable, "-m", "labkit", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+    )
 
 
-@pytest.mark.parametrize("args,message", [
-    (["run", "--only", "no_such_notebook"], "unknown notebook 'no_such_notebook'"),
-    (["run", "--set", "00_start_here.NO_SUCH=1"], "has no parameter 'NO_SUCH'"),
-    (["run", "--set", "00_start_here.REPS=fast"], "parameter REPS expects int"),
-    (["run", "--profile", "fast"], "--profile 'fast'"),
-    (["bench", "no_such_lab"], "no benchmark for lab 'no_such_lab'"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["run", "--only", "no_such_notebook"], "unknown notebook 'no_such_notebook'"),
+        (["run", "--set", "00_start_here.NO_SUCH=1"], "has no parameter 'NO_SUCH'"),
+        (["run", "--set", "00_start_here.REPS=fast"], "parameter REPS expects int"),
+        (["run", "--profile", "fast"], "--profile 'fast'"),
+        (["bench", "no_such_lab"], "no benchmark for lab 'no_such_lab'"),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_exit_2(args, message):
     p = _cli(*args)
     assert p.returncode == 2, p.stderr
@@ -211,11 +244,19 @@ def test_whole_notebook_limit_stops_many_short_cells(tmp_path, monkeypatch):
     prof = folder / "profiles.yml"
     prof.write_text("cpu:\n  timeout_s: 300\n")
     monkeypatch.setattr(execute, "KERNEL_GRACE_S", 2)
-    rep = run(profile="cpu", runs_dir=tmp_path / "runs", notebooks_dir=folder, profiles_file=prof,
-              timeout_s=12, progress=False)
+    rep = run(
+        profile="cpu",
+        runs_dir=tmp_path / "runs",
+        notebooks_dir=folder,
+        profiles_file=prof,
+        timeout_s=12,
+        progress=False,
+    )
     (r,) = rep.results
     # The cell is named when the kernel got as far as starting one (it may not on a slow start).
-    assert r.status == "failed" and re.fullmatch(r"notebook stopped at its 12 s limit( in cell \d+)?", r.detail), r.detail
+    assert r.status == "failed" and re.fullmatch(r"notebook stopped at its 12 s limit( in cell \d+)?", r.detail), (
+        r.detail
+    )
     assert r.seconds < 40
 
 

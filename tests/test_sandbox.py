@@ -1,4 +1,5 @@
 """The sandbox: each failure kind is classified, the parent survives, hangs become timeouts."""
+
 import os
 import signal
 import subprocess
@@ -58,9 +59,11 @@ def _alive(pid: int) -> bool:
 def test_a_parent_stopped_by_sigterm_takes_its_child_along():
     """`timeout` or a scheduler stopping `labkit run` must not leave its notebook running: the
     child is in its own session, so only the parent's SIGTERM handling can kill it."""
-    code = ("from labkit.workbench.sandbox import run_isolated\n"
-            "res = run_isolated('time:sleep', 120, timeout=300)\n"
-            "print('returned', res.status)\n")
+    code = (
+        "from labkit.workbench.sandbox import run_isolated\n"
+        "res = run_isolated('time:sleep', 120, timeout=300)\n"
+        "print('returned', res.status)\n"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
     kids = []
@@ -85,8 +88,9 @@ def test_a_timeout_also_kills_what_left_the_childs_session(tmp_path):
     """A process the child started in a session of its own (a Jupyter kernel, under papermill)
     is outside the child's process group; a timeout must kill it too."""
     pid_file = tmp_path / "pid"
-    res = run_isolated("rank_fns:start_detached_sleeper", str(pid_file), timeout=10,
-                       env={"PYTHONPATH": str(Path(__file__).parent)})
+    res = run_isolated(
+        "rank_fns:start_detached_sleeper", str(pid_file), timeout=10, env={"PYTHONPATH": str(Path(__file__).parent)}
+    )
     assert res.status == "timeout", res.summary()
     grandchild = int(pid_file.read_text())
     for _ in range(50):
@@ -153,18 +157,46 @@ def test_unimportable_target_is_reported_as_exception():
     assert res.status == "exception" and "ModuleNotFoundError" in res.error_type
 
 
-@pytest.mark.parametrize("payload,stderr,rc,expected", [
-    ({"status": "exception", "type": "torch.AcceleratorError",
-      "message": "CUDA error: an illegal memory access was encountered"}, "", 1, "illegal_memory_access"),
-    ({"status": "exception", "type": "RuntimeError", "message": "CUDA error: invalid device ordinal"}, "", 1, "cuda_error"),
-    ({"status": "exception", "type": "ValueError", "message": "Pointer argument (at 0) cannot be accessed from Triton"},
-     "", 1, "exception"),
-    (None, "terminate called after throwing ... CUDA error: an illegal memory access was encountered", -6,
-     "illegal_memory_access"),
-    (None, "NCCL error in: ... unhandled cuda error", -6, "cuda_error"),
-    (None, "Fatal Python error: Segmentation fault", -11, "signal"),
-    (None, "", 3, "exit"),
-])
+@pytest.mark.parametrize(
+    "payload,stderr,rc,expected",
+    [
+        (
+            {
+                "status": "exception",
+                "type": "torch.AcceleratorError",
+                "message": "CUDA error: an illegal memory access was encountered",
+            },
+            "",
+            1,
+            "illegal_memory_access",
+        ),
+        (
+            {"status": "exception", "type": "RuntimeError", "message": "CUDA error: invalid device ordinal"},
+            "",
+            1,
+            "cuda_error",
+        ),
+        (
+            {
+                "status": "exception",
+                "type": "ValueError",
+                "message": "Pointer argument (at 0) cannot be accessed from Triton",
+            },
+            "",
+            1,
+            "exception",
+        ),
+        (
+            None,
+            "terminate called after throwing ... CUDA error: an illegal memory access was encountered",
+            -6,
+            "illegal_memory_access",
+        ),
+        (None, "NCCL error in: ... unhandled cuda error", -6, "cuda_error"),
+        (None, "Fatal Python error: Segmentation fault", -11, "signal"),
+        (None, "", 3, "exit"),
+    ],
+)
 def test_classify(payload, stderr, rc, expected):
     assert classify(rc, payload, stderr, timed_out=False)["status"] == expected
 
@@ -185,8 +217,9 @@ def test_parent_cuda_context_healthy_after_child_illegal_access():
 @pytest.mark.gpu
 def test_launch_blocking_reports_fault_at_the_launch():
     """With CUDA_LAUNCH_BLOCKING=1 the error surfaces at the faulting launch, not at a later sync."""
-    res = run_isolated("labkit.kernels.fault:write_out_of_bounds_no_sync", timeout=120,
-                       env={"CUDA_LAUNCH_BLOCKING": "1"})
+    res = run_isolated(
+        "labkit.kernels.fault:write_out_of_bounds_no_sync", timeout=120, env={"CUDA_LAUNCH_BLOCKING": "1"}
+    )
     assert res.status == "illegal_memory_access", res.summary()
     # no synchronize is called on this path, so the error must come from the launch line itself
     assert "_store_at_kernel[(1,)]" in res.traceback, res.traceback

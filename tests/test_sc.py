@@ -1,5 +1,6 @@
 """The SC matmul: the kernel's integer counts equal the literal bitstream emulation exactly, on
 fresh random inputs, for every option; bad input is refused; the story's multi-GPU regression."""
+
 import pytest
 import torch
 import triton
@@ -15,7 +16,7 @@ DEV = labkit.workbench.tier.kernel_device()
 CASES = [
     ((6, 96), (96, 10), dict(granularity="per_tensor")),
     ((6, 96), (96, 10), dict(granularity="per_row")),
-    ((6, 300), (300, 10), dict(granularity="per_row", chunk_d=128)),      # chunked, ragged last chunk
+    ((6, 300), (300, 10), dict(granularity="per_row", chunk_d=128)),  # chunked, ragged last chunk
     ((3, 5, 64), (3, 64, 7), dict(granularity="per_row")),
     ((3, 5, 64), (3, 64, 7), dict(granularity="per_head")),
     ((1, 40), (40, 3), dict(halve=True)),
@@ -99,27 +100,31 @@ def test_default_sequences_keep_long_dot_products_accurate():
 
 def test_empty_dimensions():
     assert sc_matmul(torch.empty(0, 5, device=DEV), torch.randn(5, 3, device=DEV)).shape == (0, 3)
-    assert torch.equal(sc_matmul(torch.empty(2, 0, device=DEV), torch.empty(0, 3, device=DEV)),
-                       torch.zeros(2, 3, device=DEV))
+    assert torch.equal(
+        sc_matmul(torch.empty(2, 0, device=DEV), torch.empty(0, 3, device=DEV)), torch.zeros(2, 3, device=DEV)
+    )
 
 
-@pytest.mark.parametrize("call,exc,match", [
-    (lambda a, b: sc_matmul(a.double(), b.double()), TypeError, "a: dtype float64 is not supported"),
-    (lambda a, b: sc_matmul(a, b.half()), TypeError, "dtypes differ"),
-    (lambda a, b: sc_matmul(a, b[:-1]), ValueError, "K mismatch: a has K=16"),
-    (lambda a, b: sc_matmul(a, b, granularity="per_head"), ValueError, "per_head' needs 3-D inputs"),
-    (lambda a, b: sc_matmul(a, b, granularity="per_col"), ValueError, "granularity: 'per_col'"),
-    (lambda a, b: sc_matmul(a, b, stoc_len=100), ValueError, "stoc_len: expected a power of two"),
-    (lambda a, b: sc_matmul(a, b, stoc_len=8192), ValueError, "stoc_len"),
-    (lambda a, b: sc_matmul(a, b, sc_prec=9), ValueError, "sc_prec: expected an int from 2 to 8"),
-    (lambda a, b: sc_matmul(a, b, sc_prec=1), ValueError, "sc_prec"),
-    (lambda a, b: sc_matmul(a, b, chunk_d=-1), ValueError, "chunk_d"),
-    (lambda a, b: sc_matmul(a, b, a_seq="random"), ValueError, "a_seq: 'random'"),
-    (lambda a, b: sc_matmul(a[None], b), ValueError, "both 2-D"),
-    (lambda a, b: sc_matmul(a[None].expand(2, 4, 16), b[None]), ValueError, "head counts differ"),
-    (lambda a, b: sc_matmul(a, b.to("meta")), ValueError, "a on .*, b on meta"),
-    (lambda a, b: sc_counts(a, b, impl="fast"), ValueError, "impl: 'fast'"),
-])
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        (lambda a, b: sc_matmul(a.double(), b.double()), TypeError, "a: dtype float64 is not supported"),
+        (lambda a, b: sc_matmul(a, b.half()), TypeError, "dtypes differ"),
+        (lambda a, b: sc_matmul(a, b[:-1]), ValueError, "K mismatch: a has K=16"),
+        (lambda a, b: sc_matmul(a, b, granularity="per_head"), ValueError, "per_head' needs 3-D inputs"),
+        (lambda a, b: sc_matmul(a, b, granularity="per_col"), ValueError, "granularity: 'per_col'"),
+        (lambda a, b: sc_matmul(a, b, stoc_len=100), ValueError, "stoc_len: expected a power of two"),
+        (lambda a, b: sc_matmul(a, b, stoc_len=8192), ValueError, "stoc_len"),
+        (lambda a, b: sc_matmul(a, b, sc_prec=9), ValueError, "sc_prec: expected an int from 2 to 8"),
+        (lambda a, b: sc_matmul(a, b, sc_prec=1), ValueError, "sc_prec"),
+        (lambda a, b: sc_matmul(a, b, chunk_d=-1), ValueError, "chunk_d"),
+        (lambda a, b: sc_matmul(a, b, a_seq="random"), ValueError, "a_seq: 'random'"),
+        (lambda a, b: sc_matmul(a[None], b), ValueError, "both 2-D"),
+        (lambda a, b: sc_matmul(a[None].expand(2, 4, 16), b[None]), ValueError, "head counts differ"),
+        (lambda a, b: sc_matmul(a, b.to("meta")), ValueError, "a on .*, b on meta"),
+        (lambda a, b: sc_counts(a, b, impl="fast"), ValueError, "impl: 'fast'"),
+    ],
+)
 def test_bad_input_is_refused(call, exc, match):
     a, b = torch.randn(4, 16, device=DEV), torch.randn(16, 3, device=DEV)
     with pytest.raises(exc, match=match):
@@ -127,8 +132,11 @@ def test_bad_input_is_refused(call, exc, match):
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("shape_a,shape_b,opts", CASES[:5], ids=["per_tensor-2d", "per_row-2d",
-                         "per_row-chunk128-2d", "per_row-3d", "per_head-3d"])
+@pytest.mark.parametrize(
+    "shape_a,shape_b,opts",
+    CASES[:5],
+    ids=["per_tensor-2d", "per_row-2d", "per_row-chunk128-2d", "per_row-3d", "per_head-3d"],
+)
 def test_story_regression_on_cuda1_with_current_device_cuda0(shape_a, shape_b, opts):
     """The seed PR's test: no fault, output on the input GPU, device restored, bit-identical."""
     a, b, seed = _fresh(shape_a, shape_b, torch.bfloat16)
@@ -176,17 +184,17 @@ def test_fused_quantisation_is_bit_identical_to_the_torch_definition(shape, chun
     seed = torch.seed() % 2**31
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=g) * 5
-    x[0, 0, :chunk_d or shape[2]] = 0                     # an all-zero group: scale 1, q 0
-    if shape[1] > 1:                                      # exact ties: amax 127 gives s = 1
+    x[0, 0, : chunk_d or shape[2]] = 0  # an all-zero group: scale 1, q 0
+    if shape[1] > 1:  # exact ties: amax 127 gives s = 1
         x[0, 1, :4] = torch.tensor([127.0, 2.5, 3.5, -2.5])
     x = x.to(DEV)
     cfg = SCConfig(granularity="per_row", chunk_d=chunk_d)
-    for a3 in (x, x.transpose(1, 2).contiguous().transpose(1, 2)):   # contiguous and strided
+    for a3 in (x, x.transpose(1, 2).contiguous().transpose(1, 2)):  # contiguous and strided
         qa, sa = quantize_a(a3, cfg)
         qt, st = quantize_a_torch(a3, cfg)
         assert torch.equal(qa.cpu(), qt.cpu()) and torch.equal(sa.cpu(), st.cpu()), f"seed {seed}"
     if shape[1] > 1:
-        assert qa[0, 1, 1:4].tolist() == [2, 4, -2]       # round half to even
+        assert qa[0, 1, 1:4].tolist() == [2, 4, -2]  # round half to even
 
 
 @pytest.mark.parametrize("opts", [dict(), dict(chunk_d=24), dict(b_seq="counter", sc_prec=5, stoc_len=64)])
@@ -196,8 +204,12 @@ def test_every_launch_path_gives_the_same_counts_and_bits(opts):
     from labkit.kernels.sc.matmul import LaunchConfig, prepare_b, sc_matmul_prepared
 
     a, b, seed = _fresh((3, 100), (100, 20))
-    configs = [LaunchConfig(gather=g, block_m=bm, block_n=16, block_k=8, splits=s)
-               for g in (0, 1) for bm in (1, 4) for s in (1, 3)]
+    configs = [
+        LaunchConfig(gather=g, block_m=bm, block_n=16, block_k=8, splits=s)
+        for g in (0, 1)
+        for bm in (1, 4)
+        for s in (1, 3)
+    ]
     literal = sc_counts(a, b, impl="reference", **opts)
     w = prepare_b(b, **opts)
     outs = []
@@ -222,7 +234,9 @@ def test_sc_report_and_plots():
         assert "kernel counts == literal bitstream counts: True" in text
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3)
     shown = plots.plot_streams(ax1, 3, -5, sc_prec=4, stoc_len=32)
-    assert shown["count"] == int(encoding.count_table(4, 32, "bitrev", "counter_alt", False)[0, 3 + 7, -5 + 7] + 32) // 2
+    assert (
+        shown["count"] == int(encoding.count_table(4, 32, "bitrev", "counter_alt", False)[0, 3 + 7, -5 + 7] + 32) // 2
+    )
     with pytest.raises(ValueError, match="q_a: expected a value in"):
         plots.plot_streams(ax1, 9, 0, sc_prec=4)
     plots.plot_table_error(ax2, sc_prec=4, stoc_len=32)
@@ -236,6 +250,7 @@ def test_sc_report_and_plots():
 # answer. Now out[i, j] is NaN iff row i of a or column j of b holds a NaN or +-inf, and every
 # other output is, bit for bit, the product with those entries set to 0 (for per_row, with the
 # whole row / column replaced by anything finite: it has scales of its own).
+
 
 def _nan_rows(out: torch.Tensor) -> list[int]:
     return [i for i in range(out.shape[-2]) if bool(out[..., i, :].isnan().all())]
@@ -268,8 +283,9 @@ def _assert_flagged(out, rows, cols, clean, seed):
     expect[:, cols.tolist()] = True
     expect = expect.expand(out.shape)
     got = out.isnan().cpu()
-    assert torch.equal(got, expect), f"seed {seed}: NaN at {got.nonzero().tolist()}, expected rows {rows.tolist()}" \
-                                     f" and columns {cols.tolist()}"
+    assert torch.equal(got, expect), (
+        f"seed {seed}: NaN at {got.nonzero().tolist()}, expected rows {rows.tolist()} and columns {cols.tolist()}"
+    )
     assert torch.equal(out.cpu()[~expect], clean.cpu()[~expect]), f"seed {seed}"
     assert torch.isfinite(out.cpu()[~expect]).all(), f"seed {seed}"
 
@@ -277,7 +293,7 @@ def _assert_flagged(out, rows, cols, clean, seed):
 NONFINITE_CASES = [
     ((6, 40), (40, 10), dict(granularity="per_row")),
     ((6, 40), (40, 10), dict(granularity="per_tensor")),
-    ((5, 50), (50, 9), dict(granularity="per_row", chunk_d=16)),      # the flag sits in one chunk
+    ((5, 50), (50, 9), dict(granularity="per_row", chunk_d=16)),  # the flag sits in one chunk
     ((2, 4, 24), (2, 24, 6), dict(granularity="per_head")),
 ]
 
@@ -294,12 +310,12 @@ def test_nan_in_rows_of_a_makes_exactly_those_output_rows_nan(shape_a, shape_b, 
     assert torch.equal(out.isnan().cpu(), torch.matmul(bad.float(), b.float()).isnan().cpu()), f"seed {seed}"
     zeroed = torch.where(bad.isnan(), torch.zeros_like(bad), bad)
     _assert_flagged(out, rows, torch.tensor([], dtype=torch.long), sc_matmul(zeroed, b, **opts), seed)
-    if opts["granularity"] == "per_row":    # rows are independent: any finite replacement will do
+    if opts["granularity"] == "per_row":  # rows are independent: any finite replacement will do
         other = bad.clone()
         other[..., rows, :] = torch.randn(other[..., rows, :].shape).to(dtype).to(DEV)
         clean = sc_matmul(other, b, **opts)
         _assert_flagged(out, rows, torch.tensor([], dtype=torch.long), clean, seed)
-    ref = sc_matmul_reference(bad, b, **opts)   # the literal reference flags the same outputs
+    ref = sc_matmul_reference(bad, b, **opts)  # the literal reference flags the same outputs
     assert torch.equal(ref.isnan(), out.isnan()) and torch.equal(ref[~ref.isnan()], out[~out.isnan()])
 
 
@@ -312,7 +328,7 @@ def test_nan_in_columns_of_b_makes_exactly_those_output_columns_nan(shape_a, sha
     assert torch.equal(out.isnan().cpu(), torch.matmul(a, bad).isnan().cpu()), f"seed {seed}"
     zeroed = torch.where(bad.isnan(), torch.zeros_like(bad), bad)
     _assert_flagged(out, torch.tensor([], dtype=torch.long), cols, sc_matmul(a, zeroed, **opts), seed)
-    if opts["granularity"] == "per_row":    # columns are independent
+    if opts["granularity"] == "per_row":  # columns are independent
         other = bad.clone()
         other[..., :, cols] = torch.randn(other[..., :, cols].shape).to(DEV)
         _assert_flagged(out, torch.tensor([], dtype=torch.long), cols, sc_matmul(a, other, **opts), seed)
@@ -350,12 +366,18 @@ def test_prepared_b_carries_its_own_flag_through_every_launch_path():
     clean_a = torch.where(bad_a.isnan(), 0, bad_a)
     none = torch.tensor([], dtype=torch.long)
     for g in (0, 1):
-        for s in (1, 3):   # fused scaling, and atomic counts + finalize kernel
+        for s in (1, 3):  # fused scaling, and atomic counts + finalize kernel
             lc = LaunchConfig(gather=g, block_m=2, block_n=16, block_k=8, splits=s)
-            _assert_flagged(sc_matmul_prepared(a, w, config=lc), none, cols,
-                            sc_matmul_prepared(a, w_clean, config=lc), seed)
-            _assert_flagged(sc_matmul_prepared(bad_a, w, config=lc), rows, cols,
-                            sc_matmul_prepared(clean_a, w_clean, config=lc), seed)
+            _assert_flagged(
+                sc_matmul_prepared(a, w, config=lc), none, cols, sc_matmul_prepared(a, w_clean, config=lc), seed
+            )
+            _assert_flagged(
+                sc_matmul_prepared(bad_a, w, config=lc),
+                rows,
+                cols,
+                sc_matmul_prepared(clean_a, w_clean, config=lc),
+                seed,
+            )
 
 
 @pytest.mark.parametrize("granularity,chunk_d", [("per_row", 0), ("per_row", 8), ("per_tensor", 0)])
@@ -391,9 +413,22 @@ def test_bf16_store_keeps_every_nan_a_nan():
     plus the rounding increment would wrap to 0x8000 (-0.0): every NaN must stay a NaN."""
     from labkit.workbench.guard import on_device_of
 
-    bits = torch.tensor([0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000, 0x7F800001, 0x7F800000, 0xFF800000,
-                         0x3F800000, 0x3F808000, 0x3F818000, 0x00000000], dtype=torch.int64)
-    x = bits.to(torch.int32).view(torch.float32)   # int64 -> int32 wraps: the same 32 bits
+    bits = torch.tensor(
+        [
+            0x7FFFFFFF,
+            0xFFFFFFFF,
+            0x7FC00000,
+            0x7F800001,
+            0x7F800000,
+            0xFF800000,
+            0x3F800000,
+            0x3F808000,
+            0x3F818000,
+            0x00000000,
+        ],
+        dtype=torch.int64,
+    )
+    x = bits.to(torch.int32).view(torch.float32)  # int64 -> int32 wraps: the same 32 bits
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     x = torch.cat([x, torch.randn(6, generator=g)]).to(DEV)
     out = torch.empty(x.shape, dtype=torch.bfloat16, device=DEV)

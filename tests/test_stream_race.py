@@ -1,5 +1,6 @@
 """labkit.labs.stream_races.race: the race itself on a GPU (the views path never corrupts; the raw path
 does), the sanitizer harness, the allocator timeline; on the CPU the logic around them."""
+
 import pytest
 import torch
 
@@ -30,13 +31,17 @@ def test_without_a_gpu_the_race_says_why():
 
 
 def test_trace_events_keeps_this_blocks_events_with_relative_times():
-    snapshot = {"device_traces": [[
-        {"action": "segment_alloc", "addr": 4096, "size": 1 << 24, "stream": 7, "time_us": 1000.0},
-        {"action": "alloc", "addr": 4096, "size": 1 << 24, "stream": 7, "time_us": 1010.0},
-        {"action": "alloc", "addr": 9999, "size": 512, "stream": 7, "time_us": 1011.0},  # another size
-        {"action": "free_requested", "addr": 4096, "size": 1 << 24, "stream": 7, "time_us": 1050.0},
-        {"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "time_us": 1100.0},
-    ]]}
+    snapshot = {
+        "device_traces": [
+            [
+                {"action": "segment_alloc", "addr": 4096, "size": 1 << 24, "stream": 7, "time_us": 1000.0},
+                {"action": "alloc", "addr": 4096, "size": 1 << 24, "stream": 7, "time_us": 1010.0},
+                {"action": "alloc", "addr": 9999, "size": 512, "stream": 7, "time_us": 1011.0},  # another size
+                {"action": "free_requested", "addr": 4096, "size": 1 << 24, "stream": 7, "time_us": 1050.0},
+                {"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "time_us": 1100.0},
+            ]
+        ]
+    }
     rows = stream_race.trace_events(snapshot, 0, 1 << 24, t0_us=1000.0)
     assert [r["action"] for r in rows] == ["segment_alloc", "alloc", "free_requested"]
     assert [r["t_us"] for r in rows] == [0.0, 10.0, 50.0]
@@ -46,10 +51,29 @@ def test_trace_events_keeps_this_blocks_events_with_relative_times():
 
 
 def test_race_summary_counts_trials_per_allocator_and_delay():
-    recs = [{"kind": "race", "allocator": "raw", "sleep_ms": 5.0, "corrupted_elems": c, "numel": 4,
-             "corrupted_fraction": c / 4, "block_reused": True} for c in (4, 4, 0)]
-    recs.append({"kind": "race", "allocator": "views+record_stream", "sleep_ms": 5.0, "corrupted_elems": 0,
-                 "numel": 4, "corrupted_fraction": 0.0, "block_reused": False})
+    recs = [
+        {
+            "kind": "race",
+            "allocator": "raw",
+            "sleep_ms": 5.0,
+            "corrupted_elems": c,
+            "numel": 4,
+            "corrupted_fraction": c / 4,
+            "block_reused": True,
+        }
+        for c in (4, 4, 0)
+    ]
+    recs.append(
+        {
+            "kind": "race",
+            "allocator": "views+record_stream",
+            "sleep_ms": 5.0,
+            "corrupted_elems": 0,
+            "numel": 4,
+            "corrupted_fraction": 0.0,
+            "block_reused": False,
+        }
+    )
     rows = {r["allocator"]: r for r in stream_plots.race_summary(recs)}
     assert rows["raw"]["corrupted_trials"] == 2 and rows["raw"]["trials"] == 3
     assert rows["raw"]["mean_corrupted_fraction"] == pytest.approx(2 / 3)
@@ -85,7 +109,7 @@ def test_without_stream_tracking_the_block_is_reused_and_overwritten(allocator):
 # lazy loading of the main stream's fill kernel synchronized the device.
 RACE_TRIALS = 8
 RACE_MIN_CORRUPTED = 4  # P(fewer than 4 of 8 | p = 0.95) = 1.5e-5
-FRESH_PROCESSES = 4     # P(no fresh process of 4 shows it | p = 0.95) = 0.05**4 = 6.3e-6
+FRESH_PROCESSES = 4  # P(no fresh process of 4 shows it | p = 0.95) = 0.05**4 = 6.3e-6
 
 
 @pytest.mark.gpu

@@ -1,6 +1,7 @@
 """Lab 03's widgets and plots, driven directly (papermill renders widgets static): the alignment
 panel on real pointers of this machine, the race panel on records, the plots on records of the
 shape ``labkit bench streams`` writes."""
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -17,9 +18,20 @@ def _race_records():
         for sleep in (0.0, 5.0):
             for t in range(3):
                 c = corrupted if sleep > 0 else 0
-                recs.append({"kind": "race", "allocator": allocator, "trial": t, "sleep_ms": sleep, "numel": 8,
-                             "block_reused": allocator != "views+record_stream", "corrupted_elems": c,
-                             "corrupted_fraction": c / 8, "offset_bytes": None, "tflops": None})
+                recs.append(
+                    {
+                        "kind": "race",
+                        "allocator": allocator,
+                        "trial": t,
+                        "sleep_ms": sleep,
+                        "numel": 8,
+                        "block_reused": allocator != "views+record_stream",
+                        "corrupted_elems": c,
+                        "corrupted_fraction": c / 8,
+                        "offset_bytes": None,
+                        "tflops": None,
+                    }
+                )
     return recs
 
 
@@ -62,12 +74,30 @@ def test_timeline_uses_the_allocator_trace_when_it_has_times(with_times):
     def ev(action, addr, t):
         return {"action": action, "addr": addr, "size": 64, "stream": 0, "t_us": t if with_times else None}
 
-    tl = {"kind": "timeline", "allocator": "raw", "numel": 16, "owner_addr": 1024, "fresh_addr": 1024,
-          "block_reused": True, "corrupted_elems": 16, "streams": {"main": 0, "side": 5},
-          "marks_us": {"owner allocated (host)": 60.0, "owner freed (host)": 210.0, "fresh allocated (host)": 260.0,
-                       "synchronized (host)": 5300.0, "side write starts (GPU)": 5200.0, "side write ends (GPU)": 5210.0},
-          "events": [ev("alloc", 1024, 50.0), ev("free_requested", 1024, 200.0), ev("free_completed", 1024, 201.0),
-                     ev("alloc", 1024, 250.0)]}
+    tl = {
+        "kind": "timeline",
+        "allocator": "raw",
+        "numel": 16,
+        "owner_addr": 1024,
+        "fresh_addr": 1024,
+        "block_reused": True,
+        "corrupted_elems": 16,
+        "streams": {"main": 0, "side": 5},
+        "marks_us": {
+            "owner allocated (host)": 60.0,
+            "owner freed (host)": 210.0,
+            "fresh allocated (host)": 260.0,
+            "synchronized (host)": 5300.0,
+            "side write starts (GPU)": 5200.0,
+            "side write ends (GPU)": 5210.0,
+        },
+        "events": [
+            ev("alloc", 1024, 50.0),
+            ev("free_requested", 1024, 200.0),
+            ev("free_completed", 1024, 201.0),
+            ev("alloc", 1024, 250.0),
+        ],
+    }
     sp = stream_plots.timeline_spans(tl)
     assert sp["from_allocator_trace"] is with_times
     assert sp["owner_alloc"] == (0.05 if with_times else 0.06)
@@ -80,27 +110,61 @@ def test_timeline_uses_the_allocator_trace_when_it_has_times(with_times):
 
 
 def test_gemm_and_sanitizer_tables():
-    gemm = [{"kind": "gemm_alignment", "impl": "torch", "operands": "all", "offset_bytes": o, "tflops": tf,
-             "time_vs_aligned": r, "max_rel_err": 1e-3, "m": 8, "n": 8, "k": 8, "dtype": "bfloat16"}
-            for o, tf, r in ((0, 800.0, 1.0), (2, 130.0, 6.0))]
+    gemm = [
+        {
+            "kind": "gemm_alignment",
+            "impl": "torch",
+            "operands": "all",
+            "offset_bytes": o,
+            "tflops": tf,
+            "time_vs_aligned": r,
+            "max_rel_err": 1e-3,
+            "m": 8,
+            "n": 8,
+            "k": 8,
+            "dtype": "bfloat16",
+        }
+        for o, tf, r in ((0, 800.0, 1.0), (2, 130.0, 6.0))
+    ]
     assert "| torch | all | +2 B | 130 | 6.00x |" in stream_plots.gemm_markdown(gemm)
     fig, ax = plt.subplots()
     stream_plots.plot_gemm_alignment(gemm, ax, "t")
     assert [t.get_text() for t in ax.get_xticklabels()] == ["+0 B", "+2 B"]
     plt.close(fig)
-    san = [{"kind": "sanitizer", "allocator": "raw", "reported": False, "corrupted_elems": 5, "report": None},
-           {"kind": "sanitizer", "allocator": "missing wait_stream (control)", "reported": True,
-            "corrupted_elems": None, "wrong_sum": None, "report": "detected 1 errors"}]
+    san = [
+        {"kind": "sanitizer", "allocator": "raw", "reported": False, "corrupted_elems": 5, "report": None},
+        {
+            "kind": "sanitizer",
+            "allocator": "missing wait_stream (control)",
+            "reported": True,
+            "corrupted_elems": None,
+            "wrong_sum": None,
+            "report": "detected 1 errors",
+        },
+    ]
     table = stream_plots.sanitizer_markdown(san)
-    assert "| raw | 1 | 0 | 1 |" in table and "| missing wait_stream (control) | 1 | 1 | 0 | detected 1 errors |" in table
+    assert (
+        "| raw | 1 | 0 | 1 |" in table and "| missing wait_stream (control) | 1 | 1 | 0 | detected 1 errors |" in table
+    )
 
 
 def _gemm_records(quartiles: bool):
     recs = []
     for impl in ("torch", "triton"):
         for o, tf, r in ((0, 800.0, 1.0), (2, 130.0, 6.0), (16, 700.0, 1.15)):
-            rec = {"kind": "gemm_alignment", "impl": impl, "operands": "all", "offset_bytes": o, "tflops": tf,
-                   "time_vs_aligned": r, "max_rel_err": 1e-3, "m": 8, "n": 8, "k": 8, "dtype": "bfloat16"}
+            rec = {
+                "kind": "gemm_alignment",
+                "impl": impl,
+                "operands": "all",
+                "offset_bytes": o,
+                "tflops": tf,
+                "time_vs_aligned": r,
+                "max_rel_err": 1e-3,
+                "m": 8,
+                "n": 8,
+                "k": 8,
+                "dtype": "bfloat16",
+            }
             if quartiles:
                 rec.update(time_vs_aligned_p25=r * 0.95, time_vs_aligned_p75=r * 1.05)
             recs.append(rec)
@@ -125,13 +189,16 @@ def test_gemm_plot_is_paired_ratios_against_aligned_with_a_line_at_one(quartiles
 
 
 def test_alloc_plot_marks_the_seed_story_numbers_as_such():
-    recs = [{"kind": "alloc_time", "allocator": a, "groups": 64, "us": us, "us_p25": us * 0.9, "us_p75": us * 1.1}
-            for a, us in (("views", 80.0), ("raw", 450.0))]
+    recs = [
+        {"kind": "alloc_time", "allocator": a, "groups": 64, "us": us, "us_p25": us * 0.9, "us_p75": us * 1.1}
+        for a, us in (("views", 80.0), ("raw", 450.0))
+    ]
     fig, ax = plt.subplots()
     stream_plots.plot_alloc_time(recs, ax, "t")
     seed_lines = [line for line in ax.get_lines() if stream_plots.SEED_LABEL in line.get_label()]
     assert sorted(line.get_xdata()[0] for line in seed_lines) == sorted(
-        [stream_plots.SEED_VIEWS_US, stream_plots.SEED_BULK_ALLOCATE_US])
+        [stream_plots.SEED_VIEWS_US, stream_plots.SEED_BULK_ALLOCATE_US]
+    )
     assert ax.get_xlim()[1] > max(r["us_p75"] for r in recs)  # the labels after the whiskers fit
     plt.close(fig)
     fig, ax = plt.subplots()
@@ -152,9 +219,14 @@ def test_alloc_plot_marks_the_seed_story_numbers_as_such():
 def test_of_kind_keeps_panels_with_records_of_that_kind():
     from labkit.workbench.results import Panel
 
-    panels = [Panel("your run (live)", [{"kind": "race", "allocator": "raw"}], None),
-              Panel("reference x (RECORDED, not this machine)", [{"kind": "alloc_time", "allocator": "raw"},
-                                                                 {"kind": "timeline", "allocator": "views"}], "x")]
+    panels = [
+        Panel("your run (live)", [{"kind": "race", "allocator": "raw"}], None),
+        Panel(
+            "reference x (RECORDED, not this machine)",
+            [{"kind": "alloc_time", "allocator": "raw"}, {"kind": "timeline", "allocator": "views"}],
+            "x",
+        ),
+    ]
     assert [p.title for p in stream_plots.of_kind(panels, "race")] == ["your run (live)"]
     kept = stream_plots.of_kind(panels, "timeline", allocators=("views",))
     assert [p.machine for p in kept] == ["x"] and kept[0].records == [{"kind": "timeline", "allocator": "views"}]

@@ -7,6 +7,7 @@ reply goes unseen is a hypothesis there).
 labkit's panels draw into a ``FigureView`` (an ``Image`` widget) instead. These tests run a
 notebook that redraws one many times and check that no cell waited for its timeout, and that no
 panel has gone back to an Output widget."""
+
 import labkit  # noqa: F401
 
 import re
@@ -46,13 +47,21 @@ def test_redrawing_a_figure_view_never_waits_for_the_cell_timeout(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [nbformat.v4.new_code_cell(SETUP)]
-    nb.cells += [nbformat.v4.new_code_cell(f"view.show(figure({i}))\nassert bytes(view.value)[:4] == b'\\x89PNG'")
-                 for i in range(REDRAWS)]
+    nb.cells += [
+        nbformat.v4.new_code_cell(f"view.show(figure({i}))\nassert bytes(view.value)[:4] == b'\\x89PNG'")
+        for i in range(REDRAWS)
+    ]
     path = tmp_path / "redraws.ipynb"
     nbformat.write(nb, path)
     start = time.monotonic()
-    out = papermill.execute_notebook(str(path), str(tmp_path / "out.ipynb"), kernel_name="python3",
-                                     progress_bar=False, execution_timeout=TIMEOUT_S, cwd=str(tmp_path))
+    out = papermill.execute_notebook(
+        str(path),
+        str(tmp_path / "out.ipynb"),
+        kernel_name="python3",
+        progress_bar=False,
+        execution_timeout=TIMEOUT_S,
+        cwd=str(tmp_path),
+    )
     took = [c.metadata.papermill.duration for c in out.cells[1:]]
     assert len(took) == REDRAWS and all(c.metadata.papermill.status == "completed" for c in out.cells)
     slow = [round(t, 2) for t in took if t > TIMEOUT_S / 2]

@@ -2,6 +2,7 @@
 record fields, old host-clock files told apart), the first error of a failed graph capture, the
 GPU demonstrations as records (skipped without GPUs), and the search for the seed's crash. The
 pure parts run on every tier; the GPU paths are marked gpu / multigpu."""
+
 import pytest
 import torch
 
@@ -12,28 +13,30 @@ from labkit.workbench import gates, results
 from labkit.workbench.sandbox import SandboxResult
 
 CHAINED_TB = (
-    'Traceback (most recent call last):\n'
+    "Traceback (most recent call last):\n"
     '  File "/r/labkit/labs/wrong_device/experiments.py", line 120, in __init__\n'
-    '    self.out = add_one(x, guarded=guarded)\n'
+    "    self.out = add_one(x, guarded=guarded)\n"
     '  File "/r/labkit/labs/wrong_device/experiments.py", line 64, in add_one\n'
-    '    out = torch.empty_like(x)  # on x\'s device\n'
-    '              ^^^^^^^^^^^^^^^\n'
-    'torch.AcceleratorError: CUDA error: operation not permitted when stream is capturing\n'
-    'Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n'
-    '\n'
-    'During handling of the above exception, another exception occurred:\n'
-    '\n'
-    'Traceback (most recent call last):\n'
+    "    out = torch.empty_like(x)  # on x's device\n"
+    "              ^^^^^^^^^^^^^^^\n"
+    "torch.AcceleratorError: CUDA error: operation not permitted when stream is capturing\n"
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+    "\n"
+    "During handling of the above exception, another exception occurred:\n"
+    "\n"
+    "Traceback (most recent call last):\n"
     '  File "/r/labkit/workbench/sandbox.py", line 230, in _child_main\n'
     '    payload = {"status": "ok", "value": obj(*call["args"], **call["kwargs"])}\n'
     '  File "/r/labkit/labs/wrong_device/experiments.py", line 118, in __init__\n'
-    '    with _capture(self.graph):\n'
+    "    with _capture(self.graph):\n"
     '  File "/t/torch/cuda/graphs.py", line 260, in __exit__\n'
-    '    self.cuda_graph.capture_end()\n'
-    'torch.AcceleratorError: CUDA error: operation failed due to a previous error during capture\n')
+    "    self.cuda_graph.capture_end()\n"
+    "torch.AcceleratorError: CUDA error: operation failed due to a previous error during capture\n"
+)
 
 
 # --- timing: pure parts ---------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("pattern", wd.PATTERNS)
 def test_launch_device_is_the_current_one_unguarded_and_the_datas_guarded(pattern):
@@ -98,6 +101,7 @@ def test_timing_note_tells_old_files_from_new():
 
 # --- graph capture: the first error ---------------------------------------------------------
 
+
 def test_first_error_is_the_oldest_in_the_chain_and_where_it_was_raised():
     error, where = wd.first_error(CHAINED_TB)
     assert error == "torch.AcceleratorError: CUDA error: operation not permitted when stream is capturing"
@@ -120,15 +124,29 @@ def test_capture_kwargs_falls_back_where_torch_lacks_the_keyword():
 
 
 def test_cell_record_carries_timing_launch_device_and_first_error():
-    ok = SandboxResult("ok", value={"correct": True, "out_device": "cuda:1", "GBps": 4000.0, "us": 33.5,
-                                    "launch_device": "cuda:1", "timed_launches": 10, "timing": "cuda_events"},
-                       stdout=f"{wd._PEER_LINE}True\n")
+    ok = SandboxResult(
+        "ok",
+        value={
+            "correct": True,
+            "out_device": "cuda:1",
+            "GBps": 4000.0,
+            "us": 33.5,
+            "launch_device": "cuda:1",
+            "timed_launches": 10,
+            "timing": "cuda_events",
+        },
+        stdout=f"{wd._PEER_LINE}True\n",
+    )
     r = wd.cell_record("triton_launch", True, True, 64 << 20, ok)
     assert (r["outcome"], r["GBps"], r["us"], r["timing"]) == ("correct", 4000.0, 33.5, "cuda_events")
     assert r["launch_device"] == r["expected_launch_device"] == "cuda:1" and r["first_error"] is None
-    failed = SandboxResult("cuda_error", error_type="torch.AcceleratorError", traceback=CHAINED_TB,
-                           message="CUDA error: operation failed due to a previous error during capture",
-                           stdout=f"{wd._PEER_LINE}True\n{wd._CAPTURE_LINE}thread_local\n")
+    failed = SandboxResult(
+        "cuda_error",
+        error_type="torch.AcceleratorError",
+        traceback=CHAINED_TB,
+        message="CUDA error: operation failed due to a previous error during capture",
+        stdout=f"{wd._PEER_LINE}True\n{wd._CAPTURE_LINE}thread_local\n",
+    )
     r = wd.cell_record("graph_wrong_device", True, False, 64 << 20, failed)
     assert r["outcome"] == "exception" and "previous error during capture" in r["detail"]
     assert "not permitted when stream is capturing" in r["first_error"]
@@ -148,8 +166,18 @@ def test_old_matrix_records_still_plot():
     assert timing.timing_note(cells).startswith("GB/s: kernel time, CUDA events")
     # files made before the CUDA-event timing hold the same cells without `timing` (and the
     # fields added with it): they still plot, and are labelled host-clock
-    added = ("timing", "launch_device", "expected_launch_device", "timed_launches", "first_error",
-             "first_error_at", "capture_error_mode", "seconds", "nbytes", "us")
+    added = (
+        "timing",
+        "launch_device",
+        "expected_launch_device",
+        "timed_launches",
+        "first_error",
+        "first_error_at",
+        "capture_error_mode",
+        "seconds",
+        "nbytes",
+        "us",
+    )
     old = [{k: v for k, v in r.items() if k not in added} for r in cells]
     fig, ax = plt.subplots()
     wd.plot_matrix(old, ax, "old")
@@ -160,12 +188,17 @@ def test_old_matrix_records_still_plot():
 
 # --- the demonstrations as records ----------------------------------------------------------
 
+
 def test_demonstrations_without_gpus_are_skipped_records_that_a_results_file_accepts(tmp_path):
     if gates.requires(gpus=1, compiled=True).ok:
         # one GPU is enough for the launch-blocking demonstration to run for real
         pytest.skip("this machine has a GPU: some records would be real runs")
-    recs = (demos.launch_blocking_records() + demos.sharded_decode_records() + demos.regression_records()
-            + cs.crash_search())
+    recs = (
+        demos.launch_blocking_records()
+        + demos.sharded_decode_records()
+        + demos.regression_records()
+        + cs.crash_search()
+    )
     assert {r["pattern"] for r in recs} == {*demos.KINDS, cs.KIND}
     assert all(r["outcome"] == "skipped" and r["skipped"] for r in recs)
     path = results.write_results(tmp_path / "d.json", "device_guard", recs, generator="test", required=wd.REQUIRED)
@@ -182,8 +215,10 @@ def test_describes_say_when_nothing_is_recorded():
 
 
 def test_launch_blocking_lines():
-    recs = [demos.base_record("launch blocking", "illegal memory access", "s", CUDA_LAUNCH_BLOCKING=b, reported_at=at)
-            for b, at in (("0", "fault_then_later_work: total = x"), ("1", "write_out_of_bounds: _store_at_kernel[(1,)]"))]
+    recs = [
+        demos.base_record("launch blocking", "illegal memory access", "s", CUDA_LAUNCH_BLOCKING=b, reported_at=at)
+        for b, at in (("0", "fault_then_later_work: total = x"), ("1", "write_out_of_bounds: _store_at_kernel[(1,)]"))
+    ]
     lines = demos.describe_launch_blocking(recs)
     assert lines[0] == "CUDA_LAUNCH_BLOCKING=0: illegal memory access, reported at fault_then_later_work: total = x"
     assert "_store_at_kernel" in lines[1]
@@ -194,16 +229,27 @@ def test_sharded_decode_compares_the_unguarded_run_with_the_guarded_one():
     same = dict(base)
     off = dict(base, tokens=[1, 3], logits=[[0.5, 1.0], [2.0, 3.25]])
     assert demos.compare_decodes(base, same) == {"tokens_match": True, "bit_identical": True, "max_abs_logit_diff": 0.0}
-    assert demos.compare_decodes(base, off) == {"tokens_match": False, "bit_identical": False, "max_abs_logit_diff": 0.25}
+    assert demos.compare_decodes(base, off) == {
+        "tokens_match": False,
+        "bit_identical": False,
+        "max_abs_logit_diff": 0.25,
+    }
     with pytest.raises(ValueError, match="other: expected a dict"):
         demos.compare_decodes(base, {"tokens": []})
     g = demos.decode_record(True, SandboxResult("ok", value=base), None)
     u = demos.decode_record(False, SandboxResult("ok", value=off), base)
     c = demos.decode_record(False, SandboxResult("ok", value=same), base)
-    crash = demos.decode_record(False, SandboxResult("illegal_memory_access", error_type="E", message="illegal memory access",
-                                                     traceback=CHAINED_TB), base)
+    crash = demos.decode_record(
+        False,
+        SandboxResult("illegal_memory_access", error_type="E", message="illegal memory access", traceback=CHAINED_TB),
+        base,
+    )
     assert (g["outcome"], u["outcome"], c["outcome"], crash["outcome"]) == (
-        "ran (baseline)", "wrong result", "correct", "illegal memory access")
+        "ran (baseline)",
+        "wrong result",
+        "correct",
+        "illegal memory access",
+    )
     assert "logits differ by up to 0.25" in u["detail"] and "bit-identical" in c["detail"]
     assert crash["first_error"].startswith("torch.AcceleratorError")
     lines = demos.describe_decodes([g, u, crash])
@@ -211,30 +257,49 @@ def test_sharded_decode_compares_the_unguarded_run_with_the_guarded_one():
 
 
 def test_regression_rows_become_records():
-    rows = [{"case": "a (6, 96), granularity=per_tensor", "out_device": "cuda:1", "current_after": "cuda:0", "bit_identical": True},
-            {"case": "b", "out_device": "cuda:1", "current_after": "cuda:0", "bit_identical": False},
-            {"case": "c", "out_device": "cuda:0", "current_after": "cuda:0", "bit_identical": False}]
+    rows = [
+        {
+            "case": "a (6, 96), granularity=per_tensor",
+            "out_device": "cuda:1",
+            "current_after": "cuda:0",
+            "bit_identical": True,
+        },
+        {"case": "b", "out_device": "cuda:1", "current_after": "cuda:0", "bit_identical": False},
+        {"case": "c", "out_device": "cuda:0", "current_after": "cuda:0", "bit_identical": False},
+    ]
     recs = demos.regression_rows_to_records(True, SandboxResult("ok", value=rows))
     assert [r["outcome"] for r in recs] == ["correct", "wrong result", "wrong device"]
-    crashed = demos.regression_rows_to_records(False, SandboxResult("exception", error_type="builtins.ValueError",
-                                                                      message="Pointer argument (at 0) cannot be accessed"))
+    crashed = demos.regression_rows_to_records(
+        False,
+        SandboxResult(
+            "exception", error_type="builtins.ValueError", message="Pointer argument (at 0) cannot be accessed"
+        ),
+    )
     assert len(crashed) == 1 and crashed[0]["outcome"] == "exception" and crashed[0]["case"] == "(all)"
     lines = demos.describe_regression(recs + crashed)
     assert lines[0].startswith("guarded (the fix): 1 of 3 configurations pass")
-    assert lines[-1] == ("unguarded (the bug): the run did not finish: exception: builtins.ValueError: "
-                         "Pointer argument (at 0) cannot be accessed (0.0 s)")
+    assert lines[-1] == (
+        "unguarded (the bug): the run did not finish: exception: builtins.ValueError: "
+        "Pointer argument (at 0) cannot be accessed (0.0 s)"
+    )
     assert demos.case_name((6, 96), {"chunk_d": 128}) == "a (6, 96), chunk_d=128"
 
 
 # --- the crash search -----------------------------------------------------------------------
 
+
 def test_crash_search_classifies_what_happened():
     peer = f"{wd._PEER_LINE}True\n{cs._REVERSE_LINE}False\n"
-    cases = [(SandboxResult("illegal_memory_access", message="an illegal memory access was encountered"), "illegal memory access"),
-             (SandboxResult("ok", value={"correct": False, "read_reused": 1.0}, stdout=peer), "wrong result"),
-             (SandboxResult("ok", value={"correct": True, "read_reused": 0.0}, stdout=peer), "correct"),
-             (SandboxResult("exception", error_type="builtins.ValueError", message="Pointer argument"), "other error"),
-             (SandboxResult("timeout", seconds=60), "hang")]
+    cases = [
+        (
+            SandboxResult("illegal_memory_access", message="an illegal memory access was encountered"),
+            "illegal memory access",
+        ),
+        (SandboxResult("ok", value={"correct": False, "read_reused": 1.0}, stdout=peer), "wrong result"),
+        (SandboxResult("ok", value={"correct": True, "read_reused": 0.0}, stdout=peer), "correct"),
+        (SandboxResult("exception", error_type="builtins.ValueError", message="Pointer argument"), "other error"),
+        (SandboxResult("timeout", seconds=60), "hang"),
+    ]
     for res, outcome in cases:
         r = cs.config_record("freed and reused", res)
         assert r["outcome"] == outcome and r["outcome"] in cs.OUTCOMES
@@ -242,10 +307,18 @@ def test_crash_search_classifies_what_happened():
     r = cs.config_record("freed and reused", cases[1][0])
     assert "100% of the output is the reused block's value + 1" in r["detail"]
     assert (r["peer_enabled"], r["peer_1_to_0"]) == (True, False)
-    gone = cs.config_record("freed and released", SandboxResult(
-        "illegal_memory_access", message="an illegal memory access was encountered", stdout=f"{cs._RELEASED_LINE}{64 << 20}\n"))
+    gone = cs.config_record(
+        "freed and released",
+        SandboxResult(
+            "illegal_memory_access",
+            message="an illegal memory access was encountered",
+            stdout=f"{cs._RELEASED_LINE}{64 << 20}\n",
+        ),
+    )
     assert gone["released_bytes"] == 64 << 20 and "returned 64 MiB of cuda:1's memory" in gone["detail"]
-    assert cs.config_record("expandable segments", cases[2][0])["env"] == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert cs.config_record("expandable segments", cases[2][0])["env"] == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"
+    }
     with pytest.raises(ValueError, match="configs: 'nope'"):
         cs.crash_search(["nope"])
     with pytest.raises(ValueError, match="name: 'nope'"):
@@ -267,15 +340,21 @@ def test_seed_crash_verdict():
     recorded = results.load_results(results.REFERENCE_DIR / "h200x2" / "device_guard.json").records
     assert cs.seed_crash_verdict(recorded) == (
         "not reproduced: no illegal memory access in 6 search configuration(s) (correct, other error, wrong result) "
-        "nor in 8 unguarded matrix cell(s)")
+        "nor in 8 unguarded matrix cell(s)"
+    )
     old = [r for r in recorded if r["pattern"] in wd.PATTERNS]  # a file made before the crash search
-    assert cs.seed_crash_verdict(old) == ("not reproduced: no illegal memory access in 8 unguarded matrix cell(s); "
-                                          "crash search: none recorded yet")
+    assert cs.seed_crash_verdict(old) == (
+        "not reproduced: no illegal memory access in 8 unguarded matrix cell(s); crash search: none recorded yet"
+    )
     both = cs.seed_crash_verdict(old + [rec("correct")])
-    assert both == "not reproduced: no illegal memory access in 1 search configuration(s) (correct) nor in 8 unguarded matrix cell(s)"
+    assert (
+        both
+        == "not reproduced: no illegal memory access in 1 search configuration(s) (correct) nor in 8 unguarded matrix cell(s)"
+    )
 
 
 # --- on GPUs --------------------------------------------------------------------------------
+
 
 @pytest.mark.multigpu
 def test_cells_are_timed_with_events_on_the_expected_launch_device():
@@ -317,19 +396,30 @@ def test_launch_blocking_records_on_a_gpu():
 
 
 def test_graph_error_lines_for_old_and_new_files():
-    old = {"pattern": "graph_wrong_device", "peer_access": True, "guarded": False, "outcome": "exception",
-           "detail": "cuda_error: torch.AcceleratorError: CUDA error: operation failed due to a previous error during capture"}
+    old = {
+        "pattern": "graph_wrong_device",
+        "peer_access": True,
+        "guarded": False,
+        "outcome": "exception",
+        "detail": "cuda_error: torch.AcceleratorError: CUDA error: operation failed due to a previous error during capture",
+    }
     lines = wd.describe_graph_errors([old, dict(old, outcome="correct", guarded=True)])
     assert lines[0].startswith("peer on, unguarded: cuda_error: torch.AcceleratorError") and "predates" in lines[1]
     assert len(lines) == 2
     wrong = wd.describe_graph_errors([dict(old, outcome="wrong result", detail="output on cuda:1: not x + 1")])
     assert wrong[0] == "peer on, unguarded: wrong result: output on cuda:1: not x + 1"
-    new = dict(old, first_error="torch.AcceleratorError: CUDA error: operation not permitted when stream is capturing",
-               first_error_at="add_one: out = torch.empty_like(x)", capture_error_mode="thread_local")
+    new = dict(
+        old,
+        first_error="torch.AcceleratorError: CUDA error: operation not permitted when stream is capturing",
+        first_error_at="add_one: out = torch.empty_like(x)",
+        capture_error_mode="thread_local",
+    )
     lines = wd.describe_graph_errors([new])
     assert "not permitted" in lines[1] and "nothing before it" not in lines[1]
     assert lines[2] == "    raised under: add_one: out = torch.empty_like(x)" and "thread_local" in lines[3]
-    same = dict(new, first_error="torch.AcceleratorError: CUDA error: operation failed due to a previous error during capture")
+    same = dict(
+        new, first_error="torch.AcceleratorError: CUDA error: operation failed due to a previous error during capture"
+    )
     assert "nothing before it" in wd.describe_graph_errors([same])[1]
     assert "none (the cell raised" in wd.describe_graph_errors([dict(new, first_error=None)])[1]
     assert wd.describe_graph_errors([]) == ["no graph cell failed"]

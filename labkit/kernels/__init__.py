@@ -16,6 +16,7 @@ inputs' device) and checks its inputs. This layer imports the workbench only, ne
 
 ``LAUNCHERS`` lists every public launcher with a maker of small CPU example inputs, so tests can
 apply one check to all of them, such as the wrong-current-device regression."""
+
 import torch
 
 from labkit.kernels.copy import copy
@@ -30,10 +31,14 @@ LAUNCHERS = {
     "matmul": (triton_matmul, lambda g: (torch.randn(96, 64, generator=g), torch.randn(64, 80, generator=g))),
     "sc_matmul": (sc_matmul, lambda g: (torch.randn(48, 256, generator=g), torch.randn(256, 80, generator=g))),
     # m_splits as a tensor, so that it moves to the inputs' GPU with them (one expert without tokens)
-    "grouped_mm": (grouped_mm, lambda g: (torch.randn(70, 64, generator=g), torch.randn(3, 64, 48, generator=g),
-                                          torch.tensor([20, 0, 50]))),
-    "grouped_mm_wgrad": (grouped_mm_wgrad, lambda g: (torch.randn(70, 64, generator=g),
-                                                      torch.randn(70, 48, generator=g), torch.tensor([20, 0, 50]))),
+    "grouped_mm": (
+        grouped_mm,
+        lambda g: (torch.randn(70, 64, generator=g), torch.randn(3, 64, 48, generator=g), torch.tensor([20, 0, 50])),
+    ),
+    "grouped_mm_wgrad": (
+        grouped_mm_wgrad,
+        lambda g: (torch.randn(70, 64, generator=g), torch.randn(70, 48, generator=g), torch.tensor([20, 0, 50])),
+    ),
 }
 
 __all__ = ["copy", "triton_matmul", "sc_matmul", "grouped_mm", "grouped_mm_wgrad", "write_out_of_bounds", "LAUNCHERS"]

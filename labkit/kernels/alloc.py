@@ -19,6 +19,7 @@ so TransformerEngine allocated one block and cut it up.
 16 bytes is what vector loads and Triton's pointer specialisation need, 128 and 256 what
 cuBLAS and TMA prefer.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,11 +45,11 @@ class Bulk:
     """What a bulk allocation hands out. Holding a ``Bulk`` does not keep the memory alive:
     only its tensors do, exactly as with a plain list of tensors."""
 
-    style: str                       # "raw" or "views"
-    tensors: list[torch.Tensor]      # the pieces, in request order
-    offsets: list[int]               # byte offset of each piece from the block's aligned start
-    nbytes: int                      # size of the backing block in bytes
-    alignment: int | None            # offsets are multiples of this (None: packed)
+    style: str  # "raw" or "views"
+    tensors: list[torch.Tensor]  # the pieces, in request order
+    offsets: list[int]  # byte offset of each piece from the block's aligned start
+    nbytes: int  # size of the backing block in bytes
+    alignment: int | None  # offsets are multiples of this (None: packed)
     #: raw style only: a weak reference to the backing tensor, dead once every piece is gone.
     #: (Views hold the block through C++ references that a Python weakref cannot see; on CUDA
     #: ``torch.cuda.memory_allocated`` shows their lifetime instead.)
@@ -76,10 +77,12 @@ def _normalise_request(shapes, dtypes) -> tuple[list[tuple[int, ...]], torch.dty
         raise ValueError(f"dtypes: {len(dtypes)} given for {len(shapes)} shapes")
     if not all(isinstance(d, torch.dtype) for d in dtypes):
         raise TypeError(f"dtypes: expected torch.dtype values, got {dtypes}")
-    distinct = sorted({str(d).replace('torch.', '') for d in dtypes})
+    distinct = sorted({str(d).replace("torch.", "") for d in dtypes})
     if len(distinct) > 1:
-        raise TypeError(f"dtypes: mixed dtypes {distinct} in one bulk allocation; "
-                        "allocate one bulk per dtype (a view can have only its block's element size)")
+        raise TypeError(
+            f"dtypes: mixed dtypes {distinct} in one bulk allocation; "
+            "allocate one bulk per dtype (a view can have only its block's element size)"
+        )
     return shapes, dtypes[0]
 
 
@@ -160,7 +163,7 @@ def allocate_raw(shapes, dtypes, device, alignment: int = ALLOCATOR_ALIGNMENT) -
         if device.type == "cuda":
             raw = torch.as_tensor(block, device=device)  # keeps `block` (and so `backing`) alive
         else:
-            raw = torch.from_numpy(np.asarray(block))     # the ndarray's base is `block`
+            raw = torch.from_numpy(np.asarray(block))  # the ndarray's base is `block`
         tensors.append(raw.view(dtype).view(shape))
     ref = weakref.ref(backing)
     del backing  # from here on only the pieces own the block
@@ -178,7 +181,7 @@ def allocate_views(shapes, dtypes, device, alignment: int | None = None) -> Bulk
     offsets, total = _plan(shapes, dtype, alignment)
     isz = dtype.itemsize
     backing, start = _block(total, device)
-    flat = backing[start: start + total].view(dtype)
+    flat = backing[start : start + total].view(dtype)
     if len(set(shapes)) == 1:
         # Equal shapes (the grouped-wgrad case): one (groups, stride) view and one unbind, as
         # cheap as the story's torch.empty(G, *shape) + [w[i] for i]; this path is timed in the lab.
@@ -235,8 +238,12 @@ def alignment_report(tensors: Sequence[torch.Tensor] | Iterable[torch.Tensor], n
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         ptr = t.data_ptr()
-        row = {"name": name, "shape": tuple(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
-               "aligned_to": pointer_alignment(ptr)}
+        row = {
+            "name": name,
+            "shape": tuple(t.shape),
+            "dtype": str(t.dtype).replace("torch.", ""),
+            "aligned_to": pointer_alignment(ptr),
+        }
         for a in REPORT_ALIGNMENTS:
             row[f"mod_{a}"] = ptr % a
             row[f"aligned_{a}"] = ptr % a == 0

@@ -5,6 +5,7 @@ A copy moves 2 bytes of memory traffic per byte copied (read + write) and does n
 so its ceiling is the device's memory bandwidth (about 4.2 TB/s read+write on an H200 as
 measured here at 1 GiB, 3.0 on an H100; a copy small enough to stay in L2, 16 MiB, reads faster). ``torch.Tensor.copy_`` is the baseline it is compared with.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,10 +21,10 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32, t
 
 @triton.jit
 def _copy_kernel(
-    src_ptr,                # *T: first element of the contiguous source
-    dst_ptr,                # *T: first element of the contiguous destination, same dtype
-    numel,                  # int: number of elements; the last block is masked
-    BLOCK: tl.constexpr,    # elements per program (a power of two)
+    src_ptr,  # *T: first element of the contiguous source
+    dst_ptr,  # *T: first element of the contiguous destination, same dtype
+    numel,  # int: number of elements; the last block is masked
+    BLOCK: tl.constexpr,  # elements per program (a power of two)
 ):
     pid = tl.program_id(0)
     # int64 offsets: numel may exceed 2**31 elements on a 141 GB GPU.
@@ -42,7 +43,9 @@ def copy(src: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     if out is None:
         out = torch.empty_like(src)  # on src's device, whatever the current device is
     elif isinstance(out, torch.Tensor):
-        common_device(src=src, out=out)  # mixed devices first: the most telling message  # on src's device, whatever the current device is
+        common_device(
+            src=src, out=out
+        )  # mixed devices first: the most telling message  # on src's device, whatever the current device is
     check_tensor("out", out, dtypes=SUPPORTED_DTYPES)
     if out.dtype != src.dtype:
         raise TypeError(f"out: dtype {out.dtype} differs from src dtype {src.dtype}")

@@ -5,6 +5,7 @@ launched it; under the Triton interpreter it is a segmentation fault of the whol
 Either way it must only ever run inside :func:`labkit.workbench.sandbox.run_isolated`, which is what the
 start-here notebook and the sandbox tests demonstrate.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,9 +18,9 @@ from labkit.workbench.tier import kernel_device
 
 @triton.jit
 def _store_at_kernel(
-    ptr,        # *fp32: a valid buffer
-    offset,     # int64: element offset of the store; far out of bounds on purpose
-    value,      # fp32: what to write
+    ptr,  # *fp32: a valid buffer
+    offset,  # int64: element offset of the store; far out of bounds on purpose
+    value,  # fp32: what to write
 ):
     tl.store(ptr + offset, value)
 

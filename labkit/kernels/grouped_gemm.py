@@ -38,6 +38,7 @@ Precision: bf16, fp16 (fp32 accumulation) or fp32 inputs. Under the Triton inter
 tier) bf16 tiles are upcast to fp32 before ``tl.dot`` (the interpreter multiplies bf16 bit
 patterns: upstream issue #11584); products of bf16 values are exact in fp32, so results agree.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,8 +72,8 @@ class GroupedConfig:
     group_m: int
     num_warps: int
     num_stages: int
-    programs_per_sm: int = 1   # persistent programs per SM (2 when two fit in shared memory)
-    tma: bool = False          # load tiles through TMA descriptors where the layout allows (tma_ok)
+    programs_per_sm: int = 1  # persistent programs per SM (2 when two fit in shared memory)
+    tma: bool = False  # load tiles through TMA descriptors where the layout allows (tma_ok)
 
 
 #: Hopper (sm_90) forward/dgrad configurations, by tokens per expert (M / E, known on the host
@@ -160,26 +161,32 @@ def _tile_of(local, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _grouped_mm_kernel(
-    x_ptr,                    # *T: x[0, 0]; x is [M, K], expert 0's rows first, then expert 1's, ...
-    w_ptr,                    # *T: w[0, 0, 0]; w is [E, K, N] with any strides (a transposed view for dgrad)
-    out_ptr,                  # *T: out[0, 0]; [M, N] with column stride 1
-    bias_ptr,                 # *T: bias[0, 0]; [E, N] with column stride 1 (read only if HAS_BIAS)
-    counts_ptr,               # *int32 or *int64: m_splits, [E], on the device; never read by the host
-    M, N, K, E,               # int: sizes; the counts are clamped so that no expert's rows pass M
-    stride_xm, stride_xk,     # int: elements between rows / columns of x
-    stride_we, stride_wk, stride_wn,  # int: elements between experts / rows / columns of w
-    stride_om,                # int: elements between rows of out
-    stride_be,                # int: elements between experts of bias
-    BLOCK_M: tl.constexpr,    # rows of an output tile (along an expert's tokens)
-    BLOCK_N: tl.constexpr,    # columns of an output tile
-    BLOCK_K: tl.constexpr,    # depth of one step of the reduction over K
-    GROUP_M: tl.constexpr,    # tile-rows per swizzle group (L2 reuse of w's columns)
-    HAS_BIAS: tl.constexpr,   # add bias[e] to expert e's rows
-    EVEN_K: tl.constexpr,     # K % BLOCK_K == 0: no mask along K
-    UPCAST: tl.constexpr,     # convert tiles to fp32 before tl.dot (interpreter + bf16)
+    x_ptr,  # *T: x[0, 0]; x is [M, K], expert 0's rows first, then expert 1's, ...
+    w_ptr,  # *T: w[0, 0, 0]; w is [E, K, N] with any strides (a transposed view for dgrad)
+    out_ptr,  # *T: out[0, 0]; [M, N] with column stride 1
+    bias_ptr,  # *T: bias[0, 0]; [E, N] with column stride 1 (read only if HAS_BIAS)
+    counts_ptr,  # *int32 or *int64: m_splits, [E], on the device; never read by the host
+    M,
+    N,
+    K,
+    E,  # int: sizes; the counts are clamped so that no expert's rows pass M
+    stride_xm,
+    stride_xk,  # int: elements between rows / columns of x
+    stride_we,
+    stride_wk,
+    stride_wn,  # int: elements between experts / rows / columns of w
+    stride_om,  # int: elements between rows of out
+    stride_be,  # int: elements between experts of bias
+    BLOCK_M: tl.constexpr,  # rows of an output tile (along an expert's tokens)
+    BLOCK_N: tl.constexpr,  # columns of an output tile
+    BLOCK_K: tl.constexpr,  # depth of one step of the reduction over K
+    GROUP_M: tl.constexpr,  # tile-rows per swizzle group (L2 reuse of w's columns)
+    HAS_BIAS: tl.constexpr,  # add bias[e] to expert e's rows
+    EVEN_K: tl.constexpr,  # K % BLOCK_K == 0: no mask along K
+    UPCAST: tl.constexpr,  # convert tiles to fp32 before tl.dot (interpreter + bf16)
     INPUT_PRECISION: tl.constexpr,  # "ieee" or "tf32": tl.dot on fp32 inputs
-    INT64: tl.constexpr,      # element offsets in int64 (an operand spans >= 2**31 elements)
-    USE_TMA: tl.constexpr,    # load x and w tiles through TMA descriptors (16-byte aligned, unit column strides)
+    INT64: tl.constexpr,  # element offsets in int64 (an operand spans >= 2**31 elements)
+    USE_TMA: tl.constexpr,  # load x and w tiles through TMA descriptors (16-byte aligned, unit column strides)
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -190,13 +197,13 @@ def _grouped_mm_kernel(
         # what lies outside a tensor's bounds with zeros. w's is 3-D, so a tile never reads
         # past its own expert's K rows; x's rows past an expert's end belong to the next
         # expert: computed, never stored.
-        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1],
-                                           block_shape=[BLOCK_M, BLOCK_K])
-        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[E, K, N], strides=[stride_we, stride_wk, 1],
-                                           block_shape=[1, BLOCK_K, BLOCK_N])
-    tile = pid        # the next tile (in the global numbering) this program computes
-    first_tile = 0    # global number of expert e's first tile
-    row0 = 0          # expert e's first row in x and out: a running sum of the counts
+        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
+        w_desc = tl.make_tensor_descriptor(
+            w_ptr, shape=[E, K, N], strides=[stride_we, stride_wk, 1], block_shape=[1, BLOCK_K, BLOCK_N]
+        )
+    tile = pid  # the next tile (in the global numbering) this program computes
+    first_tile = 0  # global number of expert e's first tile
+    row0 = 0  # expert e's first row in x and out: a running sum of the counts
     for e in range(E):
         # The one place m_splits is read: by every program, on the device. Negative counts
         # count as 0; no expert's rows run past row M (a wrong count cannot fault).
@@ -251,29 +258,35 @@ def _grouped_mm_kernel(
 
 @triton.jit
 def _grouped_wgrad_kernel(
-    x_ptr,                    # *T: x[0, 0]; [M, K], rows grouped by expert as in the forward
-    dy_ptr,                   # *T: dy[0, 0]; [M, N], the output gradient, same row grouping
-    out_ptr,                  # *fp32 or *T: out[0, 0, 0]; [E, K, N], column stride 1
-    counts_ptr,               # *int32 or *int64: m_splits, [E], on the device
-    accumulate_ptr,           # *int8: [E], 1 = add into out[e], 0 = overwrite (read if MODE == 2)
-    M, K, N, E,               # int: sizes
-    stride_xm, stride_xk,     # int: elements between rows / columns of x
-    stride_dm, stride_dn,     # int: elements between rows / columns of dy
-    stride_oe, stride_ok,     # int: elements between experts / rows of out
-    BLOCK_M: tl.constexpr,    # rows of an output tile (along K)
-    BLOCK_N: tl.constexpr,    # columns of an output tile (along N)
-    BLOCK_K: tl.constexpr,    # tokens per step of the reduction (the ragged dimension)
-    GROUP_M: tl.constexpr,    # tile-rows per swizzle group
-    MODE: tl.constexpr,       # 0: overwrite every expert, 1: add into every expert, 2: per-expert mask
-    UPCAST: tl.constexpr,     # convert tiles to fp32 before tl.dot (interpreter + bf16)
+    x_ptr,  # *T: x[0, 0]; [M, K], rows grouped by expert as in the forward
+    dy_ptr,  # *T: dy[0, 0]; [M, N], the output gradient, same row grouping
+    out_ptr,  # *fp32 or *T: out[0, 0, 0]; [E, K, N], column stride 1
+    counts_ptr,  # *int32 or *int64: m_splits, [E], on the device
+    accumulate_ptr,  # *int8: [E], 1 = add into out[e], 0 = overwrite (read if MODE == 2)
+    M,
+    K,
+    N,
+    E,  # int: sizes
+    stride_xm,
+    stride_xk,  # int: elements between rows / columns of x
+    stride_dm,
+    stride_dn,  # int: elements between rows / columns of dy
+    stride_oe,
+    stride_ok,  # int: elements between experts / rows of out
+    BLOCK_M: tl.constexpr,  # rows of an output tile (along K)
+    BLOCK_N: tl.constexpr,  # columns of an output tile (along N)
+    BLOCK_K: tl.constexpr,  # tokens per step of the reduction (the ragged dimension)
+    GROUP_M: tl.constexpr,  # tile-rows per swizzle group
+    MODE: tl.constexpr,  # 0: overwrite every expert, 1: add into every expert, 2: per-expert mask
+    UPCAST: tl.constexpr,  # convert tiles to fp32 before tl.dot (interpreter + bf16)
     INPUT_PRECISION: tl.constexpr,
-    INT64: tl.constexpr,      # element offsets in int64
+    INT64: tl.constexpr,  # element offsets in int64
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     tiles_m = tl.cdiv(K, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    expert_tiles = tiles_m * tiles_n      # the same for every expert: dW_e is K x N whatever m_e is
+    expert_tiles = tiles_m * tiles_n  # the same for every expert: dW_e is K x N whatever m_e is
     rs = tl.arange(0, BLOCK_K)
     tile = pid
     first_tile = 0
@@ -298,10 +311,16 @@ def _grouped_wgrad_kernel(
             for r in range(0, m, BLOCK_K):
                 r_ok = r + rs < m
                 rows = start + r + rs
-                xt = tl.load(x_ptr + rows[None, :] * stride_xm + kk[:, None] * stride_xk,
-                             mask=r_ok[None, :] & k_ok[:, None], other=0.0)      # [BLOCK_M, BLOCK_K] = x_e^T
-                g = tl.load(dy_ptr + rows[:, None] * stride_dm + nn[None, :] * stride_dn,
-                            mask=r_ok[:, None] & n_ok[None, :], other=0.0)       # [BLOCK_K, BLOCK_N]
+                xt = tl.load(
+                    x_ptr + rows[None, :] * stride_xm + kk[:, None] * stride_xk,
+                    mask=r_ok[None, :] & k_ok[:, None],
+                    other=0.0,
+                )  # [BLOCK_M, BLOCK_K] = x_e^T
+                g = tl.load(
+                    dy_ptr + rows[:, None] * stride_dm + nn[None, :] * stride_dn,
+                    mask=r_ok[:, None] & n_ok[None, :],
+                    other=0.0,
+                )  # [BLOCK_K, BLOCK_N]
                 if UPCAST:
                     xt = xt.to(tl.float32)
                     g = g.to(tl.float32)
@@ -323,8 +342,15 @@ def _grouped_wgrad_kernel(
 # Launchers: input checks, the device guard, the launch.
 
 
-def grouped_mm(x: torch.Tensor, w: torch.Tensor, m_splits: Splits, *, bias: torch.Tensor | None = None,
-               out: torch.Tensor | None = None, check_splits: bool = False) -> torch.Tensor:
+def grouped_mm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    m_splits: Splits,
+    *,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    check_splits: bool = False,
+) -> torch.Tensor:
     """out[rows of expert e] = x[rows of expert e] @ w[e] (+ bias[e]), for every expert at once.
 
     x: [M, K]; rows grouped by expert (expert 0's m_splits[0] rows, then expert 1's, ...).
@@ -352,8 +378,10 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, m_splits: Splits, *, bias: torc
     if bias is not None:
         check_tensor("bias", bias, dtypes=DTYPES, ndim=2, contiguous=False)
         if bias.dtype != x.dtype or tuple(bias.shape) != (E, N) or (N > 1 and bias.stride(1) != 1):
-            raise ValueError(f"bias: expected [E, N] = {[E, N]} of {dtype_name(x.dtype)} with column stride 1, "
-                             f"got {tuple(bias.shape)} of {dtype_name(bias.dtype)}, strides {bias.stride()}")
+            raise ValueError(
+                f"bias: expected [E, N] = {[E, N]} of {dtype_name(x.dtype)} with column stride 1, "
+                f"got {tuple(bias.shape)} of {dtype_name(bias.dtype)}, strides {bias.stride()}"
+            )
     if out is None:
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     else:
@@ -368,20 +396,47 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, m_splits: Splits, *, bias: torc
     upper_tiles = (triton.cdiv(M, cfg.block_m) + E) * triton.cdiv(N, cfg.block_n)
     with on_device_of(x=x, w=w, out=out):
         _grouped_mm_kernel[(_programs(x.device, upper_tiles, cfg.programs_per_sm),)](
-            x, w, out, bias if bias is not None else out, counts,
-            M, N, K, E,
-            x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
+            x,
+            w,
+            out,
+            bias if bias is not None else out,
+            counts,
+            M,
+            N,
+            K,
+            E,
+            x.stride(0),
+            x.stride(1),
+            w.stride(0),
+            w.stride(1),
+            w.stride(2),
+            out.stride(0),
             bias.stride(0) if bias is not None else 0,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            HAS_BIAS=bias is not None, EVEN_K=K % cfg.block_k == 0,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            HAS_BIAS=bias is not None,
+            EVEN_K=K % cfg.block_k == 0,
             UPCAST=tier.interpreted() and x.dtype == torch.bfloat16,
-            INPUT_PRECISION=_input_precision(x.dtype), INT64=int64,
-            USE_TMA=use_tma, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            INPUT_PRECISION=_input_precision(x.dtype),
+            INT64=int64,
+            USE_TMA=use_tma,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
     return out
 
 
-def grouped_mm_wgrad(x: torch.Tensor, dy: torch.Tensor, m_splits: Splits, *, out: torch.Tensor | None = None,
-                     accumulate: bool | torch.Tensor = False, check_splits: bool = False) -> torch.Tensor:
+def grouped_mm_wgrad(
+    x: torch.Tensor,
+    dy: torch.Tensor,
+    m_splits: Splits,
+    *,
+    out: torch.Tensor | None = None,
+    accumulate: bool | torch.Tensor = False,
+    check_splits: bool = False,
+) -> torch.Tensor:
     """dW[e] = x[rows of e]^T @ dy[rows of e]: the weight gradient of ``grouped_mm``, [E, K, N].
 
     x: [M, K] and dy: [M, N], one dtype, rows grouped by expert as in the forward.
@@ -407,12 +462,16 @@ def grouped_mm_wgrad(x: torch.Tensor, dy: torch.Tensor, m_splits: Splits, *, out
         raise TypeError(f"accumulate: expected a bool or a bool tensor, got {type(accumulate).__name__}")
     E = _num_experts(m_splits)
     if E < 0:
-        raise TypeError(f"m_splits: expected a list of ints or a 1-D integer tensor, got {type(m_splits).__name__}"
-                        + (f" of shape {tuple(m_splits.shape)}" if isinstance(m_splits, torch.Tensor) else ""))
+        raise TypeError(
+            f"m_splits: expected a list of ints or a 1-D integer tensor, got {type(m_splits).__name__}"
+            + (f" of shape {tuple(m_splits.shape)}" if isinstance(m_splits, torch.Tensor) else "")
+        )
     if out is None:
         if mask is not None or accumulate:
             raise ValueError("out: accumulating needs the buffer to add into (pass out=main_grad)")
-        out = torch.empty((E, K, N), dtype=torch.float32, device=x.device)  # fp32: accumulated gradients are not rounded to bf16
+        out = torch.empty(
+            (E, K, N), dtype=torch.float32, device=x.device
+        )  # fp32: accumulated gradients are not rounded to bf16
     _check_out("out", out, (E, K, N), None, allowed=(torch.float32, x.dtype))
     if mask is not None:
         check_tensor("accumulate", mask, dtypes=(torch.bool,), ndim=1, contiguous=True)
@@ -425,18 +484,38 @@ def grouped_mm_wgrad(x: torch.Tensor, dy: torch.Tensor, m_splits: Splits, *, out
     mode = 2 if mask is not None else int(bool(accumulate))
     with on_device_of(x=x, dy=dy, out=out):
         _grouped_wgrad_kernel[(_programs(x.device, E * triton.cdiv(K, cfg.block_m) * triton.cdiv(N, cfg.block_n)),)](
-            x, dy, out, counts, mask.view(torch.int8) if mask is not None else counts,
-            M, K, N, E,
-            x.stride(0), x.stride(1), dy.stride(0), dy.stride(1), out.stride(0), out.stride(1),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, MODE=mode,
+            x,
+            dy,
+            out,
+            counts,
+            mask.view(torch.int8) if mask is not None else counts,
+            M,
+            K,
+            N,
+            E,
+            x.stride(0),
+            x.stride(1),
+            dy.stride(0),
+            dy.stride(1),
+            out.stride(0),
+            out.stride(1),
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
+            MODE=mode,
             UPCAST=tier.interpreted() and x.dtype == torch.bfloat16,
-            INPUT_PRECISION=_input_precision(x.dtype), INT64=needs_int64(x, dy, out, pad=cfg.block_m),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            INPUT_PRECISION=_input_precision(x.dtype),
+            INT64=needs_int64(x, dy, out, pad=cfg.block_m),
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
     return out
 
 
-def device_counts(name: str, m_splits: Splits, E: int, M: int, device: torch.device, *,
-                  check: bool = False) -> torch.Tensor:
+def device_counts(
+    name: str, m_splits: Splits, E: int, M: int, device: torch.device, *, check: bool = False
+) -> torch.Tensor:
     """``m_splits`` as an int32/int64 tensor of E counts on ``device``, for the kernels to read.
 
     A list or a CPU tensor is checked here in full (integers, E of them, none negative, summing
@@ -444,8 +523,9 @@ def device_counts(name: str, m_splits: Splits, E: int, M: int, device: torch.dev
     ``check`` (which reads it back: a sync)."""
     if isinstance(m_splits, torch.Tensor):
         if m_splits.dtype not in COUNT_DTYPES:
-            raise TypeError(f"{name}: dtype {dtype_name(m_splits.dtype)} is not an integer count type; "
-                            f"expected int32 or int64")
+            raise TypeError(
+                f"{name}: dtype {dtype_name(m_splits.dtype)} is not an integer count type; expected int32 or int64"
+            )
         if m_splits.dim() != 1 or m_splits.shape[0] != E:
             raise ValueError(f"{name}: expected {E} counts (one per expert of w), got shape {tuple(m_splits.shape)}")
         if m_splits.device == device:
@@ -453,8 +533,10 @@ def device_counts(name: str, m_splits: Splits, E: int, M: int, device: torch.dev
                 _check_values(name, m_splits.tolist(), M)
             return m_splits if m_splits.is_contiguous() else m_splits.contiguous()
         if m_splits.device.type != "cpu":
-            raise ValueError(f"{name}: is on {m_splits.device}, x is on {device}: pass the counts on "
-                             f"x's device (or on the CPU, or as a list)")
+            raise ValueError(
+                f"{name}: is on {m_splits.device}, x is on {device}: pass the counts on "
+                f"x's device (or on the CPU, or as a list)"
+            )
         values = m_splits.tolist()
     elif isinstance(m_splits, (list, tuple)):
         values = list(m_splits)
@@ -483,8 +565,7 @@ def _num_experts(m_splits: Splits) -> int:
     return len(m_splits) if isinstance(m_splits, (list, tuple)) else -1
 
 
-def _check_out(name: str, out: torch.Tensor, shape: tuple, dtype: torch.dtype | None,
-               allowed: tuple = ()) -> None:
+def _check_out(name: str, out: torch.Tensor, shape: tuple, dtype: torch.dtype | None, allowed: tuple = ()) -> None:
     check_tensor(name, out, dtypes=DTYPES, contiguous=False)
     if dtype is not None and out.dtype != dtype:
         raise TypeError(f"{name}: dtype {dtype_name(out.dtype)} differs from x's dtype {dtype_name(dtype)}")
@@ -506,14 +587,17 @@ def tma_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     if not hasattr(tl, "make_tensor_descriptor") or x.stride(1) != 1 or w.stride(2) != 1:
         return False
     size = x.element_size()
-    return all(v % 16 == 0 for v in (x.data_ptr(), w.data_ptr(), x.stride(0) * size,
-                                      w.stride(0) * size, w.stride(1) * size))
+    return all(
+        v % 16 == 0 for v in (x.data_ptr(), w.data_ptr(), x.stride(0) * size, w.stride(0) * size, w.stride(1) * size)
+    )
 
 
 def _scratch(size: int, alignment: int, stream):
     """Global scratch for device-side TMA descriptors (128 bytes per program), from torch's
     caching allocator: stream-ordered, and legal inside CUDA-graph capture."""
-    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() and not tier.interpreted() else "cpu")
+    return torch.empty(
+        size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() and not tier.interpreted() else "cpu"
+    )
 
 
 def _ensure_scratch_allocator() -> None:
@@ -521,6 +605,7 @@ def _ensure_scratch_allocator() -> None:
     (Triton keeps it in a context variable: each thread starts without one.)"""
     try:
         from triton.runtime import _allocation
+
         current = _allocation._allocator.get()
         if not isinstance(current, _allocation.NullAllocator):
             return
@@ -533,5 +618,16 @@ def _input_precision(dtype: torch.dtype) -> str:
     return fp32_input_precision() if dtype == torch.float32 else "ieee"
 
 
-__all__ = ["COUNT_DTYPES", "DTYPES", "GroupedConfig", "HOPPER_FORWARD", "device_counts", "flops",
-           "forward_config", "grouped_mm", "hopper_config", "grouped_mm_wgrad", "wgrad_config"]
+__all__ = [
+    "COUNT_DTYPES",
+    "DTYPES",
+    "GroupedConfig",
+    "HOPPER_FORWARD",
+    "device_counts",
+    "flops",
+    "forward_config",
+    "grouped_mm",
+    "hopper_config",
+    "grouped_mm_wgrad",
+    "wgrad_config",
+]

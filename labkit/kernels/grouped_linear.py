@@ -15,6 +15,7 @@ accumulation across micro-batches) or OVERWRITES it (False: the first micro-batc
 The story's version of this was a nested, immediately-invoked lambda per expert; here it is one
 flag tensor that the wgrad kernel reads (see ``labkit.kernels.grouped_gemm.grouped_mm_wgrad``).
 """
+
 from __future__ import annotations
 
 import math
@@ -43,8 +44,8 @@ class GroupedLinearFunction(torch.autograd.Function):
     def forward(ctx, x, counts, weight, bias, main_grad, accumulate):
         ctx.save_for_backward(x, counts, weight)
         ctx.has_bias = bias is not None
-        ctx.main_grad = main_grad          # fp32 [E, K, N] or None
-        ctx.accumulate = accumulate        # bool tensor [E] on the device, or None (overwrite)
+        ctx.main_grad = main_grad  # fp32 [E, K, N] or None
+        ctx.accumulate = accumulate  # bool tensor [E] on the device, or None (overwrite)
         return grouped_mm(x, weight, counts, bias=bias)
 
     @staticmethod
@@ -61,8 +62,14 @@ class GroupedLinearFunction(torch.autograd.Function):
         return dx, None, dw, db, None, None
 
 
-def weight_grad(x: torch.Tensor, dy: torch.Tensor, counts: torch.Tensor, main_grad: torch.Tensor | None,
-                accumulate: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+def weight_grad(
+    x: torch.Tensor,
+    dy: torch.Tensor,
+    counts: torch.Tensor,
+    main_grad: torch.Tensor | None,
+    accumulate: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor | None:
     """dW for autograd, or None after writing it into ``main_grad`` (fused accumulation).
 
     Fused: experts flagged True in ``accumulate`` add into main_grad[e], the others overwrite it;
@@ -81,8 +88,17 @@ class GroupedLinear(nn.Module):
     returns no ``weight.grad``). forward(x, m_splits, wgrad_accumulation_mask=None):
     x [M, K], m_splits E counts summing to M (a CUDA tensor on x's device: no host sync)."""
 
-    def __init__(self, num_experts: int, in_features: int, out_features: int, bias: bool = True, *,
-                 fuse_wgrad_accumulation: bool = False, dtype: torch.dtype | None = None, device=None):
+    def __init__(
+        self,
+        num_experts: int,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        *,
+        fuse_wgrad_accumulation: bool = False,
+        dtype: torch.dtype | None = None,
+        device=None,
+    ):
         super().__init__()
         for name, v in (("num_experts", num_experts), ("in_features", in_features), ("out_features", out_features)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -103,8 +119,9 @@ class GroupedLinear(nn.Module):
             if self.bias is not None:
                 self.bias.uniform_(-bound, bound)
 
-    def forward(self, x: torch.Tensor, m_splits: Splits,
-                wgrad_accumulation_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, m_splits: Splits, wgrad_accumulation_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         check_tensor("x", x, dtypes=(self.weight.dtype,), ndim=2, contiguous=False)
         counts = device_counts("m_splits", m_splits, self.num_experts, x.shape[0], self.weight.device)
         if wgrad_accumulation_mask is not None and not self.fuse_wgrad_accumulation:
@@ -113,8 +130,10 @@ class GroupedLinear(nn.Module):
         return GroupedLinearFunction.apply(x, counts, self.weight, self.bias, main_grad, wgrad_accumulation_mask)
 
     def extra_repr(self) -> str:
-        return (f"num_experts={self.num_experts}, in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, fuse_wgrad_accumulation={self.fuse_wgrad_accumulation}")
+        return (
+            f"num_experts={self.num_experts}, in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, fuse_wgrad_accumulation={self.fuse_wgrad_accumulation}"
+        )
 
 
 __all__ = ["GroupedLinear", "GroupedLinearFunction", "bias_grad", "weight_grad"]

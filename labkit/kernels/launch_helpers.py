@@ -1,5 +1,6 @@
 """Small decisions every GEMM launcher of labkit makes the same way: when element offsets need
 int64, how fp32 inputs meet tl.dot, and how a dtype is named in an error message."""
+
 from __future__ import annotations
 
 import torch
@@ -8,8 +9,7 @@ import torch
 def needs_int64(*tensors: torch.Tensor, pad: int = 0) -> bool:
     """True if an element offset a kernel forms (up to ``pad`` elements past each edge, for
     masked lanes) might not fit in int32."""
-    return any(sum((size + pad) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= 2**31
-               for t in tensors)
+    return any(sum((size + pad) * abs(stride) for size, stride in zip(t.shape, t.stride())) >= 2**31 for t in tensors)
 
 
 def fp32_input_precision() -> str:

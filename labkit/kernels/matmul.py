@@ -31,6 +31,7 @@ fp32 inputs follow torch's own setting for fp32 matrix products
 (``torch.set_float32_matmul_precision``): "highest" (torch's default) gives full-precision
 ("ieee") dots, "high"/"medium" give TF32 tensor-core dots, as ``torch.mm`` would use.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -81,20 +82,24 @@ def flops(M: int, N: int, K: int) -> int:
 
 @triton.jit
 def _matmul_kernel(
-    a_ptr,                      # *T: A[0, 0]; A is [M, K] with any strides; may be misaligned
-    b_ptr,                      # *T: B[0, 0]; B is [K, N] with any strides; may be misaligned
-    c_ptr,                      # *T: C[0, 0]; C is [M, N], contiguous (column stride 1)
-    M, N, K,                    # int: the problem's sizes; M, N, K >= 1 (the launcher handles 0)
-    stride_am, stride_ak,       # int: elements between consecutive rows / columns of A
-    stride_bk, stride_bn,       # int: elements between consecutive rows / columns of B
-    stride_cm,                  # int: elements between consecutive rows of C (N when contiguous)
-    BLOCK_M: tl.constexpr,      # rows of C per program (power of two, >= 16)
-    BLOCK_N: tl.constexpr,      # columns of C per program (power of two, >= 16)
-    BLOCK_K: tl.constexpr,      # depth of one step along K (power of two, >= 16)
-    GROUP_M: tl.constexpr,      # tile-rows per swizzle group (L2 reuse between programs)
-    UPCAST: tl.constexpr,       # convert A and B tiles to fp32 before tl.dot (interpreter + bf16)
+    a_ptr,  # *T: A[0, 0]; A is [M, K] with any strides; may be misaligned
+    b_ptr,  # *T: B[0, 0]; B is [K, N] with any strides; may be misaligned
+    c_ptr,  # *T: C[0, 0]; C is [M, N], contiguous (column stride 1)
+    M,
+    N,
+    K,  # int: the problem's sizes; M, N, K >= 1 (the launcher handles 0)
+    stride_am,
+    stride_ak,  # int: elements between consecutive rows / columns of A
+    stride_bk,
+    stride_bn,  # int: elements between consecutive rows / columns of B
+    stride_cm,  # int: elements between consecutive rows of C (N when contiguous)
+    BLOCK_M: tl.constexpr,  # rows of C per program (power of two, >= 16)
+    BLOCK_N: tl.constexpr,  # columns of C per program (power of two, >= 16)
+    BLOCK_K: tl.constexpr,  # depth of one step along K (power of two, >= 16)
+    GROUP_M: tl.constexpr,  # tile-rows per swizzle group (L2 reuse between programs)
+    UPCAST: tl.constexpr,  # convert A and B tiles to fp32 before tl.dot (interpreter + bf16)
     INPUT_PRECISION: tl.constexpr,  # "ieee" or "tf32": how tl.dot treats fp32 inputs
-    INT64: tl.constexpr,        # compute element offsets in int64 (an operand spans >= 2**31 elements)
+    INT64: tl.constexpr,  # compute element offsets in int64 (an operand spans >= 2**31 elements)
 ):
     # Which tile of C this program owns. Programs are numbered down the tile-rows of a group of
     # GROUP_M rows before moving one tile-column right, so consecutive programs reuse the same
@@ -108,9 +113,9 @@ def _matmul_kernel(
     tile_m = first_m + (pid % per_group) % group_rows
     tile_n = (pid % per_group) // group_rows
 
-    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)   # rows of A and C this tile covers
-    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)   # columns of B and C this tile covers
-    ks = tl.arange(0, BLOCK_K)                         # offsets along K within one step
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)  # rows of A and C this tile covers
+    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)  # columns of B and C this tile covers
+    ks = tl.arange(0, BLOCK_K)  # offsets along K within one step
     if INT64:
         rows = rows.to(tl.int64)
         cols = cols.to(tl.int64)
@@ -118,11 +123,11 @@ def _matmul_kernel(
     row_ok = rows < M
     col_ok = cols < N
 
-    a_ptrs = a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak   # [BLOCK_M, BLOCK_K]
-    b_ptrs = b_ptr + ks[:, None] * stride_bk + cols[None, :] * stride_bn   # [BLOCK_K, BLOCK_N]
+    a_ptrs = a_ptr + rows[:, None] * stride_am + ks[None, :] * stride_ak  # [BLOCK_M, BLOCK_K]
+    b_ptrs = b_ptr + ks[:, None] * stride_bk + cols[None, :] * stride_bn  # [BLOCK_K, BLOCK_N]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(tl.cdiv(K, BLOCK_K)):
-        k_left = K - step * BLOCK_K                    # the last step may be partial: mask it
+        k_left = K - step * BLOCK_K  # the last step may be partial: mask it
         # Out-of-range elements load as 0 and add nothing to the dot.
         a = tl.load(a_ptrs, mask=row_ok[:, None] & (ks[None, :] < k_left), other=0.0)
         b = tl.load(b_ptrs, mask=(ks[:, None] < k_left) & col_ok[None, :], other=0.0)
@@ -155,8 +160,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
         raise TypeError(f"b: dtype {dtype_name(b.dtype)} differs from a's dtype {dtype_name(a.dtype)}")
     (M, K), (Kb, N) = a.shape, b.shape
     if Kb != K:
-        raise ValueError(f"a, b: inner dimensions differ: a has shape {tuple(a.shape)}, b has shape "
-                         f"{tuple(b.shape)} (a's columns must equal b's rows)")
+        raise ValueError(
+            f"a, b: inner dimensions differ: a has shape {tuple(a.shape)}, b has shape "
+            f"{tuple(b.shape)} (a's columns must equal b's rows)"
+        )
     if out is None:
         out = torch.empty((M, N), dtype=a.dtype, device=a.device)
     else:
@@ -175,8 +182,14 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
     return _launch(a, b, out)
 
 
-def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, config: MatmulConfig | None = None,
-            int64_offsets: bool | None = None) -> torch.Tensor:
+def _launch(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    config: MatmulConfig | None = None,
+    int64_offsets: bool | None = None,
+) -> torch.Tensor:
     """Launch the kernel on checked, non-empty inputs. config / int64_offsets: forced for tests."""
     cfg = config or launch_config()
     (M, K), N = a.shape, b.shape[1]
@@ -185,13 +198,27 @@ def _launch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, *, config: Matm
     grid = (triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n),)
     with on_device_of(a=a, b=b, out=out):
         _matmul_kernel[grid](
-            a, b, out, M, N, K,
-            a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            a,
+            b,
+            out,
+            M,
+            N,
+            K,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            out.stride(0),
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
             UPCAST=tier.interpreted() and a.dtype == torch.bfloat16,
             INPUT_PRECISION=fp32_input_precision() if a.dtype == torch.float32 else "ieee",
             INT64=int64_offsets,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
     return out
 
 
@@ -208,8 +235,9 @@ def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
     return x0 < y1 and y0 < x1
 
 
-def misaligned(shape, dtype: torch.dtype, device, offset_bytes: int, *,
-               generator: torch.Generator | None = None) -> torch.Tensor:
+def misaligned(
+    shape, dtype: torch.dtype, device, offset_bytes: int, *, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """A contiguous tensor of ``shape`` filled with standard-normal values whose data_ptr is
     exactly ``offset_bytes`` past a 256-byte-aligned address (when it has elements: torch reports
     data_ptr() == 0 for an empty tensor).
@@ -227,8 +255,9 @@ def misaligned(shape, dtype: torch.dtype, device, offset_bytes: int, *,
     if not 0 <= offset_bytes < ALIGNMENT:
         raise ValueError(f"offset_bytes: expected 0 <= offset_bytes < {ALIGNMENT}, got {offset_bytes}")
     if offset_bytes % itemsize:
-        raise ValueError(f"offset_bytes: {offset_bytes} is not a multiple of the {dtype_name(dtype)} "
-                         f"item size ({itemsize} bytes)")
+        raise ValueError(
+            f"offset_bytes: {offset_bytes} is not a multiple of the {dtype_name(dtype)} item size ({itemsize} bytes)"
+        )
     shape = torch.Size((shape,) if isinstance(shape, int) else shape)
     numel = math.prod(shape)
     # Room for the walk to the first aligned element (< 256 bytes) plus the offset (< 256 bytes).
@@ -236,17 +265,28 @@ def misaligned(shape, dtype: torch.dtype, device, offset_bytes: int, *,
     buf = torch.empty(numel + 2 * ALIGNMENT // itemsize, dtype=dtype, device=device)
     to_boundary = -buf.data_ptr() % ALIGNMENT
     if to_boundary % itemsize:
-        raise RuntimeError(f"misaligned: the allocator returned {buf.data_ptr():#x}, not a multiple of "
-                           f"the item size {itemsize}")
+        raise RuntimeError(
+            f"misaligned: the allocator returned {buf.data_ptr():#x}, not a multiple of the item size {itemsize}"
+        )
     start = (to_boundary + offset_bytes) // itemsize
-    t = buf[start:start + numel].view(shape)
-    values = torch.randn(shape, dtype=dtype, generator=generator,
-                         device=generator.device if generator is not None else t.device)
+    t = buf[start : start + numel].view(shape)
+    values = torch.randn(
+        shape, dtype=dtype, generator=generator, device=generator.device if generator is not None else t.device
+    )
     t.copy_(values)
     # (An empty tensor has no address of its own: torch reports data_ptr() == 0 for it.)
     assert numel == 0 or t.data_ptr() % ALIGNMENT == offset_bytes
     return t
 
 
-__all__ = ["ALIGNMENT", "DTYPES", "GPU_CONFIG", "INTERPRETER_CONFIG", "MatmulConfig", "flops",
-           "launch_config", "matmul", "misaligned"]
+__all__ = [
+    "ALIGNMENT",
+    "DTYPES",
+    "GPU_CONFIG",
+    "INTERPRETER_CONFIG",
+    "MatmulConfig",
+    "flops",
+    "launch_config",
+    "matmul",
+    "misaligned",
+]

@@ -31,6 +31,7 @@ launches across ranks), and under the interpreter (the CPU tier) the kernels are
 ``JITFunction``s that ``wrap_triton`` accepts. An opaque op keeps every launch exactly as eager.
 The ops have no autograd formula (none of these kernels is differentiable in labkit).
 """
+
 from __future__ import annotations
 
 import torch
@@ -59,24 +60,44 @@ def _copy_fake(src):
 
 #: plain ints, not the SymInts ``custom_op`` infers from ``int``: the options pick the kernel's
 #: constants and tables, never a shape, and must stay concrete under dynamic-shape tracing
-_SC_SCHEMA = ("(Tensor a, Tensor b, int sc_prec=8, int stoc_len=256, str granularity=\"per_row\", int chunk_d=0, "
-              "str a_seq=\"bitrev\", str b_seq=\"counter_alt\", bool halve=False) -> Tensor")
+_SC_SCHEMA = (
+    '(Tensor a, Tensor b, int sc_prec=8, int stoc_len=256, str granularity="per_row", int chunk_d=0, '
+    'str a_seq="bitrev", str b_seq="counter_alt", bool halve=False) -> Tensor'
+)
 
 
 @torch.library.custom_op("labkit::sc_matmul", mutates_args=(), schema=_SC_SCHEMA)
-def sc_matmul(a: torch.Tensor, b: torch.Tensor, sc_prec: int = 8, stoc_len: int = 256,
-              granularity: str = "per_row", chunk_d: int = 0, a_seq: str = "bitrev",
-              b_seq: str = "counter_alt", halve: bool = False) -> torch.Tensor:
+def sc_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    sc_prec: int = 8,
+    stoc_len: int = 256,
+    granularity: str = "per_row",
+    chunk_d: int = 0,
+    a_seq: str = "bitrev",
+    b_seq: str = "counter_alt",
+    halve: bool = False,
+) -> torch.Tensor:
     """``labkit.kernels.sc.sc_matmul(a, b, **options)``."""
     # (a 2-D product is a view of the kernel's [1, M, N] result: no input's memory, which is what
     # an op may not return; opcheck checks it)
-    return _sc.sc_matmul(a, b, sc_prec=sc_prec, stoc_len=stoc_len, granularity=granularity, chunk_d=chunk_d,
-                         a_seq=a_seq, b_seq=b_seq, halve=halve)
+    return _sc.sc_matmul(
+        a,
+        b,
+        sc_prec=sc_prec,
+        stoc_len=stoc_len,
+        granularity=granularity,
+        chunk_d=chunk_d,
+        a_seq=a_seq,
+        b_seq=b_seq,
+        halve=halve,
+    )
 
 
 @sc_matmul.register_fake
-def _sc_matmul_fake(a, b, sc_prec=8, stoc_len=256, granularity="per_row", chunk_d=0, a_seq="bitrev",
-                    b_seq="counter_alt", halve=False):
+def _sc_matmul_fake(
+    a, b, sc_prec=8, stoc_len=256, granularity="per_row", chunk_d=0, a_seq="bitrev", b_seq="counter_alt", halve=False
+):
     # the eager call's checks, on shapes and dtypes only: a bad call fails while tracing
     _sc._check_inputs(a, b, _sc.SCConfig(sc_prec, stoc_len, granularity, chunk_d, a_seq, b_seq, halve))
     return a.new_empty(tuple(a.shape[:-1]) + (b.shape[-1],))
@@ -89,9 +110,11 @@ def _buffer(handle: str, x: torch.Tensor) -> _symm.SymmBuffer:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"input: expected a torch.Tensor, got {type(x).__name__}")
     if tuple(x.shape) != tuple(t.shape) or x.dtype != t.dtype or x.device != t.device:
-        raise UsageError(f"input: {tuple(x.shape)} {x.dtype} on {x.device} does not match the buffer {handle!r} "
-                         f"({tuple(t.shape)} {t.dtype} on {t.device}); an input is copied into the buffer, "
-                         "so it must have the buffer's shape, dtype and device")
+        raise UsageError(
+            f"input: {tuple(x.shape)} {x.dtype} on {x.device} does not match the buffer {handle!r} "
+            f"({tuple(t.shape)} {t.dtype} on {t.device}); an input is copied into the buffer, "
+            "so it must have the buffer's shape, dtype and device"
+        )
     return buf
 
 

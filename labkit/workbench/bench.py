@@ -12,6 +12,7 @@ and comparisons measured in one run.
 A sample is the time of ``inner`` calls divided by ``inner``. Report medians; the spread is the
 interquartile range. Benchmarks are not tests: correctness is checked separately, before timing.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -54,9 +55,15 @@ class Timing:
         return min(self.samples_us)
 
     def as_dict(self) -> dict:
-        return {"us": self.median_us, "us_p25": self.p25_us, "us_p75": self.p75_us,
-                "us_min": self.min_us, "samples": len(self.samples_us), "inner": self.inner,
-                "method": self.method}
+        return {
+            "us": self.median_us,
+            "us_p25": self.p25_us,
+            "us_p75": self.p75_us,
+            "us_min": self.min_us,
+            "samples": len(self.samples_us),
+            "inner": self.inner,
+            "method": self.method,
+        }
 
 
 @dataclasses.dataclass
@@ -156,16 +163,26 @@ def _check_counts(warmup: int, reps: int, inner: int) -> None:
         raise ValueError(f"inner: expected >= 1, got {inner}")
 
 
-def time_fn(fn: Callable[[], object], *, device=None, warmup: int = 5, reps: int = 30,
-            inner: int = 1, method: str = "auto") -> Timing:
+def time_fn(
+    fn: Callable[[], object], *, device=None, warmup: int = 5, reps: int = 30, inner: int = 1, method: str = "auto"
+) -> Timing:
     """Median-ready samples of ``fn()``; ``device`` is the CUDA device it runs on, or None/CPU."""
-    return compare({"fn": fn}, baseline="fn", device=device, warmup=warmup, reps=reps,
-                   inner=inner, method=method).timings["fn"]
+    return compare(
+        {"fn": fn}, baseline="fn", device=device, warmup=warmup, reps=reps, inner=inner, method=method
+    ).timings["fn"]
 
 
-def compare(candidates: dict[str, Callable[[], object]], *, baseline: str, device=None,
-            warmup: int = 5, reps: int = 30, inner: int = 1, method: str = "auto",
-            line_up: Callable[[], object] | None = None) -> Comparison:
+def compare(
+    candidates: dict[str, Callable[[], object]],
+    *,
+    baseline: str,
+    device=None,
+    warmup: int = 5,
+    reps: int = 30,
+    inner: int = 1,
+    method: str = "auto",
+    line_up: Callable[[], object] | None = None,
+) -> Comparison:
     """Time every candidate in the same interleaved rounds; ratios are paired per round.
 
     line_up: called before every sample (e.g. synchronize the device and wait at a barrier of all
@@ -185,7 +202,7 @@ def compare(candidates: dict[str, Callable[[], object]], *, baseline: str, devic
         names = list(candidates)
         for r in range(reps):
             # rotate the order each round so no candidate always runs first
-            for name in names[r % len(names):] + names[:r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 if line_up is not None:
                     line_up()
                 samplers[name].sample()

@@ -1,6 +1,7 @@
 """The registry behind ``labkit bench LAB``: each lab's benchmark function and the fields its
 records must carry. Reference files in ``reference/<machine>/<lab>.json`` are written only here.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -49,6 +50,11 @@ def run(lab: str, profile: str, out_dir: str | Path | None = None, reference: bo
     else:
         path = Path(out_dir or results.output_dir(f"bench-{lab}")) / f"{lab}.json"
     command = shlex.join(["labkit", "bench", lab, "--profile", profile] + (["--reference"] if reference else []))
-    return results.write_results(path, lab, records, generator=f"{module_name}.{fn_name}",
-                                 required=getattr(module, required_name),
-                                 command=f"{command}  # argv: {shlex.join(sys.argv)}")
+    return results.write_results(
+        path,
+        lab,
+        records,
+        generator=f"{module_name}.{fn_name}",
+        required=getattr(module, required_name),
+        command=f"{command}  # argv: {shlex.join(sys.argv)}",
+    )

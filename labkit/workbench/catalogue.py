@@ -5,6 +5,7 @@ checked by a test), for ``labkit doctor``'s "what can each lab do here", and for
 notebook. A lab whose notebook is not written yet is listed with ``status="planned"``; one whose
 notebook runs but whose issue is still open (parts or reference data missing) is ``"draft"``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,13 +22,13 @@ class Part:
 
 @dataclasses.dataclass(frozen=True)
 class Lab:
-    id: str            # notebook stem, e.g. "01_wrong_device"
+    id: str  # notebook stem, e.g. "01_wrong_device"
     title: str
     bug: str
-    seed: str          # file name in shared/seeds/
-    gpus: str          # what the full lab needs, in words
-    cpu_tier: str      # what the CPU tier shows
-    status: str        # "ready", "draft" (notebook runs, issue open) or "planned"
+    seed: str  # file name in shared/seeds/
+    gpus: str  # what the full lab needs, in words
+    cpu_tier: str  # what the CPU tier shows
+    status: str  # "ready", "draft" (notebook runs, issue open) or "planned"
     issue: int
     benchmarks: tuple[str, ...]  # its ``labkit bench`` entries (labkit.workbench.benchmarks)
     parts: tuple[Part, ...] = ()
@@ -43,73 +44,132 @@ class Lab:
 
 
 LABS: tuple[Lab, ...] = (
-    Lab("00_start_here", "Start here: the workbench",
+    Lab(
+        "00_start_here",
+        "Start here: the workbench",
         "none: a tour of the tools every lab uses (doctor, gates, crash sandbox, timing, plots)",
-        "(all five)", "none; uses 1 if present",
+        "(all five)",
+        "none; uses 1 if present",
         "everything: the doctor, a real crash contained in a child process, the copy kernel "
-        "timed under the interpreter beside the GPU reference", "ready", 2, ("doctor", "workbench"),
-        (Part("GPU copy bandwidth at full size", {"gpus": 1, "compiled": True}),)),
-    Lab("01_wrong_device", "The wrong current device",
+        "timed under the interpreter beside the GPU reference",
+        "ready",
+        2,
+        ("doctor", "workbench"),
+        (Part("GPU copy bandwidth at full size", {"gpus": 1, "compiled": True}),),
+    ),
+    Lab(
+        "01_wrong_device",
+        "The wrong current device",
         "Triton launches on the current device, not the tensors' device: illegal memory access "
         "or a silent cross-GPU run under device_map='auto'",
-        "sc-matmul-multi-gpu-device-guard-pr.txt", "2 (peer access for half the matrix)",
+        "sc-matmul-multi-gpu-device-guard-pr.txt",
+        "2 (peer access for half the matrix)",
         "the SC matmul bit-exact against its literal bitstream reference, the tiny model's "
         "agreement; the recorded matrix, timings and model table",
-        "ready", 3, ("device_guard", "sc_kernel", "sc_launch", "sc_model"),
-        (Part("the live device-confusion matrix", {"gpus": 2, "compiled": True}),
-         Part("CUDA_LAUNCH_BLOCKING demonstration", {"gpus": 1, "compiled": True}),
-         Part("the unguarded SC kernel inside a sharded model", {"gpus": 2, "compiled": True}),
-         Part("the seed's regression test on 2 GPUs", {"gpus": 2, "compiled": True}),
-         Part("decode benchmark at Llama-3.1-8B layer shapes", {"gpus": 2, "compiled": True}))),
-    Lab("02_collectives", "Collectives are kernels",
+        "ready",
+        3,
+        ("device_guard", "sc_kernel", "sc_launch", "sc_model"),
+        (
+            Part("the live device-confusion matrix", {"gpus": 2, "compiled": True}),
+            Part("CUDA_LAUNCH_BLOCKING demonstration", {"gpus": 1, "compiled": True}),
+            Part("the unguarded SC kernel inside a sharded model", {"gpus": 2, "compiled": True}),
+            Part("the seed's regression test on 2 GPUs", {"gpus": 2, "compiled": True}),
+            Part("decode benchmark at Llama-3.1-8B layer shapes", {"gpus": 2, "compiled": True}),
+        ),
+    ),
+    Lab(
+        "02_collectives",
+        "Collectives are kernels",
         "memory ordering in hand-written all-reduce / reduce-scatter / all-gather over "
         "symmetric memory; a barrier without acquire/release",
-        "nccl-mode-triton-collectives-talk.txt", "2 to 8 with peer access",
+        "nccl-mode-triton-collectives-talk.txt",
+        "2 to 8 with peer access",
         "every algorithm on an emulated world of 2-4 ranks (processes over shared memory) against an "
         "fp64 sum; the broken variants, the crash and the hang; the recorded sweeps",
-        "draft", 4, ("collectives", "collectives_tune", "links"),
-        (Part("symmetric-memory collectives on GPUs", {"gpus": 2, "peer_access": True, "compiled": True}),
-         Part("the sweep against NCCL and torch symm_mem", {"gpus": 2, "peer_access": True, "compiled": True}))),
-    Lab("03_stream_races", "Buffers that escape the allocator",
+        "draft",
+        4,
+        ("collectives", "collectives_tune", "links"),
+        (
+            Part("symmetric-memory collectives on GPUs", {"gpus": 2, "peer_access": True, "compiled": True}),
+            Part("the sweep against NCCL and torch symm_mem", {"gpus": 2, "peer_access": True, "compiled": True}),
+        ),
+    ),
+    Lab(
+        "03_stream_races",
+        "Buffers that escape the allocator",
         "raw-pointer tensors skip the caching allocator's stream tracking: a side stream writes "
         "into memory that was freed and reused",
-        "te-grouped-wgrad-tensor-views-pr.txt", "1",
+        "te-grouped-wgrad-tensor-views-pr.txt",
+        "1",
         "the allocation helpers, the alignment arithmetic and report, the Triton GEMM at "
         "misaligned offsets; the recorded race, sanitizer, timeline and timings",
-        "ready", 5, ("streams",),
-        (Part("the live race, sanitizer and allocator timeline", {"gpus": 1, "compiled": True}),
-         Part("allocation and misaligned-GEMM timings", {"gpus": 1, "compiled": True}))),
-    Lab("04_grouped_gemm", "Token counts that stay on the device",
+        "ready",
+        5,
+        ("streams",),
+        (
+            Part("the live race, sanitizer and allocator timeline", {"gpus": 1, "compiled": True}),
+            Part("allocation and misaligned-GEMM timings", {"gpus": 1, "compiled": True}),
+        ),
+    ),
+    Lab(
+        "04_grouped_gemm",
+        "Token counts that stay on the device",
         "a grouped GEMM that reads per-expert counts on the device (no host sync, graph-safe), "
         "and a race on a global pinned-buffer index",
-        "te-device-initiated-grouped-gemm-pr.txt", "1",
+        "te-device-initiated-grouped-gemm-pr.txt",
+        "1",
         "the grouped GEMM, its backward and the MoE layer against float64 loops; the drawn schedule; "
         "the staging-buffer race and its fixes; the recorded timings, sync check, capture and timeline",
-        "ready", 15, ("grouped_gemm", "grouped_gemm_tune"),
-        (Part("grouped GEMM timings, the sync check and graph capture", {"gpus": 1, "compiled": True}),
-         Part("PyTorch's grouped GEMM as the baseline (sm_90+)", {"gpus": 1, "capability": (9, 0), "compiled": True}),
-         Part("the MoE layer in one CUDA graph, and its timeline", {"gpus": 1, "compiled": True}))),
-    Lab("05_fp8_dispatch", "FP8 scaling across GPUs",
+        "ready",
+        15,
+        ("grouped_gemm", "grouped_gemm_tune"),
+        (
+            Part("grouped GEMM timings, the sync check and graph capture", {"gpus": 1, "compiled": True}),
+            Part(
+                "PyTorch's grouped GEMM as the baseline (sm_90+)", {"gpus": 1, "capability": (9, 0), "compiled": True}
+            ),
+            Part("the MoE layer in one CUDA graph, and its timeline", {"gpus": 1, "compiled": True}),
+        ),
+    ),
+    Lab(
+        "05_fp8_dispatch",
+        "FP8 scaling across GPUs",
         "delayed-scaling state made on the current device under accelerate.dispatch_model: an "
         "illegal memory access reported at a later sync point",
-        "te-multi-gpu-fp8-dispatch-model-issue.txt", "2",
+        "te-multi-gpu-fp8-dispatch-model-issue.txt",
+        "2",
         "the FP8 numerics (one-pass quantise, delayed scaling, the FP8 GEMM emulated) against references; "
         "the story's stack at 1/256 size in every mode on the CPU, each mechanism on one device; "
         "recorded matrix and timings where a GPU run has recorded them",
-        "ready", 16, ("fp8",),
-        (Part("the story's matrix on two GPUs, each cell in a child process", {"gpus": 2, "compiled": True}),
-         Part("CUDA_LAUNCH_BLOCKING: where the error is reported", {"gpus": 2, "compiled": True}),
-         Part("FP8 vs bf16 GEMM speed at the MLP shapes", {"gpus": 1, "capability": (8, 9), "compiled": True}))),
-    Lab("06_memory_model", "The GPU memory model, seen",
+        "ready",
+        16,
+        ("fp8",),
+        (
+            Part("the story's matrix on two GPUs, each cell in a child process", {"gpus": 2, "compiled": True}),
+            Part("CUDA_LAUNCH_BLOCKING: where the error is reported", {"gpus": 2, "compiled": True}),
+            Part("FP8 vs bf16 GEMM speed at the MLP shapes", {"gpus": 1, "capability": (8, 9), "compiled": True}),
+        ),
+    ),
+    Lab(
+        "06_memory_model",
+        "The GPU memory model, seen",
         "litmus tests of the PTX memory model (scopes, relaxed/acquire/release, fences) within one GPU "
         "and across two; lab 02's broken barriers (relaxed, no end barrier, gpu scope) made to break",
-        "nccl-mode-triton-collectives-talk.txt", "1 for the litmus tests in one GPU, 2 with peer access across GPUs",
+        "nccl-mode-triton-collectives-talk.txt",
+        "1 for the litmus tests in one GPU, 2 with peer access across GPUs",
         "the model's allowed/forbidden table for every test and variant, plain/volatile litmus runs under the "
         "interpreter (SC outcomes only), the PTX each semantics compiles to, the broken barriers in the emulated world",
-        "ready", 17, ("litmus", "litmus_two_gpus", "broken_barriers"),
-        (Part("litmus tests within one GPU (every semantics and scope)", {"gpus": 1, "compiled": True}),
-         Part("litmus tests across two GPUs over symmetric memory", {"gpus": 2, "peer_access": True, "compiled": True}),
-         Part("broken barriers under a delay on two GPUs", {"gpus": 2, "peer_access": True, "compiled": True}))),
+        "ready",
+        17,
+        ("litmus", "litmus_two_gpus", "broken_barriers"),
+        (
+            Part("litmus tests within one GPU (every semantics and scope)", {"gpus": 1, "compiled": True}),
+            Part(
+                "litmus tests across two GPUs over symmetric memory", {"gpus": 2, "peer_access": True, "compiled": True}
+            ),
+            Part("broken barriers under a delay on two GPUs", {"gpus": 2, "peer_access": True, "compiled": True}),
+        ),
+    ),
 )
 
 
@@ -130,17 +190,20 @@ def capability(lab: Lab, hw: hardware.Hardware | None = None) -> dict:
         if not g.ok:
             skipped.append({"part": part.name, "reason": g.reason})
     can = "full" if not skipped else "partial"
-    detail = "every part runs here" if not skipped else "; ".join(f"{s['part']} skipped: {s['reason']}" for s in skipped)
+    detail = (
+        "every part runs here" if not skipped else "; ".join(f"{s['part']} skipped: {s['reason']}" for s in skipped)
+    )
     return {"lab": lab.id, "can": can, "detail": detail, "skipped": skipped}
 
 
 def markdown_table() -> str:
     """The README's lab table."""
-    rows = ["| notebook | the bug | seed story | GPUs | CPU tier shows | status |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| notebook | the bug | seed story | GPUs | CPU tier shows | status |", "|---|---|---|---|---|---|"]
     for lab in LABS:
         status = lab.status  # a status word only: issue numbers stay in the catalogue
-        rows.append(f"| `{lab.notebook}` | {lab.bug} | `{lab.seed}` | {lab.gpus} | {lab.cpu_tier} | {status} |"
-                    if lab.seed.endswith(".txt") else
-                    f"| `{lab.notebook}` | {lab.bug} | {lab.seed} | {lab.gpus} | {lab.cpu_tier} | {status} |")
+        rows.append(
+            f"| `{lab.notebook}` | {lab.bug} | `{lab.seed}` | {lab.gpus} | {lab.cpu_tier} | {status} |"
+            if lab.seed.endswith(".txt")
+            else f"| `{lab.notebook}` | {lab.bug} | {lab.seed} | {lab.gpus} | {lab.cpu_tier} | {status} |"
+        )
     return "\n".join(rows)

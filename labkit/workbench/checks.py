@@ -1,5 +1,6 @@
 """Input checks shared by every public labkit function. Each error names the argument and what
 was expected, so a wrong call fails at the call site instead of crashing a kernel later."""
+
 from __future__ import annotations
 
 from typing import Iterable
@@ -10,8 +11,15 @@ from labkit.workbench import tier
 from labkit.workbench.errors import UsageError
 
 
-def check_tensor(name: str, t, *, dtypes: Iterable[torch.dtype] | None = None, ndim: int | None = None,
-                 contiguous: bool = True, allow_empty: bool = True) -> torch.Tensor:
+def check_tensor(
+    name: str,
+    t,
+    *,
+    dtypes: Iterable[torch.dtype] | None = None,
+    ndim: int | None = None,
+    contiguous: bool = True,
+    allow_empty: bool = True,
+) -> torch.Tensor:
     """Raise TypeError/ValueError unless ``t`` is a tensor that a labkit kernel can launch on."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -19,7 +27,9 @@ def check_tensor(name: str, t, *, dtypes: Iterable[torch.dtype] | None = None, n
         dtypes = tuple(dtypes)
         if t.dtype not in dtypes:
             allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-            raise TypeError(f"{name}: dtype {str(t.dtype).replace('torch.', '')} is not supported; expected one of {allowed}")
+            raise TypeError(
+                f"{name}: dtype {str(t.dtype).replace('torch.', '')} is not supported; expected one of {allowed}"
+            )
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name}: expected a {ndim}-D tensor, got shape {tuple(t.shape)}")
     if contiguous and not t.is_contiguous():
@@ -61,11 +71,15 @@ def check_device(name: str, device, *, types: Iterable[str] = ("cpu", "cuda")) -
     if dev.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise UsageError(f"{name}: {str(dev)!r} asked for a CUDA device, but this machine has 0 CUDA devices"
-                             " (torch.cuda.is_available() is False)")
+            raise UsageError(
+                f"{name}: {str(dev)!r} asked for a CUDA device, but this machine has 0 CUDA devices"
+                " (torch.cuda.is_available() is False)"
+            )
         if dev.index is None:
             return torch.device("cuda", torch.cuda.current_device())
         if dev.index >= count:
-            raise UsageError(f"{name}: {str(dev)!r} does not exist: this machine has {count} CUDA device"
-                             f"{'s' if count > 1 else ''} (cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})")
+            raise UsageError(
+                f"{name}: {str(dev)!r} does not exist: this machine has {count} CUDA device"
+                f"{'s' if count > 1 else ''} (cuda:0{f' to cuda:{count - 1}' if count > 1 else ''})"
+            )
     return dev

@@ -3,6 +3,7 @@
 Errors in what was asked (unknown notebook, unknown parameter, wrong value type, ...) print
 one line, ``labkit <command>: error: ...``, and exit with status 2; never a traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,12 @@ def lab_argv(extra: list[str], euid: int | None = None) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="labkit", description="A workbook of multi-GPU bugs.",
-                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="labkit",
+        description="A workbook of multi-GPU bugs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("doctor", help="versions, GPUs, peer access, topology, and what each lab can do here")
     d.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -51,9 +56,20 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--only", nargs="+", metavar="NOTEBOOK", help="notebook names (file stems) to run")
     r.add_argument("--profile", default="auto", help="auto (from the hardware), cpu or gpu")
     r.add_argument("--params", metavar="FILE", help="YAML {notebook: {NAME: value}} overrides")
-    r.add_argument("--set", dest="sets", action="append", default=[], metavar="NB.NAME=VALUE",
-                   help="one override, value read as YAML; may be repeated")
-    r.add_argument("--timeout", type=float, metavar="SECONDS", help="limit per notebook in seconds, whole notebook (default: the profile's timeout_s)")
+    r.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="NB.NAME=VALUE",
+        help="one override, value read as YAML; may be repeated",
+    )
+    r.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="limit per notebook in seconds, whole notebook (default: the profile's timeout_s)",
+    )
     r.add_argument("--runs-dir", metavar="DIR", help="where run folders go (default: runs/)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     b = sub.add_parser("bench", help="run a lab's benchmark and write its results JSON")
@@ -63,11 +79,14 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", metavar="DIR", help="folder instead of the default")
     lb = sub.add_parser("labs", help="the map of labs")
     lb.add_argument("--markdown", action="store_true", help="print the README's lab table")
-    sub.add_parser("lab", help="start JupyterLab on notebooks/ (adds --allow-root as root); "
-                   "other arguments go to jupyter lab, e.g. --port=8899 --IdentityProvider.token=abc",
-                   usage="labkit lab [JUPYTER LAB ARGUMENTS ...]",
-                   description="JupyterLab from this Python, serving notebooks/. Every argument goes to "
-                               "jupyter lab (its own options: jupyter lab --help-all).")
+    sub.add_parser(
+        "lab",
+        help="start JupyterLab on notebooks/ (adds --allow-root as root); "
+        "other arguments go to jupyter lab, e.g. --port=8899 --IdentityProvider.token=abc",
+        usage="labkit lab [JUPYTER LAB ARGUMENTS ...]",
+        description="JupyterLab from this Python, serving notebooks/. Every argument goes to "
+        "jupyter lab (its own options: jupyter lab --help-all).",
+    )
     return p
 
 
@@ -107,8 +126,15 @@ def _dispatch(args) -> int:
     if args.command == "run":
         from labkit.workbench.runner import run
 
-        report = run(only=args.only, profile=args.profile, params_file=args.params, sets=args.sets,
-                     runs_dir=args.runs_dir, timeout_s=args.timeout, progress=not args.no_progress)
+        report = run(
+            only=args.only,
+            profile=args.profile,
+            params_file=args.params,
+            sets=args.sets,
+            runs_dir=args.runs_dir,
+            timeout_s=args.timeout,
+            progress=not args.no_progress,
+        )
         print(report.table())
         print(f"index: {report.run_dir / 'index.html'}")
         return report.exit_code

@@ -5,6 +5,7 @@ Reports versions (torch, triton, CUDA, NCCL, accelerate, ...), the execution tie
 topology where ``nvidia-smi`` exists, whether symmetric memory and multicast-off are in place,
 and for each lab whether it runs fully, partly (which parts are skipped, and why) or is planned.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,10 @@ def collect() -> dict:
         "peer_access": [list(row) for row in hw.peer],
         "nvlink_topology": hardware.nvlink_topology(),
         "symmetric_memory": symmetric_memory_status(),
-        "multicast_env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-                                                          "NVSHMEM_DISABLE_NVLS")},
+        "multicast_env": {
+            k: os.environ.get(k)
+            for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+        },
         "labs": [catalogue.capability(lab, hw) for lab in catalogue.LABS],
         "created": st["created"],
         "git_commit": st["git_commit"],
@@ -56,10 +59,15 @@ def benchmark(profile: str) -> list[dict]:
 
 def format_text(rep: dict) -> str:
     v = rep["versions"]
-    lines = [f"labkit doctor: {rep['machine']} ({rep['hostname']}), tier: {rep['tier']}",
-             "versions: " + ", ".join(f"{k} {v[k]}" for k in ("python", "torch", "triton", "cuda", "nccl",
-                                                              "accelerate", "papermill", "ipywidgets")),
-             f"GPUs: {rep['gpu_count']}"]
+    lines = [
+        f"labkit doctor: {rep['machine']} ({rep['hostname']}), tier: {rep['tier']}",
+        "versions: "
+        + ", ".join(
+            f"{k} {v[k]}"
+            for k in ("python", "torch", "triton", "cuda", "nccl", "accelerate", "papermill", "ipywidgets")
+        ),
+        f"GPUs: {rep['gpu_count']}",
+    ]
     if rep.get("interpreter"):  # reports made before the check lack interpreter_problem
         lines.append("interpreter: " + (rep.get("interpreter_problem") or "runs labkit's grid-stride kernels"))
     for i, g in enumerate(rep["gpus"]):
@@ -71,7 +79,9 @@ def format_text(rep: dict) -> str:
         n = rep["gpu_count"]
         lines.append("      " + " ".join(f"{j:>3}" for j in range(n)))
         for i, row in enumerate(rep["peer_access"]):
-            lines.append(f"  {i:>3} " + " ".join("  -" if i == j else ("yes" if ok else " no") for j, ok in enumerate(row)))
+            lines.append(
+                f"  {i:>3} " + " ".join("  -" if i == j else ("yes" if ok else " no") for j, ok in enumerate(row))
+            )
     if rep["nvlink_topology"]:
         lines.append("nvidia-smi topo -m:")
         lines += ["  " + line for line in rep["nvlink_topology"].splitlines()]

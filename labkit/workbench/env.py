@@ -1,4 +1,5 @@
 """The environment stamp that every result carries: machine, GPUs, versions, command, time."""
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -16,8 +17,17 @@ import torch
 from labkit.workbench import hardware, tier
 
 #: Packages whose versions a result depends on. Missing ones are reported as None.
-TRACKED_PACKAGES = ("torch", "triton", "accelerate", "numpy", "papermill", "nbclient",
-                    "ipywidgets", "matplotlib", "labkit")
+TRACKED_PACKAGES = (
+    "torch",
+    "triton",
+    "accelerate",
+    "numpy",
+    "papermill",
+    "nbclient",
+    "ipywidgets",
+    "matplotlib",
+    "labkit",
+)
 
 
 def package_version(name: str) -> str | None:
@@ -53,8 +63,9 @@ def git_commit() -> str | None:
         return os.environ["LABKIT_GIT_COMMIT"]
     root = Path(__file__).resolve().parents[2]  # the repository
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
@@ -70,8 +81,16 @@ def stamp(command: str | None = None) -> dict:
         "hostname": socket.gethostname(),
         "tier": tier.TIER,
         "interpreter": tier.interpreted(),
-        "gpus": [{"name": g.name, "capability": list(g.capability), "memory_gib": g.memory_gib,
-                  "multiprocessors": g.multiprocessors, "l2_mb": g.l2_mb} for g in hw.gpus],
+        "gpus": [
+            {
+                "name": g.name,
+                "capability": list(g.capability),
+                "memory_gib": g.memory_gib,
+                "multiprocessors": g.multiprocessors,
+                "l2_mb": g.l2_mb,
+            }
+            for g in hw.gpus
+        ],
         "versions": versions(),
         "command": command if command is not None else shlex.join([sys.executable] + sys.argv),
         "git_commit": git_commit(),
@@ -86,5 +105,6 @@ def short_description(st: dict) -> str:
     gpu = st["gpus"][0]["name"] if st["gpus"] else "no GPU"
     n = len(st["gpus"])
     where = f"{n}x {gpu}" if n else ("CPU, Triton interpreter" if st["interpreter"] else "CPU")
-    return (f"{st['machine']} ({where}); torch {v['torch']}, triton {v['triton']}"
-            + (f", CUDA {v['cuda']}" if v.get("cuda") else ""))
+    return f"{st['machine']} ({where}); torch {v['torch']}, triton {v['triton']}" + (
+        f", CUDA {v['cuda']}" if v.get("cuda") else ""
+    )

@@ -11,6 +11,7 @@ The same gate serves three callers:
   run and records the skip, so ``labkit run`` lists it in its summary;
 * code: ``gate.check()`` raises :class:`HardwareUnavailable` with the reason.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,9 +54,14 @@ class Gate:
         return False
 
 
-def requires(gpus: int = 0, capability: tuple[int, int] | None = None, peer_access: bool = False,
-             memory_gib: float | None = None, compiled: bool = False,
-             hw: hardware.Hardware | None = None) -> Gate:
+def requires(
+    gpus: int = 0,
+    capability: tuple[int, int] | None = None,
+    peer_access: bool = False,
+    memory_gib: float | None = None,
+    compiled: bool = False,
+    hw: hardware.Hardware | None = None,
+) -> Gate:
     """Check this machine (or ``hw``) against a part's needs; the first unmet need is the reason.
 
     gpus:        at least this many CUDA GPUs.
@@ -76,8 +82,11 @@ def requires(gpus: int = 0, capability: tuple[int, int] | None = None, peer_acce
     if capability:
         for g in hw.gpus[:n]:
             if tuple(g.capability) < tuple(capability):
-                return Gate(False, f"needs compute capability >= {capability[0]}.{capability[1]};"
-                                   f" GPU {g.index} ({g.name}) is {g.capability[0]}.{g.capability[1]}")
+                return Gate(
+                    False,
+                    f"needs compute capability >= {capability[0]}.{capability[1]};"
+                    f" GPU {g.index} ({g.name}) is {g.capability[0]}.{g.capability[1]}",
+                )
     if memory_gib:
         for g in hw.gpus[:n]:
             if g.memory_gib < memory_gib:

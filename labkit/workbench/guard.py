@@ -12,6 +12,7 @@ ValueError with peer access off, or a silent, slow, unordered cross-GPU run with
 
 The guard restores the previous current device on exit, and does nothing for CPU tensors.
 """
+
 from __future__ import annotations
 
 import torch

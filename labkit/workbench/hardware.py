@@ -4,6 +4,7 @@ Everything here is read once and cached (``snapshot()``); gates, the doctor and 
 stamp all use the same snapshot. ``Hardware`` is a plain dataclass so tests can build fake
 machines (``Hardware.fake(gpus=2, ...)``) and check the gates against them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +23,7 @@ class GPU:
     capability: tuple[int, int]
     memory_gib: float
     multiprocessors: int
-    l2_mb: float = 0.0   # L2 cache, MB (10**6 bytes), from the device properties (L2_cache_size)
+    l2_mb: float = 0.0  # L2 cache, MB (10**6 bytes), from the device properties (L2_cache_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +42,15 @@ class Hardware:
         return all(self.peer[i][j] for i in range(n) for j in range(n) if i != j)
 
     @classmethod
-    def fake(cls, gpus: int = 0, name: str = "NVIDIA H200", capability=(9, 0),
-             memory_gib: float = 140.0, peer: bool = True, l2_mb: float = 52.4) -> "Hardware":
+    def fake(
+        cls,
+        gpus: int = 0,
+        name: str = "NVIDIA H200",
+        capability=(9, 0),
+        memory_gib: float = 140.0,
+        peer: bool = True,
+        l2_mb: float = 52.4,
+    ) -> "Hardware":
         """A made-up machine, for tests of code that decides from hardware."""
         g = tuple(GPU(i, name, tuple(capability), memory_gib, 132, l2_mb) for i in range(gpus))
         p = tuple(tuple(peer and i != j for j in range(gpus)) for i in range(gpus))
@@ -59,8 +67,10 @@ DATASHEET_HBM_TBPS = {"NVIDIA H100 80GB HBM3": 3.35, "NVIDIA H200": 4.8}
 #: and H200 SXM 141GB datasheets list FP8 3,958 and BF16 1,979 TFLOPS "with sparsity"; dense is half
 #: (1,978.9 and 989.4). Other variants (PCIe, NVL) run at lower clocks and power and are not listed:
 #: no ceiling is drawn for them. Ceilings to draw, labelled as datasheet figures, never measurements.
-DATASHEET_DENSE_TFLOPS = {"NVIDIA H100 80GB HBM3": {"bf16": 989.4, "fp8": 1978.9},
-                          "NVIDIA H200": {"bf16": 989.4, "fp8": 1978.9}}
+DATASHEET_DENSE_TFLOPS = {
+    "NVIDIA H100 80GB HBM3": {"bf16": 989.4, "fp8": 1978.9},
+    "NVIDIA H200": {"bf16": 989.4, "fp8": 1978.9},
+}
 
 
 def datasheet_dense_tflops(gpu_name: str | None, dtype: str) -> float | None:
@@ -81,11 +91,18 @@ def snapshot() -> Hardware:
     gpus = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        gpus.append(GPU(i, p.name, (p.major, p.minor), round(p.total_memory / 2**30, 1),
-                        p.multi_processor_count, round(getattr(p, "L2_cache_size", 0) / 1e6, 1)))
+        gpus.append(
+            GPU(
+                i,
+                p.name,
+                (p.major, p.minor),
+                round(p.total_memory / 2**30, 1),
+                p.multi_processor_count,
+                round(getattr(p, "L2_cache_size", 0) / 1e6, 1),
+            )
+        )
     n = len(gpus)
-    peer = tuple(tuple(i != j and torch.cuda.can_device_access_peer(i, j) for j in range(n))
-                 for i in range(n))
+    peer = tuple(tuple(i != j and torch.cuda.can_device_access_peer(i, j) for j in range(n)) for i in range(n))
     return Hardware(tuple(gpus), peer)
 
 
@@ -98,14 +115,13 @@ def machine_tag(hw: Hardware | None = None) -> str:
     hw = snapshot() if hw is None else hw
     if not hw.gpus:
         return "cpu"
-    words = [w for w in re.split(r"[\s_-]+", hw.gpus[0].name.lower())
-             if w not in ("nvidia", "tesla", "geforce", "")]
+    words = [w for w in re.split(r"[\s_-]+", hw.gpus[0].name.lower()) if w not in ("nvidia", "tesla", "geforce", "")]
     # The model word (h200, a100, ...); for names like "RTX PRO 6000 ..." the words up to the
     # first number ("rtxpro6000"). Memory sizes and packaging words are dropped.
     model = next((w for w in words if re.fullmatch(r"[a-z]+\d+[a-z]*", w)), None)
     if model is None:
         upto = next((i for i, w in enumerate(words) if any(ch.isdigit() for ch in w)), len(words) - 1)
-        model = "".join(words[:upto + 1]) or "gpu"
+        model = "".join(words[: upto + 1]) or "gpu"
     return f"{model}x{hw.gpu_count}"
 
 

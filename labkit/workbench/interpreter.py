@@ -12,6 +12,7 @@ TypeError; triton 3.9.0 runs it.
 ``labkit doctor`` prints its answer, and the test suite stops at once with it, rather than
 failing hundreds of tests with the interpreter's traceback.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,8 +26,8 @@ from labkit.workbench import tier
 
 @triton.jit
 def _grid_stride_probe(
-    x_ptr,                # *fp32 [N]: incremented by one, every element once
-    n,                    # N
+    x_ptr,  # *fp32 [N]: incremented by one, every element once
+    n,  # N
     BLOCK: tl.constexpr,  # elements per program per step
 ):
     pid = tl.program_id(0)
@@ -49,9 +50,11 @@ def problem() -> str | None:
     try:
         _grid_stride_probe[(2,)](x, 100, BLOCK=16)
     except Exception as e:  # noqa: BLE001 - any failure of the probe is the answer
-        return (f"triton {triton.__version__}'s interpreter cannot run a grid-stride loop with numpy "
-                f"{numpy.__version__} ({type(e).__name__}: {e}); the known cause is NumPy >= 2.4 with "
-                f"triton <= 3.6 (triton-lang/triton#9171): pip install 'numpy<2.4', or a triton with the fix")
+        return (
+            f"triton {triton.__version__}'s interpreter cannot run a grid-stride loop with numpy "
+            f"{numpy.__version__} ({type(e).__name__}: {e}); the known cause is NumPy >= 2.4 with "
+            f"triton <= 3.6 (triton-lang/triton#9171): pip install 'numpy<2.4', or a triton with the fix"
+        )
     if not bool((x == 1).all()):
         return f"triton {triton.__version__}'s interpreter ran a grid-stride loop wrong ({int((x != 1).sum())} of 100 elements)"
     return None

@@ -4,6 +4,7 @@ Every labkit figure says where its numbers came from: ``caption(fig, yours=stamp
 writes one line per source under the axes ("your run: h100x1 (1x NVIDIA H100 ...); torch 2.11
 ..."), so a figure copied out of context still tells its reader which GPU made it.
 """
+
 from __future__ import annotations
 
 import sys
@@ -48,8 +49,9 @@ def caption(fig, yours: dict | None = None, refs: dict | None = None, adjust: bo
     if yours is not None:
         lines.append("your run: " + _env.short_description(yours))
     for machine, rs in (refs or {}).items():
-        lines.append(f"reference {machine}: " + _env.short_description(rs.env)
-                     + f" ({rs.env.get('created', '?')[:10]})")
+        lines.append(
+            f"reference {machine}: " + _env.short_description(rs.env) + f" ({rs.env.get('created', '?')[:10]})"
+        )
     text = "\n".join(lines)
     if text:
         fig.text(0.01, 0.005, text, fontsize=7, va="bottom", ha="left", color="0.3")
@@ -97,8 +99,18 @@ def show(fig) -> bool:
     return True
 
 
-def beside(panels, draw, name: str, folder: str | Path | None = None, *, stamp: dict | None = None,
-           ncols: int = 1, width: float = 6.4, height: float = 4.2, suptitle: str | None = None):
+def beside(
+    panels,
+    draw,
+    name: str,
+    folder: str | Path | None = None,
+    *,
+    stamp: dict | None = None,
+    ncols: int = 1,
+    width: float = 6.4,
+    height: float = 4.2,
+    suptitle: str | None = None,
+):
     """The reader's run beside the recorded references: one row of ``ncols`` axes per panel
     (``labkit.workbench.results.panels``), ``draw(axes, panel)`` fills a row (``axes`` is a list,
     or one axis when ncols == 1), the caption names the machine and versions of every source, and

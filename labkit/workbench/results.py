@@ -15,6 +15,7 @@ Every results file has the same shape (``SCHEMA``)::
 
 Writes are atomic (temporary file + rename), so a crash never leaves half a file.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -77,8 +78,15 @@ class ResultSet:
         return [r for r in self.records if all(r.get(k) == v for k, v in where.items())]
 
 
-def write_results(path: str | os.PathLike, lab: str, records: Iterable[dict], *, generator: str,
-                  required: Iterable[str] = (), command: str | None = None) -> Path:
+def write_results(
+    path: str | os.PathLike,
+    lab: str,
+    records: Iterable[dict],
+    *,
+    generator: str,
+    required: Iterable[str] = (),
+    command: str | None = None,
+) -> Path:
     """Write a results file; every record must carry the ``required`` fields."""
     records = [dict(r) for r in records]
     if not records:
@@ -88,8 +96,14 @@ def write_results(path: str | os.PathLike, lab: str, records: Iterable[dict], *,
         missing = [k for k in need if k not in r]
         if missing:
             raise ResultsError(f"record {i} of lab {lab!r} lacks required fields {missing}")
-    doc = {"schema": SCHEMA, "lab": lab, "generator": generator,
-           "env": _env.stamp(command), "required": need, "records": records}
+    doc = {
+        "schema": SCHEMA,
+        "lab": lab,
+        "generator": generator,
+        "env": _env.stamp(command),
+        "required": need,
+        "records": records,
+    }
     return atomic_write_json(path, doc)
 
 
@@ -142,7 +156,7 @@ def load_references(lab: str, reference_dir: str | os.PathLike | None = None) ->
 class Panel:
     """One source of records for a figure or table: the reader's run, or a reference machine."""
 
-    title: str           # "your run (live)" or "reference h200x2 (RECORDED, not this machine)"
+    title: str  # "your run (live)" or "reference h200x2 (RECORDED, not this machine)"
     records: list[dict]
     machine: str | None  # None for the reader's run
     result_set: ResultSet | None = None  # the reference file, for captions (None for the live run)
@@ -152,8 +166,12 @@ class Panel:
         return self.machine is None
 
 
-def panels(lab: str, live_records: list[dict] | None = None, machines: Iterable[str] = (),
-           reference_dir: str | os.PathLike | None = None) -> list[Panel]:
+def panels(
+    lab: str,
+    live_records: list[dict] | None = None,
+    machines: Iterable[str] = (),
+    reference_dir: str | os.PathLike | None = None,
+) -> list[Panel]:
     """The reader's run (when there is one), then each reference machine's records for ``lab``,
     titled so that a recorded result is never mistaken for this machine's.
 

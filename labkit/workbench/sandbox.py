@@ -31,6 +31,7 @@ signal                   killed by a signal (``signal``: SIGSEGV, SIGABRT, ...)
 exit                     exited with a non-zero code and no result
 =======================  ===========================================================
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,10 +52,16 @@ from typing import Any, Callable
 import labkit
 
 STATUSES = ("ok", "timeout", "illegal_memory_access", "cuda_error", "exception", "signal", "exit")
-_ILLEGAL = re.compile(r"illegal memory access|illegal address|CUDA_ERROR_ILLEGAL_ADDRESS|"
-                      r"cudaErrorIllegalAddress", re.I)
-_CUDA = re.compile(r"CUDA error|CUDA_ERROR_|cudaError|AcceleratorError|CUBLAS_STATUS|"
-                   r"NCCL (?:error|WARN)|device-side assert|unspecified launch failure", re.I)
+_ILLEGAL = re.compile(
+    r"illegal memory access|illegal address|CUDA_ERROR_ILLEGAL_ADDRESS|"
+    r"cudaErrorIllegalAddress",
+    re.I,
+)
+_CUDA = re.compile(
+    r"CUDA error|CUDA_ERROR_|cudaError|AcceleratorError|CUBLAS_STATUS|"
+    r"NCCL (?:error|WARN)|device-side assert|unspecified launch failure",
+    re.I,
+)
 _TAIL = 20_000  # characters of the child's stdout/stderr kept in the result
 
 
@@ -92,7 +99,9 @@ class SandboxResult:
             return f"exit: code {self.returncode} and no result ({t})"
         msg = (self.message or "").strip().splitlines()
         first = msg[0] if msg else ""
-        return f"{self.status}: {self.error_type}: {first} ({t})" if self.error_type else f"{self.status}: {first} ({t})"
+        return (
+            f"{self.status}: {self.error_type}: {first} ({t})" if self.error_type else f"{self.status}: {first} ({t})"
+        )
 
     def unwrap(self) -> Any:
         """The value if ok, else raise RuntimeError with the summary (and the child's traceback)."""
@@ -116,10 +125,10 @@ def _target(fn: Callable | str) -> tuple[str, str]:
     if module == "__main__":
         raise SandboxError(
             f"fn={qualname}: defined in __main__ (a notebook or script), which a child process "
-            "cannot import; put it in a module (labkit.*) or pass 'module:function'")
+            "cannot import; put it in a module (labkit.*) or pass 'module:function'"
+        )
     if "<locals>" in qualname or "<lambda>" in qualname:
-        raise SandboxError(f"fn={qualname}: a lambda or nested function cannot be imported; "
-                           "define it at module level")
+        raise SandboxError(f"fn={qualname}: a lambda or nested function cannot be imported; define it at module level")
     return module, qualname
 
 
@@ -131,10 +140,15 @@ def classify(returncode: int | None, payload: dict | None, stderr: str, timed_ou
         return {"status": "ok", "value": payload.get("value")}
     if payload is not None:  # the child caught a Python exception
         text = f"{payload.get('type', '')}: {payload.get('message', '')}"
-        status = ("illegal_memory_access" if _ILLEGAL.search(text) else
-                  "cuda_error" if _CUDA.search(text) else "exception")
-        return {"status": status, "error_type": payload.get("type"),
-                "message": payload.get("message"), "traceback": payload.get("traceback")}
+        status = (
+            "illegal_memory_access" if _ILLEGAL.search(text) else "cuda_error" if _CUDA.search(text) else "exception"
+        )
+        return {
+            "status": status,
+            "error_type": payload.get("type"),
+            "message": payload.get("message"),
+            "traceback": payload.get("traceback"),
+        }
     # No result: the process died. CUDA often logs the cause before aborting.
     tail = stderr[-_TAIL:]
     if _ILLEGAL.search(tail):
@@ -158,8 +172,14 @@ def _last_lines(text: str, n: int) -> str:
     return "\n".join(text.strip().splitlines()[-n:])
 
 
-def run_isolated(fn: Callable | str, *args, timeout: float = 120.0, env: dict | None = None,
-                 cwd: str | os.PathLike | None = None, **kwargs) -> SandboxResult:
+def run_isolated(
+    fn: Callable | str,
+    *args,
+    timeout: float = 120.0,
+    env: dict | None = None,
+    cwd: str | os.PathLike | None = None,
+    **kwargs,
+) -> SandboxResult:
     """Call ``fn(*args, **kwargs)`` in a fresh child process; never raises for what the child does.
 
     fn:      a module-level function (or "module:function"); arguments and the return value
@@ -187,9 +207,15 @@ def run_isolated(fn: Callable | str, *args, timeout: float = 120.0, env: dict | 
         out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         start = time.monotonic()
         with open(out_path, "w") as out_f, open(err_path, "w") as err_f:
-            proc = subprocess.Popen([sys.executable, "-m", "labkit.workbench.sandbox", call_file, result_file],
-                                    stdout=out_f, stderr=err_f, stdin=subprocess.DEVNULL,
-                                    env=child_env, cwd=cwd, start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "labkit.workbench.sandbox", call_file, result_file],
+                stdout=out_f,
+                stderr=err_f,
+                stdin=subprocess.DEVNULL,
+                env=child_env,
+                cwd=cwd,
+                start_new_session=True,
+            )
             timed_out = False
             previous = _exit_on_sigterm()
             try:
@@ -207,13 +233,15 @@ def run_isolated(fn: Callable | str, *args, timeout: float = 120.0, env: dict | 
                 with open(result_file, "rb") as f:
                     payload = pickle.load(f)
             except Exception as e:  # a result the parent cannot read back
-                payload = {"status": "exception", "type": type(e).__name__,
-                           "message": f"could not read the child's result: {e}"}
+                payload = {
+                    "status": "exception",
+                    "type": type(e).__name__,
+                    "message": f"could not read the child's result: {e}",
+                }
         stdout = Path(out_path).read_text(errors="replace")[-_TAIL:]
         stderr = Path(err_path).read_text(errors="replace")[-_TAIL:]
     fields = classify(proc.returncode, payload, stderr, timed_out)
-    return SandboxResult(returncode=proc.returncode, seconds=seconds, stdout=stdout,
-                         stderr=stderr, **fields)
+    return SandboxResult(returncode=proc.returncode, seconds=seconds, stdout=stdout, stderr=stderr, **fields)
 
 
 def _exit_on_sigterm():
@@ -278,8 +306,12 @@ def _child_main(call_file: str, result_file: str) -> None:
         payload = {"status": "ok", "value": obj(*call["args"], **call["kwargs"])}
         blob = pickle.dumps(payload)
     except BaseException as e:  # noqa: BLE001 - everything the experiment raises is the result
-        payload = {"status": "exception", "type": f"{type(e).__module__}.{type(e).__qualname__}",
-                   "message": str(e), "traceback": traceback.format_exc()}
+        payload = {
+            "status": "exception",
+            "type": f"{type(e).__module__}.{type(e).__qualname__}",
+            "message": str(e),
+            "traceback": traceback.format_exc(),
+        }
         try:
             blob = pickle.dumps(payload)
         except Exception:

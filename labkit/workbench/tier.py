@@ -7,6 +7,7 @@
 Triton reads TRITON_INTERPRET when a kernel is *decorated*, so this module must run before any
 kernel module is imported; ``import labkit`` does that.
 """
+
 import os
 
 import torch

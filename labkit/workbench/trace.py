@@ -5,6 +5,7 @@ copy, lab 02's copy-engine all-reduce, lab 04's MoE step).
 events (what ``prof.export_chrome_trace`` writes); ``trace_events(trace)`` accepts such a trace
 as the exported dict or its event list. Each lab reduces the events its own way.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,6 +51,8 @@ def trace_events(trace) -> list[dict]:
             raise ValueError("trace: a Chrome-trace dict needs a 'traceEvents' list")
         trace = trace["traceEvents"]
     if not isinstance(trace, (list, tuple)) or not all(isinstance(e, dict) for e in trace):
-        raise ValueError("trace: expected a Chrome-trace dict (torch.profiler's export_chrome_trace) or its "
-                         f"list of event dicts, got {type(trace).__name__}")
+        raise ValueError(
+            "trace: expected a Chrome-trace dict (torch.profiler's export_chrome_trace) or its "
+            f"list of event dicts, got {type(trace).__name__}"
+        )
     return list(trace)

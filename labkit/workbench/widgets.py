@@ -3,6 +3,7 @@ a figure view that a panel redraws.
 
 A panel's button calls a plain function that returns text; the panel shows that text. Tests call
 the same functions and press the same buttons, so a panel never holds logic of its own."""
+
 from __future__ import annotations
 
 import html
@@ -18,8 +19,9 @@ def pre(text: str) -> str:
     return f"<pre style='font-size:12px'>{html.escape(text)}</pre>"
 
 
-def run_button(description: str, out: w.HTML, report: Callable[[], str], *, icon: str = "play",
-               busy: str | None = "running ...") -> w.Button:
+def run_button(
+    description: str, out: w.HTML, report: Callable[[], str], *, icon: str = "play", busy: str | None = "running ..."
+) -> w.Button:
     """A button that shows ``busy`` in ``out``, calls ``report()`` and shows what it returns.
 
     ``report`` reads the panel's controls when the button is pressed, e.g.

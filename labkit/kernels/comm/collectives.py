@@ -10,6 +10,7 @@ The input lives in the symmetric buffer (the kernels read peers' buffers directl
 ordinary local tensors. Accumulation is fp32 whatever the dtype. Every launch runs on the
 buffer's device and its current stream.
 """
+
 from __future__ import annotations
 
 import functools
@@ -52,6 +53,7 @@ ALWAYS = float("inf")
 DEFAULT_CROSSOVER_BYTES = {2: ALWAYS}
 DEFAULT_CROSSOVER_ABOVE_2 = 256 << 10
 
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """How a collective's kernel is launched on GPUs (the interpreter ignores it: there, a step
@@ -64,6 +66,7 @@ class LaunchConfig:
     programs:  most programs per launch (also capped by the buffer's signal-pad rows); fewer
                when the message has fewer steps.
     """
+
     vectors: int = 1
     num_warps: int = 8
     programs: int = 128
@@ -132,8 +135,10 @@ def _programs(steps: int, buf: SymmBuffer, blocks: int | None, config: LaunchCon
         if not isinstance(blocks, int) or blocks < 1:
             raise ValueError(f"blocks: expected a positive int, got {blocks!r}")
         if blocks > buf.max_blocks:
-            raise ValueError(f"blocks: {blocks} programs, but the signal pad of this buffer has rows "
-                             f"for {buf.max_blocks}; allocate with symm.empty(..., max_blocks={blocks})")
+            raise ValueError(
+                f"blocks: {blocks} programs, but the signal pad of this buffer has rows "
+                f"for {buf.max_blocks}; allocate with symm.empty(..., max_blocks={blocks})"
+            )
         p = blocks
     else:
         cap = 4 if tier.interpreted() else min(buf.max_blocks, config.programs)
@@ -141,7 +146,9 @@ def _programs(steps: int, buf: SymmBuffer, blocks: int | None, config: LaunchCon
     if even:
         p = max(2, p - p % 2)
         if p > buf.max_blocks:
-            raise ValueError(f"the tree needs an even number of programs, at least 2; this buffer allows {buf.max_blocks}")
+            raise ValueError(
+                f"the tree needs an even number of programs, at least 2; this buffer allows {buf.max_blocks}"
+            )
     return p
 
 
@@ -151,8 +158,7 @@ def _sem_end(variant: str, algorithm: str) -> tuple[int, bool, bool]:
     if variant == "unguarded_leaf" and algorithm != "tree":
         raise UsageError("variant 'unguarded_leaf' exists only for algorithm='tree'")
     sem = {"relaxed": SEM_RELAXED, "gpu_scope": SEM_GPU_SCOPE}.get(variant, SEM_ACQ_REL)
-    return (sem, variant != "no_end_barrier",
-            variant != "unguarded_leaf")
+    return (sem, variant != "no_end_barrier", variant != "unguarded_leaf")
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -164,8 +170,14 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _is_in_place(out, buf: SymmBuffer) -> bool:
     """``out`` is this rank's symmetric buffer itself (same memory, shape and dtype)."""
     x = buf.tensor
-    return (isinstance(out, torch.Tensor) and out.device == x.device and out.dtype == x.dtype
-            and tuple(out.shape) == tuple(x.shape) and out.is_contiguous() and out.data_ptr() == x.data_ptr())
+    return (
+        isinstance(out, torch.Tensor)
+        and out.device == x.device
+        and out.dtype == x.dtype
+        and tuple(out.shape) == tuple(x.shape)
+        and out.is_contiguous()
+        and out.data_ptr() == x.data_ptr()
+    )
 
 
 def _out(name: str, out, shape: tuple, like: torch.Tensor, buf: SymmBuffer) -> torch.Tensor | None:
@@ -188,9 +200,11 @@ def _out(name: str, out, shape: tuple, like: torch.Tensor, buf: SymmBuffer) -> t
     for r, peer in enumerate(buf.peers):
         if _overlaps(out, peer):
             whose = "this rank's" if r == buf.rank else f"rank {r}'s"
-            raise ValueError(f"{name}: shares memory with {whose} symmetric buffer, which the kernel reads while "
-                             "it writes out; pass a separate tensor"
-                             + (" (or, for all_reduce, out=buf.tensor itself: in place)" if r == buf.rank else ""))
+            raise ValueError(
+                f"{name}: shares memory with {whose} symmetric buffer, which the kernel reads while "
+                "it writes out; pass a separate tensor"
+                + (" (or, for all_reduce, out=buf.tensor itself: in place)" if r == buf.rank else "")
+            )
     return out
 
 
@@ -240,9 +254,15 @@ def choose_in_place(nbytes: int, world_size: int, has_workspace: bool) -> str:
     return "two_shot_ce" if has_workspace and limit is not None and nbytes >= limit else "two_shot"
 
 
-def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: str = "auto",
-               blocks: int | None = None, variant: str = "correct",
-               config: LaunchConfig | None = None) -> torch.Tensor:
+def all_reduce(
+    buf: SymmBuffer,
+    out: torch.Tensor | None = None,
+    *,
+    algorithm: str = "auto",
+    blocks: int | None = None,
+    variant: str = "correct",
+    config: LaunchConfig | None = None,
+) -> torch.Tensor:
     """Sum of ``buf.tensor`` over all ranks, into ``out`` (made if None) on every rank.
 
     out=buf.tensor computes in place, as ``torch.distributed.all_reduce`` does: two-shot with
@@ -265,8 +285,12 @@ def all_reduce(buf: SymmBuffer, out: torch.Tensor | None = None, *, algorithm: s
     not the ones it keeps (``buf._plans.clear()`` drops those)."""
     if type(buf) is SymmBuffer and plan.CACHE_PLANS and (out is None or isinstance(out, torch.Tensor)):
         key = ("all_reduce", plan.out_key(out), algorithm, blocks, variant, config)
-        return plan.call_cached(buf, key, lambda fast=True: make_all_reduce_plan(
-            buf, out, algorithm, blocks, variant, config, keep=False, fast=fast), out)
+        return plan.call_cached(
+            buf,
+            key,
+            lambda fast=True: make_all_reduce_plan(buf, out, algorithm, blocks, variant, config, keep=False, fast=fast),
+            out,
+        )
     return make_all_reduce_plan(buf, out, algorithm, blocks, variant, config, keep=False, fast=False).launch(out)
 
 
@@ -277,13 +301,17 @@ def check_all_reduce(buf, out, algorithm: str) -> tuple[SymmBuffer, torch.Tensor
     in_place = _is_in_place(out, buf)
     if in_place:
         if algorithm in ("one_shot", "tree"):
-            raise UsageError(f"out: is buf.tensor (in place), which algorithm={algorithm!r} cannot do: it reads "
-                             "every rank's whole buffer until its end barrier, so writing the sum there races with "
-                             "the peers' reads; use algorithm='two_shot', 'two_shot_ce' or 'auto', or pass "
-                             "another out")
+            raise UsageError(
+                f"out: is buf.tensor (in place), which algorithm={algorithm!r} cannot do: it reads "
+                "every rank's whole buffer until its end barrier, so writing the sum there races with "
+                "the peers' reads; use algorithm='two_shot', 'two_shot_ce' or 'auto', or pass "
+                "another out"
+            )
         if algorithm == "two_shot_ce" and buf.workspace is None:
-            raise UsageError("algorithm 'two_shot_ce': buf has no workspace for the copy engines to fill; allocate "
-                             "it with symm.empty(..., workspace=True)")
+            raise UsageError(
+                "algorithm 'two_shot_ce': buf has no workspace for the copy engines to fill; allocate "
+                "it with symm.empty(..., workspace=True)"
+            )
     else:
         if algorithm == "two_shot_ce":
             raise UsageError("algorithm 'two_shot_ce' works in place only: pass out=buf.tensor")
@@ -291,39 +319,60 @@ def check_all_reduce(buf, out, algorithm: str) -> tuple[SymmBuffer, torch.Tensor
     return buf, out, in_place
 
 
-def choose_all_reduce(buf: SymmBuffer, in_place: bool, algorithm: str = "auto", blocks: int | None = None,
-                      variant: str = "correct", config: LaunchConfig | None = None) -> tuple[str, tuple]:
+def choose_all_reduce(
+    buf: SymmBuffer,
+    in_place: bool,
+    algorithm: str = "auto",
+    blocks: int | None = None,
+    variant: str = "correct",
+    config: LaunchConfig | None = None,
+) -> tuple[str, tuple]:
     """The choices of ``all_reduce`` for a checked buffer: (algorithm, launch steps): the
     algorithm ("auto" resolved), its launch configuration and grid, and every kernel argument,
     the output marked ``plan.OUT``."""
     x = buf.tensor
     n = x.numel()
     if algorithm == "auto":
-        algorithm = (choose_in_place(n * x.element_size(), buf.world_size, buf.workspace is not None) if in_place
-                     else choose(n * x.element_size(), buf.world_size))
+        algorithm = (
+            choose_in_place(n * x.element_size(), buf.world_size, buf.workspace is not None)
+            if in_place
+            else choose(n * x.element_size(), buf.world_size)
+        )
     if algorithm not in ALGORITHMS + IN_PLACE_ALGORITHMS:
         raise UsageError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS + IN_PLACE_ALGORITHMS} or 'auto'")
     sem, guard_leaf, config, block, common = launch_common(buf, variant, algorithm, config)
     dev, OUT = x.device, plan.OUT
     if algorithm == "one_shot":
         p = _programs(triton.cdiv(n, block), buf, blocks, config)
-        steps = (plan.KernelLaunch(one_shot.one_shot_all_reduce_kernel, (p,),
-                                   (buf.data_ptrs, buf.pad_ptrs, OUT, n, buf.rank), common, dev),)
+        steps = (
+            plan.KernelLaunch(
+                one_shot.one_shot_all_reduce_kernel, (p,), (buf.data_ptrs, buf.pad_ptrs, OUT, n, buf.rank), common, dev
+            ),
+        )
     elif algorithm == "two_shot":
         shard = triton.cdiv(triton.cdiv(n, buf.world_size), block) * block
         p = _programs(triton.cdiv(shard, block), buf, blocks, config)
         kernel = two_shot.two_shot_all_reduce_in_place_kernel if in_place else two_shot.two_shot_all_reduce_kernel
-        steps = (plan.KernelLaunch(kernel, (p,), (buf.data_ptrs, buf.pad_ptrs, OUT, n, shard // block, buf.rank),
-                                   common, dev),)
+        steps = (
+            plan.KernelLaunch(
+                kernel, (p,), (buf.data_ptrs, buf.pad_ptrs, OUT, n, shard // block, buf.rank), common, dev
+            ),
+        )
     elif algorithm == "two_shot_ce":
         steps = _two_shot_ce(buf, n, sem, blocks, config, block, common)
     else:
         half = triton.cdiv(triton.cdiv(n, 2), block) * block
         p = _programs(2 * triton.cdiv(half, block), buf, blocks, config, even=True)
         links = tree.tree_links(buf.rank, buf.world_size)
-        steps = (plan.KernelLaunch(tree.tree_all_reduce_kernel, (p,),
-                                   (buf.data_ptrs, buf.pad_ptrs, OUT, n, half, buf.rank, *links),
-                                   dict(common, GUARD_LEAF=guard_leaf), dev),)
+        steps = (
+            plan.KernelLaunch(
+                tree.tree_all_reduce_kernel,
+                (p,),
+                (buf.data_ptrs, buf.pad_ptrs, OUT, n, half, buf.rank, *links),
+                dict(common, GUARD_LEAF=guard_leaf),
+                dev,
+            ),
+        )
     return algorithm, steps
 
 
@@ -335,26 +384,55 @@ def launch_common(buf: SymmBuffer, variant: str, algorithm: str, config: LaunchC
     sem, end, guard_leaf = _sem_end(variant, algorithm)
     config = _config(config, x.numel() * x.element_size(), buf.world_size, x.device)
     block = config.block(x.element_size())
-    common = {"WORLD": buf.world_size, "MAX_BLOCKS": buf.max_blocks, "BLOCK": block, "SEM": sem, "END_BARRIER": end,
-              "num_warps": config.num_warps}
+    common = {
+        "WORLD": buf.world_size,
+        "MAX_BLOCKS": buf.max_blocks,
+        "BLOCK": block,
+        "SEM": sem,
+        "END_BARRIER": end,
+        "num_warps": config.num_warps,
+    }
     return sem, guard_leaf, config, block, common
 
 
-def make_all_reduce_plan(buf, out=None, algorithm: str = "auto", blocks: int | None = None,
-                         variant: str = "correct", config: LaunchConfig | None = None,
-                         keep: bool = True, fast: bool = True) -> plan.CollectivePlan:
+def make_all_reduce_plan(
+    buf,
+    out=None,
+    algorithm: str = "auto",
+    blocks: int | None = None,
+    variant: str = "correct",
+    config: LaunchConfig | None = None,
+    keep: bool = True,
+    fast: bool = True,
+) -> plan.CollectivePlan:
     """``check_all_reduce`` then ``choose_all_reduce``, as a plan (``all_reduce_plan``).
     keep=False: a plan for the buffer's own cache (holds the buffer weakly, and not ``out``);
     fast=False: a plan launched once, which prepares no compiled-launcher path."""
     buf, out, in_place = check_all_reduce(buf, out, algorithm)
     algorithm, steps = choose_all_reduce(buf, in_place, algorithm, blocks, variant, config)
-    return plan.CollectivePlan("all_reduce", buf, steps, algorithm=algorithm, in_place=in_place,
-                               out_shape=tuple(buf.tensor.shape), out=out if keep else None, keep_buffer=keep,
-                               fast=fast)
+    return plan.CollectivePlan(
+        "all_reduce",
+        buf,
+        steps,
+        algorithm=algorithm,
+        in_place=in_place,
+        out_shape=tuple(buf.tensor.shape),
+        out=out if keep else None,
+        keep_buffer=keep,
+        fast=fast,
+    )
 
 
-def _two_shot_ce(buf: SymmBuffer, n: int, sem: int, blocks, config: LaunchConfig, block: int, common: dict,
-                 out_ptrs: torch.Tensor | None = None) -> tuple:
+def _two_shot_ce(
+    buf: SymmBuffer,
+    n: int,
+    sem: int,
+    blocks,
+    config: LaunchConfig,
+    block: int,
+    common: dict,
+    out_ptrs: torch.Tensor | None = None,
+) -> tuple:
     """In-place two-shot whose first shot is done by ``cudaMemcpyAsync`` (``Tensor.copy_``
     between this rank's buffer and a peer's workspace: the copy engines, which ``labkit bench
     links`` measured moving more GB/s over NVLink than SM loads or stores). The steps:
@@ -369,19 +447,32 @@ def _two_shot_ce(buf: SymmBuffer, n: int, sem: int, blocks, config: LaunchConfig
     shard = buf.workspace_shard
     flat = buf.tensor.view(-1)
     dev = buf.tensor.device
-    barrier = plan.KernelLaunch(barrier_kernel, (1,), (buf.pad_ptrs, r),
-                                {"WORLD": w, "MAX_BLOCKS": buf.max_blocks, "SEM": sem}, dev)
+    barrier = plan.KernelLaunch(
+        barrier_kernel, (1,), (buf.pad_ptrs, r), {"WORLD": w, "MAX_BLOCKS": buf.max_blocks, "SEM": sem}, dev
+    )
     copies = []
     for k in range(1, w):  # each rank starts at a different peer, as the kernels do
         s = (r + k) % w
         length = max(0, min(shard, n - s * shard))
         if length:
-            copies.append((ws.peers[s][r * shard: r * shard + length], flat[s * shard: s * shard + length]))
+            copies.append((ws.peers[s][r * shard : r * shard + length], flat[s * shard : s * shard + length]))
     p = _programs(triton.cdiv(shard, block), buf, blocks, config)
-    reduce = plan.KernelLaunch(two_shot.two_shot_ce_kernel, (p,),
-                               (buf.data_ptrs, buf.pad_ptrs, buf.data_ptrs if out_ptrs is None else out_ptrs,
-                                buf.tensor, ws.tensor, n, shard // WORKSPACE_UNIT, r),
-                               dict(common, UNIT=WORKSPACE_UNIT), dev)
+    reduce = plan.KernelLaunch(
+        two_shot.two_shot_ce_kernel,
+        (p,),
+        (
+            buf.data_ptrs,
+            buf.pad_ptrs,
+            buf.data_ptrs if out_ptrs is None else out_ptrs,
+            buf.tensor,
+            ws.tensor,
+            n,
+            shard // WORKSPACE_UNIT,
+            r,
+        ),
+        dict(common, UNIT=WORKSPACE_UNIT),
+        dev,
+    )
     return barrier, plan.CopySteps(copies), reduce
 
 
@@ -395,20 +486,47 @@ def _shard_steps(kernel, buf: SymmBuffer, shard: int, blocks, variant: str, conf
     config = _config(config, shard * buf.world_size * x.element_size(), buf.world_size, x.device)
     block = config.block(x.element_size())
     p = _programs(triton.cdiv(shard, block), buf, blocks, config)
-    return (plan.KernelLaunch(kernel, (p,), (buf.data_ptrs, buf.pad_ptrs, plan.OUT, shard, buf.rank),
-                              {"WORLD": buf.world_size, "MAX_BLOCKS": buf.max_blocks, "BLOCK": block, "SEM": sem,
-                               "END_BARRIER": end, "num_warps": config.num_warps, **(extra or {})}, x.device),)
+    return (
+        plan.KernelLaunch(
+            kernel,
+            (p,),
+            (buf.data_ptrs, buf.pad_ptrs, plan.OUT, shard, buf.rank),
+            {
+                "WORLD": buf.world_size,
+                "MAX_BLOCKS": buf.max_blocks,
+                "BLOCK": block,
+                "SEM": sem,
+                "END_BARRIER": end,
+                "num_warps": config.num_warps,
+                **(extra or {}),
+            },
+            x.device,
+        ),
+    )
 
 
-def reduce_scatter(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
-                   variant: str = "correct", config: LaunchConfig | None = None) -> torch.Tensor:
+def reduce_scatter(
+    buf: SymmBuffer,
+    out: torch.Tensor | None = None,
+    *,
+    blocks: int | None = None,
+    variant: str = "correct",
+    config: LaunchConfig | None = None,
+) -> torch.Tensor:
     """Rank r gets the sum over ranks of shard r of ``buf.tensor`` (W equal shards of dim 0).
     Checks and choices are kept on the buffer as a plan, as ``all_reduce``'s are."""
     return _shards_call("reduce_scatter", buf, out, blocks, variant, config)
 
 
-def all_gather(buf: SymmBuffer, out: torch.Tensor | None = None, *, blocks: int | None = None,
-               variant: str = "correct", config: LaunchConfig | None = None, order: str = "rotated") -> torch.Tensor:
+def all_gather(
+    buf: SymmBuffer,
+    out: torch.Tensor | None = None,
+    *,
+    blocks: int | None = None,
+    variant: str = "correct",
+    config: LaunchConfig | None = None,
+    order: str = "rotated",
+) -> torch.Tensor:
     """Every rank gets all ranks' ``buf.tensor`` concatenated along dim 0.
     order: which shard each rank reads first (``ALL_GATHER_ORDERS``); the same result either way.
     Checks and choices are kept on the buffer as a plan, as ``all_reduce``'s are."""
@@ -419,8 +537,14 @@ def _shards_call(op: str, buf, out, blocks, variant, config, order: str = "rotat
     """``op`` through the plan kept on the buffer (or a throw-away plan when plans are off)."""
     if type(buf) is SymmBuffer and plan.CACHE_PLANS and (out is None or isinstance(out, torch.Tensor)):
         key = (op, plan.out_key(out), blocks, variant, config, order)
-        return plan.call_cached(buf, key, lambda fast=True: make_shards_plan(
-            op, buf, out, blocks, variant, config, keep=False, fast=fast, order=order), out)
+        return plan.call_cached(
+            buf,
+            key,
+            lambda fast=True: make_shards_plan(
+                op, buf, out, blocks, variant, config, keep=False, fast=fast, order=order
+            ),
+            out,
+        )
     return make_shards_plan(op, buf, out, blocks, variant, config, keep=False, fast=False, order=order).launch(out)
 
 
@@ -431,17 +555,27 @@ def check_shards(op: str, buf, out) -> tuple[SymmBuffer, torch.Tensor | None, tu
     w = buf.world_size
     if op == "reduce_scatter":
         if x.shape[0] % w:
-            raise ValueError(f"buf: dim 0 of shape {tuple(x.shape)} does not split into {w} equal shards "
-                             f"({x.shape[0]} % {w} = {x.shape[0] % w})")
+            raise ValueError(
+                f"buf: dim 0 of shape {tuple(x.shape)} does not split into {w} equal shards "
+                f"({x.shape[0]} % {w} = {x.shape[0] % w})"
+            )
         shape = (x.shape[0] // w,) + tuple(x.shape[1:])
     else:
         shape = (x.shape[0] * w,) + tuple(x.shape[1:])
     return buf, _out("out", out, shape, x, buf), shape
 
 
-def make_shards_plan(op: str, buf, out=None, blocks: int | None = None, variant: str = "correct",
-                     config: LaunchConfig | None = None, keep: bool = True, fast: bool = True,
-                     order: str = "rotated") -> plan.CollectivePlan:
+def make_shards_plan(
+    op: str,
+    buf,
+    out=None,
+    blocks: int | None = None,
+    variant: str = "correct",
+    config: LaunchConfig | None = None,
+    keep: bool = True,
+    fast: bool = True,
+    order: str = "rotated",
+) -> plan.CollectivePlan:
     """``reduce_scatter``'s or ``all_gather``'s checks and choices, as a plan (``reduce_scatter_plan``,
     ``all_gather_plan``); keep and fast as for ``make_all_reduce_plan``; order: the all-gather's
     (``ALL_GATHER_ORDERS``; the reduce-scatter has only "rotated")."""
@@ -450,20 +584,47 @@ def make_shards_plan(op: str, buf, out=None, blocks: int | None = None, variant:
     if not isinstance(order, str) or order not in ALL_GATHER_ORDERS:
         raise UsageError(f"order: {order!r} is not one of {list(ALL_GATHER_ORDERS)}")
     if op == "reduce_scatter" and order != "rotated":
-        raise UsageError(f"order: {order!r} exists only for the all-gather; the reduce-scatter reads every peer at once")
+        raise UsageError(
+            f"order: {order!r} exists only for the all-gather; the reduce-scatter reads every peer at once"
+        )
     buf, out, shape = check_shards(op, buf, out)
     x = buf.tensor
     if op == "reduce_scatter":
-        steps = _shard_steps(scatter_gather.reduce_scatter_kernel, buf, x.numel() // buf.world_size, blocks,
-                             variant, config)
+        steps = _shard_steps(
+            scatter_gather.reduce_scatter_kernel, buf, x.numel() // buf.world_size, blocks, variant, config
+        )
     else:
-        steps = _shard_steps(scatter_gather.all_gather_kernel, buf, x.numel(), blocks, variant, config,
-                             {"ROTATE": False} if order == "naive" else None)
-    return plan.CollectivePlan(op, buf, steps, algorithm="direct", in_place=False, out_shape=shape,
-                               out=out if keep else None, keep_buffer=keep, fast=fast)
+        steps = _shard_steps(
+            scatter_gather.all_gather_kernel,
+            buf,
+            x.numel(),
+            blocks,
+            variant,
+            config,
+            {"ROTATE": False} if order == "naive" else None,
+        )
+    return plan.CollectivePlan(
+        op,
+        buf,
+        steps,
+        algorithm="direct",
+        in_place=False,
+        out_shape=shape,
+        out=out if keep else None,
+        keep_buffer=keep,
+        fast=fast,
+    )
 
-def all_reduce_plan(buf, out: torch.Tensor | None = None, *, algorithm: str = "auto", blocks: int | None = None,
-                    variant: str = "correct", config: LaunchConfig | None = None) -> plan.CollectivePlan:
+
+def all_reduce_plan(
+    buf,
+    out: torch.Tensor | None = None,
+    *,
+    algorithm: str = "auto",
+    blocks: int | None = None,
+    variant: str = "correct",
+    config: LaunchConfig | None = None,
+) -> plan.CollectivePlan:
     """A plan for ``all_reduce(buf, out, ...)`` (same arguments, same checks, made now);
     ``plan()`` launches it. out=None: each call returns a new tensor; out=buf.tensor: in place.
     Every rank makes the same plan and calls it the same number of times (the barriers pair
@@ -471,18 +632,29 @@ def all_reduce_plan(buf, out: torch.Tensor | None = None, *, algorithm: str = "a
     return make_all_reduce_plan(buf, out, algorithm, blocks, variant, config)
 
 
-def reduce_scatter_plan(buf, out: torch.Tensor | None = None, *, blocks: int | None = None,
-                        variant: str = "correct", config: LaunchConfig | None = None) -> plan.CollectivePlan:
+def reduce_scatter_plan(
+    buf,
+    out: torch.Tensor | None = None,
+    *,
+    blocks: int | None = None,
+    variant: str = "correct",
+    config: LaunchConfig | None = None,
+) -> plan.CollectivePlan:
     """A plan for ``reduce_scatter(buf, out, ...)``; as ``all_reduce_plan``."""
     return make_shards_plan("reduce_scatter", buf, out, blocks, variant, config)
 
 
-def all_gather_plan(buf, out: torch.Tensor | None = None, *, blocks: int | None = None,
-                    variant: str = "correct", config: LaunchConfig | None = None,
-                    order: str = "rotated") -> plan.CollectivePlan:
+def all_gather_plan(
+    buf,
+    out: torch.Tensor | None = None,
+    *,
+    blocks: int | None = None,
+    variant: str = "correct",
+    config: LaunchConfig | None = None,
+    order: str = "rotated",
+) -> plan.CollectivePlan:
     """A plan for ``all_gather(buf, out, ...)``; as ``all_reduce_plan``."""
     return make_shards_plan("all_gather", buf, out, blocks, variant, config, order=order)
-
 
 
 def barrier(buf: SymmBuffer, blocks: int = 1, variant: str = "correct") -> None:
@@ -504,9 +676,11 @@ def graph_target(collective, *args, **kwargs) -> tuple:
         if args or kwargs:
             raise TypeError("Graphed(plan): a plan takes no arguments (they were fixed when it was made)")
         return collective, collective
-    makers = {all_reduce: make_all_reduce_plan,
-              reduce_scatter: functools.partial(make_shards_plan, "reduce_scatter"),
-              all_gather: functools.partial(make_shards_plan, "all_gather")}
+    makers = {
+        all_reduce: make_all_reduce_plan,
+        reduce_scatter: functools.partial(make_shards_plan, "reduce_scatter"),
+        all_gather: functools.partial(make_shards_plan, "all_gather"),
+    }
     if collective in makers:
         made = _plan_from_call(makers[collective], collective, args, kwargs)
         return made, made

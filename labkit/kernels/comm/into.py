@@ -50,6 +50,7 @@ Tested on the CPU tier (processes over shared memory, the Triton interpreter) ag
 sum with fresh inputs on every call and a late rank; the GPU busbw is the sweep's
 (``labkit bench collectives``, kind "into").
 """
+
 from __future__ import annotations
 
 import weakref
@@ -72,19 +73,27 @@ def check_into(buf, out, blocks=None, config=None) -> tuple[SymmBuffer, SymmBuff
     buf = check_buffer("buf", buf)
     out = check_buffer("out", out)
     if (out.world_size, out.rank) != (buf.world_size, buf.rank):
-        raise UsageError(f"out: belongs to rank {out.rank} of a world of {out.world_size}; buf to rank {buf.rank} "
-                         f"of {buf.world_size}: allocate both with the same ranks")
+        raise UsageError(
+            f"out: belongs to rank {out.rank} of a world of {out.world_size}; buf to rank {buf.rank} "
+            f"of {buf.world_size}: allocate both with the same ranks"
+        )
     # the checks of any all-reduce output: device, dtype, shape, and no memory shared with a
     # buffer the kernel reads (``out`` being ``buf`` included)
     C._out("out", out.tensor, tuple(buf.tensor.shape), buf.tensor, buf)
     if buf.workspace is None:
-        raise UsageError("buf: has no workspace for the copy engines to fill; allocate it with "
-                         "symm.empty(..., workspace=True)")
+        raise UsageError(
+            "buf: has no workspace for the copy engines to fill; allocate it with symm.empty(..., workspace=True)"
+        )
     return buf, out
 
 
-def into_steps(buf: SymmBuffer, out: SymmBuffer, blocks: int | None = None,
-               config: C.LaunchConfig | None = None, fast: bool = False) -> tuple:
+def into_steps(
+    buf: SymmBuffer,
+    out: SymmBuffer,
+    blocks: int | None = None,
+    config: C.LaunchConfig | None = None,
+    fast: bool = False,
+) -> tuple:
     """The launches of a call (checked buffers): barrier, copies, reduce-and-push. Every rank
     must make them with the same ``blocks`` and ``config``. fast: the kernels launch through
     Triton's compiled launcher after their first launch (``plan.KernelLaunch``), for steps kept

@@ -11,6 +11,7 @@ Barrier semantics:
   caller writes the next input into its buffer, and a slow peer still summing reads the new
   data (the ``no_end_barrier`` variant).
 """
+
 import triton
 import triton.language as tl
 
@@ -25,8 +26,9 @@ def peer_ptr(data_ptrs, r, ELEM: tl.constexpr):
 
 
 @triton.jit
-def sum_peers(data_ptrs, offs, mask, WORLD: tl.constexpr, ELEM: tl.constexpr, BLOCK: tl.constexpr,
-              MASKED: tl.constexpr):
+def sum_peers(
+    data_ptrs, offs, mask, WORLD: tl.constexpr, ELEM: tl.constexpr, BLOCK: tl.constexpr, MASKED: tl.constexpr
+):
     """fp32 sum over all ranks of elements ``offs`` of their buffers."""
     acc = tl.zeros([BLOCK], tl.float32)
     for r in tl.static_range(WORLD):
@@ -40,17 +42,17 @@ def sum_peers(data_ptrs, offs, mask, WORLD: tl.constexpr, ELEM: tl.constexpr, BL
 
 @triton.jit
 def one_shot_all_reduce_kernel(
-    data_ptrs,                  # int64 [W]: every rank's symmetric buffer (N elements each)
-    pad_ptrs,                   # int64 [W]: every rank's signal pad
-    out_ptr,                    # *T [N]: this rank's result (local memory)
-    n,                          # N: elements per rank
-    rank,                       # this rank
-    WORLD: tl.constexpr,        # number of ranks (2..8)
-    MAX_BLOCKS: tl.constexpr,   # rows of the signal pad (programs allowed)
-    BLOCK: tl.constexpr,        # elements per program per step
-    SEM: tl.constexpr,          # 0 acquire/release; 1 relaxed (broken); 2 gpu scope (broken)
+    data_ptrs,  # int64 [W]: every rank's symmetric buffer (N elements each)
+    pad_ptrs,  # int64 [W]: every rank's signal pad
+    out_ptr,  # *T [N]: this rank's result (local memory)
+    n,  # N: elements per rank
+    rank,  # this rank
+    WORLD: tl.constexpr,  # number of ranks (2..8)
+    MAX_BLOCKS: tl.constexpr,  # rows of the signal pad (programs allowed)
+    BLOCK: tl.constexpr,  # elements per program per step
+    SEM: tl.constexpr,  # 0 acquire/release; 1 relaxed (broken); 2 gpu scope (broken)
     END_BARRIER: tl.constexpr,  # False: the broken variant without the end barrier
-    DELAY: tl.constexpr = 0,    # lab 06's stress: volatile loads on SLOW_RANK before the reads (0: none)
+    DELAY: tl.constexpr = 0,  # lab 06's stress: volatile loads on SLOW_RANK before the reads (0: none)
     SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
 ):
     pid = tl.program_id(0)
@@ -63,7 +65,7 @@ def one_shot_all_reduce_kernel(
         if start + BLOCK <= n:  # full block: unmasked, vectorisable
             acc = sum_peers(data_ptrs, offs, None, WORLD, ELEM, BLOCK, False)
             tl.store(out_ptr + offs, acc.to(ELEM))
-        else:                   # the tail
+        else:  # the tail
             mask = offs < n
             acc = sum_peers(data_ptrs, offs, mask, WORLD, ELEM, BLOCK, True)
             tl.store(out_ptr + offs, acc.to(ELEM), mask=mask)

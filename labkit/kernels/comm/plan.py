@@ -39,6 +39,7 @@ the launcher taking every argument, constexprs included), so it is guarded: ``FA
 is used; under the interpreter (the CPU tier) there is no compiled launcher and every launch
 takes the normal path.
 """
+
 from __future__ import annotations
 
 import os
@@ -135,15 +136,29 @@ class KernelLaunch:
     (16-byte alignment of pointers, integers equal to 1 or divisible by 16); every argument but the
     output is fixed, and an output whose alignment differs goes through the normal path."""
 
-    __slots__ = ("kernel", "grid", "args", "kwargs", "device", "out_pos", "compiled", "fallback_reason", "armable",
-                 "_full", "_full_out_pos", "_aligned", "_stream", "_grid3")
+    __slots__ = (
+        "kernel",
+        "grid",
+        "args",
+        "kwargs",
+        "device",
+        "out_pos",
+        "compiled",
+        "fallback_reason",
+        "armable",
+        "_full",
+        "_full_out_pos",
+        "_aligned",
+        "_stream",
+        "_grid3",
+    )
 
     def __init__(self, kernel, grid: tuple, args: tuple, kwargs: dict, device: torch.device):
         self.kernel, self.grid, self.args, self.kwargs, self.device = kernel, tuple(grid), tuple(args), kwargs, device
         self.out_pos = next((i for i, a in enumerate(self.args) if a is OUT), -1)
-        self.compiled = None          # the CompiledKernel, once the fast path is armed
+        self.compiled = None  # the CompiledKernel, once the fast path is armed
         self.fallback_reason = "not launched yet"
-        self.armable = True           # False: launched once and dropped, preparing a fast path would be waste
+        self.armable = True  # False: launched once and dropped, preparing a fast path would be waste
 
     def __call__(self, out: torch.Tensor | None) -> None:
         c = self.compiled
@@ -157,7 +172,7 @@ class KernelLaunch:
             meta = c.launch_metadata(self._grid3, stream, *args) if enter is not None else None
             c.run(*self._grid3, stream, c.function, c.packed_metadata, meta, enter, leave, *args)
             return
-        args = self.args if self.out_pos < 0 else self.args[:self.out_pos] + (out,) + self.args[self.out_pos + 1:]
+        args = self.args if self.out_pos < 0 else self.args[: self.out_pos] + (out,) + self.args[self.out_pos + 1 :]
         compiled = self.kernel[self.grid](*args, **self.kwargs)
         if c is None:
             if self.armable:
@@ -176,8 +191,10 @@ class KernelLaunch:
         missing = [a for a in ("run", "function", "packed_metadata", "launch_metadata") if not hasattr(compiled, a)]
         params = getattr(self.kernel, "params", None)
         if missing or params is None:
-            self.fallback_reason = (f"triton {triton.__version__}: the launch returned "
-                                    f"{type(compiled).__name__} without {missing or ['kernel.params']}")
+            self.fallback_reason = (
+                f"triton {triton.__version__}: the launch returned "
+                f"{type(compiled).__name__} without {missing or ['kernel.params']}"
+            )
             return
         full, out_pos = [], -1
         for i, p in enumerate(params):  # every parameter in order, as Triton's binder binds them
@@ -223,8 +240,19 @@ class CollectivePlan:
     plan was made for (None: a new one per call, like the eager call); steps: the launches
     (``KernelLaunch``, ``CopySteps``) in order."""
 
-    def __init__(self, op: str, buf, steps, *, algorithm: str, in_place: bool, out_shape: tuple,
-                 out: torch.Tensor | None = None, keep_buffer: bool = True, fast: bool = True):
+    def __init__(
+        self,
+        op: str,
+        buf,
+        steps,
+        *,
+        algorithm: str,
+        in_place: bool,
+        out_shape: tuple,
+        out: torch.Tensor | None = None,
+        keep_buffer: bool = True,
+        fast: bool = True,
+    ):
         x = buf.tensor
         for s in steps:
             if isinstance(s, KernelLaunch):
@@ -242,9 +270,11 @@ class CollectivePlan:
 
     def __repr__(self):
         where = "in place" if self.in_place else ("into its out" if self.out is not None else "into a new tensor")
-        return (f"CollectivePlan({self.op}, {self.algorithm}, rank {self.rank} of {self.world_size}, "
-                f"{tuple(self._x_shape)} {str(self.dtype).replace('torch.', '')} on {self.device}, {where}, "
-                f"launch: {self.launch_path})")
+        return (
+            f"CollectivePlan({self.op}, {self.algorithm}, rank {self.rank} of {self.world_size}, "
+            f"{tuple(self._x_shape)} {str(self.dtype).replace('torch.', '')} on {self.device}, {where}, "
+            f"launch: {self.launch_path})"
+        )
 
     @property
     def launch_path(self) -> str:
@@ -263,9 +293,14 @@ class CollectivePlan:
         out = []
         for s in self.steps:
             if isinstance(s, KernelLaunch):
-                out.append({"kernel": getattr(s.kernel, "fn", s.kernel).__name__, "grid": s.grid,
-                            "args": tuple(_describe_arg(a) for a in s.args),
-                            "options": {k: _describe_arg(v) for k, v in sorted(s.kwargs.items())}})
+                out.append(
+                    {
+                        "kernel": getattr(s.kernel, "fn", s.kernel).__name__,
+                        "grid": s.grid,
+                        "args": tuple(_describe_arg(a) for a in s.args),
+                        "options": {k: _describe_arg(v) for k, v in sorted(s.kwargs.items())},
+                    }
+                )
             else:
                 out.append({"copies": tuple((d.data_ptr(), s_.data_ptr(), d.numel()) for d, s_ in s.pairs)})
         return out
@@ -279,9 +314,11 @@ class CollectivePlan:
         if x is not self._x:
             return "buf.tensor is no longer the tensor the plan was made for (re-assigned)"
         if x.data_ptr() != self._x_ptr or x.shape != self._x_shape:
-            return (f"buf.tensor moved or changed shape since the plan was made (address {self._x_ptr:#x} "
-                    f"shape {tuple(self._x_shape)}, now {x.data_ptr():#x} {tuple(x.shape)}: set_, resize_ or "
-                    "its storage freed)")
+            return (
+                f"buf.tensor moved or changed shape since the plan was made (address {self._x_ptr:#x} "
+                f"shape {tuple(self._x_shape)}, now {x.data_ptr():#x} {tuple(x.shape)}: set_, resize_ or "
+                "its storage freed)"
+            )
         return None
 
     def __call__(self) -> torch.Tensor:
@@ -291,8 +328,10 @@ class CollectivePlan:
         why = self.stale()
         out = self.out
         if why is None and out is not None and (out.data_ptr() != self._out_ptr or out.shape != self._out_shape):
-            why = (f"its out tensor moved or changed shape since the plan was made (address {self._out_ptr:#x} "
-                   f"shape {tuple(self._out_shape)}, now {out.data_ptr():#x} {tuple(out.shape)})")
+            why = (
+                f"its out tensor moved or changed shape since the plan was made (address {self._out_ptr:#x} "
+                f"shape {tuple(self._out_shape)}, now {out.data_ptr():#x} {tuple(out.shape)})"
+            )
         if why is not None:
             raise UsageError(f"plan: {why}; make a new plan ({self.op}_plan(buf, ...))")
         return self.launch(out)
@@ -342,4 +381,3 @@ def call_cached(buf, key: tuple, make, out):
             del plans[next(iter(plans))]
         plans[key] = p
     return p.launch(out)
-

@@ -46,6 +46,7 @@ Tested on the CPU tier (processes over shared memory, the Triton interpreter) ag
 sum with fresh inputs on every call and a late rank; the GPU timings are the sweep's
 (``labkit bench collectives``, implementation ``labkit_push_one_shot``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -75,8 +76,9 @@ def _epoch_distance(flag, epoch):
 
 
 @triton.jit
-def _push(x_ptr, inbox_ptrs, offs, mask, slot, cap, rank, WORLD: tl.constexpr, ELEM: tl.constexpr,
-          MASKED: tl.constexpr):
+def _push(
+    x_ptr, inbox_ptrs, offs, mask, slot, cap, rank, WORLD: tl.constexpr, ELEM: tl.constexpr, MASKED: tl.constexpr
+):
     """Store elements ``offs`` of x into this rank's region of slot ``slot`` of every peer's inbox."""
     if MASKED:
         v = tl.load(x_ptr + offs, mask=mask)
@@ -92,8 +94,19 @@ def _push(x_ptr, inbox_ptrs, offs, mask, slot, cap, rank, WORLD: tl.constexpr, E
 
 
 @triton.jit
-def _sum(x_ptr, mine, out_ptr, offs, mask, cap, rank, WORLD: tl.constexpr, ELEM: tl.constexpr,
-         BLOCK: tl.constexpr, MASKED: tl.constexpr):
+def _sum(
+    x_ptr,
+    mine,
+    out_ptr,
+    offs,
+    mask,
+    cap,
+    rank,
+    WORLD: tl.constexpr,
+    ELEM: tl.constexpr,
+    BLOCK: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """out[offs] = the fp32 sum in rank order of x (this rank's) and the peers' regions of ``mine``
     (this rank's inbox slot)."""
     acc = tl.zeros([BLOCK], tl.float32)
@@ -111,18 +124,18 @@ def _sum(x_ptr, mine, out_ptr, offs, mask, cap, rank, WORLD: tl.constexpr, ELEM:
 
 @triton.jit
 def push_one_shot_kernel(
-    x_ptr,                      # *T [N]: this rank's input (ordinary local memory)
-    inbox_ptrs,                 # int64 [W]: every rank's inbox, T [2, W, CAP]
-    pad_ptrs,                   # int64 [W]: every rank's signal pad, int32 [3, MAX_BLOCKS, W]
-    out_ptr,                    # *T [N]: this rank's result (may be x_ptr: in place)
-    n,                          # N: elements per rank in this call (<= CAP)
-    cap,                        # CAP: inbox capacity per source rank and slot
-    rank,                       # this rank
-    WORLD: tl.constexpr,        # number of ranks (2..8)
-    MAX_BLOCKS: tl.constexpr,   # rows of the signal pad (== the grid: fixed per inbox)
-    BLOCK: tl.constexpr,        # elements per program per step
-    SLOTS: tl.constexpr = 2,    # 2: double buffering; 1: the broken variant (one slot, no end barrier)
-    DELAY: tl.constexpr = 0,    # a slow reader: volatile loads on SLOW_RANK between the wait and the sum
+    x_ptr,  # *T [N]: this rank's input (ordinary local memory)
+    inbox_ptrs,  # int64 [W]: every rank's inbox, T [2, W, CAP]
+    pad_ptrs,  # int64 [W]: every rank's signal pad, int32 [3, MAX_BLOCKS, W]
+    out_ptr,  # *T [N]: this rank's result (may be x_ptr: in place)
+    n,  # N: elements per rank in this call (<= CAP)
+    cap,  # CAP: inbox capacity per source rank and slot
+    rank,  # this rank
+    WORLD: tl.constexpr,  # number of ranks (2..8)
+    MAX_BLOCKS: tl.constexpr,  # rows of the signal pad (== the grid: fixed per inbox)
+    BLOCK: tl.constexpr,  # elements per program per step
+    SLOTS: tl.constexpr = 2,  # 2: double buffering; 1: the broken variant (one slot, no end barrier)
+    DELAY: tl.constexpr = 0,  # a slow reader: volatile loads on SLOW_RANK between the wait and the sum
     SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
 ):
     pid = tl.program_id(0)
@@ -145,8 +158,9 @@ def push_one_shot_kernel(
     tl.debug_barrier()
     for p in tl.static_range(WORLD):
         if p != rank:
-            tl.atomic_xchg(pad_slot(pad_ptrs, p, FLAGS, pid, rank, WORLD, MAX_BLOCKS), epoch,
-                           sem="release", scope="sys")
+            tl.atomic_xchg(
+                pad_slot(pad_ptrs, p, FLAGS, pid, rank, WORLD, MAX_BLOCKS), epoch, sem="release", scope="sys"
+            )
     # 4. wait until every peer's program pid has pushed this epoch (or is one call further)
     for p in tl.static_range(WORLD):
         if p != rank:
@@ -172,7 +186,7 @@ class Inbox:
     docstring). ``programs`` and ``block`` are fixed here, not per call: the protocol needs every
     call to map elements to programs alike."""
 
-    buf: symm.SymmBuffer   # T [2, W, capacity] per rank, and the signal pad holding the epochs
+    buf: symm.SymmBuffer  # T [2, W, capacity] per rank, and the signal pad holding the epochs
     capacity: int
     programs: int
     block: int
@@ -189,7 +203,7 @@ class Inbox:
     def epochs(self) -> list[int]:
         """Every program's epoch counter on this rank (calls made, modulo 2^30): all equal, and
         equal across ranks, after every completed call."""
-        return [int(v) for v in self.buf.local_pad[COUNTERS.value, :self.programs, 0].tolist()]
+        return [int(v) for v in self.buf.local_pad[COUNTERS.value, : self.programs, 0].tolist()]
 
 
 def _default_launch(capacity: int, elem_size: int, device: torch.device) -> tuple[int, int, int]:
@@ -204,8 +218,16 @@ def _default_launch(capacity: int, elem_size: int, device: torch.device) -> tupl
     return max(1, min(sms, triton.cdiv(capacity, block))), block, num_warps
 
 
-def inbox(capacity: int, dtype: torch.dtype = torch.bfloat16, *, device=None, programs: int | None = None,
-          block: int | None = None, num_warps: int | None = None, scratch_dir: str | None = None) -> Inbox:
+def inbox(
+    capacity: int,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    device=None,
+    programs: int | None = None,
+    block: int | None = None,
+    num_warps: int | None = None,
+    scratch_dir: str | None = None,
+) -> Inbox:
     """Allocate this rank's inbox (collective: every rank calls it alike, as ``symm.empty``).
 
     capacity: the most elements per rank one call may reduce (rounded up to ``CAPACITY_UNIT``)
@@ -214,8 +236,11 @@ def inbox(capacity: int, dtype: torch.dtype = torch.bfloat16, *, device=None, pr
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
         raise ValueError(f"capacity: expected a positive int (elements per rank), got {capacity!r}")
     world = symm._world()[1]
-    dev = torch.device(device) if device is not None else (
-        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    dev = (
+        torch.device(device)
+        if device is not None
+        else (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    )
     d_programs, d_block, d_warps = _default_launch(capacity, torch.empty((), dtype=dtype).element_size(), dev)
     programs, block, num_warps = programs or d_programs, block or d_block, num_warps or d_warps
     for name, v in (("programs", programs), ("block", block), ("num_warps", num_warps)):
@@ -248,9 +273,11 @@ def _check(x, box: Inbox, out) -> torch.Tensor:
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
     if out.dtype != x.dtype or out.device != x.device or out.shape != x.shape or not out.is_contiguous():
-        raise ValueError(f"out: expected a contiguous {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}, got "
-                         f"{'a contiguous' if out.is_contiguous() else 'a non-contiguous'} {out.dtype} tensor of "
-                         f"shape {tuple(out.shape)} on {out.device}")
+        raise ValueError(
+            f"out: expected a contiguous {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}, got "
+            f"{'a contiguous' if out.is_contiguous() else 'a non-contiguous'} {out.dtype} tensor of "
+            f"shape {tuple(out.shape)} on {out.device}"
+        )
     if out.data_ptr() != x.data_ptr() and _overlaps(out, x):
         raise ValueError("out: overlaps x without being x (in place means out is x)")
     _outside_inboxes("out", out, box)
@@ -263,8 +290,10 @@ def _outside_inboxes(name: str, t: torch.Tensor, box: Inbox) -> None:
     for r, peer in enumerate(box.buf.peers):
         if _overlaps(t, peer):
             whose = "this rank's" if r == box.buf.rank else f"rank {r}'s"
-            raise ValueError(f"{name}: shares memory with {whose} inbox, which the peers write during the call; "
-                             "pass a tensor of its own")
+            raise ValueError(
+                f"{name}: shares memory with {whose} inbox, which the peers write during the call; "
+                "pass a tensor of its own"
+            )
 
 
 def all_reduce(x: torch.Tensor, box: Inbox, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -274,8 +303,9 @@ def all_reduce(x: torch.Tensor, box: Inbox, out: torch.Tensor | None = None) -> 
     return all_reduce_variant(x, box, out)
 
 
-def all_reduce_variant(x: torch.Tensor, box: Inbox, out: torch.Tensor | None = None, *, slots: int = 2,
-                       delay: int = 0, slow_rank: int = 1) -> torch.Tensor:
+def all_reduce_variant(
+    x: torch.Tensor, box: Inbox, out: torch.Tensor | None = None, *, slots: int = 2, delay: int = 0, slow_rank: int = 1
+) -> torch.Tensor:
     """``all_reduce`` with the lab's switches: ``slots=1`` is the broken protocol (one inbox slot
     and no end barrier: a fast rank's next call overwrites what a slow peer is still summing);
     ``delay`` volatile loads on ``slow_rank`` between its wait and its sum make that peer slow.
@@ -290,7 +320,19 @@ def all_reduce_variant(x: torch.Tensor, box: Inbox, out: torch.Tensor | None = N
         raise ValueError(f"slow_rank: expected a rank in 0..{b.world_size - 1}, got {slow_rank!r}")
     with on_device_of(x=x):
         push_one_shot_kernel[(box.programs,)](
-            x, b.data_ptrs, b.pad_ptrs, out, x.numel(), box.capacity, b.rank,
-            WORLD=b.world_size, MAX_BLOCKS=box.programs, BLOCK=box.block, SLOTS=slots, DELAY=delay,
-            SLOW_RANK=slow_rank if delay else 0, num_warps=box.num_warps)
+            x,
+            b.data_ptrs,
+            b.pad_ptrs,
+            out,
+            x.numel(),
+            box.capacity,
+            b.rank,
+            WORLD=b.world_size,
+            MAX_BLOCKS=box.programs,
+            BLOCK=box.block,
+            SLOTS=slots,
+            DELAY=delay,
+            SLOW_RANK=slow_rank if delay else 0,
+            num_warps=box.num_warps,
+        )
     return out

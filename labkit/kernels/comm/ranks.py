@@ -29,6 +29,7 @@ How it works, and why:
   is told apart from one that returned. Its stdout/stderr go to files as well, kept (tails) in
   the result: a notebook never shows what a child writes to its file descriptors.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,12 +63,11 @@ from labkit.workbench.errors import UsageError
 from labkit.workbench.gates import HardwareUnavailable
 from labkit.workbench.sandbox import _target, classify, SandboxError
 
-STATUSES = ("ok", "exception", "illegal_memory_access", "cuda_error", "signal", "exit",
-            "timeout", "aborted")
+STATUSES = ("ok", "exception", "illegal_memory_access", "cuda_error", "signal", "exit", "timeout", "aborted")
 _HANG_HINT = "(hung? e.g. a spin barrier waiting for a peer that died)"
-_TAIL = 20_000        # characters of each rank's stdout/stderr kept in its result
-_POLL_S = 0.1         # how often the launcher looks for result files between exits
-_TEARDOWN_S = 5.0     # how long a rank that has left its result may take to exit
+_TAIL = 20_000  # characters of each rank's stdout/stderr kept in its result
+_POLL_S = 0.1  # how often the launcher looks for result files between exits
+_TEARDOWN_S = 5.0  # how long a rank that has left its result may take to exit
 
 # The first code a rank runs. Had the spawn target been a function of labkit, spawn would import
 # labkit (and torch) to find it, and labkit reads TRITON_INTERPRET and probes CUDA (which fixes
@@ -93,11 +93,12 @@ class RankFailure(RuntimeError):
 @dataclasses.dataclass
 class RankContext:
     """What each rank's function receives as its first argument."""
+
     rank: int
     world_size: int
-    device: torch.device   # cuda:<rank> with nccl, cpu with gloo
-    backend: str           # "nccl" or "gloo"
-    scratch_dir: str       # shared by all ranks of this run; removed by the launcher afterwards
+    device: torch.device  # cuda:<rank> with nccl, cpu with gloo
+    backend: str  # "nccl" or "gloo"
+    scratch_dir: str  # shared by all ranks of this run; removed by the launcher afterwards
 
     def barrier(self) -> None:
         """Wait until every rank gets here (torch.distributed.barrier)."""
@@ -115,7 +116,7 @@ class RankResult:
     error_type: str | None = None
     message: str | None = None
     traceback: str | None = dataclasses.field(default=None, repr=False)
-    seconds: float = 0.0       # from the launch until the rank exited or was killed
+    seconds: float = 0.0  # from the launch until the rank exited or was killed
     signal: str | None = None  # "SIGSEGV", ... when status is "signal"
     returncode: int | None = None
     stdout: str = dataclasses.field(default="", repr=False)  # tails of what the rank printed
@@ -171,8 +172,7 @@ class RanksResult:
         """The values if every rank returned, else raise RankFailure naming each failed rank."""
         if self.ok:
             return self.values
-        head = (f"{len(self.failed)} of {self.world_size} ranks failed "
-                f"(backend {self.backend}, {self.seconds:.1f} s):")
+        head = f"{len(self.failed)} of {self.world_size} ranks failed (backend {self.backend}, {self.seconds:.1f} s):"
         lines = [head]
         lines += [f"  {r.summary()}" for r in self.failed]
         # The root cause is the first rank to fail on its own; the aborted ones only followed.
@@ -182,8 +182,15 @@ class RanksResult:
         raise RankFailure("\n".join(lines), self)
 
 
-def run_ranks(fn: Callable | str, world_size: int, *args, timeout: float = 120.0,
-              backend: str = "auto", env: dict | None = None, **kwargs) -> RanksResult:
+def run_ranks(
+    fn: Callable | str,
+    world_size: int,
+    *args,
+    timeout: float = 120.0,
+    backend: str = "auto",
+    env: dict | None = None,
+    **kwargs,
+) -> RanksResult:
     """Call ``fn(ctx, *args, **kwargs)`` on ranks 0..world_size-1; never raises for what they do.
 
     fn:         a module-level function or "module:function"; args, kwargs and return values
@@ -214,9 +221,18 @@ def run_ranks(fn: Callable | str, world_size: int, *args, timeout: float = 120.0
         spawn = torch.multiprocessing.get_context("spawn")
         start = time.monotonic()
         for rank in range(world_size):
-            call = {"rank": rank, "world_size": world_size, "backend": backend,
-                    "device_type": device_type, "scratch_dir": scratch_dir, "run_dir": run_dir,
-                    "module": module, "qualname": qualname, "args": call_args, "timeout": timeout}
+            call = {
+                "rank": rank,
+                "world_size": world_size,
+                "backend": backend,
+                "device_type": device_type,
+                "scratch_dir": scratch_dir,
+                "run_dir": run_dir,
+                "module": module,
+                "qualname": qualname,
+                "args": call_args,
+                "timeout": timeout,
+            }
             bootstrap = {"ENV": _rank_env(rank, world_size, port, env), "CALL": call}
             proc = spawn.Process(target=exec, args=(_BOOTSTRAP, bootstrap), name=f"labkit-rank{rank}")
             proc.start()
@@ -224,8 +240,10 @@ def run_ranks(fn: Callable | str, world_size: int, *args, timeout: float = 120.0
         ended, first_failed = _watch(procs, run_dir, start, start + timeout)
         killed_at = time.monotonic() - start
         _kill_all(procs)
-        results = [_rank_result(rank, proc, run_dir, ended.get(rank, killed_at), rank in ended,
-                                first_failed, timeout) for rank, proc in enumerate(procs)]
+        results = [
+            _rank_result(rank, proc, run_dir, ended.get(rank, killed_at), rank in ended, first_failed, timeout)
+            for rank, proc in enumerate(procs)
+        ]
         return RanksResult(results, time.monotonic() - start, world_size, backend, float(timeout))
     finally:
         _kill_all(procs)  # also on KeyboardInterrupt in the notebook: no rank outlives the call
@@ -233,6 +251,7 @@ def run_ranks(fn: Callable | str, world_size: int, *args, timeout: float = 120.0
 
 
 # --- the launcher's side -------------------------------------------------------------------
+
 
 def _check_fn(fn: Callable | str) -> tuple[str, str]:
     """(module, qualname) of fn, checked here so a bad fn fails before any process starts."""
@@ -268,8 +287,9 @@ def _choose_backend(backend: str, world_size: int) -> tuple[str, str]:
         backend = "nccl" if labkit.TIER == "gpu" and world_size <= gpus else "gloo"
     elif backend == "nccl":
         if world_size > gpus:
-            raise HardwareUnavailable(f"backend='nccl' needs one CUDA GPU per rank: "
-                                      f"world_size={world_size}, this machine has {gpus}")
+            raise HardwareUnavailable(
+                f"backend='nccl' needs one CUDA GPU per rank: world_size={world_size}, this machine has {gpus}"
+            )
     elif backend != "gloo":
         raise UsageError(f"backend={backend!r}: expected 'auto', 'nccl' or 'gloo'")
     return backend, ("cuda" if backend == "nccl" else "cpu")
@@ -293,8 +313,14 @@ def _rank_env(rank: int, world_size: int, port: int, env: dict | None) -> dict[s
     out = {k: str(v) for k, v in (env or {}).items()}
     if "OMP_NUM_THREADS" not in out and "OMP_NUM_THREADS" not in os.environ:
         out["OMP_NUM_THREADS"] = str(rank_threads(world_size))  # read by torch when the rank imports it
-    out.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-               WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    out.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
     out.update(labkit.MULTICAST_OFF)
     return out
 
@@ -312,8 +338,7 @@ def _load_payload(run_dir: str, rank: int) -> dict | None:
         with open(path, "rb") as f:
             return pickle.load(f)
     except Exception as e:  # noqa: BLE001 - e.g. a value whose class the launcher cannot import
-        return {"status": "exception", "type": type(e).__name__,
-                "message": f"could not read rank {rank}'s result: {e}"}
+        return {"status": "exception", "type": type(e).__name__, "message": f"could not read rank {rank}'s result: {e}"}
 
 
 def _watch(procs: list, run_dir: str, start: float, deadline: float) -> tuple[dict, int | None]:
@@ -334,8 +359,7 @@ def _watch(procs: list, run_dir: str, start: float, deadline: float) -> tuple[di
             if rank not in payloads and (p := _load_payload(run_dir, rank)) is not None:
                 payloads[rank] = p
         for rank in range(len(procs)):
-            if (rank in payloads and payloads[rank].get("status") != "ok") or \
-                    (rank in ended and rank not in payloads):
+            if (rank in payloads and payloads[rank].get("status") != "ok") or (rank in ended and rank not in payloads):
                 return ended, rank
         # Every rank has returned, but one is still leaving (destroy_process_group can block
         # when a peer is gone): its result is safe, so wait a little, then kill it.
@@ -359,24 +383,24 @@ def _kill_all(procs: list) -> None:
         proc.join()
 
 
-def _rank_result(rank: int, proc, run_dir: str, seconds: float, exited: bool,
-                 first_failed: int | None, timeout: float) -> RankResult:
+def _rank_result(
+    rank: int, proc, run_dir: str, seconds: float, exited: bool, first_failed: int | None, timeout: float
+) -> RankResult:
     """Decide one rank's status from its result file, its exit, and why the launcher stopped."""
     out, err = (_tail(os.path.join(run_dir, f"rank{rank}.{ext}")) for ext in ("out", "err"))
-    common = {"rank": rank, "seconds": seconds, "returncode": proc.exitcode, "stdout": out or "",
-              "stderr": err or ""}
+    common = {"rank": rank, "seconds": seconds, "returncode": proc.exitcode, "stdout": out or "", "stderr": err or ""}
     payload = _load_payload(run_dir, rank)
     if payload is None and not exited:  # the launcher killed it
         if first_failed is not None:
-            return RankResult(status="aborted", **common,
-                              message=f"killed because rank {first_failed} failed first")
-        return RankResult(status="timeout", **common,
-                          message=f"did not finish within {timeout:g} s {_HANG_HINT}")
+            return RankResult(status="aborted", **common, message=f"killed because rank {first_failed} failed first")
+        return RankResult(status="timeout", **common, message=f"did not finish within {timeout:g} s {_HANG_HINT}")
     fields = classify(proc.exitcode, payload, err or "", timed_out=False)
     if payload is None and err is None:  # no output file: it died before _rank_main began
-        fields["message"] = ("died while starting, before its rank code ran (see the launcher's "
-                             "stderr; a script must guard its top-level code with "
-                             "`if __name__ == '__main__':`)")
+        fields["message"] = (
+            "died while starting, before its rank code ran (see the launcher's "
+            "stderr; a script must guard its top-level code with "
+            "`if __name__ == '__main__':`)"
+        )
     return RankResult(**common, **fields)
 
 
@@ -388,6 +412,7 @@ def _tail(path: str) -> str | None:
 
 
 # --- the rank's side ---------------------------------------------------------------------
+
 
 def _rank_main(call: dict) -> None:
     """A rank's life: run fn with the process group up, leave the outcome in a file, exit."""
@@ -444,8 +469,12 @@ def _exit_with_launcher() -> None:
 
 
 def _init_process_group(ctx: RankContext, timeout: float) -> None:
-    kwargs = {"backend": ctx.backend, "rank": ctx.rank, "world_size": ctx.world_size,
-              "timeout": datetime.timedelta(seconds=timeout)}
+    kwargs = {
+        "backend": ctx.backend,
+        "rank": ctx.rank,
+        "world_size": ctx.world_size,
+        "timeout": datetime.timedelta(seconds=timeout),
+    }
     # device_id (torch >= 2.3) binds the NCCL communicator to this rank's GPU at once.
     if ctx.backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
         kwargs["device_id"] = ctx.device
@@ -453,6 +482,10 @@ def _init_process_group(ctx: RankContext, timeout: float) -> None:
 
 
 def _exception_blob(e: BaseException) -> bytes:
-    payload = {"status": "exception", "type": f"{type(e).__module__}.{type(e).__qualname__}",
-               "message": str(e), "traceback": traceback.format_exc()}  # strings: they pickle
+    payload = {
+        "status": "exception",
+        "type": f"{type(e).__module__}.{type(e).__qualname__}",
+        "message": str(e),
+        "traceback": traceback.format_exc(),
+    }  # strings: they pickle
     return pickle.dumps(payload)

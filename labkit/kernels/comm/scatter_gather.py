@@ -8,6 +8,7 @@ Reads (W-1) x S over NVLink, one peer after another, each rank starting at a dif
 
 Both: a start barrier (inputs written) and an end barrier (no buffer reused while a peer reads).
 """
+
 import triton
 import triton.language as tl
 
@@ -17,17 +18,17 @@ from labkit.kernels.comm.signals import block_barrier, slow_down
 
 @triton.jit
 def reduce_scatter_kernel(
-    data_ptrs,                  # int64 [W]: every rank's buffer (W x S elements each)
-    pad_ptrs,                   # int64 [W]: every rank's signal pad
-    out_ptr,                    # *T [S]: this rank's reduced shard
-    shard,                      # S
+    data_ptrs,  # int64 [W]: every rank's buffer (W x S elements each)
+    pad_ptrs,  # int64 [W]: every rank's signal pad
+    out_ptr,  # *T [S]: this rank's reduced shard
+    shard,  # S
     rank,
     WORLD: tl.constexpr,
     MAX_BLOCKS: tl.constexpr,
     BLOCK: tl.constexpr,
     SEM: tl.constexpr,
     END_BARRIER: tl.constexpr,
-    DELAY: tl.constexpr = 0,    # lab 06's stress: volatile loads on SLOW_RANK before the peer reads (0: none)
+    DELAY: tl.constexpr = 0,  # lab 06's stress: volatile loads on SLOW_RANK before the peer reads (0: none)
     SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
 ):
     pid = tl.program_id(0)
@@ -51,17 +52,17 @@ def reduce_scatter_kernel(
 
 @triton.jit
 def all_gather_kernel(
-    data_ptrs,                  # int64 [W]: every rank's buffer (S elements each)
-    pad_ptrs,                   # int64 [W]: every rank's signal pad
-    out_ptr,                    # *T [W x S]: every rank's buffer, concatenated
-    shard,                      # S
+    data_ptrs,  # int64 [W]: every rank's buffer (S elements each)
+    pad_ptrs,  # int64 [W]: every rank's signal pad
+    out_ptr,  # *T [W x S]: every rank's buffer, concatenated
+    shard,  # S
     rank,
     WORLD: tl.constexpr,
     MAX_BLOCKS: tl.constexpr,
     BLOCK: tl.constexpr,
     SEM: tl.constexpr,
     END_BARRIER: tl.constexpr,
-    DELAY: tl.constexpr = 0,    # lab 06's stress: volatile loads on SLOW_RANK before the peer reads (0: none)
+    DELAY: tl.constexpr = 0,  # lab 06's stress: volatile loads on SLOW_RANK before the peer reads (0: none)
     SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
     ROTATE: tl.constexpr = True,  # False: the naive order, every rank reads shard 0 first (compiled away when True)
 ):

@@ -24,6 +24,7 @@ in the emulated world every scope behaves alike).
 ``slow_down`` is lab 06's stress: a delay on one rank between a barrier and the reads it guards,
 a constexpr that compiles to nothing when 0.
 """
+
 import os
 
 import triton
@@ -98,7 +99,7 @@ def block_barrier(pad_ptrs, rank, block, WORLD: tl.constexpr, MAX_BLOCKS: tl.con
     valid = lanes < WORLD
     peer = tl.where(valid, lanes, rank)
     remote = tl.load(pad_ptrs + peer).to(tl.pointer_type(tl.int32))
-    send_at = remote + block * WORLD + rank           # channel 0, slot (block, me) on each peer
+    send_at = remote + block * WORLD + rank  # channel 0, slot (block, me) on each peer
     one = tl.full([8], 1, tl.int32)
     zero = tl.full([8], 0, tl.int32)
     never = tl.full([8], -1, tl.int32)  # a compare value no slot ever holds
@@ -112,7 +113,7 @@ def block_barrier(pad_ptrs, rank, block, WORLD: tl.constexpr, MAX_BLOCKS: tl.con
             old = tl.atomic_cas(send_at, tl.where(done, never, zero), one, sem="relaxed", scope="sys")
         done = done | (old == 0)
     local = tl.load(pad_ptrs + rank).to(tl.pointer_type(tl.int32))
-    wait_at = local + block * WORLD + peer            # channel 0, slot (block, peer) on mine
+    wait_at = local + block * WORLD + peer  # channel 0, slot (block, peer) on mine
     done = lanes >= WORLD
     while tl.sum((done == 0).to(tl.int32), axis=0) > 0:
         if SEM == 0:

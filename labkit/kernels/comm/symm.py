@@ -17,6 +17,7 @@ CUDA graph, without clearing anything.
 ``empty`` is collective: every rank calls it in the same order with the same shape and dtype
 (checked; a mismatch is an error naming the ranks), exactly as with PyTorch's rendezvous.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,16 +45,16 @@ WORKSPACE_UNIT = 64
 class SymmBuffer:
     """This rank's view of one symmetric allocation."""
 
-    tensor: torch.Tensor          # this rank's buffer (what the caller reads and writes)
-    peers: list[torch.Tensor]     # every rank's buffer, mapped in this process (peers[rank] is tensor)
-    data_ptrs: torch.Tensor       # int64 [W] on the device: peers[r].data_ptr()
-    pads: list[torch.Tensor]      # every rank's signal pad (int32 [CHANNELS, max_blocks, W])
-    pad_ptrs: torch.Tensor        # int64 [W] on the device: pads[r].data_ptr()
+    tensor: torch.Tensor  # this rank's buffer (what the caller reads and writes)
+    peers: list[torch.Tensor]  # every rank's buffer, mapped in this process (peers[rank] is tensor)
+    data_ptrs: torch.Tensor  # int64 [W] on the device: peers[r].data_ptr()
+    pads: list[torch.Tensor]  # every rank's signal pad (int32 [CHANNELS, max_blocks, W])
+    pad_ptrs: torch.Tensor  # int64 [W] on the device: pads[r].data_ptr()
     rank: int
     world_size: int
-    max_blocks: int               # programs a kernel on this buffer may use (signal-pad rows)
-    emulated: bool                # True on the CPU tier (file-backed shared memory)
-    _keep: tuple = ()             # handles that must live as long as the buffer
+    max_blocks: int  # programs a kernel on this buffer may use (signal-pad rows)
+    emulated: bool  # True on the CPU tier (file-backed shared memory)
+    _keep: tuple = ()  # handles that must live as long as the buffer
     #: a second symmetric allocation (``empty(..., workspace=True)``) where peers deposit
     #: shards for this rank: W slots of ``workspace_shard`` elements (``two_shot_ce``)
     workspace: SymmBuffer | None = None
@@ -90,8 +91,10 @@ class SymmBuffer:
 
 def _world() -> tuple[int, int]:
     if not (dist.is_available() and dist.is_initialized()):
-        raise UsageError("symmetric memory needs an initialised process group: run inside "
-                         "labkit.kernels.comm.ranks.run_ranks (or torchrun with init_process_group)")
+        raise UsageError(
+            "symmetric memory needs an initialised process group: run inside "
+            "labkit.kernels.comm.ranks.run_ranks (or torchrun with init_process_group)"
+        )
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -101,15 +104,24 @@ def _check_same_everywhere(shape: tuple, dtype: torch.dtype, max_blocks: int, wo
     dist.all_gather_object(everyone, mine)
     if any(o != everyone[0] for o in everyone):
         listing = ", ".join(f"rank {r}: shape {o[0]} {o[1]} max_blocks {o[2]}" for r, o in enumerate(everyone))
-        raise ValueError(f"symmetric allocation differs across ranks ({listing}); every rank must ask "
-                         "for the same shape, dtype and max_blocks")
+        raise ValueError(
+            f"symmetric allocation differs across ranks ({listing}); every rank must ask "
+            "for the same shape, dtype and max_blocks"
+        )
 
 
 _sequence = 0  # allocations made by this process: the same on every rank, since empty() is collective
 
 
-def empty(shape, dtype: torch.dtype = torch.float32, *, device=None, max_blocks: int = DEFAULT_MAX_BLOCKS,
-          scratch_dir: str | None = None, workspace: bool = False) -> SymmBuffer:
+def empty(
+    shape,
+    dtype: torch.dtype = torch.float32,
+    *,
+    device=None,
+    max_blocks: int = DEFAULT_MAX_BLOCKS,
+    scratch_dir: str | None = None,
+    workspace: bool = False,
+) -> SymmBuffer:
     """Allocate a symmetric buffer of ``shape`` on every rank (collective).
 
     device:      this rank's device (default: cuda:<current> on GPUs, cpu otherwise)
@@ -137,9 +149,11 @@ def empty(shape, dtype: torch.dtype = torch.float32, *, device=None, max_blocks:
     if device.type == "cpu" and not tier.interpreted():
         # A compiled kernel given a CPU pointer fails at launch ("Pointer argument cannot be
         # accessed from Triton"): refuse here, naming the argument, before any rank allocates.
-        raise ValueError(f"device={device}: CPU symmetric buffers belong to the emulated world, whose kernels "
-                         f"run under the Triton interpreter (TRITON_INTERPRET=1); on the GPU tier each rank needs "
-                         f"a CUDA GPU of its own (a world of {world} ranks: {world} GPUs)")
+        raise ValueError(
+            f"device={device}: CPU symmetric buffers belong to the emulated world, whose kernels "
+            f"run under the Triton interpreter (TRITON_INTERPRET=1); on the GPU tier each rank needs "
+            f"a CUDA GPU of its own (a world of {world} ranks: {world} GPUs)"
+        )
     pad_shape = (CHANNELS, max_blocks, world)
     _sequence += 1
     if device.type == "cuda":
@@ -148,8 +162,10 @@ def empty(shape, dtype: torch.dtype = torch.float32, *, device=None, max_blocks:
     else:
         folder = scratch_dir or os.environ.get("LABKIT_SYMM_DIR")
         if not folder:
-            raise UsageError("scratch_dir: the CPU emulation needs a folder every rank shares "
-                             "(RankContext.scratch_dir, or $LABKIT_SYMM_DIR)")
+            raise UsageError(
+                "scratch_dir: the CPU emulation needs a folder every rank shares "
+                "(RankContext.scratch_dir, or $LABKIT_SYMM_DIR)"
+            )
         peers, pads = _file_alloc(shape, dtype, pad_shape, folder, rank, world, _sequence)
         keep, emulated = (), True
     for r, (p, q) in enumerate(zip(peers, pads)):
@@ -175,8 +191,10 @@ def _file_alloc(shape, dtype, pad_shape, folder, rank, world, seq):
     torch.from_file(path("pad", rank), shared=True, size=pad_numel, dtype=torch.int32)
     dist.barrier()
     peers = [torch.from_file(path("data", r), shared=True, size=numel, dtype=dtype).view(shape) for r in range(world)]
-    pads = [torch.from_file(path("pad", r), shared=True, size=pad_numel, dtype=torch.int32).view(pad_shape)
-            for r in range(world)]
+    pads = [
+        torch.from_file(path("pad", r), shared=True, size=pad_numel, dtype=torch.int32).view(pad_shape)
+        for r in range(world)
+    ]
     dist.barrier()
     return peers, pads
 
@@ -211,14 +229,18 @@ def check_buffer(name: str, buf) -> SymmBuffer:
     if isinstance(buf, SymmBuffer):
         x = buf.tensor
         if x.data_ptr() != buf._ptr or x.shape != buf._shape:
-            raise UsageError(f"{name}: buf.tensor is no longer the symmetric allocation (it was at {buf._ptr:#x}, shape "
-                             f"{tuple(buf._shape)}; now {x.data_ptr():#x}, {tuple(x.shape)}: re-assigned, set_, "
-                             "resized or its storage freed); the kernels read every rank's buffer through the "
-                             "pointers taken at allocation, so they would not see what is in it now")
+            raise UsageError(
+                f"{name}: buf.tensor is no longer the symmetric allocation (it was at {buf._ptr:#x}, shape "
+                f"{tuple(buf._shape)}; now {x.data_ptr():#x}, {tuple(x.shape)}: re-assigned, set_, "
+                "resized or its storage freed); the kernels read every rank's buffer through the "
+                "pointers taken at allocation, so they would not see what is in it now"
+            )
         return buf
     if isinstance(buf, torch.Tensor):
-        raise TypeError(f"{name}: a plain tensor is not in symmetric memory; allocate it with "
-                        "labkit.kernels.comm.symm.empty(...) on every rank and write your data into .tensor")
+        raise TypeError(
+            f"{name}: a plain tensor is not in symmetric memory; allocate it with "
+            "labkit.kernels.comm.symm.empty(...) on every rank and write your data into .tensor"
+        )
     raise TypeError(f"{name}: expected a labkit.kernels.comm.symm.SymmBuffer, got {type(buf).__name__}")
 
 
@@ -245,8 +267,9 @@ def register(buf: SymmBuffer, name: str | None = None) -> str:
         raise TypeError(f"name: expected a non-empty str, got {name!r}")
     held = _REGISTRY.get(name)
     if held is not None and held is not buf:
-        raise UsageError(f"name: {name!r} already names another symmetric buffer; unregister({name!r}) first "
-                         "or choose another name")
+        raise UsageError(
+            f"name: {name!r} already names another symmetric buffer; unregister({name!r}) first or choose another name"
+        )
     _REGISTRY[name] = buf
     return name
 
@@ -261,6 +284,8 @@ def lookup(name: str) -> SymmBuffer:
     buf = _REGISTRY.get(name) if isinstance(name, str) else None
     if buf is None:
         known = ", ".join(sorted(_REGISTRY)) or "none"
-        raise UsageError(f"handle: {name!r} names no symmetric buffer of this process (registered: {known}); "
-                         "call labkit.kernels.comm.symm.register(buf, name) on every rank first")
+        raise UsageError(
+            f"handle: {name!r} names no symmetric buffer of this process (registered: {known}); "
+            "call labkit.kernels.comm.symm.register(buf, name) on every rank first"
+        )
     return buf

@@ -19,6 +19,7 @@ pointer table: whatever 8 bytes precede the table are used as an address. That i
 tree all-reduce written by hand segfaults (an illegal memory access on a GPU); whether it is the
 way the story's did is not known.
 """
+
 import triton
 import triton.language as tl
 
@@ -28,6 +29,7 @@ from labkit.kernels.comm.signals import block_barrier, pad_slot, send, slow_down
 
 def tree_links(rank: int, world: int) -> tuple[int, int, int, int, int, int]:
     """(parent, child0, child1) of ``rank`` in tree A, then in tree B; -1 where there is none."""
+
     def heap(node):
         parent = (node - 1) // 2 if node > 0 else -1
         kids = [c for c in (2 * node + 1, 2 * node + 2) if c < world]
@@ -50,26 +52,30 @@ def _add_child(data_ptrs, acc, child, offs, mask, ELEM: tl.constexpr, GUARD_LEAF
 
 @triton.jit
 def tree_all_reduce_kernel(
-    data_ptrs,                  # int64 [W]: every rank's symmetric buffer (N elements each)
-    pad_ptrs,                   # int64 [W]: every rank's signal pad
-    out_ptr,                    # *T [N]: this rank's result
-    n,                          # N
-    half,                       # elements per tree (a multiple of BLOCK); tree B takes the rest
+    data_ptrs,  # int64 [W]: every rank's symmetric buffer (N elements each)
+    pad_ptrs,  # int64 [W]: every rank's signal pad
+    out_ptr,  # *T [N]: this rank's result
+    n,  # N
+    half,  # elements per tree (a multiple of BLOCK); tree B takes the rest
     rank,
-    a_parent, a_child0, a_child1,  # links in tree A (-1: none)
-    b_parent, b_child0, b_child1,  # links in tree B
+    a_parent,
+    a_child0,
+    a_child1,  # links in tree A (-1: none)
+    b_parent,
+    b_child0,
+    b_child1,  # links in tree B
     WORLD: tl.constexpr,
     MAX_BLOCKS: tl.constexpr,
     BLOCK: tl.constexpr,
     SEM: tl.constexpr,
     END_BARRIER: tl.constexpr,
-    GUARD_LEAF: tl.constexpr,   # False: the broken variant (module docstring)
-    DELAY: tl.constexpr = 0,    # lab 06's stress: volatile loads on SLOW_RANK before it copies from its parent (0: none)
+    GUARD_LEAF: tl.constexpr,  # False: the broken variant (module docstring)
+    DELAY: tl.constexpr = 0,  # lab 06's stress: volatile loads on SLOW_RANK before it copies from its parent (0: none)
     SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    tprog = nprog // 2           # programs per tree (the launcher makes nprog even)
+    tprog = nprog // 2  # programs per tree (the launcher makes nprog even)
     tree = pid // tprog
     tpid = pid - tree * tprog
     ELEM = out_ptr.dtype.element_ty

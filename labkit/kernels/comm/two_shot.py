@@ -16,6 +16,7 @@ the bandwidth choice for large messages. Three barriers:
 each rank pushes its reduced shard into every buffer instead of the peers pulling it, two
 barriers instead of three and no copy out.
 """
+
 import triton
 import triton.language as tl
 
@@ -25,18 +26,18 @@ from labkit.kernels.comm.signals import block_barrier, slow_down
 
 @triton.jit
 def two_shot_all_reduce_kernel(
-    data_ptrs,                  # int64 [W]: every rank's symmetric buffer (N elements each)
-    pad_ptrs,                   # int64 [W]: every rank's signal pad
-    out_ptr,                    # *T [N]: this rank's result (local memory)
-    n,                          # N: elements per rank
-    shard_blocks,               # shard size in BLOCKs (elements per shard / BLOCK); ranks past N own nothing
-    rank,                       # this rank
+    data_ptrs,  # int64 [W]: every rank's symmetric buffer (N elements each)
+    pad_ptrs,  # int64 [W]: every rank's signal pad
+    out_ptr,  # *T [N]: this rank's result (local memory)
+    n,  # N: elements per rank
+    shard_blocks,  # shard size in BLOCKs (elements per shard / BLOCK); ranks past N own nothing
+    rank,  # this rank
     WORLD: tl.constexpr,
     MAX_BLOCKS: tl.constexpr,
     BLOCK: tl.constexpr,
     SEM: tl.constexpr,
     END_BARRIER: tl.constexpr,
-    DELAY: tl.constexpr = 0,    # lab 06's stress: volatile loads on SLOW_RANK before the peer reads (0: none)
+    DELAY: tl.constexpr = 0,  # lab 06's stress: volatile loads on SLOW_RANK before the peer reads (0: none)
     SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
 ):
     pid = tl.program_id(0)
@@ -78,8 +79,7 @@ def two_shot_all_reduce_kernel(
 
 
 @triton.jit
-def store_everywhere(data_ptrs, offs, value, mask, rank, WORLD: tl.constexpr, ELEM: tl.constexpr,
-                     MASKED: tl.constexpr):
+def store_everywhere(data_ptrs, offs, value, mask, rank, WORLD: tl.constexpr, ELEM: tl.constexpr, MASKED: tl.constexpr):
     """Store ``value`` at ``offs`` of every rank's buffer (the push of the in-place kernels),
     starting with this rank's and going round, so no buffer is written by all ranks at once."""
     for k in tl.static_range(WORLD):
@@ -92,18 +92,18 @@ def store_everywhere(data_ptrs, offs, value, mask, rank, WORLD: tl.constexpr, EL
 
 @triton.jit
 def two_shot_all_reduce_in_place_kernel(
-    data_ptrs,                  # int64 [W]: every rank's symmetric buffer (N elements each)
-    pad_ptrs,                   # int64 [W]: every rank's signal pad
-    x_ptr,                      # *T [N]: this rank's buffer: input, then the result
-    n,                          # N: elements per rank
-    shard_blocks,               # shard size in BLOCKs, as in two_shot_all_reduce_kernel
-    rank,                       # this rank
+    data_ptrs,  # int64 [W]: every rank's symmetric buffer (N elements each)
+    pad_ptrs,  # int64 [W]: every rank's signal pad
+    x_ptr,  # *T [N]: this rank's buffer: input, then the result
+    n,  # N: elements per rank
+    shard_blocks,  # shard size in BLOCKs, as in two_shot_all_reduce_kernel
+    rank,  # this rank
     WORLD: tl.constexpr,
     MAX_BLOCKS: tl.constexpr,
     BLOCK: tl.constexpr,
     SEM: tl.constexpr,
     END_BARRIER: tl.constexpr,
-    DELAY: tl.constexpr = 0,    # lab 06's stress: volatile loads on SLOW_RANK before the peer reads (0: none)
+    DELAY: tl.constexpr = 0,  # lab 06's stress: volatile loads on SLOW_RANK before the peer reads (0: none)
     SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
 ):
     """Two-shot in place, the result pushed: rank r sums shard r over all buffers (loads over
@@ -145,22 +145,22 @@ def two_shot_all_reduce_in_place_kernel(
 
 @triton.jit
 def two_shot_ce_kernel(
-    data_ptrs,                  # int64 [W]: every rank's symmetric buffer (N elements each)
-    pad_ptrs,                   # int64 [W]: every rank's signal pad
-    out_ptrs,                   # int64 [W]: where the sums go on every rank: data_ptrs in place, or
-                                #   a symmetric output's (``into.all_reduce_into``: out of place)
-    x_ptr,                      # *T [N]: this rank's buffer: input (and the result, in place)
-    received_ptr,               # *T [W x S]: this rank's workspace; slot s holds rank s's shard r
-    n,                          # N: elements per rank
-    shard_units,                # S / UNIT: shard size in units of UNIT elements
-    rank,                       # this rank
+    data_ptrs,  # int64 [W]: every rank's symmetric buffer (N elements each)
+    pad_ptrs,  # int64 [W]: every rank's signal pad
+    out_ptrs,  # int64 [W]: where the sums go on every rank: data_ptrs in place, or
+    #   a symmetric output's (``into.all_reduce_into``: out of place)
+    x_ptr,  # *T [N]: this rank's buffer: input (and the result, in place)
+    received_ptr,  # *T [W x S]: this rank's workspace; slot s holds rank s's shard r
+    n,  # N: elements per rank
+    shard_units,  # S / UNIT: shard size in units of UNIT elements
+    rank,  # this rank
     WORLD: tl.constexpr,
     MAX_BLOCKS: tl.constexpr,
     BLOCK: tl.constexpr,
     SEM: tl.constexpr,
     END_BARRIER: tl.constexpr,
-    UNIT: tl.constexpr,         # symm.WORKSPACE_UNIT: shards start at multiples of it (16-byte aligned)
-    DELAY: tl.constexpr = 0,    # lab 06's stress: volatile loads on SLOW_RANK before the reads (0: none)
+    UNIT: tl.constexpr,  # symm.WORKSPACE_UNIT: shards start at multiples of it (16-byte aligned)
+    DELAY: tl.constexpr = 0,  # lab 06's stress: volatile loads on SLOW_RANK before the reads (0: none)
     SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
 ):
     """The second half of ``two_shot_ce`` (``collectives._two_shot_ce`` does the first: the

@@ -11,11 +11,23 @@
 Lab 05 (``labkit.labs.fp8_dispatch``) shows what happens when that state follows the current
 device instead, as it does in the story.
 """
+
 from labkit.kernels.fp8.autocast import DeviceAware, fp8_autocast
 from labkit.kernels.fp8.cast import Quantized, quantize, quantize_reference
 from labkit.kernels.fp8.gemm import fp8_gemm, scaled_mm_api
 from labkit.kernels.fp8.linear import FP8Linear, fp8_linear
 from labkit.kernels.fp8.recipe import DelayedScaling, FP8Meta
 
-__all__ = ["DelayedScaling", "FP8Meta", "Quantized", "quantize", "quantize_reference", "fp8_gemm",
-           "scaled_mm_api", "FP8Linear", "fp8_linear", "fp8_autocast", "DeviceAware"]
+__all__ = [
+    "DelayedScaling",
+    "FP8Meta",
+    "Quantized",
+    "quantize",
+    "quantize_reference",
+    "fp8_gemm",
+    "scaled_mm_api",
+    "FP8Linear",
+    "fp8_linear",
+    "fp8_autocast",
+    "DeviceAware",
+]

@@ -21,6 +21,7 @@ story's mechanisms (``labkit.labs.fp8_dispatch.naive``) as ``mode=`` to test the
 Backward amaxes (output gradients) are folded in at the NEXT context exit (TransformerEngine does
 it at the end of backward); every exit updates both directions of the modules that ran inside it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,6 +40,7 @@ _ACTIVE: list["fp8_autocast"] = []
 @dataclasses.dataclass
 class Entry:
     """One module's state of one direction, registered with the context that ran it."""
+
     module: torch.nn.Module
     direction: str
     meta: FP8Meta
@@ -56,18 +58,22 @@ class DeviceAware:
     def check_input(self, module, x: torch.Tensor) -> None:
         w = module.weight
         if x.device != w.device:
-            raise ValueError(f"x: is on {x.device} but the weight of {module_name(module)} is on {w.device}; "
-                             f"move the input to {w.device} (accelerate's hooks do) or the module to {x.device}")
+            raise ValueError(
+                f"x: is on {x.device} but the weight of {module_name(module)} is on {w.device}; "
+                f"move the input to {w.device} (accelerate's hooks do) or the module to {x.device}"
+            )
 
     def meta(self, module, direction: str) -> FP8Meta:
         meta = module.fp8_meta(direction)
         if meta.device != module.weight.device:
-            raise RuntimeError(f"{module_name(module)}: its FP8 state is on {meta.device} but its weight on "
-                               f"{module.weight.device}; move the module (.to()), not the weight alone")
+            raise RuntimeError(
+                f"{module_name(module)}: its FP8 state is on {meta.device} but its weight on "
+                f"{module.weight.device}; move the module (.to()), not the weight alone"
+            )
         return meta
 
     def quantize(self, x: torch.Tensor, meta: FP8Meta, index: int, fp8_dtype: torch.dtype) -> Quantized:
-        return quantize(x, meta.scale[index:index + 1], meta.amax_history[0, index:index + 1], fp8_dtype)
+        return quantize(x, meta.scale[index : index + 1], meta.amax_history[0, index : index + 1], fp8_dtype)
 
     def reduce_and_update(self, entries: list[Entry], recipe: DelayedScaling) -> None:
         groups: dict[tuple, list[FP8Meta]] = {}
@@ -80,9 +86,13 @@ class DeviceAware:
 
 def update_stacked(metas: list[FP8Meta], fp8_max: float, recipe: DelayedScaling) -> None:
     """Update states of one device and shape together: stack, one update, copy back."""
-    history, scale, scale_inv = updated(torch.stack([m.amax_history for m in metas]),
-                                        torch.stack([m.scale for m in metas]), fp8_max, recipe.margin,
-                                        recipe.amax_compute_algo)
+    history, scale, scale_inv = updated(
+        torch.stack([m.amax_history for m in metas]),
+        torch.stack([m.scale for m in metas]),
+        fp8_max,
+        recipe.margin,
+        recipe.amax_compute_algo,
+    )
     torch._foreach_copy_([m.amax_history for m in metas], list(history.unbind(0)))
     torch._foreach_copy_([m.scale for m in metas], list(scale.unbind(0)))
     torch._foreach_copy_([m.scale_inv for m in metas], list(scale_inv.unbind(0)))
@@ -94,10 +104,15 @@ _POLICY_METHODS = ("check_input", "meta", "quantize", "reduce_and_update")
 def _policy(mode):
     if mode == "device_aware":
         return DeviceAware()
-    if isinstance(mode, str) or not all(callable(getattr(mode, m, None)) for m in _POLICY_METHODS) \
-            or not isinstance(getattr(mode, "name", None), str):
-        raise ValueError(f"mode: expected one of {', '.join(map(repr, MODES))} or a policy object with a name "
-                         f"and the methods {', '.join(_POLICY_METHODS)}; got {mode!r}")
+    if (
+        isinstance(mode, str)
+        or not all(callable(getattr(mode, m, None)) for m in _POLICY_METHODS)
+        or not isinstance(getattr(mode, "name", None), str)
+    ):
+        raise ValueError(
+            f"mode: expected one of {', '.join(map(repr, MODES))} or a policy object with a name "
+            f"and the methods {', '.join(_POLICY_METHODS)}; got {mode!r}"
+        )
     return mode
 
 
@@ -109,8 +124,9 @@ class fp8_autocast:
     record: on exit, read every updated state back (a host sync) into ``records``: one dict per
     module and tensor with the amax measured in this context and the new scale."""
 
-    def __init__(self, enabled: bool = True, recipe: DelayedScaling | None = None, mode="device_aware",
-                 record: bool = False):
+    def __init__(
+        self, enabled: bool = True, recipe: DelayedScaling | None = None, mode="device_aware", record: bool = False
+    ):
         if not isinstance(enabled, bool):
             raise TypeError(f"enabled: expected a bool, got {type(enabled).__name__}")
         if recipe is None:
@@ -156,9 +172,17 @@ def _read_records(entries: list[Entry], measured: list[torch.Tensor]) -> list[di
     out = []
     for e, amax in zip(entries, measured):
         for i, (a, s) in enumerate(zip(amax.tolist(), e.meta.scale.tolist())):
-            out.append({"module": module_name(e.module), "direction": e.direction,
-                        "tensor": TENSOR_NAMES[e.direction][i], "device": str(e.meta.device),
-                        "weight_device": str(e.module.weight.device), "amax": a, "scale": s})
+            out.append(
+                {
+                    "module": module_name(e.module),
+                    "direction": e.direction,
+                    "tensor": TENSOR_NAMES[e.direction][i],
+                    "device": str(e.meta.device),
+                    "weight_device": str(e.module.weight.device),
+                    "amax": a,
+                    "scale": s,
+                }
+            )
     return out
 
 

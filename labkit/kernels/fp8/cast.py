@@ -24,6 +24,7 @@ Program 0 also writes ``scale_inv = 1 / scale`` next to the output: the dequanti
 travels with the FP8 data (``Quantized``), so a scale updated later (on the context's exit,
 before backward runs) never reinterprets data cast with the previous one.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -70,17 +71,17 @@ class Quantized:
 
 @triton.jit
 def _quantize_kernel(
-    x_ptr,                      # *T (bf16/fp16/fp32): the input, n contiguous elements
-    out_ptr,                    # *fp8 (CAST_IN_KERNEL) or *fp32: the scaled, saturated output, n elements
-    scale_ptr,                  # *fp32: the scale to apply, one element (delayed: from the history)
-    amax_ptr,                   # *fp32: the amax slot, one element; receives max |x| (unscaled) by atomic max
-    scale_inv_ptr,              # *fp32: one element; program 0 writes 1 / scale there
-    n,                          # int: number of elements
-    blocks_per_program,         # int: consecutive blocks each program reads (the last ones masked)
-    FP8_MAX: tl.constexpr,      # largest finite value of the output format (448 or 57344)
-    BLOCK: tl.constexpr,        # elements per block (a power of two)
+    x_ptr,  # *T (bf16/fp16/fp32): the input, n contiguous elements
+    out_ptr,  # *fp8 (CAST_IN_KERNEL) or *fp32: the scaled, saturated output, n elements
+    scale_ptr,  # *fp32: the scale to apply, one element (delayed: from the history)
+    amax_ptr,  # *fp32: the amax slot, one element; receives max |x| (unscaled) by atomic max
+    scale_inv_ptr,  # *fp32: one element; program 0 writes 1 / scale there
+    n,  # int: number of elements
+    blocks_per_program,  # int: consecutive blocks each program reads (the last ones masked)
+    FP8_MAX: tl.constexpr,  # largest finite value of the output format (448 or 57344)
+    BLOCK: tl.constexpr,  # elements per block (a power of two)
     CAST_IN_KERNEL: tl.constexpr,  # convert to FP8 here (GPU); False: store fp32, torch converts (interpreter)
-    INT64: tl.constexpr,        # element offsets in int64 (n >= 2**31)
+    INT64: tl.constexpr,  # element offsets in int64 (n >= 2**31)
 ):
     pid = tl.program_id(0)
     lanes = tl.arange(0, BLOCK)
@@ -101,9 +102,8 @@ def _quantize_kernel(
             y = y.to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + offs, y, mask=mask)
     tl.atomic_max(amax_ptr, tl.max(running_max, axis=0))
-    if pid == 0:   # an IEEE division, as torch.reciprocal (the plain `/` may be approximate on GPUs)
-        tl.store(scale_inv_ptr + lanes * 0, tl.math.div_rn(tl.full((BLOCK,), 1.0, tl.float32), scale),
-                 mask=lanes == 0)
+    if pid == 0:  # an IEEE division, as torch.reciprocal (the plain `/` may be approximate on GPUs)
+        tl.store(scale_inv_ptr + lanes * 0, tl.math.div_rn(tl.full((BLOCK,), 1.0, tl.float32), scale), mask=lanes == 0)
 
 
 def cast_in_kernel() -> bool:
@@ -126,8 +126,14 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def launch_quantize(x: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor,
-                    scale_inv: torch.Tensor, fp8_dtype: torch.dtype) -> None:
+def launch_quantize(
+    x: torch.Tensor,
+    out: torch.Tensor,
+    scale: torch.Tensor,
+    amax: torch.Tensor,
+    scale_inv: torch.Tensor,
+    fp8_dtype: torch.dtype,
+) -> None:
     """The bare launch: no checks, NO device guard (it runs on the current device). ``quantize``
     calls it under ``on_device_of``; lab 05's naive mechanism calls it without."""
     n = x.numel()
@@ -138,8 +144,19 @@ def launch_quantize(x: torch.Tensor, out: torch.Tensor, scale: torch.Tensor, ama
     blocks = triton.cdiv(n, block)
     per_program = triton.cdiv(blocks, min(most, blocks))
     _quantize_kernel[(triton.cdiv(blocks, per_program),)](
-        x, out, scale, amax, scale_inv, n, per_program, FP8_MAX=FP8_MAX[fp8_dtype], BLOCK=block,
-        CAST_IN_KERNEL=out.dtype == fp8_dtype, INT64=needs_int64(x, pad=block), num_warps=8)
+        x,
+        out,
+        scale,
+        amax,
+        scale_inv,
+        n,
+        per_program,
+        FP8_MAX=FP8_MAX[fp8_dtype],
+        BLOCK=block,
+        CAST_IN_KERNEL=out.dtype == fp8_dtype,
+        INT64=needs_int64(x, pad=block),
+        num_warps=8,
+    )
 
 
 def _check_slot(name: str, t) -> torch.Tensor:
@@ -149,8 +166,9 @@ def _check_slot(name: str, t) -> torch.Tensor:
     return t
 
 
-def quantize(x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor,
-             fp8_dtype: torch.dtype = torch.float8_e4m3fn) -> Quantized:
+def quantize(
+    x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor, fp8_dtype: torch.dtype = torch.float8_e4m3fn
+) -> Quantized:
     """Cast ``x`` to ``fp8_dtype`` with ``scale`` and fold max |x| into ``amax``, in one pass.
 
     x: contiguous bf16/fp16/fp32, not empty. scale: one fp32 element, read on the device (no
@@ -173,8 +191,9 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, amax: torch.Tensor,
     return Quantized(finish(out, fp8_dtype), scale_inv)
 
 
-def quantize_reference(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype = torch.float8_e4m3fn
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_reference(
+    x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dtype = torch.float8_e4m3fn
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pure torch, two passes: (fp8 data, amax of |x| as fp32 0-D, scale_inv as fp32 0-D)."""
     if fp8_dtype not in FP8_DTYPES:
         raise TypeError(f"fp8_dtype: expected one of {', '.join(dtype_name(d) for d in FP8_DTYPES)}, got {fp8_dtype!r}")
@@ -184,5 +203,14 @@ def quantize_reference(x: torch.Tensor, scale: torch.Tensor, fp8_dtype: torch.dt
     return data, xf.abs().amax(), torch.reciprocal(s)
 
 
-__all__ = ["Quantized", "quantize", "quantize_reference", "launch_quantize", "empty_output", "finish",
-           "cast_in_kernel", "INPUT_DTYPES", "FP8_DTYPES"]
+__all__ = [
+    "Quantized",
+    "quantize",
+    "quantize_reference",
+    "launch_quantize",
+    "empty_output",
+    "finish",
+    "cast_in_kernel",
+    "INPUT_DTYPES",
+    "FP8_DTYPES",
+]

@@ -25,6 +25,7 @@ tensor cores accumulate with fewer bits than fp32: on one H200 ``_scaled_mm`` di
 emulation by about 1e-4 of the largest output at K = 48 (tests/test_fp8_linear.py allows 1e-3
 there). A GPU without FP8 warns once and uses the emulation.
 """
+
 from __future__ import annotations
 
 import functools
@@ -68,8 +69,10 @@ def fp8_gemm_support(device: torch.device) -> tuple[bool, str]:
     cap = torch.cuda.get_device_capability(device)
     if cap < MIN_CAPABILITY:
         name = torch.cuda.get_device_name(device)
-        return False, (f"{device} ({name}, sm_{cap[0]}{cap[1]}) has no FP8 tensor cores; they need "
-                       f"sm_{MIN_CAPABILITY[0]}{MIN_CAPABILITY[1]} or newer")
+        return False, (
+            f"{device} ({name}, sm_{cap[0]}{cap[1]}) has no FP8 tensor cores; they need "
+            f"sm_{MIN_CAPABILITY[0]}{MIN_CAPABILITY[1]} or newer"
+        )
     return True, ""
 
 
@@ -79,7 +82,7 @@ def _warn_once(reason: str) -> None:
 
 
 def choose_backend(device: torch.device, backend: str = "auto") -> str:
-    """"scaled_mm" or "emulated" for a GEMM on ``device``; "auto" picks scaled_mm where it runs."""
+    """ "scaled_mm" or "emulated" for a GEMM on ``device``; "auto" picks scaled_mm where it runs."""
     if backend not in BACKENDS:
         raise ValueError(f"backend: {backend!r} is not one of {', '.join(map(repr, BACKENDS))}")
     if backend != "auto":
@@ -97,20 +100,30 @@ def check_scaled_mm_shapes(a_name: str, a: torch.Tensor, b_name: str, b: torch.T
     for name, t in ((a_name, a), (b_name, b)):
         bad = [size for size in t.shape if size % MULTIPLE]
         if bad:
-            raise ValueError(f"{name}: the FP8 GEMM (torch._scaled_mm) needs every dimension a multiple of "
-                             f"{MULTIPLE}; {name} has shape {tuple(t.shape)} (pad it, or use backend='emulated')")
+            raise ValueError(
+                f"{name}: the FP8 GEMM (torch._scaled_mm) needs every dimension a multiple of "
+                f"{MULTIPLE}; {name} has shape {tuple(t.shape)} (pad it, or use backend='emulated')"
+            )
 
 
-def _scaled_mm(a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-               out_dtype: torch.dtype) -> torch.Tensor:
+def _scaled_mm(
+    a: torch.Tensor, b_t: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
     if scaled_mm_api() == "F.scaled_mm":
         tw = F.ScalingType.TensorWise
         return F.scaled_mm(a, b_t, scale_a, tw, scale_b, tw, output_dtype=out_dtype)
     return torch._scaled_mm(a, b_t, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
 
 
-def fp8_gemm(a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.bfloat16, backend: str = "auto",
-             *, a_name: str = "a", b_name: str = "b") -> torch.Tensor:
+def fp8_gemm(
+    a: Quantized,
+    b: Quantized,
+    out_dtype: torch.dtype = torch.bfloat16,
+    backend: str = "auto",
+    *,
+    a_name: str = "a",
+    b_name: str = "b",
+) -> torch.Tensor:
     """``a @ b.T`` for FP8 operands a [M, K] and b [N, K] (both row-major), scaled by both
     ``scale_inv``s, accumulated in fp32, returned as ``out_dtype`` [M, N].
 
@@ -124,8 +137,9 @@ def fp8_gemm(a: Quantized, b: Quantized, out_dtype: torch.dtype = torch.bfloat16
         if q.data.dim() != 2 or not q.data.is_contiguous():
             raise ValueError(f"{name}: expected a contiguous 2-D FP8 tensor, got shape {tuple(q.data.shape)}")
     if a.data.shape[1] != b.data.shape[1]:
-        raise ValueError(f"{a_name}, {b_name}: inner dimensions differ: "
-                         f"{tuple(a.data.shape)} @ {tuple(b.data.shape)}.T")
+        raise ValueError(
+            f"{a_name}, {b_name}: inner dimensions differ: {tuple(a.data.shape)} @ {tuple(b.data.shape)}.T"
+        )
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype: expected one of {', '.join(map(dtype_name, OUT_DTYPES))}, got {out_dtype!r}")
     if choose_backend(a.data.device, backend) == "scaled_mm":

@@ -17,6 +17,7 @@ a weight cast before any update used the initial scale 1 (no amax known yet).
 Outside ``fp8_autocast`` (or with ``enabled=False``) the layer is ``F.linear`` in the weight's
 dtype: the same module gives the bf16 reference.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,6 +36,7 @@ from labkit.kernels.fp8.recipe import DelayedScaling, FP8Meta
 @dataclasses.dataclass
 class _Plan:
     """What backward needs besides tensors: the state, the recipe, the policy and the cast weight."""
+
     module: "FP8Linear"
     fwd_meta: FP8Meta
     bwd_meta: FP8Meta
@@ -64,12 +66,24 @@ class _FP8LinearFunction(torch.autograd.Function):
         dy8 = plan.policy.quantize(dy2, plan.bwd_meta, 0, plan.recipe.bwd_dtype)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = fp8_gemm(dy8, plan.module.transposed_weight(plan.weight_fp8), out_dtype=ctx.x_dtype,
-                          backend=plan.backend, a_name="grad_output", b_name="weight")
+            dx = fp8_gemm(
+                dy8,
+                plan.module.transposed_weight(plan.weight_fp8),
+                out_dtype=ctx.x_dtype,
+                backend=plan.backend,
+                a_name="grad_output",
+                b_name="weight",
+            )
             dx = dx.reshape(*shape[:-1], dx.shape[-1])
         if ctx.needs_input_grad[1]:
-            dw = fp8_gemm(dy8.t(), ctx.x8.t(), out_dtype=plan.module.weight.dtype, backend=plan.backend,
-                          a_name="grad_output", b_name="x")
+            dw = fp8_gemm(
+                dy8.t(),
+                ctx.x8.t(),
+                out_dtype=plan.module.weight.dtype,
+                backend=plan.backend,
+                a_name="grad_output",
+                b_name="x",
+            )
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0).to(plan.module.bias.dtype)
         return dx, dw, db, None
@@ -82,8 +96,17 @@ class FP8Linear(nn.Module):
     sizes the state (default ``DelayedScaling()``); the context's recipe must agree on it.
     backend: "auto", "scaled_mm" or "emulated" (see ``labkit.kernels.fp8.gemm``)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, *,
-                 recipe: DelayedScaling | None = None, backend: str = "auto", device=None, dtype=None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        *,
+        recipe: DelayedScaling | None = None,
+        backend: str = "auto",
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -101,8 +124,8 @@ class FP8Linear(nn.Module):
             meta = FP8Meta.create(n, recipe.amax_history_len, dev)
             for field in ("scale", "scale_inv", "amax_history"):
                 self.register_buffer(f"fp8_{direction}_{field}", getattr(meta, field))
-        self.fp8_name: str | None = None       # how records and errors name it (the model sets it)
-        self.fp8_updates = {"forward": 0, "backward": 0}   # exits that updated each state
+        self.fp8_name: str | None = None  # how records and errors name it (the model sets it)
+        self.fp8_updates = {"forward": 0, "backward": 0}  # exits that updated each state
         self.weight_casts = 0
         self._weight_cache: tuple | None = None  # (key, Quantized, transposed Quantized or None)
         self.reset_parameters()
@@ -113,13 +136,14 @@ class FP8Linear(nn.Module):
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
         w = linear.weight
-        m = cls(linear.in_features, linear.out_features, linear.bias is not None, device=w.device, dtype=w.dtype,
-                **kwargs)
+        m = cls(
+            linear.in_features, linear.out_features, linear.bias is not None, device=w.device, dtype=w.dtype, **kwargs
+        )
         m.weight, m.bias = linear.weight, linear.bias
         return m
 
     def reset_parameters(self) -> None:
-        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))   # nn.Linear's initialisation
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))  # nn.Linear's initialisation
         if self.bias is not None:
             bound = 1 / math.sqrt(self.in_features)
             nn.init.uniform_(self.bias, -bound, bound)
@@ -163,8 +187,10 @@ class FP8Linear(nn.Module):
         return fp8_linear(x, self, ctx)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"backend={self.backend!r}, history_len={self.fp8_forward_amax_history.shape[0]}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+            f"backend={self.backend!r}, history_len={self.fp8_forward_amax_history.shape[0]}"
+        )
 
 
 def fp8_linear(x: torch.Tensor, module: FP8Linear, ctx: "_autocast.fp8_autocast | None" = None) -> torch.Tensor:
@@ -184,8 +210,10 @@ def fp8_linear(x: torch.Tensor, module: FP8Linear, ctx: "_autocast.fp8_autocast 
     recipe, policy = ctx.recipe, ctx.policy
     have = module.fp8_forward_amax_history.shape[0]
     if recipe.amax_history_len != have:
-        raise ValueError(f"recipe: amax_history_len={recipe.amax_history_len} but {_autocast.module_name(module)} "
-                         f"was built with {have}; build it with the same recipe")
+        raise ValueError(
+            f"recipe: amax_history_len={recipe.amax_history_len} but {_autocast.module_name(module)} "
+            f"was built with {have}; build it with the same recipe"
+        )
     policy.check_input(module, x)
     fwd, bwd = policy.meta(module, "forward"), policy.meta(module, "backward")
     ctx.register(module, "forward", fwd)

@@ -29,6 +29,7 @@ everywhere, so both of labkit's update implementations agree bit for bit.
 Where the state lives is the lab's subject: ``FP8Meta.create`` takes the device explicitly;
 labkit's modules make it on their weight's device at construction.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,15 +60,23 @@ class DelayedScaling:
     fp8_format: str = "HYBRID"
 
     def __post_init__(self):
-        if isinstance(self.margin, bool) or not isinstance(self.margin, numbers.Real) \
-                or not math.isfinite(self.margin) or self.margin < 0:
+        if (
+            isinstance(self.margin, bool)
+            or not isinstance(self.margin, numbers.Real)
+            or not math.isfinite(self.margin)
+            or self.margin < 0
+        ):
             raise ValueError(f"margin: expected a finite number >= 0, got {self.margin!r}")
-        if isinstance(self.amax_history_len, bool) or not isinstance(self.amax_history_len, int) \
-                or self.amax_history_len < 1:
+        if (
+            isinstance(self.amax_history_len, bool)
+            or not isinstance(self.amax_history_len, int)
+            or self.amax_history_len < 1
+        ):
             raise ValueError(f"amax_history_len: expected an int >= 1, got {self.amax_history_len!r}")
         if self.amax_compute_algo not in AMAX_ALGOS:
-            raise ValueError(f"amax_compute_algo: {self.amax_compute_algo!r} is not one of "
-                             f"{', '.join(map(repr, AMAX_ALGOS))}")
+            raise ValueError(
+                f"amax_compute_algo: {self.amax_compute_algo!r} is not one of {', '.join(map(repr, AMAX_ALGOS))}"
+            )
         if self.fp8_format not in FORMATS:
             raise ValueError(f"fp8_format: {self.fp8_format!r} is not one of {', '.join(map(repr, FORMATS))}")
 
@@ -111,8 +120,9 @@ class FP8Meta:
         if isinstance(history_len, bool) or not isinstance(history_len, int) or history_len < 1:
             raise ValueError(f"history_len: expected an int >= 1, got {history_len!r}")
         f32 = dict(dtype=torch.float32, device=device)
-        return cls(torch.ones(n_tensors, **f32), torch.ones(n_tensors, **f32),
-                   torch.zeros(history_len, n_tensors, **f32))
+        return cls(
+            torch.ones(n_tensors, **f32), torch.ones(n_tensors, **f32), torch.zeros(history_len, n_tensors, **f32)
+        )
 
     def __post_init__(self):
         for name in ("scale", "scale_inv", "amax_history"):
@@ -120,11 +130,12 @@ class FP8Meta:
             if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
                 raise TypeError(f"{name}: expected an fp32 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
         n = self.scale.shape[0] if self.scale.dim() == 1 else -1
-        if n < 1 or self.scale_inv.shape != (n,) or self.amax_history.dim() != 2 \
-                or self.amax_history.shape[1] != n:
-            raise ValueError(f"amax_history: expected scale [n], scale_inv [n], amax_history [len, n]; got "
-                             f"{tuple(self.scale.shape)}, {tuple(self.scale_inv.shape)}, "
-                             f"{tuple(self.amax_history.shape)}")
+        if n < 1 or self.scale_inv.shape != (n,) or self.amax_history.dim() != 2 or self.amax_history.shape[1] != n:
+            raise ValueError(
+                f"amax_history: expected scale [n], scale_inv [n], amax_history [len, n]; got "
+                f"{tuple(self.scale.shape)}, {tuple(self.scale_inv.shape)}, "
+                f"{tuple(self.amax_history.shape)}"
+            )
         devices = {self.scale.device, self.scale_inv.device, self.amax_history.device}
         if len(devices) > 1:
             raise ValueError(f"scale, scale_inv, amax_history: must share one device, got {sorted(map(str, devices))}")
@@ -144,8 +155,9 @@ class FP8Meta:
     def update_(self, fp8_max: float, recipe: DelayedScaling) -> None:
         """Roll the history and recompute scale and scale_inv, in place (torch ops on the
         state's own device)."""
-        history, scale, scale_inv = updated(self.amax_history, self.scale, fp8_max, recipe.margin,
-                                            recipe.amax_compute_algo)
+        history, scale, scale_inv = updated(
+            self.amax_history, self.scale, fp8_max, recipe.margin, recipe.amax_compute_algo
+        )
         self.amax_history.copy_(history)
         self.scale.copy_(scale)
         self.scale_inv.copy_(scale_inv)
@@ -173,14 +185,15 @@ def scale_from_amax(amax: torch.Tensor, scale: torch.Tensor, fp8_max: float, mar
     # Tensor-by-tensor true divisions: a Python number over a tensor is reciprocal-then-multiply in
     # torch, and CUDA divides by a scalar the same way (two roundings each). For an integer margin
     # this equals TransformerEngine's CUDA update (scaled_max / amax) bit for bit.
-    sf = torch.div(torch.full_like(amax, fp8_max), amax).div(torch.full_like(amax, 2.0 ** margin))
+    sf = torch.div(torch.full_like(amax, fp8_max), amax).div(torch.full_like(amax, 2.0**margin))
     sf = torch.where(amax > 0.0, sf, scale)
     sf = torch.where(torch.isfinite(amax), sf, scale)
     return torch.where(torch.isinf(sf), torch.full_like(sf, FP32_MAX), sf)
 
 
-def updated(amax_history: torch.Tensor, scale: torch.Tensor, fp8_max: float, margin: float,
-            algo: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def updated(
+    amax_history: torch.Tensor, scale: torch.Tensor, fp8_max: float, margin: float, algo: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(new history, new scale, new scale_inv) from the current state; pure (nothing is changed).
 
     Works on one state ([len, n], [n]) or a stack of them ([m, len, n], [m, n])."""
@@ -189,5 +202,14 @@ def updated(amax_history: torch.Tensor, scale: torch.Tensor, fp8_max: float, mar
     return rolled_history(amax_history), scale, torch.reciprocal(scale)
 
 
-__all__ = ["DelayedScaling", "FP8Meta", "FORMATS", "AMAX_ALGOS", "FP8_MAX", "amax_from_history",
-           "rolled_history", "scale_from_amax", "updated"]
+__all__ = [
+    "DelayedScaling",
+    "FP8Meta",
+    "FORMATS",
+    "AMAX_ALGOS",
+    "FP8_MAX",
+    "amax_from_history",
+    "rolled_history",
+    "scale_from_amax",
+    "updated",
+]

@@ -12,12 +12,32 @@ kernel that runs any of them many times per launch, and the statistics of what c
     from labkit.kernels.litmus import run_litmus
     print(run_litmus("MP", "plain", None, "cross_cta", instances=256).classify().summary())
 """
+
 from labkit.kernels.litmus.catalogue import TESTS, get_test
+
 # (the function classify stays in its module: re-exported here it would hide the module itself)
 from labkit.kernels.litmus.classify import Classified, histogram, lower_bound, upper_bound
 from labkit.kernels.litmus.model import PLACEMENTS, SCOPES, SEMANTICS, outcomes, possible, ptx_verdict, verdict
 from labkit.kernels.litmus.run import LitmusBuffers, LitmusRun, Stress, allocate, run_litmus, run_two_gpus
 
-__all__ = ["TESTS", "get_test", "SEMANTICS", "SCOPES", "PLACEMENTS", "outcomes", "possible", "verdict", "ptx_verdict",
-           "run_litmus", "run_two_gpus", "allocate", "Stress", "LitmusRun", "LitmusBuffers", "Classified",
-           "histogram", "upper_bound", "lower_bound"]
+__all__ = [
+    "TESTS",
+    "get_test",
+    "SEMANTICS",
+    "SCOPES",
+    "PLACEMENTS",
+    "outcomes",
+    "possible",
+    "verdict",
+    "ptx_verdict",
+    "run_litmus",
+    "run_two_gpus",
+    "allocate",
+    "Stress",
+    "LitmusRun",
+    "LitmusBuffers",
+    "Classified",
+    "histogram",
+    "upper_bound",
+    "lower_bound",
+]

@@ -19,6 +19,7 @@ scope and placement; ``labkit.kernels.litmus.kernels`` runs it).
 The names follow the usual litmus vocabulary (Alglave et al.; reeselevine/cuda-litmus uses the
 same tests with the same weak outcomes: kernels/mp.cu, iriw.cu, 2+2w.cu, rwc.cu).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,10 +34,10 @@ LOCATIONS = ("x", "y")
 class Access:
     """One memory access of one thread: a store of ``value``, or a load into ``reg``."""
 
-    kind: str          # "st" or "ld"
-    loc: str           # "x" or "y"
-    value: int = 0     # what a store writes (loads: unused)
-    reg: str = ""      # the register a load writes, "r0".."r3" (stores: unused)
+    kind: str  # "st" or "ld"
+    loc: str  # "x" or "y"
+    value: int = 0  # what a store writes (loads: unused)
+    reg: str = ""  # the register a load writes, "r0".."r3" (stores: unused)
 
     def __str__(self) -> str:
         return f"{self.loc}={self.value}" if self.kind == "st" else f"{self.reg}={self.loc}"
@@ -54,9 +55,9 @@ def ld(loc: str, reg: str) -> Access:
 class LitmusTest:
     name: str
     threads: tuple[tuple[Access, ...], ...]
-    observed: tuple[str, ...]   # registers, then locations read after the run (final values)
-    weak: tuple[int, ...]       # the outcome of interest, one value per ``observed`` entry
-    question: str               # what the weak outcome would mean, in one line
+    observed: tuple[str, ...]  # registers, then locations read after the run (final values)
+    weak: tuple[int, ...]  # the outcome of interest, one value per ``observed`` entry
+    question: str  # what the weak outcome would mean, in one line
 
     @property
     def registers(self) -> tuple[str, ...]:
@@ -81,30 +82,60 @@ class LitmusTest:
         return f"{self.name}: {threads}   weak: {weak}"
 
 
-TESTS: dict[str, LitmusTest] = {t.name: t for t in (
-    LitmusTest("MP", ((st("x", 1), st("y", 1)), (ld("y", "r0"), ld("x", "r1"))),
-               ("r0", "r1"), (1, 0),
-               "the flag is seen set but the data it guards is not (message passing)"),
-    LitmusTest("SB", ((st("x", 1), ld("y", "r0")), (st("y", 1), ld("x", "r1"))),
-               ("r0", "r1"), (0, 0),
-               "each thread's load passes its own earlier store (store buffering)"),
-    LitmusTest("LB", ((ld("x", "r0"), st("y", 1)), (ld("y", "r1"), st("x", 1))),
-               ("r0", "r1"), (1, 1),
-               "each load sees the other thread's later store (load buffering)"),
-    LitmusTest("CoRR", ((st("x", 1),), (ld("x", "r0"), ld("x", "r1"))),
-               ("r0", "r1"), (1, 0),
-               "a location seen updated, then seen old again (read-read coherence)"),
-    LitmusTest("IRIW", ((st("x", 1),), (ld("x", "r0"), ld("y", "r1")),
-                        (st("y", 1),), (ld("y", "r2"), ld("x", "r3"))),
-               ("r0", "r1", "r2", "r3"), (1, 0, 1, 0),
-               "two readers see two independent writes in opposite orders (multi-copy atomicity)"),
-    LitmusTest("2+2W", ((st("x", 1), st("y", 2)), (st("y", 1), st("x", 2))),
-               ("x", "y"), (1, 1),
-               "both threads' first stores land last (write-write order)"),
-    LitmusTest("RWC", ((st("x", 1),), (ld("x", "r0"), ld("y", "r1")), (st("y", 1), ld("x", "r2"))),
-               ("r0", "r1", "r2"), (1, 0, 0),
-               "a write seen by one thread is missed by a third that stored after it (read-to-write causality)"),
-)}
+TESTS: dict[str, LitmusTest] = {
+    t.name: t
+    for t in (
+        LitmusTest(
+            "MP",
+            ((st("x", 1), st("y", 1)), (ld("y", "r0"), ld("x", "r1"))),
+            ("r0", "r1"),
+            (1, 0),
+            "the flag is seen set but the data it guards is not (message passing)",
+        ),
+        LitmusTest(
+            "SB",
+            ((st("x", 1), ld("y", "r0")), (st("y", 1), ld("x", "r1"))),
+            ("r0", "r1"),
+            (0, 0),
+            "each thread's load passes its own earlier store (store buffering)",
+        ),
+        LitmusTest(
+            "LB",
+            ((ld("x", "r0"), st("y", 1)), (ld("y", "r1"), st("x", 1))),
+            ("r0", "r1"),
+            (1, 1),
+            "each load sees the other thread's later store (load buffering)",
+        ),
+        LitmusTest(
+            "CoRR",
+            ((st("x", 1),), (ld("x", "r0"), ld("x", "r1"))),
+            ("r0", "r1"),
+            (1, 0),
+            "a location seen updated, then seen old again (read-read coherence)",
+        ),
+        LitmusTest(
+            "IRIW",
+            ((st("x", 1),), (ld("x", "r0"), ld("y", "r1")), (st("y", 1),), (ld("y", "r2"), ld("x", "r3"))),
+            ("r0", "r1", "r2", "r3"),
+            (1, 0, 1, 0),
+            "two readers see two independent writes in opposite orders (multi-copy atomicity)",
+        ),
+        LitmusTest(
+            "2+2W",
+            ((st("x", 1), st("y", 2)), (st("y", 1), st("x", 2))),
+            ("x", "y"),
+            (1, 1),
+            "both threads' first stores land last (write-write order)",
+        ),
+        LitmusTest(
+            "RWC",
+            ((st("x", 1),), (ld("x", "r0"), ld("y", "r1")), (st("y", 1), ld("x", "r2"))),
+            ("r0", "r1", "r2"),
+            (1, 0, 0),
+            "a write seen by one thread is missed by a third that stored after it (read-to-write causality)",
+        ),
+    )
+}
 
 
 def get_test(test: str | LitmusTest) -> LitmusTest:

@@ -7,6 +7,7 @@ and allowed-by-the-model, and bounds the weak rate. A rare event needs a bound, 
 estimate: 0 weak outcomes in N instances says the rate is below about 3/N (95 %), never that it
 is 0. The bound is Clopper-Pearson (exact binomial), one-sided, computed here without scipy.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,7 @@ def histogram(records) -> dict[tuple[int, ...], int]:
     """outcome tuple -> count, for a [instances, values] integer array or tensor."""
     a = records.detach().cpu().numpy() if isinstance(records, torch.Tensor) else np.asarray(records)
     if a.ndim != 2 or not np.issubdtype(a.dtype, np.integer):
-        raise UsageError(f"records: expected a 2-D integer array [instances, values], got "
-                         f"{a.ndim}-D {a.dtype}")
+        raise UsageError(f"records: expected a 2-D integer array [instances, values], got {a.ndim}-D {a.dtype}")
     if a.shape[0] == 0:
         return {}
     # Rows of small values (every litmus outcome: -1..2) are packed into one int64 key per row,
@@ -33,11 +33,11 @@ def histogram(records) -> dict[tuple[int, ...], int]:
     # 4 columns took 26 s with axis=0 and about 1 s this way (2-core CPU; bincount: 0.05 s).
     lo, hi = int(a.min()), int(a.max())
     span, cols = hi - lo + 1, a.shape[1]
-    if span ** cols < 1 << 62:
+    if span**cols < 1 << 62:
         keys = np.zeros(a.shape[0], dtype=np.int64)
         for i in range(cols):
             keys = keys * span + (a[:, i].astype(np.int64) - lo)
-        if span ** cols <= 1 << 20:
+        if span**cols <= 1 << 20:
             counts = np.bincount(keys, minlength=1)
             uniq = np.nonzero(counts)[0]
             counts = counts[uniq]
@@ -57,6 +57,7 @@ def histogram(records) -> dict[tuple[int, ...], int]:
 
 # --- exact binomial bounds ----------------------------------------------------------------
 
+
 def _betacf(a: float, b: float, x: float) -> float:
     """Continued fraction of the incomplete beta function (modified Lentz)."""
     tiny, eps = 1e-300, 1e-15
@@ -66,8 +67,7 @@ def _betacf(a: float, b: float, x: float) -> float:
     h = d
     for m in range(1, 100_000):
         m2 = 2 * m
-        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)),
-                    -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+        for num in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
             d = 1.0 + num * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + num / c
@@ -143,6 +143,7 @@ def lower_bound(k: int, n: int, confidence: float = 0.95) -> float:
 
 # --- one run, classified --------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class Classified:
     """One run's outcomes, judged. ``counts`` maps outcome tuples to counts."""
@@ -151,30 +152,40 @@ class Classified:
     observed: tuple[str, ...]
     counts: dict[tuple[int, ...], int]
     weak_outcome: tuple[int, ...]
-    weak: int                         # instances with the weak outcome
-    instances: int                    # instances classified (the counts' sum)
-    rate: float                       # weak / instances
-    upper: float                      # one-sided upper bound on the weak rate
+    weak: int  # instances with the weak outcome
+    instances: int  # instances classified (the counts' sum)
+    rate: float  # weak / instances
+    upper: float  # one-sided upper bound on the weak rate
     confidence: float
-    not_sc: dict[tuple[int, ...], int]            # outcomes no SC interleaving produces
+    not_sc: dict[tuple[int, ...], int]  # outcomes no SC interleaving produces
     forbidden: dict[tuple[int, ...], int] | None  # outcomes the relaxed model forbids (None: no variant given)
-    verdict: str | None               # the model's verdict on the weak outcome (None: no variant)
+    verdict: str | None  # the model's verdict on the weak outcome (None: no variant)
 
     def summary(self) -> str:
         """One line: the weak count, its rate and bound, and anything forbidden that appeared."""
         if self.weak == 0:
-            head = (f"{self.test}: weak outcome not observed in {self.instances:,} instances "
-                    f"(rate < {self.upper:.2g} at {self.confidence:.0%})")
+            head = (
+                f"{self.test}: weak outcome not observed in {self.instances:,} instances "
+                f"(rate < {self.upper:.2g} at {self.confidence:.0%})"
+            )
         else:
-            head = (f"{self.test}: weak outcome {self.weak:,} of {self.instances:,} "
-                    f"(rate {self.rate:.3g}, < {self.upper:.3g} at {self.confidence:.0%})")
+            head = (
+                f"{self.test}: weak outcome {self.weak:,} of {self.instances:,} "
+                f"(rate {self.rate:.3g}, < {self.upper:.3g} at {self.confidence:.0%})"
+            )
         if self.forbidden:
             head += f"; FORBIDDEN outcomes seen: {self.forbidden}"
         return head
 
 
-def classify(test: str | LitmusTest, records, semantics: str | None = None, scope: str | None = None,
-             placement: str | None = None, confidence: float = 0.95) -> Classified:
+def classify(
+    test: str | LitmusTest,
+    records,
+    semantics: str | None = None,
+    scope: str | None = None,
+    placement: str | None = None,
+    confidence: float = 0.95,
+) -> Classified:
     """Classify one run's records ([instances, len(test.observed)] integers, or a histogram
     dict). With the variant (semantics, scope, placement) given, outcomes the relaxed model
     forbids are listed in ``forbidden``."""
@@ -182,8 +193,10 @@ def classify(test: str | LitmusTest, records, semantics: str | None = None, scop
     counts = dict(records) if isinstance(records, dict) else histogram(records)
     for outcome in counts:
         if len(outcome) != len(t.observed):
-            raise UsageError(f"records: outcome {outcome} has {len(outcome)} values; {t.name} observes "
-                             f"{len(t.observed)} ({', '.join(t.observed)})")
+            raise UsageError(
+                f"records: outcome {outcome} has {len(outcome)} values; {t.name} observes "
+                f"{len(t.observed)} ({', '.join(t.observed)})"
+            )
     n = sum(counts.values())
     if n == 0:
         raise UsageError("records: no instances to classify")
@@ -192,11 +205,21 @@ def classify(test: str | LitmusTest, records, semantics: str | None = None, scop
     forbidden = verdict = None
     if semantics is not None or placement is not None:
         if placement is None:
-            raise UsageError("placement: needed with semantics (one of "
-                             f"{list(model.PLACEMENTS)})")
+            raise UsageError(f"placement: needed with semantics (one of {list(model.PLACEMENTS)})")
         allowed = model.outcomes(t, "relaxed", semantics or "plain", scope, placement)
         forbidden = {o: c for o, c in counts.items() if o not in allowed}
         verdict = model.verdict(t, semantics or "plain", scope, placement)
-    return Classified(t.name, t.observed, dict(sorted(counts.items())), t.weak, weak, n, weak / n,
-                      upper_bound(weak, n, confidence), confidence,
-                      {o: c for o, c in counts.items() if o not in sc}, forbidden, verdict)
+    return Classified(
+        t.name,
+        t.observed,
+        dict(sorted(counts.items())),
+        t.weak,
+        weak,
+        n,
+        weak / n,
+        upper_bound(weak, n, confidence),
+        confidence,
+        {o: c for o, c in counts.items() if o not in sc},
+        forbidden,
+        verdict,
+    )

@@ -27,6 +27,7 @@ inline assembly, so semantics 2 needs a compiled GPU (the host refuses it before
 Every spin is bounded: the start barrier gives up after ``SPIN`` polls and counts the program
 in ``sync[1]``; a hang becomes a number in the result.
 """
+
 import triton
 import triton.language as tl
 
@@ -43,8 +44,7 @@ def load_op(ptr, mask, SEM: tl.constexpr, LD_ASM: tl.constexpr):
     """One load per lane of ``mask``; UNWRITTEN elsewhere."""
     if SEM == 2:
         # the predicate keeps masked-off lanes from touching memory (inline asm has no mask)
-        v = tl.inline_asm_elementwise(LD_ASM, "=r,l,r", [ptr, mask.to(tl.int32)],
-                                      dtype=tl.int32, is_pure=False, pack=1)
+        v = tl.inline_asm_elementwise(LD_ASM, "=r,l,r", [ptr, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
     elif SEM == 1:
         v = tl.load(ptr, mask=mask, other=-1, volatile=True)
     else:
@@ -56,8 +56,9 @@ def load_op(ptr, mask, SEM: tl.constexpr, LD_ASM: tl.constexpr):
 def store_op(ptr, value, mask, SEM: tl.constexpr, ST_ASM: tl.constexpr):
     """One store of ``value`` (a tensor) per lane of ``mask``."""
     if SEM == 2:
-        tl.inline_asm_elementwise(ST_ASM, "=r,l,r,r", [ptr, mask.to(tl.int32), value],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(
+            ST_ASM, "=r,l,r,r", [ptr, mask.to(tl.int32), value], dtype=tl.int32, is_pure=False, pack=1
+        )
     else:
         tl.store(ptr, value, mask=mask)
 
@@ -66,8 +67,7 @@ def store_op(ptr, value, mask, SEM: tl.constexpr, ST_ASM: tl.constexpr):
 def between(mask, delay_ptr, FENCE_ASM: tl.constexpr, DELAY: tl.constexpr):
     """What sits between a thread's two accesses: a fence (if any) and a delay (if any)."""
     if FENCE_ASM != "":
-        tl.inline_asm_elementwise(FENCE_ASM, "=r,r", [mask.to(tl.int32)],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(FENCE_ASM, "=r,r", [mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
     if DELAY > 0:  # volatile loads of an unrelated word: kept by the compiler, one round trip each
         for _ in range(DELAY):
             tl.load(delay_ptr, volatile=True)
@@ -108,9 +108,24 @@ def stress_lines(scratch_ptr, pid, ITERS: tl.constexpr, LINES: tl.constexpr, BLO
 
 
 @triton.jit
-def run_thread(t: tl.constexpr, role, active, inst, x, y, out_ptr, delay_ptr, PROGRAM: tl.constexpr,
-               NREG: tl.constexpr, SEM: tl.constexpr, LD_ASM: tl.constexpr, ST_ASM: tl.constexpr,
-               FENCE_ASM: tl.constexpr, DELAY: tl.constexpr, BLOCK: tl.constexpr):
+def run_thread(
+    t: tl.constexpr,
+    role,
+    active,
+    inst,
+    x,
+    y,
+    out_ptr,
+    delay_ptr,
+    PROGRAM: tl.constexpr,
+    NREG: tl.constexpr,
+    SEM: tl.constexpr,
+    LD_ASM: tl.constexpr,
+    ST_ASM: tl.constexpr,
+    FENCE_ASM: tl.constexpr,
+    DELAY: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Thread t's one or two accesses on the lanes that play it, then its registers recorded
     (after both accesses: a record store between them would be one more access).
     PROGRAM is flat (Triton 3.4-3.6 cannot index a constexpr tuple of tuples): access s of thread
@@ -143,28 +158,28 @@ def run_thread(t: tl.constexpr, role, active, inst, x, y, out_ptr, delay_ptr, PR
 
 @triton.jit
 def litmus_kernel(
-    loc_bases,                # int64 [W]: address of each rank's location buffer (W = 1 on one GPU)
-    loc_slots,                # int32 [N, 2]: where x and y of instance i sit (int32 words into the buffer)
-    loc_homes,                # int32 [N, 2]: which rank's buffer holds them (all 0 on one GPU)
-    out_ptr,                  # int32 [N, NREG]: the registers of every instance (UNWRITTEN before)
-    jobs,                     # int32 [test programs]: cross_cta: group * THREADS + role; same_cta: group
-    sync_bases,               # int64 [1]: address of the start barrier's int32 pair (arrived, gave up)
-    scratch_ptr,              # int32 [LINES * 32 + 1]: the stress lines, then the delay word
-    n_instances,              # N
-    n_test_programs,          # programs that play test roles; the rest of the grid is stress
-    expected,                 # programs (on every rank) the start barrier waits for
-    PROGRAM: tl.constexpr,    # the test, flat: per thread 2 accesses x (kind 0 st / 1 ld / -1 none, loc, value, reg)
-    NREG: tl.constexpr,       # registers per instance (columns of out)
-    SAME_CTA: tl.constexpr,   # True: every role in one program, a warp group per role
-    LANES: tl.constexpr,      # instances per program (a multiple of 32)
-    BLOCK: tl.constexpr,      # lanes per program: LANES, or LANES x roles (padded to a power of 2)
-    SEM: tl.constexpr,        # 0 plain, 1 volatile loads, 2 inline PTX
-    LD_ASM: tl.constexpr,     # SEM 2: predicated PTX load ($0 value, $1 address, $2 mask)
-    ST_ASM: tl.constexpr,     # SEM 2: predicated PTX store ($1 address, $2 mask, $3 value)
+    loc_bases,  # int64 [W]: address of each rank's location buffer (W = 1 on one GPU)
+    loc_slots,  # int32 [N, 2]: where x and y of instance i sit (int32 words into the buffer)
+    loc_homes,  # int32 [N, 2]: which rank's buffer holds them (all 0 on one GPU)
+    out_ptr,  # int32 [N, NREG]: the registers of every instance (UNWRITTEN before)
+    jobs,  # int32 [test programs]: cross_cta: group * THREADS + role; same_cta: group
+    sync_bases,  # int64 [1]: address of the start barrier's int32 pair (arrived, gave up)
+    scratch_ptr,  # int32 [LINES * 32 + 1]: the stress lines, then the delay word
+    n_instances,  # N
+    n_test_programs,  # programs that play test roles; the rest of the grid is stress
+    expected,  # programs (on every rank) the start barrier waits for
+    PROGRAM: tl.constexpr,  # the test, flat: per thread 2 accesses x (kind 0 st / 1 ld / -1 none, loc, value, reg)
+    NREG: tl.constexpr,  # registers per instance (columns of out)
+    SAME_CTA: tl.constexpr,  # True: every role in one program, a warp group per role
+    LANES: tl.constexpr,  # instances per program (a multiple of 32)
+    BLOCK: tl.constexpr,  # lanes per program: LANES, or LANES x roles (padded to a power of 2)
+    SEM: tl.constexpr,  # 0 plain, 1 volatile loads, 2 inline PTX
+    LD_ASM: tl.constexpr,  # SEM 2: predicated PTX load ($0 value, $1 address, $2 mask)
+    ST_ASM: tl.constexpr,  # SEM 2: predicated PTX store ($1 address, $2 mask, $3 value)
     FENCE_ASM: tl.constexpr,  # predicated PTX fence between a thread's accesses, or ""
-    DELAY: tl.constexpr,      # volatile-load round trips between a thread's accesses (0: none)
-    BARRIER: tl.constexpr,    # wait for every program before the test
-    SPIN: tl.constexpr,       # most polls of the start barrier
+    DELAY: tl.constexpr,  # volatile-load round trips between a thread's accesses (0: none)
+    BARRIER: tl.constexpr,  # wait for every program before the test
+    SPIN: tl.constexpr,  # most polls of the start barrier
     STRESS_ITERS: tl.constexpr,  # iterations of each stress program
     STRESS_LINES: tl.constexpr,  # scratch lines the stress programs share
 ):
@@ -186,7 +201,23 @@ def litmus_kernel(
         x = location(loc_bases, loc_slots, loc_homes, inst, active, 0)
         y = location(loc_bases, loc_slots, loc_homes, inst, active, 1)
         for t in tl.static_range(len(PROGRAM) // 8):
-            run_thread(t, role, active, inst, x, y, out_ptr, delay_ptr, PROGRAM, NREG, SEM, LD_ASM,
-                       ST_ASM, FENCE_ASM, DELAY, BLOCK)
+            run_thread(
+                t,
+                role,
+                active,
+                inst,
+                x,
+                y,
+                out_ptr,
+                delay_ptr,
+                PROGRAM,
+                NREG,
+                SEM,
+                LD_ASM,
+                ST_ASM,
+                FENCE_ASM,
+                DELAY,
+                BLOCK,
+            )
     elif STRESS_ITERS > 0:
         stress_lines(scratch_ptr, pid, STRESS_ITERS, STRESS_LINES, BLOCK)

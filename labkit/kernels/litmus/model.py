@@ -52,6 +52,7 @@ every other thread at once. PTX is not, and it is weaker in two more places:
 So "forbidden" here means forbidden *by this model*. A test on hardware must only treat an
 outcome as a bug where PTX forbids it too (``guaranteed_forbidden``).
 """
+
 from __future__ import annotations
 
 import functools
@@ -76,11 +77,9 @@ def check_variant(semantics: str, scope: str | None, placement: str) -> None:
         raise UsageError(f"semantics: {semantics!r} is not one of {list(SEMANTICS)}")
     if semantics in SCOPED:
         if scope not in SCOPES:
-            raise UsageError(f"scope: {scope!r} is not one of {list(SCOPES)} "
-                             f"(semantics {semantics!r} needs a scope)")
+            raise UsageError(f"scope: {scope!r} is not one of {list(SCOPES)} (semantics {semantics!r} needs a scope)")
     elif scope is not None:
-        raise UsageError(f"scope: {scope!r} given, but {semantics!r} accesses carry no scope; "
-                         "pass scope=None")
+        raise UsageError(f"scope: {scope!r} given, but {semantics!r} accesses carry no scope; pass scope=None")
     if placement not in PLACEMENTS:
         raise UsageError(f"placement: {placement!r} is not one of {list(PLACEMENTS)}")
 
@@ -135,14 +134,19 @@ def _enumerate(test_name: str, model: str, semantics, scope, placement) -> froze
                     mem[a.loc] = a.value
                 else:
                     reg[a.reg] = mem[a.loc]
-                step(done[:t] + (done[t] | {i},) + done[t + 1:], mem, reg)
+                step(done[:t] + (done[t] | {i},) + done[t + 1 :], mem, reg)
 
     step(tuple(frozenset() for _ in test.threads), {"x": 0, "y": 0}, {})
     return frozenset(found)
 
 
-def outcomes(test: str | LitmusTest, model: str = "relaxed", semantics: str = "plain",
-             scope: str | None = None, placement: str = "cross_cta") -> frozenset[tuple[int, ...]]:
+def outcomes(
+    test: str | LitmusTest,
+    model: str = "relaxed",
+    semantics: str = "plain",
+    scope: str | None = None,
+    placement: str = "cross_cta",
+) -> frozenset[tuple[int, ...]]:
     """Every outcome (tuple over ``test.observed``) the model allows; ``model="sc"`` ignores the
     variant (sequential consistency orders everything)."""
     t = get_test(test)
@@ -155,7 +159,7 @@ def outcomes(test: str | LitmusTest, model: str = "relaxed", semantics: str = "p
 
 
 def verdict(test: str | LitmusTest, semantics: str, scope: str | None, placement: str) -> str:
-    """"allowed" or "forbidden": the weak outcome under the relaxed model."""
+    """ "allowed" or "forbidden": the weak outcome under the relaxed model."""
     t = get_test(test)
     return "allowed" if t.weak in outcomes(t, "relaxed", semantics, scope, placement) else "forbidden"
 
@@ -167,23 +171,31 @@ def ptx_verdict(test: str | LitmusTest, semantics: str, scope: str | None, place
     mine = verdict(t, semantics, scope, placement)
     strong = semantics in SCOPED and covers(scope, placement)
     if t.name == "CoRR" and not strong:
-        return "allowed", ("PTX coherence binds morally strong accesses only; these are weak or "
-                           "scoped too narrowly: a data race, no promise")
+        return "allowed", (
+            "PTX coherence binds morally strong accesses only; these are weak or "
+            "scoped too narrowly: a data race, no promise"
+        )
     if t.name == "IRIW" and strong and semantics in ("acq_rel", "fence"):
-        return "allowed", ("PTX is not multi-copy atomic: readers ordered by acquire or fence.acq_rel may "
-                           "still disagree; only fence.sc in both readers forbids it "
-                           "(cuda-litmus pldi26-output/results.csv, base column: INSTANCE)")
+        return "allowed", (
+            "PTX is not multi-copy atomic: readers ordered by acquire or fence.acq_rel may "
+            "still disagree; only fence.sc in both readers forbids it "
+            "(cuda-litmus pldi26-output/results.csv, base column: INSTANCE)"
+        )
     if t.name == "2+2W" and strong and semantics in ("acq_rel", "fence"):
-        return "allowed", ("PTX's axioms allow it (cuda-litmus pldi26-output/results.csv: base INSTANCE, "
-                           "strengthened UNSAT, never seen on A100/H100/GH200)")
+        return "allowed", (
+            "PTX's axioms allow it (cuda-litmus pldi26-output/results.csv: base INSTANCE, "
+            "strengthened UNSAT, never seen on A100/H100/GH200)"
+        )
     return mine, ""
 
 
 def guaranteed_forbidden(test, semantics, scope, placement) -> bool:
     """True when both this model and PTX forbid the weak outcome: seeing it is a bug (of the
     hardware, the compiler, or labkit's kernels), not a memory-model subtlety."""
-    return verdict(test, semantics, scope, placement) == "forbidden" and \
-        ptx_verdict(test, semantics, scope, placement)[0] == "forbidden"
+    return (
+        verdict(test, semantics, scope, placement) == "forbidden"
+        and ptx_verdict(test, semantics, scope, placement)[0] == "forbidden"
+    )
 
 
 def possible(test, semantics, scope, placement) -> frozenset[tuple[int, ...]]:
@@ -201,7 +213,7 @@ def variants() -> list[tuple[str, str | None, str]]:
     """Every (semantics, scope, placement) there is: unscoped semantics once per placement."""
     out = []
     for sem in SEMANTICS:
-        for scope in (SCOPES if sem in SCOPED else (None,)):
+        for scope in SCOPES if sem in SCOPED else (None,):
             out += [(sem, scope, p) for p in PLACEMENTS]
     return out
 
@@ -214,8 +226,17 @@ def table(tests=None) -> list[dict]:
         t = get_test(name)
         for sem, scope, placement in variants():
             ptx, why = ptx_verdict(t, sem, scope, placement)
-            rows.append({"test": t.name, "semantics": sem, "scope": scope, "placement": placement,
-                         "model": verdict(t, sem, scope, placement), "ptx": ptx, "ptx_note": why,
-                         "sc_outcomes": len(outcomes(t, "sc")),
-                         "relaxed_outcomes": len(outcomes(t, "relaxed", sem, scope, placement))})
+            rows.append(
+                {
+                    "test": t.name,
+                    "semantics": sem,
+                    "scope": scope,
+                    "placement": placement,
+                    "model": verdict(t, sem, scope, placement),
+                    "ptx": ptx,
+                    "ptx_note": why,
+                    "sc_outcomes": len(outcomes(t, "sc")),
+                    "relaxed_outcomes": len(outcomes(t, "relaxed", sem, scope, placement)),
+                }
+            )
     return rows

@@ -10,6 +10,7 @@ programs one after another, so every outcome is one a sequentially consistent ma
 ``run_ranks`` and ``symm``): real concurrency, but the *host's* memory model (x86-TSO) applies,
 not PTX's, and process start-up skew makes overlap rare.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,9 @@ from labkit.workbench.guard import on_device_of
 #: registers per instance in the outcome buffer (IRIW has the most: 4)
 MAX_REGS = 4
 #: what the result says about the memory model of an emulated two-rank run
-EMULATED_NOTE = ("emulated ranks (CPU processes over shared memory): the host's memory model "
-                 "(x86-TSO) applies, not PTX's")
+EMULATED_NOTE = (
+    "emulated ranks (CPU processes over shared memory): the host's memory model (x86-TSO) applies, not PTX's"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,12 +68,12 @@ class Stress:
 class LitmusBuffers:
     """Device memory for runs of up to ``capacity`` instances (reusable across runs)."""
 
-    locations: torch.Tensor   # int32 [capacity * 2 * stride]: every instance's x and y, shuffled
-    out: torch.Tensor         # int32 [capacity, MAX_REGS]: registers
-    sync: torch.Tensor        # int32 [2]: start barrier (arrived, gave up)
-    scratch: torch.Tensor     # int32 [lines * 32 + 1]: stress lines, then the delay word
+    locations: torch.Tensor  # int32 [capacity * 2 * stride]: every instance's x and y, shuffled
+    out: torch.Tensor  # int32 [capacity, MAX_REGS]: registers
+    sync: torch.Tensor  # int32 [2]: start barrier (arrived, gave up)
+    scratch: torch.Tensor  # int32 [lines * 32 + 1]: stress lines, then the delay word
     capacity: int
-    stride: int               # int32 words between consecutive location slots
+    stride: int  # int32 words between consecutive location slots
 
     @property
     def stress_lines(self) -> int:
@@ -84,10 +86,14 @@ def allocate(capacity: int, stride: int = 4, device=None, stress_lines: int = 64
     _check_count("stride", stride)
     _check_count("stress_lines", stress_lines)
     dev = checks.check_device("device", device if device is not None else tier.kernel_device())
-    return LitmusBuffers(torch.zeros(capacity * 2 * stride, dtype=torch.int32, device=dev),
-                         torch.full((capacity, MAX_REGS), kernels.UNWRITTEN, dtype=torch.int32, device=dev),
-                         torch.zeros(2, dtype=torch.int32, device=dev),
-                         torch.zeros(stress_lines * 32 + 1, dtype=torch.int32, device=dev), capacity, stride)
+    return LitmusBuffers(
+        torch.zeros(capacity * 2 * stride, dtype=torch.int32, device=dev),
+        torch.full((capacity, MAX_REGS), kernels.UNWRITTEN, dtype=torch.int32, device=dev),
+        torch.zeros(2, dtype=torch.int32, device=dev),
+        torch.zeros(stress_lines * 32 + 1, dtype=torch.int32, device=dev),
+        capacity,
+        stride,
+    )
 
 
 @dataclasses.dataclass
@@ -104,12 +110,12 @@ class LitmusRun:
     stride: int
     lanes: int
     device: str
-    counts: dict[tuple[int, ...], int]   # outcome tuple (test.observed order) -> instances
-    unwritten: int        # instances with a register never written (excluded from counts): a bug if > 0
-    timeouts: int         # programs whose start-barrier wait ran out (a would-be hang)
-    seconds: float        # the launches, until the device finished (after the warm-up launch)
-    launches: int = 1     # launches the instances were split into (one resident wave each)
-    note: str = ""        # e.g. the emulated world's memory model
+    counts: dict[tuple[int, ...], int]  # outcome tuple (test.observed order) -> instances
+    unwritten: int  # instances with a register never written (excluded from counts): a bug if > 0
+    timeouts: int  # programs whose start-barrier wait ran out (a would-be hang)
+    seconds: float  # the launches, until the device finished (after the warm-up launch)
+    launches: int = 1  # launches the instances were split into (one resident wave each)
+    note: str = ""  # e.g. the emulated world's memory model
     warmup_s: float = 0.0  # the untimed first launch (it compiles or loads the kernel); 0 under the interpreter
     records: torch.Tensor | None = dataclasses.field(default=None, repr=False)  # [instances, observed]
 
@@ -118,6 +124,7 @@ class LitmusRun:
 
 
 # --- checks -----------------------------------------------------------------------------------
+
 
 def _check_count(name: str, v, low: int = 1) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v < low:
@@ -136,10 +143,10 @@ def ptx_for(semantics: str, scope: str | None) -> tuple[int, str, str, str]:
     if semantics == "volatile":
         return kernels.SEM_VOLATILE, "", "", ""
     ld_order, st_order = ("acquire", "release") if semantics == "acq_rel" else ("relaxed", "relaxed")
-    ld = ("{ .reg .pred %lp; setp.ne.b32 %lp, $2, 0; mov.b32 $0, -1; "
-          f"@%lp ld.{ld_order}.{scope}.global.b32 $0, [$1]; }}")
-    st = ("{ .reg .pred %lp; setp.ne.b32 %lp, $2, 0; mov.b32 $0, 0; "
-          f"@%lp st.{st_order}.{scope}.global.b32 [$1], $3; }}")
+    ld = (
+        f"{{ .reg .pred %lp; setp.ne.b32 %lp, $2, 0; mov.b32 $0, -1; @%lp ld.{ld_order}.{scope}.global.b32 $0, [$1]; }}"
+    )
+    st = f"{{ .reg .pred %lp; setp.ne.b32 %lp, $2, 0; mov.b32 $0, 0; @%lp st.{st_order}.{scope}.global.b32 [$1], $3; }}"
     fence = ""
     if semantics in ("fence", "fence_sc"):
         kind = "sc" if semantics == "fence_sc" else "acq_rel"
@@ -149,9 +156,11 @@ def ptx_for(semantics: str, scope: str | None) -> tuple[int, str, str, str]:
 
 def _check_runnable(semantics: str) -> None:
     if needs_ptx(semantics) and tier.interpreted():
-        raise UsageError(f"semantics={semantics!r} needs a compiled GPU: its accesses and fences are "
-                         "inline PTX (ld.acquire/st.release/ld.relaxed/fence.*), which the Triton "
-                         "interpreter (TRITON_INTERPRET=1) cannot run; here use 'plain' or 'volatile'")
+        raise UsageError(
+            f"semantics={semantics!r} needs a compiled GPU: its accesses and fences are "
+            "inline PTX (ld.acquire/st.release/ld.relaxed/fence.*), which the Triton "
+            "interpreter (TRITON_INTERPRET=1) cannot run; here use 'plain' or 'volatile'"
+        )
 
 
 #: access slots per thread in PROGRAM (every test of the catalogue has one or two accesses a thread)
@@ -168,7 +177,12 @@ def program_of(test: LitmusTest) -> tuple:
         if not 1 <= len(accesses) <= SLOTS:
             raise ValueError(f"test {test.name}: a thread has {len(accesses)} accesses; the kernel runs 1 to {SLOTS}")
         for a in accesses:
-            flat += [0 if a.kind == "st" else 1, LOCATIONS.index(a.loc), a.value, regs.index(a.reg) if a.kind == "ld" else 0]
+            flat += [
+                0 if a.kind == "st" else 1,
+                LOCATIONS.index(a.loc),
+                a.value,
+                regs.index(a.reg) if a.kind == "ld" else 0,
+            ]
         flat += [-1, 0, 0, 0] * (SLOTS - len(accesses))
     return tuple(flat)
 
@@ -182,6 +196,7 @@ def _lanes(lanes, placement) -> int:
 
 
 # --- layout of one run: where locations sit, which program plays what ------------------------
+
 
 def layout(instances: int, stride: int, seed: int, world: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(slots [N, 2], homes [N, 2]) as CPU int32 tensors, the same on every rank for a seed:
@@ -198,8 +213,9 @@ def roles_on(test: LitmusTest, world: int, rank: int) -> int:
     return sum(1 for t in range(len(test.threads)) if t % world == rank)
 
 
-def job_table(test: LitmusTest, instances: int, placement: str, lanes: int, seed: int,
-              world: int = 1, rank: int = 0) -> torch.Tensor:
+def job_table(
+    test: LitmusTest, instances: int, placement: str, lanes: int, seed: int, world: int = 1, rank: int = 0
+) -> torch.Tensor:
     """This rank's programs of one launch, shuffled (int32): cross_cta / two_gpus: group *
     threads + role, for its roles only; same_cta: the group (every role in one program)."""
     g = torch.Generator().manual_seed(seed)
@@ -221,8 +237,9 @@ def resident_programs(device: torch.device, num_warps: int) -> int | None:
     return max(1, props.multi_processor_count * per_sm // 2)
 
 
-def instances_per_launch(test: LitmusTest, placement: str, lanes: int, stress: Stress, programs: int | None,
-                         world: int = 1) -> int | None:
+def instances_per_launch(
+    test: LitmusTest, placement: str, lanes: int, stress: Stress, programs: int | None, world: int = 1
+) -> int | None:
     """Instances one launch may hold so that all its programs run at once (the start barrier
     can only complete then); None: no limit (one launch)."""
     if programs is None:
@@ -230,8 +247,10 @@ def instances_per_launch(test: LitmusTest, placement: str, lanes: int, stress: S
     room = programs - stress.programs
     per_group = 1 if placement == "same_cta" else max(roles_on(test, world, r) for r in range(world))
     if room < per_group:
-        raise UsageError(f"stress.programs: {stress.programs} leaves no room for the test in a launch of "
-                         f"{programs} programs (programs_per_launch); use fewer stress programs")
+        raise UsageError(
+            f"stress.programs: {stress.programs} leaves no room for the test in a launch of "
+            f"{programs} programs (programs_per_launch); use fewer stress programs"
+        )
     return (room // per_group) * lanes
 
 
@@ -253,8 +272,23 @@ def same_cta_layout_ok(block: int, num_warps: int) -> bool:
     return block == 32 * num_warps
 
 
-def launch(test: LitmusTest, semantics: str, scope, placement: str, instances: int, lanes: int,
-           stress: Stress, loc_bases, slots, homes, jobs, out, sync_bases, scratch, expected: int):
+def launch(
+    test: LitmusTest,
+    semantics: str,
+    scope,
+    placement: str,
+    instances: int,
+    lanes: int,
+    stress: Stress,
+    loc_bases,
+    slots,
+    homes,
+    jobs,
+    out,
+    sync_bases,
+    scratch,
+    expected: int,
+):
     """One launch of ``litmus_kernel`` on the device of ``out``; tables already on it."""
     sem, ld_asm, st_asm, fence_asm = ptx_for(semantics, scope)
     block = _block(test, placement, lanes)
@@ -264,29 +298,55 @@ def launch(test: LitmusTest, semantics: str, scope, placement: str, instances: i
     grid = (jobs.numel() + stress.programs,)
     with on_device_of(out=out, slots=slots, jobs=jobs, scratch=scratch):
         kernels.litmus_kernel[grid](
-            loc_bases, slots, homes, out, jobs, sync_bases, scratch, instances, jobs.numel(), expected,
-            PROGRAM=program_of(test), NREG=MAX_REGS, SAME_CTA=placement == "same_cta", LANES=lanes,
-            BLOCK=block, SEM=sem, LD_ASM=ld_asm, ST_ASM=st_asm, FENCE_ASM=fence_asm,
-            DELAY=stress.delay, BARRIER=barrier, SPIN=stress.spin, STRESS_ITERS=stress.iterations,
-            STRESS_LINES=stress.lines, num_warps=num_warps)
+            loc_bases,
+            slots,
+            homes,
+            out,
+            jobs,
+            sync_bases,
+            scratch,
+            instances,
+            jobs.numel(),
+            expected,
+            PROGRAM=program_of(test),
+            NREG=MAX_REGS,
+            SAME_CTA=placement == "same_cta",
+            LANES=lanes,
+            BLOCK=block,
+            SEM=sem,
+            LD_ASM=ld_asm,
+            ST_ASM=st_asm,
+            FENCE_ASM=fence_asm,
+            DELAY=stress.delay,
+            BARRIER=barrier,
+            SPIN=stress.spin,
+            STRESS_ITERS=stress.iterations,
+            STRESS_LINES=stress.lines,
+            num_warps=num_warps,
+        )
 
 
 def records_of(test: LitmusTest, out: torch.Tensor, finals: torch.Tensor) -> torch.Tensor:
     """[N, len(test.observed)]: registers from ``out`` [N, MAX_REGS], locations from ``finals`` [N, 2]."""
-    cols = [out[:, test.registers.index(o)] if o.startswith("r") else finals[:, LOCATIONS.index(o)]
-            for o in test.observed]
+    cols = [
+        out[:, test.registers.index(o)] if o.startswith("r") else finals[:, LOCATIONS.index(o)] for o in test.observed
+    ]
     return torch.stack(cols, dim=1)
 
 
 def _counts(test: LitmusTest, records: torch.Tensor) -> tuple[dict, int]:
     reg_cols = [i for i, o in enumerate(test.observed) if o.startswith("r")]
-    bad = (records[:, reg_cols] == kernels.UNWRITTEN).any(dim=1) if reg_cols else \
-        torch.zeros(records.shape[0], dtype=torch.bool)
+    bad = (
+        (records[:, reg_cols] == kernels.UNWRITTEN).any(dim=1)
+        if reg_cols
+        else torch.zeros(records.shape[0], dtype=torch.bool)
+    )
     good = records[~bad]
     return (histogram(good) if good.numel() else {}), int(bad.sum())
 
 
 # --- the API ---------------------------------------------------------------------------------
+
 
 def _checked(semantics, scope, placement, instances, seed, stress, programs_per_launch, stride, lanes):
     """The checks ``run_litmus`` and ``run_two_gpus`` share, in the order their errors are met;
@@ -306,11 +366,23 @@ def _checked(semantics, scope, placement, instances, seed, stress, programs_per_
     return stress, _lanes(lanes, placement)
 
 
-def run_litmus(test, semantics: str = "plain", scope: str | None = None, placement: str = "cross_cta",
-               instances: int = 4096, *, stress: Stress | None = None, device=None, seed: int = 0,
-               stride: int | None = None, lanes: int | None = None, buffers: LitmusBuffers | None = None,
-               timeout: float = 300.0, programs_per_launch: int | None = None,
-               keep_records: bool = False) -> LitmusRun:
+def run_litmus(
+    test,
+    semantics: str = "plain",
+    scope: str | None = None,
+    placement: str = "cross_cta",
+    instances: int = 4096,
+    *,
+    stress: Stress | None = None,
+    device=None,
+    seed: int = 0,
+    stride: int | None = None,
+    lanes: int | None = None,
+    buffers: LitmusBuffers | None = None,
+    timeout: float = 300.0,
+    programs_per_launch: int | None = None,
+    keep_records: bool = False,
+) -> LitmusRun:
     """Run ``instances`` instances of ``test`` and count their outcomes (one launch per wave of
     resident programs: see ``programs_per_launch``).
 
@@ -333,26 +405,34 @@ def run_litmus(test, semantics: str = "plain", scope: str | None = None, placeme
     """
     t = get_test(test)
     if buffers is not None and isinstance(buffers, LitmusBuffers) and stride not in (None, buffers.stride):
-        raise UsageError(f"stride: {stride} differs from the buffers' stride {buffers.stride}; "
-                         "pass stride=None to use theirs")
+        raise UsageError(
+            f"stride: {stride} differs from the buffers' stride {buffers.stride}; pass stride=None to use theirs"
+        )
     stress, lanes = _checked(semantics, scope, placement, instances, seed, stress, programs_per_launch, stride, lanes)
     stride = stride or (buffers.stride if isinstance(buffers, LitmusBuffers) else 4)
     if placement == "two_gpus":
         if buffers is not None:
-            raise UsageError("buffers: placement='two_gpus' needs symmetric memory, which each rank "
-                             "allocates itself (labkit.kernels.comm.symm); pass buffers=None")
-        return _run_two_ranks([t], semantics, scope, instances, stress, seed, stride, lanes, timeout,
-                              programs_per_launch, keep_records)[0]
+            raise UsageError(
+                "buffers: placement='two_gpus' needs symmetric memory, which each rank "
+                "allocates itself (labkit.kernels.comm.symm); pass buffers=None"
+            )
+        return _run_two_ranks(
+            [t], semantics, scope, instances, stress, seed, stride, lanes, timeout, programs_per_launch, keep_records
+        )[0]
     if buffers is None:
         buffers = allocate(instances, stride, device, stress_lines=stress.lines)
     elif not isinstance(buffers, LitmusBuffers):
         raise UsageError(f"buffers: expected LitmusBuffers from allocate(), got {type(buffers).__name__}")
     if instances > buffers.capacity:
-        raise UsageError(f"instances: {instances} is more than the buffers hold ({buffers.capacity}); "
-                         f"allocate({instances}, ...) or pass fewer")
+        raise UsageError(
+            f"instances: {instances} is more than the buffers hold ({buffers.capacity}); "
+            f"allocate({instances}, ...) or pass fewer"
+        )
     if stress.lines > buffers.stress_lines:
-        raise UsageError(f"stress.lines: {stress.lines} is more than the buffers' {buffers.stress_lines} "
-                         "scratch lines; allocate(..., stress_lines=...) more")
+        raise UsageError(
+            f"stress.lines: {stress.lines} is more than the buffers' {buffers.stress_lines} "
+            "scratch lines; allocate(..., stress_lines=...) more"
+        )
     if device is not None and checks.check_device("device", device) != buffers.out.device:
         raise UsageError(f"device: {device!r} but the buffers are on {buffers.out.device}")
     checks.check_kernel_device("buffers", buffers.out)
@@ -371,8 +451,23 @@ def run_litmus(test, semantics: str = "plain", scope: str | None = None, placeme
         jobs = job_table(t, c1 - c0, placement, lanes, seed * 1_000_003 + i).to(dev)
         buffers.sync.zero_()
         start = time.perf_counter()
-        launch(t, semantics, scope, placement, c1 - c0, lanes, stress, loc_bases, slots[c0:c1], homes[c0:c1],
-               jobs, buffers.out[c0:c1], sync_bases, buffers.scratch, jobs.numel() + stress.programs)
+        launch(
+            t,
+            semantics,
+            scope,
+            placement,
+            c1 - c0,
+            lanes,
+            stress,
+            loc_bases,
+            slots[c0:c1],
+            homes[c0:c1],
+            jobs,
+            buffers.out[c0:c1],
+            sync_bases,
+            buffers.scratch,
+            jobs.numel() + stress.programs,
+        )
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         return time.perf_counter() - start
@@ -390,17 +485,44 @@ def run_litmus(test, semantics: str = "plain", scope: str | None = None, placeme
     finals = buffers.locations[slots.long()]
     records = records_of(t, buffers.out[:instances], finals).cpu()
     counts, unwritten = _counts(t, records)
-    return LitmusRun(t.name, semantics, scope, placement, instances, stress, seed, buffers.stride, lanes,
-                     str(dev), counts, unwritten, timeouts, seconds, launches=len(parts),
-                     records=records if keep_records else None, warmup_s=warmup_s)
+    return LitmusRun(
+        t.name,
+        semantics,
+        scope,
+        placement,
+        instances,
+        stress,
+        seed,
+        buffers.stride,
+        lanes,
+        str(dev),
+        counts,
+        unwritten,
+        timeouts,
+        seconds,
+        launches=len(parts),
+        records=records if keep_records else None,
+        warmup_s=warmup_s,
+    )
 
 
 # --- two GPUs (or two emulated ranks) --------------------------------------------------------
 
-def run_two_gpus(tests, semantics: str = "plain", scope: str | None = None, instances: int = 4096, *,
-                 stress: Stress | None = None, seed: int = 0, stride: int | None = None, lanes: int | None = None,
-                 timeout: float = 300.0, programs_per_launch: int | None = None,
-                 keep_records: bool = False) -> list[LitmusRun]:
+
+def run_two_gpus(
+    tests,
+    semantics: str = "plain",
+    scope: str | None = None,
+    instances: int = 4096,
+    *,
+    stress: Stress | None = None,
+    seed: int = 0,
+    stride: int | None = None,
+    lanes: int | None = None,
+    timeout: float = 300.0,
+    programs_per_launch: int | None = None,
+    keep_records: bool = False,
+) -> list[LitmusRun]:
     """``run_litmus(test, semantics, scope, "two_gpus", instances, ...)`` for each of ``tests``,
     in one start of the two ranks: starting them (two processes, CUDA, symmetric memory) costs
     seconds, about as much as a run of 1e5 instances, so a sweep of several tests pays it once.
@@ -414,12 +536,14 @@ def run_two_gpus(tests, semantics: str = "plain", scope: str | None = None, inst
         raise UsageError(f"tests: expected a non-empty list of test names, got {tests!r}")
     ts = [get_test(t) for t in tests]
     stress, lanes = _checked(semantics, scope, "two_gpus", instances, seed, stress, programs_per_launch, stride, lanes)
-    return _run_two_ranks(ts, semantics, scope, instances, stress, seed, stride or 4, lanes, timeout, programs_per_launch,
-                          keep_records)
+    return _run_two_ranks(
+        ts, semantics, scope, instances, stress, seed, stride or 4, lanes, timeout, programs_per_launch, keep_records
+    )
 
 
-def _run_two_ranks(ts, semantics, scope, instances, stress, seed, stride, lanes, timeout, programs_per_launch,
-                   keep_records) -> list[LitmusRun]:
+def _run_two_ranks(
+    ts, semantics, scope, instances, stress, seed, stride, lanes, timeout, programs_per_launch, keep_records
+) -> list[LitmusRun]:
     from labkit.kernels.comm.ranks import run_ranks
 
     emulated = tier.interpreted()
@@ -427,13 +551,38 @@ def _run_two_ranks(ts, semantics, scope, instances, stress, seed, stride, lanes,
         gate = gates.requires(gpus=2, peer_access=True, compiled=True)
         if not gate.ok:
             raise HardwareUnavailable(f"placement='two_gpus': {gate.reason}")
-    specs = [{"test": t.name, "semantics": semantics, "scope": scope, "instances": instances,
-              "stress": dataclasses.asdict(stress), "seed": seed, "stride": stride, "lanes": lanes,
-              "programs_per_launch": programs_per_launch} for t in ts]
+    specs = [
+        {
+            "test": t.name,
+            "semantics": semantics,
+            "scope": scope,
+            "instances": instances,
+            "stress": dataclasses.asdict(stress),
+            "seed": seed,
+            "stride": stride,
+            "lanes": lanes,
+            "programs_per_launch": programs_per_launch,
+        }
+        for t in ts
+    ]
     res = run_ranks(rank_litmus_many, 2, specs, timeout=timeout)
     per_rank = res.unwrap()
-    return [_merge_ranks(t, [per_rank[0][i], per_rank[1][i]], semantics, scope, instances, stress, seed, stride,
-                         lanes, emulated, keep_records) for i, t in enumerate(ts)]
+    return [
+        _merge_ranks(
+            t,
+            [per_rank[0][i], per_rank[1][i]],
+            semantics,
+            scope,
+            instances,
+            stress,
+            seed,
+            stride,
+            lanes,
+            emulated,
+            keep_records,
+        )
+        for i, t in enumerate(ts)
+    ]
 
 
 def _merge_ranks(t, parts, semantics, scope, instances, stress, seed, stride, lanes, emulated, keep_records):
@@ -445,11 +594,26 @@ def _merge_ranks(t, parts, semantics, scope, instances, stress, seed, stride, la
     finals = torch.where(parts[0]["homes"] == 0, parts[0]["finals"], parts[1]["finals"])
     records = records_of(t, out, finals)
     counts, unwritten = _counts(t, records)
-    return LitmusRun(t.name, semantics, scope, "two_gpus", instances, stress, seed, stride, lanes,
-                     parts[0]["device"] + " + " + parts[1]["device"], counts, unwritten,
-                     parts[0]["timeouts"], max(p["seconds"] for p in parts), launches=parts[0]["launches"],
-                     note=EMULATED_NOTE if emulated else "", records=records if keep_records else None,
-                     warmup_s=max(p["warmup_s"] for p in parts))
+    return LitmusRun(
+        t.name,
+        semantics,
+        scope,
+        "two_gpus",
+        instances,
+        stress,
+        seed,
+        stride,
+        lanes,
+        parts[0]["device"] + " + " + parts[1]["device"],
+        counts,
+        unwritten,
+        parts[0]["timeouts"],
+        max(p["seconds"] for p in parts),
+        launches=parts[0]["launches"],
+        note=EMULATED_NOTE if emulated else "",
+        records=records if keep_records else None,
+        warmup_s=max(p["warmup_s"] for p in parts),
+    )
 
 
 def rank_litmus_many(ctx, specs: list) -> list:
@@ -474,7 +638,7 @@ def rank_litmus(ctx, spec: dict) -> dict:
     scratch = torch.zeros(stress.lines * 32 + 1, dtype=torch.int32, device=dev)
     slots_d, homes_d = slots.to(dev), homes.to(dev)
     programs = spec["programs_per_launch"] or resident_programs(dev, max(1, lanes // 32))
-    sync_mine = sync.tensor.view(torch.int32)   # rank 0's is the barrier; each rank zeroes its own
+    sync_mine = sync.tensor.view(torch.int32)  # rank 0's is the barrier; each rank zeroes its own
     parts = chunks(n, instances_per_launch(t, "two_gpus", lanes, stress, programs, 2))
     mine = locs.tensor.view(torch.int32)
 
@@ -487,9 +651,23 @@ def rank_litmus(ctx, spec: dict) -> dict:
             torch.cuda.synchronize(dev)
         ctx.barrier()  # the barrier counter and (first time) both ranks' locations are zero
         start = time.perf_counter()
-        launch(t, spec["semantics"], spec["scope"], "two_gpus", c1 - c0, lanes, stress, locs.data_ptrs,
-               slots_d[c0:c1], homes_d[c0:c1], jobs, out[c0:c1], sync.data_ptrs[:1], scratch,
-               everyone + 2 * stress.programs)
+        launch(
+            t,
+            spec["semantics"],
+            spec["scope"],
+            "two_gpus",
+            c1 - c0,
+            lanes,
+            stress,
+            locs.data_ptrs,
+            slots_d[c0:c1],
+            homes_d[c0:c1],
+            jobs,
+            out[c0:c1],
+            sync.data_ptrs[:1],
+            scratch,
+            everyone + 2 * stress.programs,
+        )
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         took = time.perf_counter() - start
@@ -512,5 +690,13 @@ def rank_litmus(ctx, spec: dict) -> dict:
         timeouts += gave_up
     finals = mine[slots.long().to(dev)].cpu()
     ctx.barrier()  # nobody frees its buffer while the other still reads
-    return {"out": out.cpu(), "finals": finals, "homes": homes, "timeouts": timeouts,
-            "seconds": seconds, "device": str(dev), "launches": len(parts), "warmup_s": warmup_s}
+    return {
+        "out": out.cpu(),
+        "finals": finals,
+        "homes": homes,
+        "timeouts": timeouts,
+        "seconds": seconds,
+        "device": str(dev),
+        "launches": len(parts),
+        "warmup_s": warmup_s,
+    }

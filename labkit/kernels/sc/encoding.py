@@ -30,6 +30,7 @@ The kernel's key fact: for fixed sequences C depends only on the pair (q_a, q_b)
 (2Q+1)^2 counts (65 025 entries for 8 bits), built from the bitstreams, replaces the L-step
 bit loop by one lookup per multiply-add.
 """
+
 from __future__ import annotations
 
 import torch
@@ -62,13 +63,12 @@ def phases(a_seq: str, b_seq: str) -> int:
     return 2 if "counter_alt" in (a_seq, b_seq) else 1
 
 
-def bitstreams(q: torch.Tensor, sc_prec: int, stoc_len: int, seq: str, halve: bool,
-               k_parity: int = 0) -> torch.Tensor:
+def bitstreams(q: torch.Tensor, sc_prec: int, stoc_len: int, seq: str, halve: bool, k_parity: int = 0) -> torch.Tensor:
     """The literal streams: bool tensor of shape q.shape + (L,)."""
     Q = qmax(sc_prec)
     r = threshold_sequence(seq, stoc_len, k_parity).to(q.device)
-    lhs = (2 * r + int(halve)) * Q                       # (L,)
-    rhs = (q.to(torch.int64) + Q) * stoc_len             # q.shape
+    lhs = (2 * r + int(halve)) * Q  # (L,)
+    rhs = (q.to(torch.int64) + Q) * stoc_len  # q.shape
     return lhs < rhs.unsqueeze(-1)
 
 
@@ -81,9 +81,9 @@ def count_table(sc_prec: int, stoc_len: int, a_seq: str, b_seq: str, halve: bool
     levels = torch.arange(-Q, Q + 1)
     tables = []
     for p in range(phases(a_seq, b_seq)):
-        sa = bitstreams(levels, sc_prec, stoc_len, a_seq, halve, p)    # (2Q+1, L)
+        sa = bitstreams(levels, sc_prec, stoc_len, a_seq, halve, p)  # (2Q+1, L)
         sb = bitstreams(levels, sc_prec, stoc_len, b_seq, halve, p)
-        agree = (sa[:, None, :] == sb[None, :, :]).sum(-1)              # C for every pair
+        agree = (sa[:, None, :] == sb[None, :, :]).sum(-1)  # C for every pair
         tables.append(2 * agree - stoc_len)
     return torch.stack(tables).to(torch.int32).contiguous()
 

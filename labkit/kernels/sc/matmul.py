@@ -32,6 +32,7 @@ The check is device-side (no host sync): a compare per element in the fused quan
 an isfinite pass plus a where over b (once per ``prepare_b``) and over a for the other
 granularities.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -97,13 +98,17 @@ def _check_inputs(a, b, cfg: SCConfig) -> None:
     check_tensor("a", a, dtypes=DTYPES, contiguous=False)
     check_tensor("b", b, dtypes=DTYPES, contiguous=False)
     if a.dim() not in (2, 3) or b.dim() != a.dim():
-        raise ValueError(f"a, b: expected both 2-D ([M, K] @ [K, N]) or both 3-D ([H, M, K] @ [H, K, N]);"
-                         f" got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+        raise ValueError(
+            f"a, b: expected both 2-D ([M, K] @ [K, N]) or both 3-D ([H, M, K] @ [H, K, N]);"
+            f" got shapes {tuple(a.shape)} and {tuple(b.shape)}"
+        )
     if a.dtype != b.dtype:
         raise TypeError(f"a, b: dtypes differ ({a.dtype} and {b.dtype})")
     if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"a, b: K mismatch: a has K={a.shape[-1]} (shape {tuple(a.shape)}),"
-                         f" b has K={b.shape[-2]} (shape {tuple(b.shape)})")
+        raise ValueError(
+            f"a, b: K mismatch: a has K={a.shape[-1]} (shape {tuple(a.shape)}),"
+            f" b has K={b.shape[-2]} (shape {tuple(b.shape)})"
+        )
     if a.dim() == 3 and a.shape[0] != b.shape[0]:
         raise ValueError(f"a, b: head counts differ: {a.shape[0]} and {b.shape[0]}")
     cfg.check(a.dim())
@@ -121,12 +126,12 @@ def quantize_a_torch(a3: torch.Tensor, cfg: SCConfig):
     chunk, C = _chunking(K, cfg)
     # Zero padding never raises an amax; the padded part is cut off again after quantising.
     av = torch.nn.functional.pad(a3.float(), (0, C * chunk - K)).view(H, M, C, chunk)
-    av, nonfinite = encoding.finite_part(av)        # NaN / inf: left out here, flagged in sa below
+    av, nonfinite = encoding.finite_part(av)  # NaN / inf: left out here, flagged in sa below
     dims = {"per_tensor": (0, 1, 3), "per_row": (3,), "per_head": (1, 3)}[cfg.granularity]
-    s = encoding.scales(av, dims, cfg.sc_prec)                                   # [H|1, M|1, C, 1]
+    s = encoding.scales(av, dims, cfg.sc_prec)  # [H|1, M|1, C, 1]
     qa = encoding.quantize(av, s, cfg.sc_prec).view(H, M, C * chunk)[:, :, :K].contiguous()
     Q = encoding.qmax(cfg.sc_prec)
-    sa = (s * (Q * Q / cfg.stoc_len)).expand(H, M, C, 1)[..., 0]                # [H, M, C]
+    sa = (s * (Q * Q / cfg.stoc_len)).expand(H, M, C, 1)[..., 0]  # [H, M, C]
     # The non-finite flag of each (row, chunk): a NaN scale makes the row's outputs NaN.
     sa = torch.where(nonfinite.any(dim=3), torch.full_like(sa, float("nan")), sa)
     return qa, sa.permute(0, 2, 1).contiguous()
@@ -143,8 +148,9 @@ def quantize_a(a3: torch.Tensor, cfg: SCConfig):
     qa = torch.empty(H, M, K, dtype=torch.int8, device=a3.device)
     sa = torch.empty(H, C, M, dtype=torch.float32, device=a3.device)
     block = min(1024, triton.next_power_of_2(chunk))
-    quantize_rows_kernel[(H * M,)](a3, qa, sa, M, K, chunk, C, *a3.stride(), Q * Q / cfg.stoc_len,
-                                   QMAX=Q, BLOCK=block, num_warps=4)
+    quantize_rows_kernel[(H * M,)](
+        a3, qa, sa, M, K, chunk, C, *a3.stride(), Q * Q / cfg.stoc_len, QMAX=Q, BLOCK=block, num_warps=4
+    )
     return qa, sa
 
 
@@ -154,10 +160,11 @@ class PreparedB:
 
     sb carries b's non-finite flag: NaN in each (chunk, column) that held a NaN or an inf (whose
     entries are quantised as 0), so every product with this b has those output columns NaN."""
-    qb: torch.Tensor      # [H, K, N] int8, N contiguous
-    sb: torch.Tensor      # [H, C, N] fp32; NaN where the column's chunk holds a non-finite value
+
+    qb: torch.Tensor  # [H, K, N] int8, N contiguous
+    sb: torch.Tensor  # [H, C, N] fp32; NaN where the column's chunk holds a non-finite value
     cfg: SCConfig
-    squeeze: bool         # b was 2-D
+    squeeze: bool  # b was 2-D
 
     @property
     def shape(self):
@@ -176,11 +183,11 @@ def prepare_b(b: torch.Tensor, **options) -> PreparedB:
         H, K, N = b3.shape
         chunk, C = _chunking(K, cfg)
         bv = torch.nn.functional.pad(b3.float(), (0, 0, 0, C * chunk - K)).view(H, C, chunk, N)
-        bv, nonfinite = encoding.finite_part(bv)    # NaN / inf: left out here, flagged in sb below
+        bv, nonfinite = encoding.finite_part(bv)  # NaN / inf: left out here, flagged in sb below
         dims = {"per_tensor": (0, 2, 3), "per_row": (2,), "per_head": (2, 3)}[cfg.granularity]
-        s = encoding.scales(bv, dims, cfg.sc_prec)                               # [H|1, C, 1, N|1]
+        s = encoding.scales(bv, dims, cfg.sc_prec)  # [H|1, C, 1, N|1]
         qb = encoding.quantize(bv, s, cfg.sc_prec).view(H, C * chunk, N)[:, :K, :].contiguous()
-        sb = s.expand(H, C, 1, N)[:, :, 0, :]                                    # [H, C, N]
+        sb = s.expand(H, C, 1, N)[:, :, 0, :]  # [H, C, N]
         # The non-finite flag of each (chunk, column): a NaN scale makes the column's outputs NaN.
         sb = torch.where(nonfinite.any(dim=2), torch.full_like(sb, float("nan")), sb).contiguous()
     return PreparedB(qb, sb, cfg, b.dim() == 2)
@@ -190,11 +197,12 @@ def prepare_b(b: torch.Tensor, **options) -> PreparedB:
 class LaunchConfig:
     """How sc_kernel is launched. Chosen from the shapes alone (never from the GPU), so the same
     inputs take the same path, and give the same bits, on any GPU."""
-    gather: int        # 0 global lookups, 1 table rows + tl.gather (see labkit.kernels.sc.kernel)
+
+    gather: int  # 0 global lookups, 1 table rows + tl.gather (see labkit.kernels.sc.kernel)
     block_m: int
     block_n: int
     block_k: int
-    splits: int        # programs along K per head; > 1 means atomic counts + finalize kernel
+    splits: int  # programs along K per head; > 1 means atomic counts + finalize kernel
     num_warps: int = 4
 
 
@@ -220,7 +228,7 @@ def launch_config(H: int, M: int, N: int, K: int, C: int) -> LaunchConfig:
         # (atomic counts + finalize) stays exercised by the CPU tier through M = 1.
         bm = max(1, min(4, triton.next_power_of_2(M)))
         return LaunchConfig(gather=0, block_m=bm, block_n=16, block_k=8, splits=2 if M == 1 else 1)
-    if M <= 4:   # decode: one row block per program, K split across programs
+    if M <= 4:  # decode: one row block per program, K split across programs
         cfg = LaunchConfig(gather=0, block_m=triton.next_power_of_2(M), block_n=256, block_k=8, splits=1)
     else:
         cfg = LaunchConfig(gather=0, block_m=4, block_n=256, block_k=4, splits=1)
@@ -235,43 +243,118 @@ def _as_stored(out: torch.Tensor) -> torch.Tensor:
     return out.view(torch.int16) if out.dtype == torch.bfloat16 else out
 
 
-def _launch(qa, qb, table, sa, sb, chunk, C, cfg: SCConfig, out_dtype, counts_only: bool = False,
-            config: LaunchConfig | None = None) -> torch.Tensor:
+def _launch(
+    qa,
+    qb,
+    table,
+    sa,
+    sb,
+    chunk,
+    C,
+    cfg: SCConfig,
+    out_dtype,
+    counts_only: bool = False,
+    config: LaunchConfig | None = None,
+) -> torch.Tensor:
     """Counts [H*C, M, N] int32 (counts_only) or the scaled product [H, M, N] in out_dtype."""
     H, M, K = qa.shape
     N = qb.shape[2]
     lc = config or launch_config(H, M, N, K, C)
     Q = encoding.qmax(cfg.sc_prec)
-    const = dict(QMAX=Q, WP=table.shape[1], BLOCK_M=lc.block_m, BLOCK_N=lc.block_n, BLOCK_K=lc.block_k,
-                 PHASES=encoding.phases(cfg.a_seq, cfg.b_seq), GATHER=lc.gather, num_warps=lc.num_warps,
-                 enable_fp_fusion=False)
+    const = dict(
+        QMAX=Q,
+        WP=table.shape[1],
+        BLOCK_M=lc.block_m,
+        BLOCK_N=lc.block_n,
+        BLOCK_K=lc.block_k,
+        PHASES=encoding.phases(cfg.a_seq, cfg.b_seq),
+        GATHER=lc.gather,
+        num_warps=lc.num_warps,
+        enable_fp_fusion=False,
+    )
     grid_mn = (triton.cdiv(M, lc.block_m), triton.cdiv(N, lc.block_n))
     if lc.splits == 1 and not counts_only:
         out = torch.empty(H, M, N, dtype=out_dtype, device=qa.device)
-        sc_kernel[grid_mn + (H,)](qa, qb, table, sa, sb, _as_stored(out), M, N, K, chunk, C, K, 1,
-                                  *qa.stride(), *qb.stride(), *out.stride(), MODE=0,
-                                  BF16_BITS=out_dtype == torch.bfloat16, **const)
+        sc_kernel[grid_mn + (H,)](
+            qa,
+            qb,
+            table,
+            sa,
+            sb,
+            _as_stored(out),
+            M,
+            N,
+            K,
+            chunk,
+            C,
+            K,
+            1,
+            *qa.stride(),
+            *qb.stride(),
+            *out.stride(),
+            MODE=0,
+            BF16_BITS=out_dtype == torch.bfloat16,
+            **const,
+        )
         return out
     counts = torch.zeros(H * C, M, N, dtype=torch.int32, device=qa.device)
     split_len = triton.cdiv(triton.cdiv(K, lc.splits), lc.block_k) * lc.block_k
     splits = triton.cdiv(K, split_len)
-    sc_kernel[grid_mn + (H * splits,)](qa, qb, table, sa, sb, counts, M, N, K, chunk, C, split_len, splits,
-                                       *qa.stride(), *qb.stride(), *counts.stride(), MODE=1,
-                                       BF16_BITS=False, **const)
+    sc_kernel[grid_mn + (H * splits,)](
+        qa,
+        qb,
+        table,
+        sa,
+        sb,
+        counts,
+        M,
+        N,
+        K,
+        chunk,
+        C,
+        split_len,
+        splits,
+        *qa.stride(),
+        *qb.stride(),
+        *counts.stride(),
+        MODE=1,
+        BF16_BITS=False,
+        **const,
+    )
     if counts_only:
         return counts
     out = torch.empty(H, M, N, dtype=out_dtype, device=qa.device)
     bm, bn = min(16, triton.next_power_of_2(M)), 128
     sc_finalize_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn), H)](
-        counts, sa, sb, _as_stored(out), M, N, C, *out.stride(), BLOCK_M=bm, BLOCK_N=bn,
-        BF16_BITS=out_dtype == torch.bfloat16, num_warps=4,
-        enable_fp_fusion=False)
+        counts,
+        sa,
+        sb,
+        _as_stored(out),
+        M,
+        N,
+        C,
+        *out.stride(),
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BF16_BITS=out_dtype == torch.bfloat16,
+        num_warps=4,
+        enable_fp_fusion=False,
+    )
     return out
 
 
-def sc_matmul(a: torch.Tensor, b: torch.Tensor, *, sc_prec: int = 8, stoc_len: int = 256,
-              granularity: str = "per_row", chunk_d: int = 0, a_seq: str = "bitrev",
-              b_seq: str = "counter_alt", halve: bool = False) -> torch.Tensor:
+def sc_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    sc_prec: int = 8,
+    stoc_len: int = 256,
+    granularity: str = "per_row",
+    chunk_d: int = 0,
+    a_seq: str = "bitrev",
+    b_seq: str = "counter_alt",
+    halve: bool = False,
+) -> torch.Tensor:
     """SC product of a [M, K] @ b [K, N] (or [H, M, K] @ [H, K, N]); fp32 sums, output in a.dtype.
 
     out[i, j] is NaN where row i of a or column j of b holds a NaN or +-inf (see the module
@@ -284,8 +367,9 @@ def sc_matmul(a: torch.Tensor, b: torch.Tensor, *, sc_prec: int = 8, stoc_len: i
     return sc_matmul_prepared(a, prepare_b(b, **dataclasses.asdict(cfg)))
 
 
-def sc_matmul_prepared(a: torch.Tensor, w: PreparedB, *, guarded: bool = True,
-                       config: LaunchConfig | None = None) -> torch.Tensor:
+def sc_matmul_prepared(
+    a: torch.Tensor, w: PreparedB, *, guarded: bool = True, config: LaunchConfig | None = None
+) -> torch.Tensor:
     """SC product of a with an already quantised b (see prepare_b).
 
     guarded=False launches on whatever device is current, without labkit's device guard: the
@@ -295,9 +379,15 @@ def sc_matmul_prepared(a: torch.Tensor, w: PreparedB, *, guarded: bool = True,
         raise TypeError(f"w: expected a PreparedB from labkit.kernels.sc.prepare_b, got {type(w).__name__}")
     check_tensor("a", a, dtypes=DTYPES, contiguous=False)
     common_device(a=a, w=w.qb)
-    if a.dim() != (2 if w.squeeze else 3) or a.shape[-1] != w.qb.shape[1] or (not w.squeeze and a.shape[0] != w.qb.shape[0]):
-        raise ValueError(f"a: shape {tuple(a.shape)} does not fit the prepared b of shape {w.shape}"
-                         " (K must match; 3-D needs the same number of heads)")
+    if (
+        a.dim() != (2 if w.squeeze else 3)
+        or a.shape[-1] != w.qb.shape[1]
+        or (not w.squeeze and a.shape[0] != w.qb.shape[0])
+    ):
+        raise ValueError(
+            f"a: shape {tuple(a.shape)} does not fit the prepared b of shape {w.shape}"
+            " (K must match; 3-D needs the same number of heads)"
+        )
     a3 = a[None] if w.squeeze else a
     guard = on_device_of(a=a, w=w.qb) if guarded else contextlib.nullcontext(a.device)
     with guard as dev:
@@ -320,8 +410,9 @@ def _quantized(a, b, cfg: SCConfig, fused: bool = True):
     return qa, sa, w.qb, w.sb, chunk, C
 
 
-def sc_counts(a: torch.Tensor, b: torch.Tensor, *, impl: str = "triton", config: LaunchConfig | None = None,
-              **options) -> torch.Tensor:
+def sc_counts(
+    a: torch.Tensor, b: torch.Tensor, *, impl: str = "triton", config: LaunchConfig | None = None, **options
+) -> torch.Tensor:
     """The exact integer sums S[h, c, m, n] per chunk, from the kernel or the literal reference.
 
     For tests and teaching: the two must be identical on any input.
@@ -337,9 +428,11 @@ def sc_counts(a: torch.Tensor, b: torch.Tensor, *, impl: str = "triton", config:
         if impl == "reference":
             return chunk_counts(qa, qb, chunk, cfg.sc_prec, cfg.stoc_len, cfg.a_seq, cfg.b_seq, cfg.halve)
         H, M, K = qa.shape
-        return _launch(qa, qb, _table(cfg, dev), sa, sb, chunk, C, cfg, torch.float32, counts_only=True,
-                       config=config).view(
-            H, C, M, qb.shape[2]).to(torch.int64)
+        return (
+            _launch(qa, qb, _table(cfg, dev), sa, sb, chunk, C, cfg, torch.float32, counts_only=True, config=config)
+            .view(H, C, M, qb.shape[2])
+            .to(torch.int64)
+        )
 
 
 def sc_matmul_reference(a: torch.Tensor, b: torch.Tensor, **options) -> torch.Tensor:

@@ -11,6 +11,7 @@ caller sees, launch overhead included); ``graph_us`` replays the same calls capt
 graph (what the GPU spends). Every implementation's result is checked against NCCL's on the
 same inputs before it is timed; ``correct`` records the outcome.
 """
+
 from __future__ import annotations
 
 
@@ -28,7 +29,6 @@ SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 
 REQUIRED = ("impl", "op", "world_size", "bytes", "dtype", "us", "busbw_GBps", "correct")
 
 
-
 def _cases(ctx, n: int, dtype, x: torch.Tensor, ref: torch.Tensor, scale: torch.Tensor) -> dict:
     """(impl, op) -> (call, check): ``call`` is what gets timed; ``check`` runs once on the
     fresh inputs and says whether this rank's result is right (``scale``: sum over ranks of
@@ -39,54 +39,74 @@ def _cases(ctx, n: int, dtype, x: torch.Tensor, ref: torch.Tensor, scale: torch.
     w, dev, rank = ctx.world_size, ctx.device, ctx.rank
     s = n // w
     group = dist.group.WORLD.group_name
-    mine, mine_scale = ref[rank * s:(rank + 1) * s], scale[rank * s:(rank + 1) * s]
+    mine, mine_scale = ref[rank * s : (rank + 1) * s], scale[rank * s : (rank + 1) * s]
     gathered = torch.empty(n, dtype=dtype, device=dev)
     dist.all_gather_into_tensor(gathered, x[:s].contiguous())  # NCCL's answer for all-gather
     cases = {}
 
     t = x.clone()
-    cases[("nccl", "all_reduce")] = (lambda: dist.all_reduce(t),
-                                     lambda: (t.copy_(x), dist.all_reduce(t), _close(t, ref, w, scale))[-1])
+    cases[("nccl", "all_reduce")] = (
+        lambda: dist.all_reduce(t),
+        lambda: (t.copy_(x), dist.all_reduce(t), _close(t, ref, w, scale))[-1],
+    )
     rs_out = torch.empty(s, dtype=dtype, device=dev)
-    cases[("nccl", "reduce_scatter")] = (lambda: dist.reduce_scatter_tensor(rs_out, x),
-                                         lambda: (dist.reduce_scatter_tensor(rs_out, x), _close(rs_out, mine, w, mine_scale))[-1])
+    cases[("nccl", "reduce_scatter")] = (
+        lambda: dist.reduce_scatter_tensor(rs_out, x),
+        lambda: (dist.reduce_scatter_tensor(rs_out, x), _close(rs_out, mine, w, mine_scale))[-1],
+    )
     ag_in, ag_out = x[:s].contiguous(), torch.empty(n, dtype=dtype, device=dev)
-    cases[("nccl", "all_gather")] = (lambda: dist.all_gather_into_tensor(ag_out, ag_in),
-                                     lambda: (dist.all_gather_into_tensor(ag_out, ag_in), torch.equal(ag_out, gathered))[-1])
+    cases[("nccl", "all_gather")] = (
+        lambda: dist.all_gather_into_tensor(ag_out, ag_in),
+        lambda: (dist.all_gather_into_tensor(ag_out, ag_in), torch.equal(ag_out, gathered))[-1],
+    )
 
     st = symm_mem.empty(n, dtype=dtype, device=dev)
     symm_mem.rendezvous(st, group)
     one = getattr(torch.ops.symm_mem, "one_shot_all_reduce", None)
     if one is not None:
-        cases[("torch_one_shot", "all_reduce")] = (lambda: one(st, "sum", group),
-                                                   lambda: (st.copy_(x), _close(one(st, "sum", group), ref, w, scale))[-1])
+        cases[("torch_one_shot", "all_reduce")] = (
+            lambda: one(st, "sum", group),
+            lambda: (st.copy_(x), _close(one(st, "sum", group), ref, w, scale))[-1],
+        )
     two = getattr(torch.ops.symm_mem, "two_shot_all_reduce_", None)
     if two is not None:  # in place: the result replaces the input
-        cases[("torch_two_shot", "all_reduce")] = (lambda: two(st, "sum", group),
-                                                   lambda: (st.copy_(x), two(st, "sum", group), _close(st, ref, w, scale))[-1])
+        cases[("torch_two_shot", "all_reduce")] = (
+            lambda: two(st, "sum", group),
+            lambda: (st.copy_(x), two(st, "sum", group), _close(st, ref, w, scale))[-1],
+        )
 
     buf = symm.empty(n, dtype, device=dev, workspace=True)
     out = torch.empty(n, dtype=dtype, device=dev)
     for alg in C.ALGORITHMS:
         cases[(f"labkit_{alg}", "all_reduce")] = (
             lambda alg=alg: C.all_reduce(buf, out, algorithm=alg),
-            lambda alg=alg: (buf.tensor.copy_(x), _close(C.all_reduce(buf, out, algorithm=alg), ref, w, scale))[-1])
+            lambda alg=alg: (buf.tensor.copy_(x), _close(C.all_reduce(buf, out, algorithm=alg), ref, w, scale))[-1],
+        )
     # in place, like NCCL's all_reduce and torch's two_shot_all_reduce_ above: the result replaces the input
     for alg in C.IN_PLACE_ALGORITHMS:
         cases[(f"labkit_{alg}_in_place", "all_reduce")] = (
             lambda alg=alg: C.all_reduce(buf, buf.tensor, algorithm=alg),
-            lambda alg=alg: (buf.tensor.copy_(x), _close(C.all_reduce(buf, buf.tensor, algorithm=alg), ref, w, scale))[-1])
+            lambda alg=alg: (buf.tensor.copy_(x), _close(C.all_reduce(buf, buf.tensor, algorithm=alg), ref, w, scale))[
+                -1
+            ],
+        )
     # the same one-shot kernel, launched by replaying a one-call CUDA graph (no Python per call)
     replay = C.Graphed(C.all_reduce, buf, out, algorithm="one_shot")
     cases[("labkit_one_shot_graphed", "all_reduce")] = (
-        replay, lambda: (buf.tensor.copy_(x), _close(replay(), ref, w, scale))[-1])
+        replay,
+        lambda: (buf.tensor.copy_(x), _close(replay(), ref, w, scale))[-1],
+    )
     rs_lk = torch.empty(s, dtype=dtype, device=dev)
-    cases[("labkit", "reduce_scatter")] = (lambda: C.reduce_scatter(buf, rs_lk),
-                                           lambda: (buf.tensor.copy_(x), _close(C.reduce_scatter(buf, rs_lk), mine, w, mine_scale))[-1])
+    cases[("labkit", "reduce_scatter")] = (
+        lambda: C.reduce_scatter(buf, rs_lk),
+        lambda: (buf.tensor.copy_(x), _close(C.reduce_scatter(buf, rs_lk), mine, w, mine_scale))[-1],
+    )
     ag_buf = symm.empty(s, dtype, device=dev)
     ag_lk = torch.empty(n, dtype=dtype, device=dev)
-    cases[("labkit", "all_gather")] = (lambda: C.all_gather(ag_buf, ag_lk),
-                                       lambda: (ag_buf.tensor.copy_(x[:s]), torch.equal(C.all_gather(ag_buf, ag_lk), gathered))[-1])
+    cases[("labkit", "all_gather")] = (
+        lambda: C.all_gather(ag_buf, ag_lk),
+        lambda: (ag_buf.tensor.copy_(x[:s]), torch.equal(C.all_gather(ag_buf, ag_lk), gathered))[-1],
+    )
     return cases
 
 
@@ -114,17 +134,34 @@ def _torch_eager_ops(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
     ops = {}
     one = getattr(torch.ops.symm_mem, "one_shot_all_reduce", None)
     if one is not None:
-        ops["torch_one_shot"] = ({"impl": "torch_one_shot", "in_place": False, "algorithm": "one_shot"},
-                                 lambda: one(st, "sum", group), lambda: (st.copy_(x), close(one(st, "sum", group)))[-1])
+        ops["torch_one_shot"] = (
+            {"impl": "torch_one_shot", "in_place": False, "algorithm": "one_shot"},
+            lambda: one(st, "sum", group),
+            lambda: (st.copy_(x), close(one(st, "sum", group)))[-1],
+        )
     two = getattr(torch.ops.symm_mem, "two_shot_all_reduce_", None)
     if two is not None:  # in place
-        ops["torch_two_shot"] = ({"impl": "torch_two_shot", "in_place": True, "algorithm": "two_shot"},
-                                 lambda: two(st, "sum", group), lambda: (st.copy_(x), two(st, "sum", group), close(st))[-1])
+        ops["torch_two_shot"] = (
+            {"impl": "torch_two_shot", "in_place": True, "algorithm": "two_shot"},
+            lambda: two(st, "sum", group),
+            lambda: (st.copy_(x), two(st, "sum", group), close(st))[-1],
+        )
     return ops
 
 
-def eager_series(ctx, buf, out: torch.Tensor, x: torch.Tensor, close, torch_ops: dict | None = None, *,
-                 iters: int, reps: int, warmup: int = 3, dtype_name: str = "bfloat16") -> list[dict]:
+def eager_series(
+    ctx,
+    buf,
+    out: torch.Tensor,
+    x: torch.Tensor,
+    close,
+    torch_ops: dict | None = None,
+    *,
+    iters: int,
+    reps: int,
+    warmup: int = 3,
+    dtype_name: str = "bfloat16",
+) -> list[dict]:
     """Records of kind "eager": labkit's all-reduce called eagerly on every path of ``EAGER_PATHS``,
     out of place (into ``out``) and in place (``out=buf.tensor``), algorithm "auto", beside
     ``torch_ops`` (``_torch_eager_ops``: name -> (fields, call, check)), all at one size.
@@ -149,16 +186,24 @@ def eager_series(ctx, buf, out: torch.Tensor, x: torch.Tensor, close, torch_ops:
         held = C.all_reduce_plan(buf, target)
         suffix = "_in_place" if in_place else ""
         key = ("all_reduce", P.out_key(target), "auto", None, "correct", None)  # all_reduce's own cache key
-        calls = {"eager_uncached": lambda t=target: host_cost.eager_uncached(buf, t),
-                 "plan_cached": lambda t=target: C.all_reduce(buf, t),
-                 "plan": held}
+        calls = {
+            "eager_uncached": lambda t=target: host_cost.eager_uncached(buf, t),
+            "plan_cached": lambda t=target: C.all_reduce(buf, t),
+            "plan": held,
+        }
         for path, call in calls.items():
-            fields = {"impl": "labkit_all_reduce", "path": path, "in_place": in_place, "algorithm": held.algorithm,
-                      "_plan": (lambda: "triton (no plan)") if path == "eager_uncached" else
-                      (lambda h=held: h.launch_path) if path == "plan" else
-                      (lambda k=key: buf._plans[k].launch_path if k in buf._plans else None)}
-            cands[f"labkit_{path}{suffix}"] = (fields, call,
-                                               lambda c=call: (buf.tensor.copy_(x), close(c()))[-1])
+            fields = {
+                "impl": "labkit_all_reduce",
+                "path": path,
+                "in_place": in_place,
+                "algorithm": held.algorithm,
+                "_plan": (lambda: "triton (no plan)")
+                if path == "eager_uncached"
+                else (lambda h=held: h.launch_path)
+                if path == "plan"
+                else (lambda k=key: buf._plans[k].launch_path if k in buf._plans else None),
+            }
+            cands[f"labkit_{path}{suffix}"] = (fields, call, lambda c=call: (buf.tensor.copy_(x), close(c()))[-1])
     base = {"kind": "eager", "op": "all_reduce", "world_size": w, "bytes": nbytes, "dtype": dtype_name}
     rows, timed = {}, {}
     for name, (fields, call, check) in cands.items():
@@ -167,7 +212,9 @@ def eager_series(ctx, buf, out: torch.Tensor, x: torch.Tensor, close, torch_ops:
             rec["correct"] = _everywhere(bool(check()), dev)
             timed[name] = call
         except Exception as e:  # noqa: BLE001 (recorded: the candidate is not timed)
-            rec.update(correct=False, us=None, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+            rec.update(
+                correct=False, us=None, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            )
         rows[name] = rec
 
     def line_up():
@@ -175,9 +222,20 @@ def eager_series(ctx, buf, out: torch.Tensor, x: torch.Tensor, close, torch_ops:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
-    cmp = wb.compare(timed, baseline=next(iter(timed)), device=dev if dev.type == "cuda" else None, warmup=warmup,
-                     reps=reps, inner=iters, method="cuda_events" if dev.type == "cuda" else "cpu_clock",
-                     line_up=line_up) if timed else None
+    cmp = (
+        wb.compare(
+            timed,
+            baseline=next(iter(timed)),
+            device=dev if dev.type == "cuda" else None,
+            warmup=warmup,
+            reps=reps,
+            inner=iters,
+            method="cuda_events" if dev.type == "cuda" else "cpu_clock",
+            line_up=line_up,
+        )
+        if timed
+        else None
+    )
     torch_timed = [nm for nm in timed if rows[nm]["impl"].startswith("torch_")]
     best = min(torch_timed, key=lambda nm: cmp.timings[nm].median_us) if torch_timed else None
     records = []
@@ -214,25 +272,35 @@ def eager_target_verdicts(records: list[dict]) -> list[str]:
     for w in sorted({r["world_size"] for r in eager}):
         for in_place in (False, True):
             for path in EAGER_PATHS:
-                pts = sorted((r["bytes"], r.get("ratio_to_torch_best")) for r in eager
-                             if r["world_size"] == w and r["in_place"] == in_place and r["path"] == path
-                             and lo <= r["bytes"] <= hi)
+                pts = sorted(
+                    (r["bytes"], r.get("ratio_to_torch_best"))
+                    for r in eager
+                    if r["world_size"] == w
+                    and r["in_place"] == in_place
+                    and r["path"] == path
+                    and lo <= r["bytes"] <= hi
+                )
                 if not pts:
                     continue
                 where = "in place" if in_place else "out of place"
                 if any(v is None for _, v in pts):
-                    lines.append(f"W={w}, {path}, {where}: no torch eager op timed beside it at "
-                                 f"{sum(v is None for _, v in pts)} of {len(pts)} sizes: no ratio")
+                    lines.append(
+                        f"W={w}, {path}, {where}: no torch eager op timed beside it at "
+                        f"{sum(v is None for _, v in pts)} of {len(pts)} sizes: no ratio"
+                    )
                     continue
                 met = sum(v <= EAGER_TARGET for _, v in pts)
-                lines.append(f"W={w}, {path}, {where}: x{min(v for _, v in pts):.2f}..x{max(v for _, v in pts):.2f} "
-                             f"of torch's best eager op (paired medians) at {format_bytes(pts[0][0])}.."
-                             f"{format_bytes(pts[-1][0])}; within x{EAGER_TARGET} at {met} of {len(pts)} sizes")
+                lines.append(
+                    f"W={w}, {path}, {where}: x{min(v for _, v in pts):.2f}..x{max(v for _, v in pts):.2f} "
+                    f"of torch's best eager op (paired medians) at {format_bytes(pts[0][0])}.."
+                    f"{format_bytes(pts[-1][0])}; within x{EAGER_TARGET} at {met} of {len(pts)} sizes"
+                )
     return lines
 
 
-def sweep(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 7, graphs: bool = True,
-          progress: bool = True) -> list[dict]:
+def sweep(
+    ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 7, graphs: bool = True, progress: bool = True
+) -> list[dict]:
     """One rank's part of the sweep (``run_ranks`` runs it on every rank); rank 0's records are
     the result. An implementation a torch build lacks is absent from the records."""
     from tqdm.auto import tqdm
@@ -256,15 +324,32 @@ def sweep(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 7, graphs:
                 rec.setdefault("us", None)
                 rec.setdefault("graph_us", None)
                 rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-            _progress(ctx, {"impl": impl, "op": op, "bytes": rec["bytes"], "us": rec.get("us"),
-                            "graph_us": rec.get("graph_us"), "correct": rec.get("correct")})
+            _progress(
+                ctx,
+                {
+                    "impl": impl,
+                    "op": op,
+                    "bytes": rec["bytes"],
+                    "us": rec.get("us"),
+                    "graph_us": rec.get("graph_us"),
+                    "correct": rec.get("correct"),
+                },
+            )
             factor = BUS_FACTOR[op](w)
             for key, bw in (("us", "busbw_GBps"), ("graph_us", "graph_busbw_GBps")):
                 rec[bw] = rec["bytes"] / rec[key] / 1e3 * factor if rec.get(key) else None
             records.append(rec)
-        records += eager_series(ctx, symm.empty(n, dtype, device=ctx.device), torch.empty_like(x), x,
-                                lambda y: _close(y, ref, w, scale), _torch_eager_ops(ctx, n, dtype, x, lambda y: _close(
-                                    y, ref, w, scale)), iters=_iters(nbytes), reps=max(reps, 15), dtype_name=dtype_name)
+        records += eager_series(
+            ctx,
+            symm.empty(n, dtype, device=ctx.device),
+            torch.empty_like(x),
+            x,
+            lambda y: _close(y, ref, w, scale),
+            _torch_eager_ops(ctx, n, dtype, x, lambda y: _close(y, ref, w, scale)),
+            iters=_iters(nbytes),
+            reps=max(reps, 15),
+            dtype_name=dtype_name,
+        )
         _progress(ctx, {"phase": "eager", "bytes": n * dtype.itemsize})
         torch.cuda.synchronize()
         dist.barrier()
@@ -288,9 +373,18 @@ def _progress(ctx, line: dict) -> None:
 def crossover_bytes(records: list[dict], world_size: int, key: str = "us") -> int | None:
     """The largest message size at which labkit's one-shot all-reduce is still at least as fast
     as its two-shot, above which two-shot wins at every measured size (None: one-shot always)."""
+
     def at(impl):
-        return {r["bytes"]: r.get(key) for r in records if r.get("impl") == impl and r.get("op") == "all_reduce"
-                and r.get("world_size") == world_size and r.get(key) and r.get("kind", "sweep") == "sweep"}
+        return {
+            r["bytes"]: r.get(key)
+            for r in records
+            if r.get("impl") == impl
+            and r.get("op") == "all_reduce"
+            and r.get("world_size") == world_size
+            and r.get(key)
+            and r.get("kind", "sweep") == "sweep"
+        }
+
     one, two = at("labkit_one_shot"), at("labkit_two_shot")
     sizes = sorted(set(one) & set(two))
     for i in range(len(sizes)):
@@ -305,8 +399,9 @@ TUNE_SIZES = [64 << 10, 1 << 20, 16 << 20, 256 << 20]
 TUNE_GRID = {"vectors": (1, 2, 4), "num_warps": (4, 8, 16), "programs_per_sm": (0.25, 0.5, 1, 2)}
 
 
-def tune(ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: int = 5,
-         progress: bool = True) -> list[dict]:
+def tune(
+    ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: int = 5, progress: bool = True
+) -> list[dict]:
     """One rank's part of the launch-configuration search: every config of ``grid`` for
     labkit's one-shot and two-shot all-reduce (out of place and in place), reduce-scatter and all-gather at ``sizes``,
     timed by CUDA-graph replay (the kernel's own time, no Python), each checked first. Every
@@ -322,8 +417,10 @@ def tune(ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: i
     dtype = getattr(torch, dtype_name)
     w, dev = ctx.world_size, ctx.device
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    configs = [C.LaunchConfig(v, nw, max(1, round(p * sms))) for v, nw, p in
-               itertools.product(grid["vectors"], grid["num_warps"], grid["programs_per_sm"])]
+    configs = [
+        C.LaunchConfig(v, nw, max(1, round(p * sms)))
+        for v, nw, p in itertools.product(grid["vectors"], grid["num_warps"], grid["programs_per_sm"])
+    ]
     most = max(c.programs for c in configs)
     records = []
     bar = tqdm(total=len(sizes) * len(configs), desc=f"tune W={w}", disable=not progress or ctx.rank != 0)
@@ -339,26 +436,47 @@ def tune(ctx, sizes=TUNE_SIZES, grid=None, dtype_name: str = "bfloat16", reps: i
         mine = slice(ctx.rank * s, (ctx.rank + 1) * s)
         for cfg in configs:
             ops = {
-                "one_shot": (lambda cfg=cfg: C.all_reduce(buf, out, algorithm="one_shot", config=cfg),
-                             lambda y: _close(y, ref, w, scale)),
-                "two_shot": (lambda cfg=cfg: C.all_reduce(buf, out, algorithm="two_shot", config=cfg),
-                             lambda y: _close(y, ref, w, scale)),
-                "two_shot_in_place": (lambda cfg=cfg: C.all_reduce(buf, buf.tensor, algorithm="two_shot", config=cfg),
-                                      lambda y: _close(y, ref, w, scale)),
-                "two_shot_ce_in_place": (lambda cfg=cfg: C.all_reduce(buf, buf.tensor, algorithm="two_shot_ce",
-                                                                       config=cfg),
-                                         lambda y: _close(y, ref, w, scale)),
-                "reduce_scatter": (lambda cfg=cfg: C.reduce_scatter(buf, rs_out, config=cfg),
-                                   lambda y: _close(y, ref[mine], w, scale[mine])),
-                "all_gather": (lambda cfg=cfg: C.all_gather(ag_buf, ag_out, config=cfg),
-                               lambda y: torch.equal(y, gathered)),
+                "one_shot": (
+                    lambda cfg=cfg: C.all_reduce(buf, out, algorithm="one_shot", config=cfg),
+                    lambda y: _close(y, ref, w, scale),
+                ),
+                "two_shot": (
+                    lambda cfg=cfg: C.all_reduce(buf, out, algorithm="two_shot", config=cfg),
+                    lambda y: _close(y, ref, w, scale),
+                ),
+                "two_shot_in_place": (
+                    lambda cfg=cfg: C.all_reduce(buf, buf.tensor, algorithm="two_shot", config=cfg),
+                    lambda y: _close(y, ref, w, scale),
+                ),
+                "two_shot_ce_in_place": (
+                    lambda cfg=cfg: C.all_reduce(buf, buf.tensor, algorithm="two_shot_ce", config=cfg),
+                    lambda y: _close(y, ref, w, scale),
+                ),
+                "reduce_scatter": (
+                    lambda cfg=cfg: C.reduce_scatter(buf, rs_out, config=cfg),
+                    lambda y: _close(y, ref[mine], w, scale[mine]),
+                ),
+                "all_gather": (
+                    lambda cfg=cfg: C.all_gather(ag_buf, ag_out, config=cfg),
+                    lambda y: torch.equal(y, gathered),
+                ),
             }
             for name, (call, check) in ops.items():
                 op = "all_reduce" if "_shot" in name else name
-                rec = {"kind": "tune", "impl": f"labkit_{name}" if op == "all_reduce" else "labkit", "op": op,
-                       "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name, "timing": "graph_us",
-                       "vectors": cfg.vectors, "num_warps": cfg.num_warps, "programs": cfg.programs,
-                       "multiprocessors": sms, "default": cfg == default}
+                rec = {
+                    "kind": "tune",
+                    "impl": f"labkit_{name}" if op == "all_reduce" else "labkit",
+                    "op": op,
+                    "world_size": w,
+                    "bytes": n * dtype.itemsize,
+                    "dtype": dtype_name,
+                    "timing": "graph_us",
+                    "vectors": cfg.vectors,
+                    "num_warps": cfg.num_warps,
+                    "programs": cfg.programs,
+                    "multiprocessors": sms,
+                    "default": cfg == default,
+                }
                 buf.tensor.copy_(x)
                 ag_buf.tensor.copy_(x[:s])
                 rec["correct"] = _everywhere(bool(check(call())), dev)
@@ -385,9 +503,16 @@ def best_configs(records: list[dict]) -> list[dict]:
     for key, rs in sorted(groups.items()):
         best = min(rs, key=lambda r: r["us"])
         default = [r for r in rs if r.get("default")]
-        rows.append({"impl": key[0], "op": key[1], "world_size": key[2], "bytes": key[3],
-                     "best": {k: best[k] for k in ("vectors", "num_warps", "programs", "us", "busbw_GBps")},
-                     "default_us": default[0]["us"] if default else None})
+        rows.append(
+            {
+                "impl": key[0],
+                "op": key[1],
+                "world_size": key[2],
+                "bytes": key[3],
+                "best": {k: best[k] for k in ("vectors", "num_warps", "programs", "us", "busbw_GBps")},
+                "default_us": default[0]["us"] if default else None,
+            }
+        )
     return rows
 
 
@@ -415,9 +540,11 @@ def _failure_detail(res) -> str:
 #: (variant, algorithm, load, trials, elements) of the broken-variant runs: every variant with a
 #: late rank at 256K elements; the correct kernel and the one without end barrier again with a
 #: GEMM overlapping the collective on one rank, at 8M elements (long enough reads to be overtaken).
-BROKEN_RUNS = ([(v, a, "late", 60, 1 << 18) for v in ("correct", "relaxed", "no_end_barrier")
-                for a in ("one_shot", "two_shot", "two_shot_in_place", "two_shot_ce_in_place")]
-               + [(v, a, "gemm", 12, 1 << 23) for v in ("correct", "no_end_barrier") for a in ("one_shot", "two_shot")])
+BROKEN_RUNS = [
+    (v, a, "late", 60, 1 << 18)
+    for v in ("correct", "relaxed", "no_end_barrier")
+    for a in ("one_shot", "two_shot", "two_shot_in_place", "two_shot_ce_in_place")
+] + [(v, a, "gemm", 12, 1 << 23) for v in ("correct", "no_end_barrier") for a in ("one_shot", "two_shot")]
 
 
 def _broken_records(w: int, runs=BROKEN_RUNS, timeout: float = 60.0) -> list[dict]:
@@ -430,24 +557,42 @@ def _broken_records(w: int, runs=BROKEN_RUNS, timeout: float = 60.0) -> list[dic
     rows = []
     blocked = None
     for variant, alg, load, trials, n in runs:
-        row = {"kind": "broken", "impl": f"labkit_{alg}", "op": "all_reduce", "variant": variant, "load": load,
-               "world_size": w, "bytes": n * 2, "dtype": "bfloat16", "us": None, "busbw_GBps": None,
-               "trials": trials, "ranks_x_trials": trials * w, "wrong_results": None, "correct": False}
+        row = {
+            "kind": "broken",
+            "impl": f"labkit_{alg}",
+            "op": "all_reduce",
+            "variant": variant,
+            "load": load,
+            "world_size": w,
+            "bytes": n * 2,
+            "dtype": "bfloat16",
+            "us": None,
+            "busbw_GBps": None,
+            "trials": trials,
+            "ranks_x_trials": trials * w,
+            "wrong_results": None,
+            "correct": False,
+        }
         if blocked:
             rows.append(dict(row, outcome=f"not run: {blocked}"))
             continue
         res = run_ranks(experiments.broken_trials, w, variant, alg, trials, n, load=load, timeout=timeout)
         if res.ok:
             wrong = sum(r["wrong"] for r in res.values)
-            row.update(wrong_results=wrong, correct=wrong == 0, outcome=f"{wrong} wrong of {trials * w}",
-                       seconds=max(r["seconds"] for r in res.values))
+            row.update(
+                wrong_results=wrong,
+                correct=wrong == 0,
+                outcome=f"{wrong} wrong of {trials * w}",
+                seconds=max(r["seconds"] for r in res.values),
+            )
         else:
             row["outcome"] = _failure_detail(res)
             if variant == "correct" and not rows:
                 blocked = "the correct kernel did not finish the first of these experiments"
         rows.append(row)
-        _progress_main({"phase": "broken", "variant": variant, "algorithm": alg, "load": load,
-                        "outcome": row["outcome"]})
+        _progress_main(
+            {"phase": "broken", "variant": variant, "algorithm": alg, "load": load, "outcome": row["outcome"]}
+        )
     return rows
 
 
@@ -456,14 +601,25 @@ def _crash_record(w: int) -> dict:
     from labkit.kernels.comm.ranks import run_ranks
 
     res = run_ranks(experiments.unguarded_leaf, w, timeout=120)
-    return {"kind": "crash", "impl": "labkit_tree", "op": "all_reduce", "variant": "unguarded_leaf",
-            "world_size": w, "bytes": 4096 * 4, "dtype": "float32", "us": None, "busbw_GBps": None,
-            "correct": bool(res.ok and all(res.values)),
-            "statuses": [r.status for r in res.results], "outcome": res.summary()}
+    return {
+        "kind": "crash",
+        "impl": "labkit_tree",
+        "op": "all_reduce",
+        "variant": "unguarded_leaf",
+        "world_size": w,
+        "bytes": 4096 * 4,
+        "dtype": "float32",
+        "us": None,
+        "busbw_GBps": None,
+        "correct": bool(res.ok and all(res.values)),
+        "statuses": [r.status for r in res.results],
+        "outcome": res.summary(),
+    }
 
 
-def host_cost_records(w: int, cases=None, reps: int | None = None, launch_reps: int | None = None,
-                      timeout: float = 300) -> list[dict]:
+def host_cost_records(
+    w: int, cases=None, reps: int | None = None, launch_reps: int | None = None, timeout: float = 300
+) -> list[dict]:
     """Records of kind "host_cost": the breakdowns of ``cases`` (default
     ``labkit.labs.collectives.host_cost.BENCH_CASES``) on ``w`` ranks, every rank's records (one eager
     call, stage by stage, per path), with the fields every record of this benchmark carries
@@ -471,10 +627,14 @@ def host_cost_records(w: int, cases=None, reps: int | None = None, launch_reps: 
     from labkit.labs.collectives import host_cost
     from labkit.kernels.comm.ranks import run_ranks
 
-    per_rank = run_ranks(host_cost.measure_cases, w, cases or host_cost.BENCH_CASES, "bfloat16", reps, launch_reps,
-                         timeout=timeout).unwrap()
-    return [dict(r, kind="host_cost", impl="labkit_all_reduce", busbw_GBps=None, correct=None)
-            for rs in per_rank for r in rs]
+    per_rank = run_ranks(
+        host_cost.measure_cases, w, cases or host_cost.BENCH_CASES, "bfloat16", reps, launch_reps, timeout=timeout
+    ).unwrap()
+    return [
+        dict(r, kind="host_cost", impl="labkit_all_reduce", busbw_GBps=None, correct=None)
+        for rs in per_rank
+        for r in rs
+    ]
 
 
 def _world_records(fn, w: int, kind: str, impl: str, op: str, timeout: float, rank0_only: bool) -> list[dict]:
@@ -486,8 +646,20 @@ def _world_records(fn, w: int, kind: str, impl: str, op: str, timeout: float, ra
     res = run_ranks(fn, w, timeout=timeout)
     if res.ok:
         return list(res.values[0]) if rank0_only else [r for rs in res.values for r in rs]
-    return [{"kind": kind, "impl": impl, "op": op, "world_size": w, "bytes": None, "dtype": "bfloat16",
-             "us": None, "busbw_GBps": None, "correct": False, "outcome": _failure_detail(res)}]
+    return [
+        {
+            "kind": kind,
+            "impl": impl,
+            "op": op,
+            "world_size": w,
+            "bytes": None,
+            "dtype": "bfloat16",
+            "us": None,
+            "busbw_GBps": None,
+            "correct": False,
+            "outcome": _failure_detail(res),
+        }
+    ]
 
 
 def order_and_profile_records(w: int) -> list[dict]:
@@ -500,11 +672,19 @@ def order_and_profile_records(w: int) -> list[dict]:
     sweep's 274 s."""
     from labkit.labs.collectives import ce_profile, gather_order
 
-    records = _world_records(gather_order.compare_orders, w, gather_order.KIND, "labkit", "all_gather",
-                             timeout=300, rank0_only=True)
+    records = _world_records(
+        gather_order.compare_orders, w, gather_order.KIND, "labkit", "all_gather", timeout=300, rank0_only=True
+    )
     _progress_main({"phase": "all-gather orders done"})
-    records += _world_records(ce_profile.profile_two_shot_ce, w, ce_profile.KIND, "labkit_two_shot_ce_in_place",
-                              "all_reduce", timeout=180, rank0_only=True)
+    records += _world_records(
+        ce_profile.profile_two_shot_ce,
+        w,
+        ce_profile.KIND,
+        "labkit_two_shot_ce_in_place",
+        "all_reduce",
+        timeout=180,
+        rank0_only=True,
+    )
     _progress_main({"phase": "two_shot_ce profile done"})
     return records
 
@@ -537,14 +717,26 @@ def benchmark(profile: str) -> list[dict]:
     _progress_main({"phase": "push one-shot done"})
     from labkit.labs.collectives import into_bench  # out of place into a symmetric output, at bandwidth sizes
 
-    records += _world_records(into_bench.into_series, w, into_bench.KIND, "labkit_into", "all_reduce", timeout=300,
-                              rank0_only=True)
+    records += _world_records(
+        into_bench.into_series, w, into_bench.KIND, "labkit_into", "all_reduce", timeout=300, rank0_only=True
+    )
     _progress_main({"phase": "into done"})
     records += _broken_records(w)
     _progress_main({"phase": "broken variants done"})
     records.append(_crash_record(w))
     for key in ("us", "graph_us"):
-        records.append({"kind": "crossover", "impl": "labkit", "op": "all_reduce", "world_size": w,
-                        "bytes": crossover_bytes(records, w, key), "dtype": "bfloat16", "timing": key,
-                        "us": None, "busbw_GBps": None, "correct": None})
+        records.append(
+            {
+                "kind": "crossover",
+                "impl": "labkit",
+                "op": "all_reduce",
+                "world_size": w,
+                "bytes": crossover_bytes(records, w, key),
+                "dtype": "bfloat16",
+                "timing": key,
+                "us": None,
+                "busbw_GBps": None,
+                "correct": None,
+            }
+        )
     return records

@@ -9,6 +9,7 @@ activity's category, kind (e.g. "Memcpy DtoD" or "Memcpy PtoP", the copy kind CU
 name, stream, start and duration, and bytes for copies. ``summary_markdown`` shows them as a
 short table.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,13 +41,20 @@ def summarize_trace(trace) -> list[dict]:
             continue
         name = str(e.get("name", ""))
         args = e.get("args") or {}
-        acts.append({"activity": activity,
-                     "activity_kind": "kernel" if activity == "kernel" else name.split(" (")[0],
-                     "name": name[:120], "stream": args.get("stream"), "device": args.get("device"),
-                     # a copy done by the SMs: torch's copy kernels carry "copy" in their (long) names
-                     "copy_kernel": activity == "kernel" and "copy" in name.lower(),
-                     "ts": float(e.get("ts", 0.0)), "us": float(e.get("dur", 0.0)),
-                     "copy_bytes": None if activity == "kernel" else args.get("bytes")})
+        acts.append(
+            {
+                "activity": activity,
+                "activity_kind": "kernel" if activity == "kernel" else name.split(" (")[0],
+                "name": name[:120],
+                "stream": args.get("stream"),
+                "device": args.get("device"),
+                # a copy done by the SMs: torch's copy kernels carry "copy" in their (long) names
+                "copy_kernel": activity == "kernel" and "copy" in name.lower(),
+                "ts": float(e.get("ts", 0.0)),
+                "us": float(e.get("dur", 0.0)),
+                "copy_bytes": None if activity == "kernel" else args.get("bytes"),
+            }
+        )
     acts.sort(key=lambda a: a["ts"])
     t0 = acts[0]["ts"] if acts else 0.0
     return [{**{k: v for k, v in a.items() if k != "ts"}, "start_us": a["ts"] - t0} for a in acts]
@@ -88,8 +96,15 @@ def profile_two_shot_ce(ctx, nbytes: int = MESSAGE_BYTES, dtype_name: str = "bfl
     dtype = getattr(torch, dtype_name)
     w, dev = ctx.world_size, ctx.device
     n = max(w, nbytes // dtype.itemsize)
-    base = {"kind": KIND, "impl": "labkit_two_shot_ce_in_place", "op": "all_reduce", "world_size": w,
-            "bytes": n * dtype.itemsize, "dtype": dtype_name, "busbw_GBps": None}
+    base = {
+        "kind": KIND,
+        "impl": "labkit_two_shot_ce_in_place",
+        "op": "all_reduce",
+        "world_size": w,
+        "bytes": n * dtype.itemsize,
+        "dtype": dtype_name,
+        "busbw_GBps": None,
+    }
     if dev.type != "cuda":
         return [dict(base, us=None, correct=None, skipped="needs GPUs: the copy engines and CUPTI's trace of them")]
     g = torch.Generator(device=dev)
@@ -107,8 +122,9 @@ def profile_two_shot_ce(ctx, nbytes: int = MESSAGE_BYTES, dtype_name: str = "bfl
         for _ in range(2):  # the first profile only starts CUPTI (its first traces can be slow): the second is kept
             buf.tensor.copy_(x)
             torch.cuda.synchronize(dev)
-            trace = wtrace.profile_events(lambda: (line_up(), C.all_reduce(buf, buf.tensor, algorithm="two_shot_ce")),
-                                          cuda=True, device=dev)
+            trace = wtrace.profile_events(
+                lambda: (line_up(), C.all_reduce(buf, buf.tensor, algorithm="two_shot_ce")), cuda=True, device=dev
+            )
         rows, calls = summarize_trace(trace), host_calls(trace)
     except Exception as e:  # noqa: BLE001 (recorded: a machine whose profiler cannot trace the GPU)
         torch.cuda.synchronize(dev)
@@ -118,8 +134,16 @@ def profile_two_shot_ce(ctx, nbytes: int = MESSAGE_BYTES, dtype_name: str = "bfl
     del ref, scale
     mine = [dict(base, rank=ctx.rank, index=i, correct=right, host_calls=calls, **row) for i, row in enumerate(rows)]
     if not mine:
-        mine = [dict(base, rank=ctx.rank, us=None, correct=right, host_calls=calls,
-                     error=error or "the trace holds no GPU activity (CUPTI not tracing here?)")]
+        mine = [
+            dict(
+                base,
+                rank=ctx.rank,
+                us=None,
+                correct=right,
+                host_calls=calls,
+                error=error or "the trace holds no GPU activity (CUPTI not tracing here?)",
+            )
+        ]
     everyone = [None] * w
     dist.all_gather_object(everyone, mine)
     flags = [r["correct"] for rs in everyone for r in rs]
@@ -151,9 +175,16 @@ def verdict(records: list[dict]) -> str:
     copy_kernels = [r["name"] for r in recs if r.get("copy_kernel")]
     counted = f"{k} kernel{'' if k == 1 else 's'} and {c} cop{'y' if c == 1 else 'ies'}"
     head = ("every rank" if same else f"rank {ranks[0]}") + f": {counted} ({', '.join(kinds) or 'no copy'})"
-    tail = ("; no kernel named like a copy" if not copy_kernels else f"; kernels named like a copy: {sorted(set(copy_kernels))}")
+    tail = (
+        "; no kernel named like a copy"
+        if not copy_kernels
+        else f"; kernels named like a copy: {sorted(set(copy_kernels))}"
+    )
     return f"{recs[0]['world_size']} ranks, {recs[0]['bytes'] >> 20} MiB in place, one call: {head}{tail}" + (
-        "" if same else "; the ranks differ: " + "; ".join(f"rank {r}: {p[0]} kernels, {p[1]} copies" for r, p in zip(ranks, per)))
+        ""
+        if same
+        else "; the ranks differ: " + "; ".join(f"rank {r}: {p[0]} kernels, {p[1]} copies" for r, p in zip(ranks, per))
+    )
 
 
 def summary_markdown(records: list[dict], rank: int = 0, max_rows: int = MAX_ROWS) -> str:
@@ -162,18 +193,31 @@ def summary_markdown(records: list[dict], rank: int = 0, max_rows: int = MAX_ROW
     rs = [r for r in profile_records(records) if r["rank"] == rank]
     if not rs:
         return ""
-    lines = ["| # | activity | kind | name | stream | start (µs) | duration (µs) | bytes | GB/s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| # | activity | kind | name | stream | start (µs) | duration (µs) | bytes | GB/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rs[:max_rows]:
         nb = r.get("copy_bytes")
         rate = f"{nb / r['us'] / 1e3:.0f}" if nb and r["us"] else ""
         name = r["name"] if len(r["name"]) <= 48 else r["name"][:45] + "..."
-        lines.append(f"| {r['index']} | {r['activity']} | {r['activity_kind']} | `{name}` | {r.get('stream')} | "
-                     f"{r['start_us']:.1f} | {r['us']:.1f} | {nb if nb is not None else ''} | {rate} |")
+        lines.append(
+            f"| {r['index']} | {r['activity']} | {r['activity_kind']} | `{name}` | {r.get('stream')} | "
+            f"{r['start_us']:.1f} | {r['us']:.1f} | {nb if nb is not None else ''} | {rate} |"
+        )
     if len(rs) > max_rows:
         lines.append(f"| | ... {len(rs) - max_rows} more | | | | | | | |")
     return "\n".join(lines)
 
 
-__all__ = ["GPU_CATEGORIES", "KIND", "MESSAGE_BYTES", "host_calls", "profile_records", "profile_two_shot_ce",
-           "summarize_trace", "summary_markdown", "verdict"]
+__all__ = [
+    "GPU_CATEGORIES",
+    "KIND",
+    "MESSAGE_BYTES",
+    "host_calls",
+    "profile_records",
+    "profile_two_shot_ce",
+    "summarize_trace",
+    "summary_markdown",
+    "verdict",
+]

@@ -13,6 +13,7 @@
 * ``unguarded_leaf``: the tree variant that reads pointer-table entry -1; expected to crash, so
   the notebook runs it through ``run_ranks`` with a timeout, which reports how each rank ended.
 """
+
 from __future__ import annotations
 
 import time
@@ -42,7 +43,7 @@ def sum_tolerance(dtype, w: int) -> float:
     import math
 
     roundings = math.ceil(math.log2(w)) + 1
-    return (2 ** -7 if dtype == torch.bfloat16 else 2 ** -23 * w) * roundings
+    return (2**-7 if dtype == torch.bfloat16 else 2**-23 * w) * roundings
 
 
 def close_to_sum(y: torch.Tensor, xs: list[torch.Tensor], dtype, w: int) -> bool:
@@ -74,8 +75,15 @@ def _all_reduce(buf, out, form: str, config=None, variant: str = "correct") -> t
     return C.all_reduce(buf, out, algorithm=form, config=config, variant=variant)
 
 
-def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, trials: int = 1,
-                     algorithms=None, config: dict | None = None) -> list[dict]:
+def check_algorithms(
+    ctx,
+    n: int,
+    dtype_name: str = "float32",
+    seed: int = 0,
+    trials: int = 1,
+    algorithms=None,
+    config: dict | None = None,
+) -> list[dict]:
     """Every all-reduce algorithm, reduce-scatter and all-gather on fresh random inputs
     (``trials`` per op), against an fp64 reference; pads checked to be zero after each call.
     config: ``LaunchConfig`` fields (default: the default launch)."""
@@ -91,28 +99,58 @@ def check_algorithms(ctx, n: int, dtype_name: str = "float32", seed: int = 0, tr
         for alg in algorithms or ALL_REDUCE_FORMS:
             buf.tensor.copy_(x)
             y = _all_reduce(buf, None, alg, cfg)
-            rows.append({"op": "all_reduce", "algorithm": alg, "trial": t, "n": n, "dtype": dtype_name,
-                         "world_size": w, "correct": close_to_sum(y, xs, dtype, w), "pads_zero": quiet_pads_zero(ctx, buf)})
+            rows.append(
+                {
+                    "op": "all_reduce",
+                    "algorithm": alg,
+                    "trial": t,
+                    "n": n,
+                    "dtype": dtype_name,
+                    "world_size": w,
+                    "correct": close_to_sum(y, xs, dtype, w),
+                    "pads_zero": quiet_pads_zero(ctx, buf),
+                }
+            )
         if n % w == 0 and algorithms is None:
             buf.tensor.copy_(x)
             y = C.reduce_scatter(buf, config=cfg)
-            rows.append({"op": "reduce_scatter", "algorithm": "direct", "trial": t, "n": n, "dtype": dtype_name,
-                         "world_size": w, "correct": close_to_sum(y, [v[ctx.rank * s:(ctx.rank + 1) * s] for v in xs], dtype, w),
-                         "pads_zero": quiet_pads_zero(ctx, buf)})
+            rows.append(
+                {
+                    "op": "reduce_scatter",
+                    "algorithm": "direct",
+                    "trial": t,
+                    "n": n,
+                    "dtype": dtype_name,
+                    "world_size": w,
+                    "correct": close_to_sum(y, [v[ctx.rank * s : (ctx.rank + 1) * s] for v in xs], dtype, w),
+                    "pads_zero": quiet_pads_zero(ctx, buf),
+                }
+            )
             expect = torch.cat([v[:s] for v in xs])
             for order, label in (("rotated", "direct"), ("naive", "naive")):  # "direct": the default order
                 gbuf.tensor.copy_(x[:s])
                 y = C.all_gather(gbuf, config=cfg, order=order)
-                rows.append({"op": "all_gather", "algorithm": label, "trial": t, "n": n, "dtype": dtype_name,
-                             "world_size": w, "correct": bool(torch.equal(y.cpu(), expect)),
-                             "pads_zero": quiet_pads_zero(ctx, gbuf)})
+                rows.append(
+                    {
+                        "op": "all_gather",
+                        "algorithm": label,
+                        "trial": t,
+                        "n": n,
+                        "dtype": dtype_name,
+                        "world_size": w,
+                        "correct": bool(torch.equal(y.cpu(), expect)),
+                        "pads_zero": quiet_pads_zero(ctx, gbuf),
+                    }
+                )
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
         ctx.barrier()
     return rows
 
 
-def check_all_gather_orders(ctx, shard: int, dtype_name: str = "bfloat16", seed: int = 0, trials: int = 2) -> list[dict]:
+def check_all_gather_orders(
+    ctx, shard: int, dtype_name: str = "bfloat16", seed: int = 0, trials: int = 2
+) -> list[dict]:
     """Both orders of the all-gather (``collectives.ALL_GATHER_ORDERS``), eagerly and through a
     held plan, on ``trials`` fresh inputs of ``shard`` elements per rank, each against the
     concatenation of every rank's input (exact: an all-gather only copies); pads checked."""
@@ -123,13 +161,25 @@ def check_all_gather_orders(ctx, shard: int, dtype_name: str = "bfloat16", seed:
         x, xs = rank_inputs(ctx, shard, dtype, seed + t)
         expect = torch.cat(xs)
         for order in C.ALL_GATHER_ORDERS:
-            for how, call in (("eager", lambda o=order: C.all_gather(buf, order=o)),
-                              ("plan", lambda o=order: C.all_gather_plan(buf, order=o)())):
+            for how, call in (
+                ("eager", lambda o=order: C.all_gather(buf, order=o)),
+                ("plan", lambda o=order: C.all_gather_plan(buf, order=o)()),
+            ):
                 buf.tensor.copy_(x)
                 y = call()
-                rows.append({"order": order, "how": how, "trial": t, "shard": shard, "dtype": dtype_name,
-                             "world_size": ctx.world_size, "rank": ctx.rank,
-                             "correct": bool(torch.equal(y.cpu(), expect)), "pads_zero": quiet_pads_zero(ctx, buf)})
+                rows.append(
+                    {
+                        "order": order,
+                        "how": how,
+                        "trial": t,
+                        "shard": shard,
+                        "dtype": dtype_name,
+                        "world_size": ctx.world_size,
+                        "rank": ctx.rank,
+                        "correct": bool(torch.equal(y.cpu(), expect)),
+                        "pads_zero": quiet_pads_zero(ctx, buf),
+                    }
+                )
     return rows
 
 
@@ -137,9 +187,9 @@ def check_all_gather_orders(ctx, shard: int, dtype_name: str = "bfloat16", seed:
 LOADS = {
     "late": "the rank starts late (a GPU sleep of late_us on its stream; a host sleep when emulated)",
     "gemm": "a bf16 GEMM (8192^3) on a side stream of the rank, launched with the collective, as "
-            "compute overlaps communication in training (meant to slow that rank's reads; on 2xH200 it "
-            "did not make the end-barrier race show, probably because the GEMM's CTAs fill the SMs and "
-            "the collective's programs start after them instead of sharing SMs: not verified)",
+    "compute overlaps communication in training (meant to slow that rank's reads; on 2xH200 it "
+    "did not make the end-barrier race show, probably because the GEMM's CTAs fill the SMs and "
+    "the collective's programs start after them instead of sharing SMs: not verified)",
 }
 
 
@@ -149,8 +199,17 @@ def _gemm_load(device: torch.device):
     return a, a.clone(), torch.empty_like(a), torch.cuda.Stream(device)
 
 
-def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 50, n: int = 1 << 16,
-                  dtype_name: str = "bfloat16", late_us: float = 200.0, seed: int = 0, load: str = "late") -> dict:
+def broken_trials(
+    ctx,
+    variant: str,
+    algorithm: str = "one_shot",
+    trials: int = 50,
+    n: int = 1 << 16,
+    dtype_name: str = "bfloat16",
+    late_us: float = 200.0,
+    seed: int = 0,
+    load: str = "late",
+) -> dict:
     """``trials`` all-reduces queued back to back with ``variant``, each on new inputs; before
     every third one a rank chosen in turn is disturbed by ``load`` (``LOADS``). ``algorithm``:
     one of ``ALL_REDUCE_FORMS`` (in place, each result is copied out before the next input is
@@ -158,10 +217,14 @@ def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 
     if load not in LOADS:
         raise ValueError(f"load: {load!r} is not one of {list(LOADS)}")
     if load == "gemm" and ctx.device.type != "cuda":
-        raise ValueError("load: 'gemm' overlaps a GEMM with the collective on a GPU; the emulated world has only 'late'")
+        raise ValueError(
+            "load: 'gemm' overlaps a GEMM with the collective on a GPU; the emulated world has only 'late'"
+        )
     dtype = getattr(torch, dtype_name)
     w = ctx.world_size
-    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=algorithm.endswith("ce_in_place"))
+    buf = symm.empty(
+        n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=algorithm.endswith("ce_in_place")
+    )
     inputs, everyone = [], []
     for t in range(trials):
         x, xs = rank_inputs(ctx, n, dtype, seed * 100_000 + t)
@@ -176,6 +239,7 @@ def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 
             torch.matmul(gemm[0], gemm[1], out=gemm[2])
     if on_gpu:
         from labkit.workbench.bench import sleep_cycles_per_ms
+
         cycles = int(late_us / 1e3 * sleep_cycles_per_ms(ctx.device.index))
         torch.cuda.synchronize(ctx.device)
     ctx.barrier()
@@ -200,22 +264,45 @@ def broken_trials(ctx, variant: str, algorithm: str = "one_shot", trials: int = 
     seconds = time.perf_counter() - start
     wrong = [t for t in range(trials) if not close_to_sum(outs[t], everyone[t], dtype, w)]
     pads_zero = quiet_pads_zero(ctx, buf)
-    return {"variant": variant, "algorithm": algorithm, "trials": trials, "n": n, "dtype": dtype_name,
-            "world_size": w, "rank": ctx.rank, "load": load, "late_us": late_us, "wrong": len(wrong),
-            "first_wrong": wrong[:5], "seconds": seconds, "pads_zero": pads_zero}
+    return {
+        "variant": variant,
+        "algorithm": algorithm,
+        "trials": trials,
+        "n": n,
+        "dtype": dtype_name,
+        "world_size": w,
+        "rank": ctx.rank,
+        "load": load,
+        "late_us": late_us,
+        "wrong": len(wrong),
+        "first_wrong": wrong[:5],
+        "seconds": seconds,
+        "pads_zero": pads_zero,
+    }
 
 
-def broken_matrix(ctx, runs: list, trials: int, n: int, dtype_name: str = "float32", late_us: float = 200.0,
-                  load: str = "late") -> list[dict]:
+def broken_matrix(
+    ctx, runs: list, trials: int, n: int, dtype_name: str = "float32", late_us: float = 200.0, load: str = "late"
+) -> list[dict]:
     """``broken_trials`` for each (variant, algorithm) of ``runs``, one after another in this one
     world: starting a world costs seconds, a trial microseconds. A run that hangs or crashes takes
     the whole world down with it, which ``live_broken`` answers by running each in a world of its own."""
-    return [broken_trials(ctx, variant, algorithm, trials, n, dtype_name, late_us, seed=i, load=load)
-            for i, (variant, algorithm) in enumerate(runs)]
+    return [
+        broken_trials(ctx, variant, algorithm, trials, n, dtype_name, late_us, seed=i, load=load)
+        for i, (variant, algorithm) in enumerate(runs)
+    ]
 
 
-def live_broken(variants, algorithms, trials: int, n: int, late_us: float, load: str = "late",
-                world_size: int = 2, timeout: float = 600.0) -> list[dict]:
+def live_broken(
+    variants,
+    algorithms,
+    trials: int,
+    n: int,
+    late_us: float,
+    load: str = "late",
+    world_size: int = 2,
+    timeout: float = 600.0,
+) -> list[dict]:
     """The notebook's live broken-variant rows (kind "broken"), one per variant x algorithm.
     Runs them all in one world first; if that world fails (a hang, a crash), says so and runs
     each in a world of its own with its own timeout, so the failure is pinned to its run."""
@@ -225,16 +312,25 @@ def live_broken(variants, algorithms, trials: int, n: int, late_us: float, load:
 
     def row(variant, algorithm, per_rank, failure=None):
         wrong = sum(r["wrong"] for r in per_rank) if per_rank else None
-        return {"kind": "broken", "impl": f"labkit_{algorithm}", "variant": variant, "load": load,
-                "world_size": world_size, "bytes": n * 4, "ranks_x_trials": trials * world_size,
-                "wrong_results": wrong, "outcome": f"{wrong} wrong of {trials * world_size}" if failure is None
-                else "run failed: " + failure}
+        return {
+            "kind": "broken",
+            "impl": f"labkit_{algorithm}",
+            "variant": variant,
+            "load": load,
+            "world_size": world_size,
+            "bytes": n * 4,
+            "ranks_x_trials": trials * world_size,
+            "wrong_results": wrong,
+            "outcome": f"{wrong} wrong of {trials * world_size}" if failure is None else "run failed: " + failure,
+        }
 
     res = run_ranks(broken_matrix, world_size, runs, trials, n, "float32", late_us, load=load, timeout=timeout)
-    if res.ok:   # res.values: per rank, a list of one dict per run
+    if res.ok:  # res.values: per rank, a list of one dict per run
         return [row(v, a, [rank[i] for rank in res.values]) for i, (v, a) in enumerate(runs)]
-    print("the world running every variant failed (" + res.summary().splitlines()[0] + "): running each variant "
-          "in a world of its own to find which")
+    print(
+        "the world running every variant failed (" + res.summary().splitlines()[0] + "): running each variant "
+        "in a world of its own to find which"
+    )
     rows = []
     for i, (v, a) in enumerate(runs):
         one = run_ranks(broken_trials, world_size, v, a, trials, n, "float32", late_us, i, load=load, timeout=timeout)
@@ -267,6 +363,7 @@ def lonely_barrier(ctx, blocks: int = 1) -> None:
 def misuse_errors(ctx) -> dict:
     """Each misuse the lab names, tried on every rank; returns the error each one raised
     (type and message), or "no error" (which a test treats as a failure)."""
+
     def attempt(fn):
         try:
             fn()
@@ -275,19 +372,25 @@ def misuse_errors(ctx) -> dict:
         return "no error"
 
     dev = ctx.device
-    found = {"plain tensor": attempt(lambda: C.all_reduce(torch.zeros(8, device=dev))),
-             "unsupported dtype": attempt(lambda: symm.empty(8, torch.float16, device=dev, scratch_dir=ctx.scratch_dir))}
+    found = {
+        "plain tensor": attempt(lambda: C.all_reduce(torch.zeros(8, device=dev))),
+        "unsupported dtype": attempt(lambda: symm.empty(8, torch.float16, device=dev, scratch_dir=ctx.scratch_dir)),
+    }
     # sizes differing across ranks: rank r asks for 8 + r elements (every rank reaches the check)
-    found["sizes differ"] = attempt(lambda: symm.empty(8 + ctx.rank, torch.float32, device=dev,
-                                                       scratch_dir=ctx.scratch_dir))
+    found["sizes differ"] = attempt(
+        lambda: symm.empty(8 + ctx.rank, torch.float32, device=dev, scratch_dir=ctx.scratch_dir)
+    )
     buf = symm.empty(64, torch.float32, device=dev, max_blocks=2, scratch_dir=ctx.scratch_dir)
     found["more blocks than the pad"] = attempt(lambda: C.all_reduce(buf, blocks=3))
-    found["uneven reduce-scatter"] = attempt(lambda: C.reduce_scatter(
-        symm.empty(ctx.world_size * 4 + 1, torch.float32, device=dev, scratch_dir=ctx.scratch_dir)))
+    found["uneven reduce-scatter"] = attempt(
+        lambda: C.reduce_scatter(
+            symm.empty(ctx.world_size * 4 + 1, torch.float32, device=dev, scratch_dir=ctx.scratch_dir)
+        )
+    )
     found["wrong out shape"] = attempt(lambda: C.all_reduce(buf, torch.empty(63, device=dev)))
     peer = buf.peers[(ctx.rank + 1) % ctx.world_size]  # a peer's buffer, mapped here
     found["out in a peer's buffer"] = attempt(lambda: C.all_reduce(buf, peer))
-    found["out inside the buffer"] = attempt(lambda: C.reduce_scatter(buf, buf.tensor[:64 // ctx.world_size]))
+    found["out inside the buffer"] = attempt(lambda: C.reduce_scatter(buf, buf.tensor[: 64 // ctx.world_size]))
     found["one-shot in place"] = attempt(lambda: C.all_reduce(buf, buf.tensor, algorithm="one_shot"))
     found["copy engines without a workspace"] = attempt(lambda: C.all_reduce(buf, buf.tensor, algorithm="two_shot_ce"))
     found["copy engines out of place"] = attempt(lambda: C.all_reduce(buf, algorithm="two_shot_ce"))
@@ -303,9 +406,20 @@ def one_rank(ctx) -> str:
     return "no error"
 
 
-def push_trials(ctx, n: int, dtype_name: str = "float32", seed: int = 0, calls: int = 6, *, in_place: bool = False,
-                slots: int = 2, delay: int = 0, late_rank: int | None = None, late_s: float = 0.0,
-                capacity: int | None = None) -> dict:
+def push_trials(
+    ctx,
+    n: int,
+    dtype_name: str = "float32",
+    seed: int = 0,
+    calls: int = 6,
+    *,
+    in_place: bool = False,
+    slots: int = 2,
+    delay: int = 0,
+    late_rank: int | None = None,
+    late_s: float = 0.0,
+    capacity: int | None = None,
+) -> dict:
     """``calls`` push all-reduces (``labkit.kernels.comm.push``) back to back on one inbox, fresh
     inputs every call, no host barrier between them (a fast rank may run a call ahead). Rank
     ``late_rank`` sleeps ``late_s`` before every other call; ``delay`` slows rank 1 inside the
@@ -327,13 +441,27 @@ def push_trials(ctx, n: int, dtype_name: str = "float32", seed: int = 0, calls: 
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     wrong = [c for c, (y, (_, xs)) in enumerate(zip(outs, inputs)) if not close_to_sum(y, xs, dtype, ctx.world_size)]
-    return {"rank": ctx.rank, "calls": calls, "wrong": wrong, "epochs": box.epochs(),
-            "digests": [hashlib.sha1(y.cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16]
-                        for y in outs]}
+    return {
+        "rank": ctx.rank,
+        "calls": calls,
+        "wrong": wrong,
+        "epochs": box.epochs(),
+        "digests": [
+            hashlib.sha1(y.cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16] for y in outs
+        ],
+    }
 
 
-def into_trials(ctx, n: int, dtype_name: str = "float32", seed: int = 0, calls: int = 4, *,
-                late_rank: int | None = None, late_s: float = 0.0) -> dict:
+def into_trials(
+    ctx,
+    n: int,
+    dtype_name: str = "float32",
+    seed: int = 0,
+    calls: int = 4,
+    *,
+    late_rank: int | None = None,
+    late_s: float = 0.0,
+) -> dict:
     """``calls`` out-of-place all-reduces into a symmetric output (``labkit.kernels.comm.into``)
     back to back on one pair of buffers, fresh inputs every call, each result copied out in
     stream order before the next call overwrites ``out``. Rank ``late_rank`` sleeps ``late_s``
@@ -351,7 +479,7 @@ def into_trials(ctx, n: int, dtype_name: str = "float32", seed: int = 0, calls: 
             time.sleep(late_s)
         buf.tensor.copy_(x)
         y = into.all_reduce_into(buf, out)
-        results.append(y.clone())          # stream-ordered: before the next call's pushes
+        results.append(y.clone())  # stream-ordered: before the next call's pushes
         kept.append(torch.equal(buf.tensor, x))  # the input is only read
     # a second output buffer: launches of its own (kept per output, never the first one's)
     other = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
@@ -360,9 +488,16 @@ def into_trials(ctx, n: int, dtype_name: str = "float32", seed: int = 0, calls: 
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     wrong = [c for c, (y, (_, xs)) in enumerate(zip(results, inputs)) if not close_to_sum(y, xs, dtype, ctx.world_size)]
-    return {"rank": ctx.rank, "calls": calls, "wrong": wrong, "input_changed": [c for c, k in enumerate(kept) if not k],
-            "returned_out": all(r.shape == out.tensor.shape for r in results), "pads_zero": quiet_pads_zero(ctx, buf),
-            "second_out_right": close_to_sum(second, inputs[0][1], dtype, ctx.world_size), "kept": len(buf._into)}
+    return {
+        "rank": ctx.rank,
+        "calls": calls,
+        "wrong": wrong,
+        "input_changed": [c for c, k in enumerate(kept) if not k],
+        "returned_out": all(r.shape == out.tensor.shape for r in results),
+        "pads_zero": quiet_pads_zero(ctx, buf),
+        "second_out_right": close_to_sum(second, inputs[0][1], dtype, ctx.world_size),
+        "kept": len(buf._into),
+    }
 
 
 def into_errors(ctx) -> dict:
@@ -379,15 +514,19 @@ def into_errors(ctx) -> dict:
     d, s = ctx.device, ctx.scratch_dir
     buf = symm.empty(64, torch.float32, device=d, scratch_dir=s, workspace=True)
     plain = symm.empty(64, torch.float32, device=d, scratch_dir=s)
-    other = {"shape": symm.empty(32, torch.float32, device=d, scratch_dir=s),
-             "dtype": symm.empty(64, torch.bfloat16, device=d, scratch_dir=s)}
-    found = {"plain tensor out": err(lambda: into.all_reduce_into(buf, torch.empty(64, device=d))),
-             "out is buf": err(lambda: into.all_reduce_into(buf, buf)),
-             "no workspace": err(lambda: into.all_reduce_into(plain, buf)),
-             "shape": err(lambda: into.all_reduce_into(buf, other["shape"])),
-             "dtype": err(lambda: into.all_reduce_into(buf, other["dtype"])),
-             "not a buffer": err(lambda: into.all_reduce_into("buf", plain)),
-             "blocks": err(lambda: into.all_reduce_into(buf, plain, blocks=[2])),
-             "config": err(lambda: into.all_reduce_into(buf, plain, config={"programs": 2}))}
+    other = {
+        "shape": symm.empty(32, torch.float32, device=d, scratch_dir=s),
+        "dtype": symm.empty(64, torch.bfloat16, device=d, scratch_dir=s),
+    }
+    found = {
+        "plain tensor out": err(lambda: into.all_reduce_into(buf, torch.empty(64, device=d))),
+        "out is buf": err(lambda: into.all_reduce_into(buf, buf)),
+        "no workspace": err(lambda: into.all_reduce_into(plain, buf)),
+        "shape": err(lambda: into.all_reduce_into(buf, other["shape"])),
+        "dtype": err(lambda: into.all_reduce_into(buf, other["dtype"])),
+        "not a buffer": err(lambda: into.all_reduce_into("buf", plain)),
+        "blocks": err(lambda: into.all_reduce_into(buf, plain, blocks=[2])),
+        "config": err(lambda: into.all_reduce_into(buf, plain, config={"programs": 2})),
+    }
     ctx.barrier()
     return found

@@ -19,6 +19,7 @@ timed in the same interleaved rounds (``labkit.workbench.bench.compare``: CUDA-g
 ``inner`` back-to-back calls per sample on GPUs, the CPU clock on the emulated world), every sample
 starting with the ranks at a barrier and the device idle. Records of kind ``KIND``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -38,12 +39,13 @@ def rank_shards(ctx, n: int, dtype, seed: int) -> tuple[torch.Tensor, torch.Tens
     """(this rank's shard, every rank's shards concatenated): each rank regenerates every rank's
     shard from its seed on its own device, so the expected result needs no collective (and no
     host copy of W large shards)."""
+
     def shard(r):
         g = torch.Generator(device=ctx.device).manual_seed(seed * 1009 + r)
         return torch.randn(n, generator=g, device=ctx.device).to(dtype)
 
     expected = torch.cat([shard(r) for r in range(ctx.world_size)])
-    return expected[ctx.rank * n:(ctx.rank + 1) * n].clone(), expected
+    return expected[ctx.rank * n : (ctx.rank + 1) * n].clone(), expected
 
 
 def _agreed(ok: bool, device) -> bool:
@@ -55,8 +57,15 @@ def _agreed(ok: bool, device) -> bool:
     return bool(flag.item())
 
 
-def compare_orders(ctx, shard_bytes=SHARD_BYTES, dtype_name: str = "bfloat16", reps: int = 15,
-                   warmup: int = 3, seed: int = 0, inner: int | None = None) -> list[dict]:
+def compare_orders(
+    ctx,
+    shard_bytes=SHARD_BYTES,
+    dtype_name: str = "bfloat16",
+    reps: int = 15,
+    warmup: int = 3,
+    seed: int = 0,
+    inner: int | None = None,
+) -> list[dict]:
     """Records of kind ``KIND``, one per size of ``shard_bytes`` (bytes per rank) and order: each
     order checked once against the concatenated shards (exact: an all-gather only copies), pads
     back at zero, agreed by every rank; then both timed in the same ``reps`` rounds (``inner``
@@ -92,17 +101,32 @@ def compare_orders(ctx, shard_bytes=SHARD_BYTES, dtype_name: str = "bfloat16", r
             plans[order] = C.all_gather_plan(buf, out, order=order)
             buf.tensor.copy_(x)
             right = bool(torch.equal(plans[order](), expected))
-            rows[order] = {"kind": KIND, "impl": "labkit", "op": "all_gather", "order": order, "world_size": w,
-                           "bytes": w * n * dtype.itemsize, "shard_bytes": n * dtype.itemsize, "dtype": dtype_name,
-                           "pads_zero": quiet_pads_zero(ctx, buf)}
+            rows[order] = {
+                "kind": KIND,
+                "impl": "labkit",
+                "op": "all_gather",
+                "order": order,
+                "world_size": w,
+                "bytes": w * n * dtype.itemsize,
+                "shard_bytes": n * dtype.itemsize,
+                "dtype": dtype_name,
+                "pads_zero": quiet_pads_zero(ctx, buf),
+            }
             rows[order]["correct"] = _agreed(right and rows[order]["pads_zero"], dev)
         del expected
         timed = {o: plans[o] for o in ORDERS if rows[o]["correct"]}
         cmp = None
         if "rotated" in timed:
-            cmp = wb.compare(timed, baseline="rotated", device=dev if on_gpu else None, warmup=warmup, reps=reps,
-                             inner=inner or _inner(nbytes), method="cuda_graph" if on_gpu else "cpu_clock",
-                             line_up=line_up)
+            cmp = wb.compare(
+                timed,
+                baseline="rotated",
+                device=dev if on_gpu else None,
+                warmup=warmup,
+                reps=reps,
+                inner=inner or _inner(nbytes),
+                method="cuda_graph" if on_gpu else "cpu_clock",
+                line_up=line_up,
+            )
         for order in ORDERS:
             rec = rows[order]
             if cmp is not None and order in timed:
@@ -112,9 +136,19 @@ def compare_orders(ctx, shard_bytes=SHARD_BYTES, dtype_name: str = "bfloat16", r
                 p25, p75 = cmp.ratio_iqr(order)
                 rec.update(ratio_to_rotated=cmp.ratio(order), ratio_p25=p25, ratio_p75=p75)
             else:
-                rec.update(us=None, busbw_GBps=None, ratio_to_rotated=None, ratio_p25=None, ratio_p75=None,
-                           error="not timed: " + ("this order gave a wrong result or left a pad set" if
-                                                  not rec["correct"] else "the rotated order, the baseline, did not"))
+                rec.update(
+                    us=None,
+                    busbw_GBps=None,
+                    ratio_to_rotated=None,
+                    ratio_p25=None,
+                    ratio_p75=None,
+                    error="not timed: "
+                    + (
+                        "this order gave a wrong result or left a pad set"
+                        if not rec["correct"]
+                        else "the rotated order, the baseline, did not"
+                    ),
+                )
             records.append(rec)
         line_up()
         del plans, buf
@@ -146,9 +180,11 @@ def order_verdicts(records: list[dict]) -> list[str]:
             says = "naive slower in most rounds (its lower quartile above 1)"
         else:
             says = "naive faster in most rounds (its upper quartile below 1)"
-        lines.append(f"W={w}, {format_bytes(shard)} per rank: naive/rotated x{mid:.3f} (quartiles {lo:.3f}..{hi:.3f}, "
-                     f"{nv['samples']} paired rounds, {nv.get('method')}); busbw rotated {rot['busbw_GBps']:.0f}, "
-                     f"naive {nv['busbw_GBps']:.0f} GB/s: {says}")
+        lines.append(
+            f"W={w}, {format_bytes(shard)} per rank: naive/rotated x{mid:.3f} (quartiles {lo:.3f}..{hi:.3f}, "
+            f"{nv['samples']} paired rounds, {nv.get('method')}); busbw rotated {rot['busbw_GBps']:.0f}, "
+            f"naive {nv['busbw_GBps']:.0f} GB/s: {says}"
+        )
     return lines
 
 
@@ -162,8 +198,15 @@ def plot_gather_order(records: list[dict], axes, title: str) -> int:
     bw_ax, ratio_ax = axes
     if not recs:
         for ax in axes:
-            ax.text(0.5, 0.5, "no all-gather order records here\n(recorded before the comparison)",
-                    ha="center", va="center", transform=ax.transAxes, fontsize=9)
+            ax.text(
+                0.5,
+                0.5,
+                "no all-gather order records here\n(recorded before the comparison)",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                fontsize=9,
+            )
             ax.set_title(title, fontsize=9)
             ax.set_xticks([])
             ax.set_yticks([])
@@ -183,9 +226,17 @@ def plot_gather_order(records: list[dict], axes, title: str) -> int:
             drawn += len(pts)
             if order == "naive":
                 mid = [r["ratio_to_rotated"] for _, r in pts]
-                ratio_ax.errorbar(xs, mid, yerr=[[m - r["ratio_p25"] for m, (_, r) in zip(mid, pts)],
-                                                 [r["ratio_p75"] - m for m, (_, r) in zip(mid, pts)]],
-                                  fmt="-o", capsize=3, label=f"W={w}: naive / rotated")
+                ratio_ax.errorbar(
+                    xs,
+                    mid,
+                    yerr=[
+                        [m - r["ratio_p25"] for m, (_, r) in zip(mid, pts)],
+                        [r["ratio_p75"] - m for m, (_, r) in zip(mid, pts)],
+                    ],
+                    fmt="-o",
+                    capsize=3,
+                    label=f"W={w}: naive / rotated",
+                )
     ratio_ax.axhline(1.0, color="0.3", lw=0.8, ls=":", label="no difference")
     for ax in axes:
         plot.bytes_axis(ax)
@@ -199,5 +250,13 @@ def plot_gather_order(records: list[dict], axes, title: str) -> int:
     return drawn
 
 
-__all__ = ["KIND", "ORDERS", "SHARD_BYTES", "compare_orders", "order_records", "order_verdicts",
-           "plot_gather_order", "rank_shards"]
+__all__ = [
+    "KIND",
+    "ORDERS",
+    "SHARD_BYTES",
+    "compare_orders",
+    "order_records",
+    "order_verdicts",
+    "plot_gather_order",
+    "rank_shards",
+]

@@ -28,6 +28,7 @@ the interpreter, not a launch; records carry ``interpreted`` and the plot says s
 Every stage that launches is a collective: call ``breakdown`` on every rank (``measure`` is the
 rank function for ``run_ranks``), with the same arguments.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -84,7 +85,7 @@ def _triton_launches(steps, out) -> None:
     """The steps through Triton's own launch path (what the eager call did before plans)."""
     for s in steps:
         if isinstance(s, P.KernelLaunch):
-            args = s.args if s.out_pos < 0 else s.args[:s.out_pos] + (out,) + s.args[s.out_pos + 1:]
+            args = s.args if s.out_pos < 0 else s.args[: s.out_pos] + (out,) + s.args[s.out_pos + 1 :]
             s.kernel[s.grid](*args, **s.kwargs)
         else:
             s(out)
@@ -112,8 +113,15 @@ def _kernel_us(p: P.CollectivePlan, device: torch.device, iters: int = 20, round
     return statistics.median(samples_us(p, iters, rounds, graph=True))
 
 
-def breakdown(buf, out: torch.Tensor | None = None, *, algorithm: str = "one_shot", reps: int | None = None,
-              launch_reps: int | None = None, warmup: int = 2) -> list[dict]:
+def breakdown(
+    buf,
+    out: torch.Tensor | None = None,
+    *,
+    algorithm: str = "one_shot",
+    reps: int | None = None,
+    launch_reps: int | None = None,
+    warmup: int = 2,
+) -> list[dict]:
     """Median µs of each stage of ``all_reduce(buf, out, algorithm=algorithm)`` on this rank, for
     each of ``PATHS`` (see the module docstring); one record per (path, stage), and one per path
     with stage "whole call": the call timed whole, a check on the sum of its stages.
@@ -160,8 +168,10 @@ def breakdown(buf, out: torch.Tensor | None = None, *, algorithm: str = "one_sho
         held()
     key = ("all_reduce", P.out_key(out), algorithm, None, "correct", None)
     if key not in buf._plans:
-        raise RuntimeError(f"host_cost: the cache key written here, {key}, is not the one all_reduce used "
-                           f"({list(buf._plans)}): update breakdown")
+        raise RuntimeError(
+            f"host_cost: the cache key written here, {key}, is not the one all_reduce used "
+            f"({list(buf._plans)}): update breakdown"
+        )
 
     def lookup():
         p = buf._plans.get(("all_reduce", P.out_key(out), algorithm, None, "correct", None))
@@ -193,19 +203,42 @@ def breakdown(buf, out: torch.Tensor | None = None, *, algorithm: str = "one_sho
     kernel = None if interp or dev.type != "cuda" else _kernel_us(held, dev)
     _line_up(dev)
 
-    base = {"op": "all_reduce", "algorithm": chosen, "bytes": nbytes, "dtype": str(x.dtype).replace("torch.", ""),
-            "world_size": buf.world_size, "rank": buf.rank, "interpreted": interp, "in_place": in_place,
-            "out": "in place" if in_place else ("given" if out is not None else "new"),
-            "launch_path": held.launch_path}
+    base = {
+        "op": "all_reduce",
+        "algorithm": chosen,
+        "bytes": nbytes,
+        "dtype": str(x.dtype).replace("torch.", ""),
+        "world_size": buf.world_size,
+        "rank": buf.rank,
+        "interpreted": interp,
+        "in_place": in_place,
+        "out": "in place" if in_place else ("given" if out is not None else "new"),
+        "launch_path": held.launch_path,
+    }
     allocs = [("alloc out", alloc, reps)] if alloc is not None else []
     stages = {
-        "eager call": [("checks", checks, reps), ("config", config, reps), ("guard", guard, reps), *allocs,
-                       ("triton launch", launch, launch_reps), ("whole call", eager_whole, launch_reps)],
-        "all_reduce, cached plan": [("cache lookup + checks", cache_checks, reps), ("guard", plan_guard, reps),
-                                    *allocs, ("plan launch", plan_launch, launch_reps),
-                                    ("whole call", cached_whole, launch_reps)],
-        "plan()": [("plan checks", plan_checks_us, reps), ("guard", plan_guard, reps), *allocs,
-                   ("plan launch", plan_launch, launch_reps), ("whole call", plan_whole, launch_reps)],
+        "eager call": [
+            ("checks", checks, reps),
+            ("config", config, reps),
+            ("guard", guard, reps),
+            *allocs,
+            ("triton launch", launch, launch_reps),
+            ("whole call", eager_whole, launch_reps),
+        ],
+        "all_reduce, cached plan": [
+            ("cache lookup + checks", cache_checks, reps),
+            ("guard", plan_guard, reps),
+            *allocs,
+            ("plan launch", plan_launch, launch_reps),
+            ("whole call", cached_whole, launch_reps),
+        ],
+        "plan()": [
+            ("plan checks", plan_checks_us, reps),
+            ("guard", plan_guard, reps),
+            *allocs,
+            ("plan launch", plan_launch, launch_reps),
+            ("whole call", plan_whole, launch_reps),
+        ],
     }
     records = []
     for path, rows in stages.items():
@@ -215,8 +248,15 @@ def breakdown(buf, out: torch.Tensor | None = None, *, algorithm: str = "one_sho
     return records
 
 
-def measure(ctx, n: int = 2048, dtype_name: str = "bfloat16", algorithm: str = "one_shot",
-            out: str = "given", reps: int | None = None, launch_reps: int | None = None) -> list[dict]:
+def measure(
+    ctx,
+    n: int = 2048,
+    dtype_name: str = "bfloat16",
+    algorithm: str = "one_shot",
+    out: str = "given",
+    reps: int | None = None,
+    launch_reps: int | None = None,
+) -> list[dict]:
     """Rank function (``run_ranks(measure, W, ...)``): a buffer of ``n`` elements, random
     inputs, then ``breakdown``. out: "given" (a tensor made once, as a training loop would pass),
     "new" (out=None: one allocated per call) or "in_place" (out=buf.tensor)."""
@@ -226,19 +266,27 @@ def measure(ctx, n: int = 2048, dtype_name: str = "bfloat16", algorithm: str = "
     buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
     g = torch.Generator().manual_seed(ctx.rank)
     buf.tensor.copy_(torch.randn(n, generator=g).to(dtype))
-    target = {"given": lambda: torch.empty(n, dtype=dtype, device=ctx.device), "new": lambda: None,
-              "in_place": lambda: buf.tensor}[out]()
+    target = {
+        "given": lambda: torch.empty(n, dtype=dtype, device=ctx.device),
+        "new": lambda: None,
+        "in_place": lambda: buf.tensor,
+    }[out]()
     return breakdown(buf, target, algorithm=algorithm, reps=reps, launch_reps=launch_reps)
 
 
 #: the breakdowns ``labkit bench collectives`` records, (elements per rank, algorithm, out): 4 KiB and
 #: 1 MiB of bf16, into a given out and in place, the algorithm the chooser picks
-BENCH_CASES = ((2048, "auto", "given"), (2048, "auto", "in_place"), (1 << 19, "auto", "given"),
-               (1 << 19, "auto", "in_place"))
+BENCH_CASES = (
+    (2048, "auto", "given"),
+    (2048, "auto", "in_place"),
+    (1 << 19, "auto", "given"),
+    (1 << 19, "auto", "in_place"),
+)
 
 
-def measure_cases(ctx, cases=BENCH_CASES, dtype_name: str = "bfloat16", reps: int | None = None,
-                  launch_reps: int | None = None) -> list[dict]:
+def measure_cases(
+    ctx, cases=BENCH_CASES, dtype_name: str = "bfloat16", reps: int | None = None, launch_reps: int | None = None
+) -> list[dict]:
     """Rank function: ``measure`` for each of ``cases`` (elements, algorithm, out) in one world."""
     records = []
     for n, algorithm, out in cases:
@@ -288,8 +336,10 @@ def verdict(records: list[dict]) -> str:
     head = mine[0]
     where = "Triton interpreter (launches run the kernel in Python)" if head["interpreted"] else "GPU"
     parts = [f"{p} {t[p]:.1f} µs" + (f" (whole {whole[p]:.1f})" if p in whole else "") for p in PATHS if p in t]
-    text = (f"{head['op']} {head['algorithm']} {head['bytes']} B, W={head['world_size']}, rank {rank}, {where}: "
-            + ", ".join(parts))
+    text = (
+        f"{head['op']} {head['algorithm']} {head['bytes']} B, W={head['world_size']}, rank {rank}, {where}: "
+        + ", ".join(parts)
+    )
     if kernel is not None:
         text += f"; kernel {kernel:.1f} µs on the GPU"
     return text + f"; plan launches via {head['launch_path']}"
@@ -316,16 +366,29 @@ def plot_host_cost(records: list[dict], ax, title: str = "") -> int:
             rec = next((r for r in mine if r["path"] == path and r["stage"] == stage), None)
             if rec is None:
                 continue
-            ax.barh(y, rec["us"], left=left, color=colour, edgecolor="white",
-                    hatch="//" if stage == "kernel" else None,
-                    label=None if stage in shown else f"{stage}: {label}")
+            ax.barh(
+                y,
+                rec["us"],
+                left=left,
+                color=colour,
+                edgecolor="white",
+                hatch="//" if stage == "kernel" else None,
+                label=None if stage in shown else f"{stage}: {label}",
+            )
             shown.add(stage)
             if rec["us"] >= 0.06 * widest:
                 ax.text(left + rec["us"] / 2, y, f"{rec['us']:.1f}", ha="center", va="center", fontsize=7)
             left += rec["us"]
         if path in whole:
-            ax.plot([whole[path]], [y], marker="|", ms=22, mew=2, color="black",
-                    label=None if "whole" in shown else "the call timed whole (host)")
+            ax.plot(
+                [whole[path]],
+                [y],
+                marker="|",
+                ms=22,
+                mew=2,
+                color="black",
+                label=None if "whole" in shown else "the call timed whole (host)",
+            )
             shown.add("whole")
         text = f"host {sums[path]:.1f} µs" + (f" (whole {whole[path]:.1f})" if path in whole else "")
         ax.text(max(left, whole.get(path, 0.0)) + 0.01 * widest, y, text, va="center", fontsize=8)
@@ -335,18 +398,29 @@ def plot_host_cost(records: list[dict], ax, title: str = "") -> int:
     ax.set_xlim(0, widest * 1.35)
     head = mine[0]
     reps = max(r["reps"] for r in mine)
-    ax.set_xlabel(f"µs per call (median of up to {reps} calls each), rank {rank}"
-                  + (" -- Triton interpreter: not GPU numbers" if head["interpreted"] else ""))
-    what = textwrap.fill(f"{head['op']} {head['algorithm']}, {head['bytes']} B {head['dtype']}, "
-                         f"W={head['world_size']}, out {head['out']}; plan launches via {head['launch_path']}", 100)
+    ax.set_xlabel(
+        f"µs per call (median of up to {reps} calls each), rank {rank}"
+        + (" -- Triton interpreter: not GPU numbers" if head["interpreted"] else "")
+    )
+    what = textwrap.fill(
+        f"{head['op']} {head['algorithm']}, {head['bytes']} B {head['dtype']}, "
+        f"W={head['world_size']}, out {head['out']}; plan launches via {head['launch_path']}",
+        100,
+    )
     ax.set_title(f"{title}\n{what}" if title else what, fontsize=9)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     return len(paths)
 
 
-def host_cost_figure(records: list[dict], stamp: dict | None = None, name: str = "host_cost", folder=None,
-                     title: str = "Host time of one call", refs: dict | None = None):
+def host_cost_figure(
+    records: list[dict],
+    stamp: dict | None = None,
+    name: str = "host_cost",
+    folder=None,
+    title: str = "Host time of one call",
+    refs: dict | None = None,
+):
     """The stacked bars with the caption naming the machine and versions (``workbench.plot.caption``:
     ``stamp`` the reader's run, ``refs`` {machine: ResultSet} a recorded one), saved as ``name``.png
     in ``folder`` (default: the notebook's output folder) and shown once."""

@@ -25,6 +25,7 @@ Every candidate reads an input already in a symmetric buffer (the sweep's conven
 in-place ones overwrite it with the sum on every call, so they are timed on values that grow
 (timing only: their check runs once, on a fresh copy).
 """
+
 from __future__ import annotations
 
 import torch
@@ -60,24 +61,32 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
 
     cands = {
         "labkit_into": ({"in_place": False, "out": "symmetric"}, lambda: into.all_reduce_into(src, dst), into_check),
-        "labkit_one_shot": ({"in_place": False, "out": "plain"},
-                            lambda: C.all_reduce(src, plain_out, algorithm="one_shot"),
-                            lambda: close(C.all_reduce(src, plain_out, algorithm="one_shot"))),
-        "labkit_two_shot": ({"in_place": False, "out": "plain"},
-                            lambda: C.all_reduce(src, plain_out, algorithm="two_shot"),
-                            lambda: close(C.all_reduce(src, plain_out, algorithm="two_shot"))),
-        "labkit_two_shot_ce_in_place": ({"in_place": True, "out": "in place"},
-                                        lambda: C.all_reduce(inp, inp.tensor, algorithm="two_shot_ce"),
-                                        lambda: (inp.tensor.copy_(x),
-                                                 close(C.all_reduce(inp, inp.tensor, algorithm="two_shot_ce")))[-1]),
+        "labkit_one_shot": (
+            {"in_place": False, "out": "plain"},
+            lambda: C.all_reduce(src, plain_out, algorithm="one_shot"),
+            lambda: close(C.all_reduce(src, plain_out, algorithm="one_shot")),
+        ),
+        "labkit_two_shot": (
+            {"in_place": False, "out": "plain"},
+            lambda: C.all_reduce(src, plain_out, algorithm="two_shot"),
+            lambda: close(C.all_reduce(src, plain_out, algorithm="two_shot")),
+        ),
+        "labkit_two_shot_ce_in_place": (
+            {"in_place": True, "out": "in place"},
+            lambda: C.all_reduce(inp, inp.tensor, algorithm="two_shot_ce"),
+            lambda: (inp.tensor.copy_(x), close(C.all_reduce(inp, inp.tensor, algorithm="two_shot_ce")))[-1],
+        ),
     }
     two = getattr(torch.ops.symm_mem, "two_shot_all_reduce_", None)
     if two is not None:
         group = dist.group.WORLD.group_name
         st = symm_mem.empty(n, dtype=dtype, device=dev)
         symm_mem.rendezvous(st, group)
-        cands["torch_two_shot"] = ({"in_place": True, "out": "in place"}, lambda: two(st, "sum", group),
-                                   lambda: (st.copy_(x), two(st, "sum", group), close(st))[-1])
+        cands["torch_two_shot"] = (
+            {"in_place": True, "out": "in place"},
+            lambda: two(st, "sum", group),
+            lambda: (st.copy_(x), two(st, "sum", group), close(st))[-1],
+        )
     return cands
 
 
@@ -94,8 +103,14 @@ def into_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
         iters = lab02.iters_for(nbytes)
         close = lambda y: lab02.close_to_ref(y, ref, w, scale)  # noqa: E731
         cands = _candidates(ctx, n, dtype, x, close)
-        base = {"kind": KIND, "op": "all_reduce", "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name,
-                "method": "cuda_events"}
+        base = {
+            "kind": KIND,
+            "op": "all_reduce",
+            "world_size": w,
+            "bytes": n * dtype.itemsize,
+            "dtype": dtype_name,
+            "method": "cuda_events",
+        }
         ok, rows = lab02.check_candidates(cands, base, dev)
         for timing, cmp, per_call in lab02.time_graph_and_eager(ok, iters, ctx, BASELINE, warmup, reps):
             for name, row in rows.items():
@@ -103,9 +118,15 @@ def into_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
                 if cmp is not None and name in cmp.timings:
                     t = cmp.timings[name]
                     us, p25, p75 = (v / per_call for v in (t.median_us, t.p25_us, t.p75_us))
-                    rec.update(us=us, us_p25=p25, us_p75=p75, samples=len(t.samples_us),
-                               busbw_GBps=rec["bytes"] / us / 1e3 * bus,
-                               busbw_p25=rec["bytes"] / p75 / 1e3 * bus, busbw_p75=rec["bytes"] / p25 / 1e3 * bus)
+                    rec.update(
+                        us=us,
+                        us_p25=p25,
+                        us_p75=p75,
+                        samples=len(t.samples_us),
+                        busbw_GBps=rec["bytes"] / us / 1e3 * bus,
+                        busbw_p25=rec["bytes"] / p75 / 1e3 * bus,
+                        busbw_p75=rec["bytes"] / p25 / 1e3 * bus,
+                    )
                     if BASELINE in cmp.timings:
                         rec["ratio_to_baseline"], rec["ratio_p25"], rec["ratio_p75"] = cmp.ratio_to(name, BASELINE)
                         rec["baseline"] = BASELINE
@@ -124,8 +145,17 @@ def timings_in(records: list[dict]) -> list[str]:
 
 
 def _points(records: list[dict], impl: str, timing: str) -> list[tuple[int, dict]]:
-    return sorted(((r["bytes"], r) for r in records if r.get("kind") == KIND and r.get("impl") == impl
-                   and r.get("timing", "eager") == timing and r.get("busbw_GBps")), key=lambda p: p[0])
+    return sorted(
+        (
+            (r["bytes"], r)
+            for r in records
+            if r.get("kind") == KIND
+            and r.get("impl") == impl
+            and r.get("timing", "eager") == timing
+            and r.get("busbw_GBps")
+        ),
+        key=lambda p: p[0],
+    )
 
 
 def summary(records: list[dict]) -> list[str]:
@@ -134,34 +164,52 @@ def summary(records: list[dict]) -> list[str]:
     lines = []
     timings = timings_in(records)
     for timing in timings:
-        impls = list(dict.fromkeys(r["impl"] for r in records if r.get("kind") == KIND and r.get("busbw_GBps")
-                                   and r.get("timing", "eager") == timing))
+        impls = list(
+            dict.fromkeys(
+                r["impl"]
+                for r in records
+                if r.get("kind") == KIND and r.get("busbw_GBps") and r.get("timing", "eager") == timing
+            )
+        )
         for impl in impls:
             pts = _points(records, impl, timing)
             body = ", ".join(f"{b >> 20} MiB {r['busbw_GBps']:.0f} GB/s" for b, r in pts)
             lines.append(f"{timing}: {impl} ({pts[0][1].get('out', '?')} out): {body}")
-    big = next((r for _, r in _points(records, "labkit_into", timings[0]) if r["bytes"] == 256 << 20), None) \
-        if timings else None
+    big = (
+        next((r for _, r in _points(records, "labkit_into", timings[0]) if r["bytes"] == 256 << 20), None)
+        if timings
+        else None
+    )
     if timings == ["eager"] and not any(r.get("iters") for r in records if r.get("kind") == KIND):
-        lines.append("these records time single calls, each started at a barrier of the ranks (the first "
-                     "version of this benchmark): compare their ratios to the one-shot, not their busbw "
-                     "with the sweep's")
+        lines.append(
+            "these records time single calls, each started at a barrier of the ranks (the first "
+            "version of this benchmark): compare their ratios to the one-shot, not their busbw "
+            "with the sweep's"
+        )
     if big is not None:
         verdict = "meets" if big["busbw_GBps"] >= TARGET_GBPS else "misses"
-        ratio = (f"; {big['ratio_to_baseline']:.2f}x the one-shot's time (quartiles {big['ratio_p25']:.2f}-"
-                 f"{big['ratio_p75']:.2f})" if big.get("ratio_to_baseline") else "")
-        lines.append(f"out of place at 256 MiB into a symmetric output ({timings[0]}): {big['busbw_GBps']:.0f} GB/s "
-                     f"busbw (quartiles {big['busbw_p25']:.0f}-{big['busbw_p75']:.0f}){ratio}: {verdict} the "
-                     f"{TARGET_GBPS:.0f} GB/s target")
+        ratio = (
+            f"; {big['ratio_to_baseline']:.2f}x the one-shot's time (quartiles {big['ratio_p25']:.2f}-"
+            f"{big['ratio_p75']:.2f})"
+            if big.get("ratio_to_baseline")
+            else ""
+        )
+        lines.append(
+            f"out of place at 256 MiB into a symmetric output ({timings[0]}): {big['busbw_GBps']:.0f} GB/s "
+            f"busbw (quartiles {big['busbw_p25']:.0f}-{big['busbw_p75']:.0f}){ratio}: {verdict} the "
+            f"{TARGET_GBPS:.0f} GB/s target"
+        )
     return lines
 
 
 #: what the figure draws, in order: (impl, label, style)
-SERIES = (("labkit_into", "labkit into a symmetric out (out of place)", dict(color="tab:green", marker="o")),
-          ("labkit_one_shot", "labkit one-shot (out of place)", dict(color="tab:blue", marker="s")),
-          ("labkit_two_shot", "labkit two-shot (out of place)", dict(color="tab:cyan", marker="D")),
-          ("labkit_two_shot_ce_in_place", "labkit two_shot_ce (in place)", dict(color="tab:green", marker="o", ls="--")),
-          ("torch_two_shot", "torch two_shot_all_reduce_ (in place)", dict(color="black", marker="v", ls=":")))
+SERIES = (
+    ("labkit_into", "labkit into a symmetric out (out of place)", dict(color="tab:green", marker="o")),
+    ("labkit_one_shot", "labkit one-shot (out of place)", dict(color="tab:blue", marker="s")),
+    ("labkit_two_shot", "labkit two-shot (out of place)", dict(color="tab:cyan", marker="D")),
+    ("labkit_two_shot_ce_in_place", "labkit two_shot_ce (in place)", dict(color="tab:green", marker="o", ls="--")),
+    ("torch_two_shot", "torch two_shot_all_reduce_ (in place)", dict(color="black", marker="v", ls=":")),
+)
 
 
 def plot_into(records: list[dict], ax, title: str, timing: str | None = None) -> int:
@@ -180,8 +228,15 @@ def plot_into(records: list[dict], ax, title: str, timing: str | None = None) ->
         ax.errorbar([b for b, _ in pts], ys, yerr=[lo, hi], label=label, capsize=2, ms=4, **style)
         drawn += 1
     if not drawn:
-        ax.text(0.5, 0.5, "no out-of-place-into records here\n(files recorded before it existed lack them)",
-                ha="center", va="center", transform=ax.transAxes, fontsize=9)
+        ax.text(
+            0.5,
+            0.5,
+            "no out-of-place-into records here\n(files recorded before it existed lack them)",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            fontsize=9,
+        )
         ax.set_axis_off()
     else:
         ax.axhline(TARGET_GBPS, color="tab:red", ls=":", lw=1, label=f"target out of place: {TARGET_GBPS:.0f} GB/s")
@@ -189,8 +244,9 @@ def plot_into(records: list[dict], ax, title: str, timing: str | None = None) ->
         ticks = sorted({r["bytes"] for r in records if r.get("kind") == KIND and r.get("bytes")})
         ax.set_xticks(ticks, [f"{b >> 20} MiB" for b in ticks])
         ax.set_xlabel("message size per rank")
-        ax.set_ylabel(f"busbw, GB/s ({'CUDA-graph replay' if timing == 'graph' else 'called from Python'}; "
-                      "median, quartiles)")
+        ax.set_ylabel(
+            f"busbw, GB/s ({'CUDA-graph replay' if timing == 'graph' else 'called from Python'}; median, quartiles)"
+        )
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
     ax.set_title(title, fontsize=9)

@@ -18,6 +18,7 @@ rank's symmetric buffer, nothing else:
 busy in both directions, as in a collective; "one" has rank 0 copy alone while the others wait.
 GB/s = N / time, per copying GPU; an all-reduce's busbw on 2 GPUs is the same quantity.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -42,10 +43,10 @@ GRID = {"vectors": (1, 2, 4, 8), "num_warps": (8, 16), "programs_per_sm": (1, 2)
 
 @triton.jit
 def link_copy_kernel(
-    src_ptr,                # *T [N]: where the bytes come from (a peer's buffer for a read)
-    dst_ptr,                # *T [N]: where they go (a peer's buffer for a write)
-    n,                      # N elements
-    BLOCK: tl.constexpr,    # elements per program per step: 16-byte vectors x 32 x warps
+    src_ptr,  # *T [N]: where the bytes come from (a peer's buffer for a read)
+    dst_ptr,  # *T [N]: where they go (a peer's buffer for a write)
+    n,  # N elements
+    BLOCK: tl.constexpr,  # elements per program per step: 16-byte vectors x 32 x warps
 ):
     """Grid-stride copy; full blocks unmasked so the loads and stores are 16-byte vectors (both
     pointers are 16-byte aligned: symmetric buffers by ``symm.empty``'s check, local tensors by
@@ -61,8 +62,9 @@ def link_copy_kernel(
             tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=mask), mask=mask)
 
 
-def link_copy(src: torch.Tensor, dst: torch.Tensor, *, vectors: int = 4, num_warps: int = 16,
-              programs: int = 132) -> torch.Tensor:
+def link_copy(
+    src: torch.Tensor, dst: torch.Tensor, *, vectors: int = 4, num_warps: int = 16, programs: int = 132
+) -> torch.Tensor:
     """Copy ``src`` into ``dst`` with ``link_copy_kernel``; one of them is normally a peer's
     buffer (``SymmBuffer.peers[p]``, mapped on this device). Returns ``dst``."""
     for name, t in (("src", src), ("dst", dst)):
@@ -75,11 +77,18 @@ def link_copy(src: torch.Tensor, dst: torch.Tensor, *, vectors: int = 4, num_war
     if src.dtype != dst.dtype or src.numel() != dst.numel():
         raise ValueError(f"dst: {dst.numel()} x {dst.dtype} does not match src: {src.numel()} x {src.dtype}")
     if src.device != dst.device:
-        raise ValueError(f"dst: on {dst.device}, src on {src.device}; map the peer's buffer on this device "
-                         "(SymmBuffer.peers) instead")
-    if vectors not in (1, 2, 4, 8) or num_warps not in (4, 8, 16, 32) or not (isinstance(programs, int) and programs > 0):
-        raise ValueError(f"launch: vectors {vectors} (1, 2, 4, 8), num_warps {num_warps} (4..32), "
-                         f"programs {programs} (> 0)")
+        raise ValueError(
+            f"dst: on {dst.device}, src on {src.device}; map the peer's buffer on this device "
+            "(SymmBuffer.peers) instead"
+        )
+    if (
+        vectors not in (1, 2, 4, 8)
+        or num_warps not in (4, 8, 16, 32)
+        or not (isinstance(programs, int) and programs > 0)
+    ):
+        raise ValueError(
+            f"launch: vectors {vectors} (1, 2, 4, 8), num_warps {num_warps} (4..32), programs {programs} (> 0)"
+        )
     n = src.numel()
     block = 4096 if tier.interpreted() else vectors * (16 // src.element_size()) * 32 * num_warps
     grid = max(1, min(4 if tier.interpreted() else programs, triton.cdiv(n, block)))
@@ -102,8 +111,10 @@ def probe(ctx, sizes=SIZES, grid=None, reps: int = 7, iters: int = 5, progress: 
     grid = grid or GRID
     w, rank, dev = ctx.world_size, ctx.rank, ctx.device
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    launches = [{"vectors": v, "num_warps": nw, "programs": p * sms}
-                for v, nw, p in itertools.product(grid["vectors"], grid["num_warps"], grid["programs_per_sm"])]
+    launches = [
+        {"vectors": v, "num_warps": nw, "programs": p * sms}
+        for v, nw, p in itertools.product(grid["vectors"], grid["num_warps"], grid["programs_per_sm"])
+    ]
     records = []
     total = len(sizes) * len(DIRECTIONS) * (2 * len(launches) + 2)
     bar = tqdm(total=total, desc=f"links W={w}", disable=not progress or rank != 0)
@@ -126,8 +137,16 @@ def probe(ctx, sizes=SIZES, grid=None, reps: int = 7, iters: int = 5, progress: 
             cases.append(("memcpy_read", None, functools.partial(sink.copy_, peer)))
             cases.append(("memcpy_write", None, functools.partial(peer.copy_, local)))
             for mode, cfg, fn in cases:
-                rec = {"kind": "link", "impl": mode, "op": "copy", "direction": direction, "world_size": w,
-                       "bytes": n * 2, "dtype": "bfloat16", **(cfg or {"vectors": None, "num_warps": None, "programs": None})}
+                rec = {
+                    "kind": "link",
+                    "impl": mode,
+                    "op": "copy",
+                    "direction": direction,
+                    "world_size": w,
+                    "bytes": n * 2,
+                    "dtype": "bfloat16",
+                    **(cfg or {"vectors": None, "num_warps": None, "programs": None}),
+                }
                 correct = True
                 if active:  # the copy is checked once before it is timed
                     sink.zero_()
@@ -143,8 +162,12 @@ def probe(ctx, sizes=SIZES, grid=None, reps: int = 7, iters: int = 5, progress: 
                 dist.barrier()
                 ok = torch.tensor([1 if correct else 0], device=dev)
                 dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-                rec.update(correct=bool(ok.item()), us=us, GBps=(n * 2 / us / 1e3) if us else None,
-                           spread_us=[min(samples), max(samples)] if samples else None)
+                rec.update(
+                    correct=bool(ok.item()),
+                    us=us,
+                    GBps=(n * 2 / us / 1e3) if us else None,
+                    spread_us=[min(samples), max(samples)] if samples else None,
+                )
                 records.append(rec)
                 bar.update()
         del buf
@@ -171,12 +194,16 @@ def links_markdown(records: list[dict]) -> str:
     rows = best_links(records)
     if not rows:
         return "(no link records)"
-    out = ["| W | bytes | direction | mode | GB/s per GPU | µs | launch (vectors x warps x programs) |",
-           "|---|---|---|---|---|---|---|"]
+    out = [
+        "| W | bytes | direction | mode | GB/s per GPU | µs | launch (vectors x warps x programs) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         launch = f"{r['vectors']} x {r['num_warps']} x {r['programs']}" if r.get("vectors") else "cudaMemcpyAsync"
-        out.append(f"| {r['world_size']} | {r['bytes']:,} | {r['direction']} | {r['impl']} | {r['GBps']:.0f} | "
-                   f"{r['us']:.0f} | {launch} |")
+        out.append(
+            f"| {r['world_size']} | {r['bytes']:,} | {r['direction']} | {r['impl']} | {r['GBps']:.0f} | "
+            f"{r['us']:.0f} | {launch} |"
+        )
     return "\n".join(out)
 
 

@@ -4,13 +4,17 @@ every rank on a check, the bus-bandwidth factors (nccl-tests' convention), and t
 every comparison of candidates takes: lining the ranks up before a sample, checking every
 candidate once before any is timed, and timing them by graph replay and by eager calls. Used by the sweep (``bench``) and the push and into
 comparisons (``push_bench``, ``into_bench``)."""
+
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-BUS_FACTOR = {"all_reduce": lambda w: 2 * (w - 1) / w, "reduce_scatter": lambda w: (w - 1) / w,
-              "all_gather": lambda w: (w - 1) / w}
+BUS_FACTOR = {
+    "all_reduce": lambda w: 2 * (w - 1) / w,
+    "reduce_scatter": lambda w: (w - 1) / w,
+    "all_gather": lambda w: (w - 1) / w,
+}
 
 
 def iters_for(nbytes: int) -> int:
@@ -52,9 +56,11 @@ def close_to_ref(y, ref, w, scale) -> bool:
 def line_up(ctx):
     """What a timed sample starts from: every rank at a barrier, its GPU idle
     (``labkit.workbench.bench.compare``'s ``line_up``)."""
+
     def go():
         ctx.barrier()
         torch.cuda.synchronize(ctx.device)
+
     return go
 
 
@@ -69,7 +75,9 @@ def check_candidates(cands: dict, base: dict, device) -> tuple[dict, dict]:
             rows[name]["correct"] = agreed_everywhere(bool(check()), device)
             ok[name] = call
         except Exception as e:  # noqa: BLE001 (recorded: the candidate is not timed)
-            rows[name].update(correct=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+            rows[name].update(
+                correct=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            )
     return ok, rows
 
 
@@ -89,7 +97,19 @@ def time_graph_and_eager(ok: dict, iters: int, ctx, baseline: str | None, warmup
             timed, inner, per_call = {nm: capture(call, iters).replay for nm, call in ok.items()}, 1, iters
         else:
             timed, inner, per_call = ok, iters, 1
-        cmp = wb.compare(timed, baseline=baseline if baseline in timed else next(iter(timed)), device=ctx.device,
-                         warmup=warmup, reps=reps, inner=inner, method="cuda_events", line_up=go) if timed else None
+        cmp = (
+            wb.compare(
+                timed,
+                baseline=baseline if baseline in timed else next(iter(timed)),
+                device=ctx.device,
+                warmup=warmup,
+                reps=reps,
+                inner=inner,
+                method="cuda_events",
+                line_up=go,
+            )
+            if timed
+            else None
+        )
         yield timing, cmp, per_call
         del timed

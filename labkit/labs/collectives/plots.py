@@ -1,16 +1,24 @@
 """Lab 02's pictures: symmetric memory, each algorithm's data movement, and the sweep plots
 (latency log-log, busbw against size, the one-shot/two-shot crossover)."""
+
 from __future__ import annotations
 
 import textwrap
 
 from labkit.workbench.plot import bytes_axis, format_bytes
 
-STYLE = {"nccl": ("black", "-"), "torch_one_shot": ("tab:gray", "--"), "torch_two_shot": ("tab:gray", "-"),
-         "labkit_one_shot": ("tab:blue", "-"), "labkit_two_shot": ("tab:orange", "-"),
-         "labkit_tree": ("tab:green", "-"), "labkit": ("tab:blue", "-"),
-         "labkit_one_shot_graphed": ("tab:cyan", ":"), "labkit_two_shot_in_place": ("tab:red", "-."),
-         "labkit_two_shot_ce_in_place": ("tab:purple", "-.")}
+STYLE = {
+    "nccl": ("black", "-"),
+    "torch_one_shot": ("tab:gray", "--"),
+    "torch_two_shot": ("tab:gray", "-"),
+    "labkit_one_shot": ("tab:blue", "-"),
+    "labkit_two_shot": ("tab:orange", "-"),
+    "labkit_tree": ("tab:green", "-"),
+    "labkit": ("tab:blue", "-"),
+    "labkit_one_shot_graphed": ("tab:cyan", ":"),
+    "labkit_two_shot_in_place": ("tab:red", "-."),
+    "labkit_two_shot_ce_in_place": ("tab:purple", "-."),
+}
 
 
 def plot_symmetric_memory(ax, world: int = 4) -> None:
@@ -23,14 +31,22 @@ def plot_symmetric_memory(ax, world: int = 4) -> None:
         ax.add_patch(_box(x, 1.2, 1.8, 0.6, "tab:orange"))
         ax.text(x + 0.9, 1.5, "signal pad", ha="center", va="center", fontsize=8)
         ax.add_patch(_box(x, 0.0, 1.8, 0.8, "tab:gray"))
-        ax.text(x + 0.9, 0.4, f"data_ptrs[0..{world - 1}]\npad_ptrs[0..{world - 1}]", ha="center", va="center", fontsize=7)
+        ax.text(
+            x + 0.9, 0.4, f"data_ptrs[0..{world - 1}]\npad_ptrs[0..{world - 1}]", ha="center", va="center", fontsize=7
+        )
     for r in range(1, world):  # rank 0's pointer table reaches every peer's buffer
-        ax.annotate("", xy=(r * 2.2 + 0.9, 2.0), xytext=(0.9, 0.8),
-                    arrowprops={"arrowstyle": "->", "color": "tab:blue", "alpha": 0.6})
+        ax.annotate(
+            "",
+            xy=(r * 2.2 + 0.9, 2.0),
+            xytext=(0.9, 0.8),
+            arrowprops={"arrowstyle": "->", "color": "tab:blue", "alpha": 0.6},
+        )
     ax.set_xlim(-0.2, world * 2.2)
     ax.set_ylim(-0.2, 3.3)
     ax.axis("off")
-    ax.set_title("symmetric memory: same-shaped buffers and pads on every rank; rank 0's pointer table shown", fontsize=9)
+    ax.set_title(
+        "symmetric memory: same-shaped buffers and pads on every rank; rank 0's pointer table shown", fontsize=9
+    )
 
 
 def _box(x, y, w, h, color):
@@ -51,24 +67,43 @@ def plot_data_movement(ax, algorithm: str, world: int = 4) -> None:
             ax.annotate("", xy=(1, ys[0]), xytext=(0.1, ys[r]), arrowprops={"arrowstyle": "->", "color": "tab:blue"})
         text = "rank 0 reads ALL of every buffer: (W-1)N over the links, one step"
     elif algorithm == "two_shot":
-        _two_phases(ax, ys, world, ("tab:orange", "tab:green"),
-                    ("shot 1: shard 0 from\neveryone", "shot 2: everyone copies\nshard 0"))
+        _two_phases(
+            ax,
+            ys,
+            world,
+            ("tab:orange", "tab:green"),
+            ("shot 1: shard 0 from\neveryone", "shot 2: everyone copies\nshard 0"),
+        )
         text = "each rank reduces its 1/W shard, then all gather: 2(W-1)N/W per rank"
     elif algorithm == "two_shot_in_place":
-        _two_phases(ax, ys, world, ("tab:orange", "tab:red"),
-                    ("loads: shard 0 from\neveryone", "stores: the sum into\nevery buffer"))
+        _two_phases(
+            ax,
+            ys,
+            world,
+            ("tab:orange", "tab:red"),
+            ("loads: shard 0 from\neveryone", "stores: the sum into\nevery buffer"),
+        )
         text = "in place: rank 0 reduces shard 0, then PUSHES it; two barriers, no copy out"
     elif algorithm == "two_shot_ce":
-        _two_phases(ax, ys, world, ("tab:purple", "tab:red"),
-                    ("copy engines: shard 0\ninto rank 0's workspace", "stores: the sum into\nevery buffer"),
-                    first_dashed=True)
+        _two_phases(
+            ax,
+            ys,
+            world,
+            ("tab:purple", "tab:red"),
+            ("copy engines: shard 0\ninto rank 0's workspace", "stores: the sum into\nevery buffer"),
+            first_dashed=True,
+        )
         text = "in place: cudaMemcpyAsync does shot one, a kernel reduces locally and pushes"
     elif algorithm == "tree":
         for r in range(world):
             parent = tree_links(r, world)[0]
             if parent >= 0:
-                ax.annotate("", xy=(1, ys[parent]), xytext=(0.1, ys[r]),
-                            arrowprops={"arrowstyle": "->", "color": "tab:green", "connectionstyle": "arc3,rad=0.2"})
+                ax.annotate(
+                    "",
+                    xy=(1, ys[parent]),
+                    xytext=(0.1, ys[r]),
+                    arrowprops={"arrowstyle": "->", "color": "tab:green", "connectionstyle": "arc3,rad=0.2"},
+                )
         text = "tree A shown (tree B mirrors it): partial sums go up, the result comes down"
     elif algorithm == "reduce_scatter":
         for r in range(world):
@@ -89,8 +124,12 @@ def _two_phases(ax, ys, world, colors, labels, first_dashed=False):
     every rank; the copy engines' phase dashed, and without rank 0's own shard), then out of
     rank 0 to every rank (phase two), each phase labelled underneath."""
     for r in range(1 if first_dashed else 0, world):
-        ax.annotate("", xy=(1, ys[0]), xytext=(0.1, ys[r]),
-                    arrowprops={"arrowstyle": "->", "color": colors[0], **({"ls": "--"} if first_dashed else {})})
+        ax.annotate(
+            "",
+            xy=(1, ys[0]),
+            xytext=(0.1, ys[r]),
+            arrowprops={"arrowstyle": "->", "color": colors[0], **({"ls": "--"} if first_dashed else {})},
+        )
     for r in range(world):
         ax.annotate("", xy=(2, ys[r]), xytext=(1.1, ys[0]), arrowprops={"arrowstyle": "->", "color": colors[1]})
     # phase one's label ends where its arrows meet, phase two's starts there: they never overlap
@@ -120,12 +159,17 @@ def plot_latency(records: list[dict], ax, title: str, op: str = "all_reduce", ke
 
 
 #: the eager series (records of kind "eager", ``bench.eager_series``): (impl, path) -> label, colour, style
-EAGER_STYLE = {("labkit_all_reduce", "eager_uncached"): ("labkit, no plan (every call checks, chooses, Triton launch)",
-                                                         "tab:red", ":"),
-               ("labkit_all_reduce", "plan_cached"): ("labkit all_reduce(...), its cached plan", "tab:blue", "-"),
-               ("labkit_all_reduce", "plan"): ("labkit plan() (held by the caller)", "tab:cyan", "--"),
-               ("torch_one_shot", "torch_eager"): ("torch one_shot_all_reduce (out of place)", "0.45", "--"),
-               ("torch_two_shot", "torch_eager"): ("torch two_shot_all_reduce_ (in place)", "black", "-")}
+EAGER_STYLE = {
+    ("labkit_all_reduce", "eager_uncached"): (
+        "labkit, no plan (every call checks, chooses, Triton launch)",
+        "tab:red",
+        ":",
+    ),
+    ("labkit_all_reduce", "plan_cached"): ("labkit all_reduce(...), its cached plan", "tab:blue", "-"),
+    ("labkit_all_reduce", "plan"): ("labkit plan() (held by the caller)", "tab:cyan", "--"),
+    ("torch_one_shot", "torch_eager"): ("torch one_shot_all_reduce (out of place)", "0.45", "--"),
+    ("torch_two_shot", "torch_eager"): ("torch two_shot_all_reduce_ (in place)", "black", "-"),
+}
 
 
 def eager_records(records: list[dict]) -> list[dict]:
@@ -145,20 +189,41 @@ def plot_eager(records: list[dict], ax, title: str, in_place: bool = False) -> i
     recs = eager_records(records)
     worlds = sorted({r["world_size"] for r in recs})
     if not recs:
-        ax.text(0.5, 0.5, "no eager-series records here\n(files recorded before the eager series existed lack them)",
-                ha="center", va="center", transform=ax.transAxes, fontsize=8)
+        ax.text(
+            0.5,
+            0.5,
+            "no eager-series records here\n(files recorded before the eager series existed lack them)",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            fontsize=8,
+        )
         ax.axis("off")
         return 0
     drawn = 0
     for (impl, path), (label, color, ls) in EAGER_STYLE.items():
-        pts = sorted((r["bytes"], r["us"], r.get("us_p25", r["us"]), r.get("us_p75", r["us"])) for r in recs
-                     if r["impl"] == impl and r.get("path") == path
-                     and (impl != "labkit_all_reduce" or bool(r.get("in_place")) == in_place))
+        pts = sorted(
+            (r["bytes"], r["us"], r.get("us_p25", r["us"]), r.get("us_p75", r["us"]))
+            for r in recs
+            if r["impl"] == impl
+            and r.get("path") == path
+            and (impl != "labkit_all_reduce" or bool(r.get("in_place")) == in_place)
+        )
         if not pts:
             continue
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-        ax.errorbar(xs, ys, yerr=[[y - p[2] for y, p in zip(ys, pts)], [p[3] - y for y, p in zip(ys, pts)]],
-                    marker="o", ms=3, ls=ls, color=color, capsize=2, lw=1.3, label=label)
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=[[y - p[2] for y, p in zip(ys, pts)], [p[3] - y for y, p in zip(ys, pts)]],
+            marker="o",
+            ms=3,
+            ls=ls,
+            color=color,
+            capsize=2,
+            lw=1.3,
+            label=label,
+        )
         drawn += 1
     best = {}
     for r in recs:
@@ -167,12 +232,26 @@ def plot_eager(records: list[dict], ax, title: str, in_place: bool = False) -> i
     lo, hi = EAGER_TARGET_BYTES
     if best:
         xs = sorted(best)
-        ax.plot(xs, [EAGER_TARGET * best[b] for b in xs], color="tab:green", lw=2, alpha=0.7,
-                label=f"target: {EAGER_TARGET}x torch's best eager op")
+        ax.plot(
+            xs,
+            [EAGER_TARGET * best[b] for b in xs],
+            color="tab:green",
+            lw=2,
+            alpha=0.7,
+            label=f"target: {EAGER_TARGET}x torch's best eager op",
+        )
         ax.axvspan(lo / 1.2, hi * 1.2, color="tab:green", alpha=0.07, lw=0)
     else:
-        ax.text(0.99, 0.01, "no torch eager op in these records: no target drawn", transform=ax.transAxes,
-                ha="right", va="bottom", fontsize=7, color="0.35")
+        ax.text(
+            0.99,
+            0.01,
+            "no torch eager op in these records: no target drawn",
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize=7,
+            color="0.35",
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     bytes_axis(ax, "x")
@@ -183,15 +262,26 @@ def plot_eager(records: list[dict], ax, title: str, in_place: bool = False) -> i
         axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
         axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "245" else ""))
     ax.set_ylabel("µs per call, called from Python (median, quartiles)")
-    ax.set_title(f"{title}, W={'/'.join(map(str, worlds))}\nall_reduce, labkit {'in place' if in_place else 'out of place'}"
-                 f"; target shaded at {format_bytes(lo)}..{format_bytes(hi)}", fontsize=9)
+    ax.set_title(
+        f"{title}, W={'/'.join(map(str, worlds))}\nall_reduce, labkit {'in place' if in_place else 'out of place'}"
+        f"; target shaded at {format_bytes(lo)}..{format_bytes(hi)}",
+        fontsize=9,
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     return drawn
 
 
-def plot_busbw(records: list[dict], ax, title: str, op: str = "all_reduce", key: str = "busbw_GBps",
-               crossover: int | None = None, ceiling: dict | None = None, no_ceiling: str | None = None) -> None:
+def plot_busbw(
+    records: list[dict],
+    ax,
+    title: str,
+    op: str = "all_reduce",
+    key: str = "busbw_GBps",
+    crossover: int | None = None,
+    ceiling: dict | None = None,
+    no_ceiling: str | None = None,
+) -> None:
     """Bus bandwidth against message size per implementation; ``ceiling`` (``link_ceiling``): the
     measured link ceiling drawn across, or without one the note ``no_ceiling`` on the axes."""
     for impl, pts in sorted(_series(records, op, key).items()):
@@ -218,8 +308,14 @@ def headline_markdown(records: list[dict]) -> str:
     if not sw:
         return "(no sweep records)"
     w = sw[0]["world_size"]
-    labkit_all_reduce = ["labkit_one_shot", "labkit_two_shot", "labkit_tree", "labkit_one_shot_graphed",
-                         "labkit_two_shot_in_place", "labkit_two_shot_ce_in_place"]
+    labkit_all_reduce = [
+        "labkit_one_shot",
+        "labkit_two_shot",
+        "labkit_tree",
+        "labkit_one_shot_graphed",
+        "labkit_two_shot_in_place",
+        "labkit_two_shot_ce_in_place",
+    ]
 
     def best(impls, op, b, key):
         vals = [r.get(key) for r in sw if r["impl"] in impls and r["op"] == op and r["bytes"] == b and r.get(key)]
@@ -231,21 +327,27 @@ def headline_markdown(records: list[dict]) -> str:
 
     sizes = sorted({r["bytes"] for r in sw})
     small, big = sizes[0], sizes[-1]
-    points = [("all_reduce", small, ("us", "graph_us"), "{:.1f} µs"),
-              ("all_reduce", 1 << 20, ("us", "graph_us"), "{:.1f} µs"),
-              ("all_reduce", big, ("busbw_GBps", "graph_busbw_GBps"), "{:.0f} GB/s"),
-              ("reduce_scatter", big, ("busbw_GBps", "graph_busbw_GBps"), "{:.0f} GB/s"),
-              ("all_gather", big, ("busbw_GBps", "graph_busbw_GBps"), "{:.0f} GB/s")]
+    points = [
+        ("all_reduce", small, ("us", "graph_us"), "{:.1f} µs"),
+        ("all_reduce", 1 << 20, ("us", "graph_us"), "{:.1f} µs"),
+        ("all_reduce", big, ("busbw_GBps", "graph_busbw_GBps"), "{:.0f} GB/s"),
+        ("reduce_scatter", big, ("busbw_GBps", "graph_busbw_GBps"), "{:.0f} GB/s"),
+        ("all_gather", big, ("busbw_GBps", "graph_busbw_GBps"), "{:.0f} GB/s"),
+    ]
     rows = ["| op, size | labkit (best) | NCCL | torch symm_mem (best) |", "|---|---|---|---|"]
     for op, b, keys, fmt in points:
         if not any(r["op"] == op and r["bytes"] == b for r in sw):
             continue  # a size or op this sweep did not measure
         mine = labkit_all_reduce if op == "all_reduce" else ["labkit"]
         torch_impls = ["torch_one_shot", "torch_two_shot"] if op == "all_reduce" else []
-        rows.append(f"| {op} {format_bytes(b)} | {cell(mine, op, b, keys, fmt)} | "
-                    f"{cell(['nccl'], op, b, keys, fmt)} | {cell(torch_impls, op, b, keys, fmt)} |")
-    return (f"W = {w}; each cell: back to back / CUDA-graph replay; latency at the small sizes, "
-            f"bus bandwidth at the largest\n\n" + "\n".join(rows))
+        rows.append(
+            f"| {op} {format_bytes(b)} | {cell(mine, op, b, keys, fmt)} | "
+            f"{cell(['nccl'], op, b, keys, fmt)} | {cell(torch_impls, op, b, keys, fmt)} |"
+        )
+    return (
+        f"W = {w}; each cell: back to back / CUDA-graph replay; latency at the small sizes, "
+        f"bus bandwidth at the largest\n\n" + "\n".join(rows)
+    )
 
 
 def chosen_vs_best(records: list[dict], world_size: int, in_place: bool = False) -> list[dict]:
@@ -255,8 +357,11 @@ def chosen_vs_best(records: list[dict], world_size: int, in_place: bool = False)
     record), and for "us" and "graph_us" the fastest other record (None where none was timed)."""
     from labkit.kernels.comm import collectives as C
 
-    sw = [r for r in records if r.get("kind", "sweep") == "sweep" and r.get("op") == "all_reduce"
-          and r.get("world_size") == world_size]
+    sw = [
+        r
+        for r in records
+        if r.get("kind", "sweep") == "sweep" and r.get("op") == "all_reduce" and r.get("world_size") == world_size
+    ]
     out = []
     for b in sorted({r["bytes"] for r in sw}):
         at = {r["impl"]: r for r in sw if r["bytes"] == b}
@@ -266,8 +371,10 @@ def chosen_vs_best(records: list[dict], world_size: int, in_place: bool = False)
         others = [at[i] for i in ("nccl", "torch_one_shot", "torch_two_shot") if i in at]
         if not mine or not others:
             continue
-        best = {key: min((o for o in others if o.get(key)), key=lambda o: o[key], default=None)
-                for key in ("us", "graph_us")}
+        best = {
+            key: min((o for o in others if o.get(key)), key=lambda o: o[key], default=None)
+            for key in ("us", "graph_us")
+        }
         out.append({"bytes": b, "algorithm": alg, "mine": mine, "best": best})
     return out
 
@@ -280,11 +387,18 @@ def chosen_vs_best_verdict(records: list[dict], world_size: int, in_place: bool 
         return f"no all-reduce sweep records for W={world_size}"
     parts = []
     for key, label in (("us", "back to back"), ("graph_us", "graph replay")):
-        pairs = [(r["mine"][key], r["best"][key][key], r["bytes"]) for r in rows if r["mine"].get(key) and r["best"][key]]
+        pairs = [
+            (r["mine"][key], r["best"][key][key], r["bytes"]) for r in rows if r["mine"].get(key) and r["best"][key]
+        ]
         if pairs:
-            parts.append(f"{label} {sum(m <= o for m, o, _ in pairs)} of {len(pairs)} sizes "
-                         f"(x{pairs[-1][0] / pairs[-1][1]:.2f} at {format_bytes(pairs[-1][2])})")
-    return f"W={world_size}, {'in place' if in_place else 'out of place'}: chosen as fast as the best other at " + "; ".join(parts)
+            parts.append(
+                f"{label} {sum(m <= o for m, o, _ in pairs)} of {len(pairs)} sizes "
+                f"(x{pairs[-1][0] / pairs[-1][1]:.2f} at {format_bytes(pairs[-1][2])})"
+            )
+    return (
+        f"W={world_size}, {'in place' if in_place else 'out of place'}: chosen as fast as the best other at "
+        + "; ".join(parts)
+    )
 
 
 def plot_chosen_vs_best(records: list[dict], ax, title: str, world_size: int, in_place: bool = False) -> int:
@@ -298,28 +412,39 @@ def plot_chosen_vs_best(records: list[dict], ax, title: str, world_size: int, in
         ax.axis("off")
         return 0
     for key, label, style in (("us", "back to back", "o-"), ("graph_us", "CUDA-graph replay", "s--")):
-        pts = [(r["bytes"], r["mine"][key] / r["best"][key][key]) for r in rows if r["mine"].get(key) and r["best"][key]]
+        pts = [
+            (r["bytes"], r["mine"][key] / r["best"][key][key]) for r in rows if r["mine"].get(key) and r["best"][key]
+        ]
         if pts:
             ax.plot([b for b, _ in pts], [v for _, v in pts], style, ms=4, label=label)
     ax.axhline(1.0, color="black", lw=1, ls=":", label="as fast as the best other (1.0)")
     previous = None
     for r in rows:  # the chosen algorithm where it changes
         if r["algorithm"] != previous:
-            ax.annotate(r["algorithm"], (r["bytes"], 1.0), xytext=(2, 6), textcoords="offset points",
-                        fontsize=7, rotation=30, color="0.3")
+            ax.annotate(
+                r["algorithm"],
+                (r["bytes"], 1.0),
+                xytext=(2, 6),
+                textcoords="offset points",
+                fontsize=7,
+                rotation=30,
+                color="0.3",
+            )
             previous = r["algorithm"]
     bytes_axis(ax, "x")
     ax.set_xlabel("message size per rank")
     ax.set_ylabel("chosen labkit µs / best of NCCL, torch symm_mem µs")
-    ax.set_title(f"{title}, W={world_size}\n{'in place (choose_in_place)' if in_place else 'out of place (choose)'}",
-                 fontsize=9)
+    ax.set_title(
+        f"{title}, W={world_size}\n{'in place (choose_in_place)' if in_place else 'out of place (choose)'}", fontsize=9
+    )
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     return len(rows)
 
 
-def plot_links(records: list[dict], ax, title: str, sweep: list[dict] | None = None,
-               ceiling: dict | None = None) -> None:
+def plot_links(
+    records: list[dict], ax, title: str, sweep: list[dict] | None = None, ceiling: dict | None = None
+) -> None:
     """The fastest correct copy per mode at the largest size (``labkit.labs.collectives.links.best_links``),
     both directions busy and one, with the all-reduce busbw of ``sweep`` (same machine) drawn
     across: the link's ceiling for each way of moving bytes, and where each algorithm sits.
@@ -333,19 +458,42 @@ def plot_links(records: list[dict], ax, title: str, sweep: list[dict] | None = N
     big = max(r["bytes"] for r in rows)
     width = 0.38
     for i, direction in enumerate(DIRECTIONS):
-        vals = [next((r["GBps"] for r in rows if r["impl"] == m and r["direction"] == direction and r["bytes"] == big), 0)
-                for m in MODES]
-        bars = ax.bar([k + (i - 0.5) * width for k in range(len(MODES))], vals, width,
-                      label=f"{direction} direction{'s' if direction == 'both' else ''} busy")
+        vals = [
+            next((r["GBps"] for r in rows if r["impl"] == m and r["direction"] == direction and r["bytes"] == big), 0)
+            for m in MODES
+        ]
+        bars = ax.bar(
+            [k + (i - 0.5) * width for k in range(len(MODES))],
+            vals,
+            width,
+            label=f"{direction} direction{'s' if direction == 'both' else ''} busy",
+        )
         ax.bar_label(bars, fmt="%.0f", fontsize=7)
     ax.set_xticks(range(len(MODES)), MODES)
-    for impl, color in (("labkit_one_shot", "tab:blue"), ("labkit_two_shot_ce_in_place", "tab:purple"),
-                        ("nccl", "black")):
-        r = next((x for x in sweep or [] if x.get("impl") == impl and x.get("op") == "all_reduce"
-                  and x.get("bytes") == big and x.get("graph_busbw_GBps")), None)
+    for impl, color in (
+        ("labkit_one_shot", "tab:blue"),
+        ("labkit_two_shot_ce_in_place", "tab:purple"),
+        ("nccl", "black"),
+    ):
+        r = next(
+            (
+                x
+                for x in sweep or []
+                if x.get("impl") == impl
+                and x.get("op") == "all_reduce"
+                and x.get("bytes") == big
+                and x.get("graph_busbw_GBps")
+            ),
+            None,
+        )
         if r:
-            ax.axhline(r["graph_busbw_GBps"], color=color, ls=":", lw=1.2,
-                       label=f"{impl} all-reduce, busbw {r['graph_busbw_GBps']:.0f} (graph)")
+            ax.axhline(
+                r["graph_busbw_GBps"],
+                color=color,
+                ls=":",
+                lw=1.2,
+                label=f"{impl} all-reduce, busbw {r['graph_busbw_GBps']:.0f} (graph)",
+            )
     if ceiling:
         draw_ceiling(ax, ceiling, "")
     ax.set_ylabel(f"GB/s per GPU, {big >> 20} MiB copies")
@@ -372,16 +520,26 @@ def _heatmap(ax, values, texts, row_labels, col_labels, *, cmap, vmin, vmax, cba
             if text:
                 v = values[i][j]
                 r, g, b, _ = cm(im.norm(v)) if v is not None else (0.88, 0.88, 0.88, 1)
-                ax.text(j, i, text, ha="center", va="center", fontsize=7,
-                        color="white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black")  # legible on dark cells
+                ax.text(
+                    j,
+                    i,
+                    text,
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black",
+                )  # legible on dark cells
     ax.figure.colorbar(im, ax=ax, fraction=0.04, pad=0.02).set_label(cbar_label, fontsize=7)
     return im
 
 
 #: the columns of the correctness grid: every all-reduce form, then reduce-scatter and all-gather
 def _check_columns(rows):
-    forms = [f for f in ("one_shot", "two_shot", "tree", "two_shot_in_place", "two_shot_ce_in_place")
-             if any(r["op"] == "all_reduce" and r["algorithm"] == f for r in rows)]
+    forms = [
+        f
+        for f in ("one_shot", "two_shot", "tree", "two_shot_in_place", "two_shot_ce_in_place")
+        if any(r["op"] == "all_reduce" and r["algorithm"] == f for r in rows)
+    ]
     forms += sorted({r["algorithm"] for r in rows if r["op"] == "all_reduce"} - set(forms))
     cols = [("all_reduce", f) for f in forms]
     cols += [(op, "direct") for op in ("reduce_scatter", "all_gather") if any(r["op"] == op for r in rows)]
@@ -404,11 +562,15 @@ def correctness_verdicts(rows: list[dict]) -> list[str]:
         sizes = ", ".join(f"{d} {n:,}" for d, n in sorted({(r["dtype"], r.get("n")) for r in mine}))
         head = f"W={w} ({sizes} elements per rank): "
         if not bad:
-            lines.append(head + f"all {len(groups)} op x algorithm x dtype checks correct on every rank, "
-                         "pads back at zero")
+            lines.append(
+                head + f"all {len(groups)} op x algorithm x dtype checks correct on every rank, pads back at zero"
+            )
         else:
-            lines.append(head + f"{len(bad)} of {len(groups)} checks FAILED: "
-                         + "; ".join(f"{op} {alg} {d}" for d, op, alg, _ in sorted(bad)))
+            lines.append(
+                head
+                + f"{len(bad)} of {len(groups)} checks FAILED: "
+                + "; ".join(f"{op} {alg} {d}" for d, op, alg, _ in sorted(bad))
+            )
     return lines
 
 
@@ -433,9 +595,17 @@ def plot_correctness(rows: list[dict], ax, title: str = "") -> int:
             trow.append(f"{good}/{len(rs)}" if rs else "not run")
         values.append(vrow)
         texts.append(trow)
-    _heatmap(ax, values, texts, [f"W={w} {d}" for w, d in keys],
-             [alg if op == "all_reduce" else op if alg == "direct" else f"{op} ({alg})" for op, alg in cols],
-             cmap="RdYlGn", vmin=0, vmax=1, cbar_label="ranks correct, pads at zero (fraction)")
+    _heatmap(
+        ax,
+        values,
+        texts,
+        [f"W={w} {d}" for w, d in keys],
+        [alg if op == "all_reduce" else op if alg == "direct" else f"{op} ({alg})" for op, alg in cols],
+        cmap="RdYlGn",
+        vmin=0,
+        vmax=1,
+        cbar_label="ranks correct, pads at zero (fraction)",
+    )
     ax.set_title(title or "every algorithm against an fp64 sum: ranks right / ranks", fontsize=9)
     return sum(v is not None for row in values for v in row)
 
@@ -456,8 +626,10 @@ def plot_broken(records: list[dict], ax, title: str) -> int:
     algs = [a for a in BROKEN_FORMS if any(r["impl"] == f"labkit_{a}" for r in recs)]
     algs += sorted({r["impl"].removeprefix("labkit_") for r in recs} - set(algs))
     variants = ("correct", "relaxed", "no_end_barrier")
-    keys = sorted({(r["load"], r["variant"]) for r in recs},
-                  key=lambda k: (k[0] != "late", k[0], variants.index(k[1]) if k[1] in variants else 9, k[1]))
+    keys = sorted(
+        {(r["load"], r["variant"]) for r in recs},
+        key=lambda k: (k[0] != "late", k[0], variants.index(k[1]) if k[1] in variants else 9, k[1]),
+    )
     values, texts = [], []
     for load, variant in keys:
         vrow, trow = [], []
@@ -475,10 +647,20 @@ def plot_broken(records: list[dict], ax, title: str) -> int:
         values.append(vrow)
         texts.append(trow)
     sizes = sorted({(r["world_size"], r["bytes"]) for r in recs})
-    _heatmap(ax, values, texts, [f"{v}, {load}" for load, v in keys], algs,
-             cmap="Reds", vmin=0, vmax=1, cbar_label="results wrong (fraction)")
-    ax.set_title(f"{title}\nwrong results / results; "
-                 + ", ".join(f"W={w} {format_bytes(b)}" for w, b in sizes), fontsize=9)
+    _heatmap(
+        ax,
+        values,
+        texts,
+        [f"{v}, {load}" for load, v in keys],
+        algs,
+        cmap="Reds",
+        vmin=0,
+        vmax=1,
+        cbar_label="results wrong (fraction)",
+    )
+    ax.set_title(
+        f"{title}\nwrong results / results; " + ", ".join(f"W={w} {format_bytes(b)}" for w, b in sizes), fontsize=9
+    )
     return len(recs)
 
 
@@ -529,14 +711,23 @@ def plot_tune(rows: list[dict], ax, title: str) -> int:
         values.append(vrow)
         texts.append(trow)
     flat = [v for row in values for v in row if v is not None]
-    _heatmap(ax, values, texts, [f"W={w} {impl.removeprefix('labkit_') if op == 'all_reduce' else op}"
-                                 for w, impl, op in keys],
-             [format_bytes(b) for b in sizes], cmap="viridis", vmin=0, vmax=max(flat),
-             cbar_label="best launch's busbw (GB/s)")
+    _heatmap(
+        ax,
+        values,
+        texts,
+        [f"W={w} {impl.removeprefix('labkit_') if op == 'all_reduce' else op}" for w, impl, op in keys],
+        [format_bytes(b) for b in sizes],
+        cmap="viridis",
+        vmin=0,
+        vmax=max(flat),
+        cbar_label="best launch's busbw (GB/s)",
+    )
     ax.set_xlabel("message size per rank")
-    ax.set_title(f"{title}\nfastest launch (vectors x warps x programs), its CUDA-graph µs"
-                 + ("; default launch's time / fastest" if any(r.get("default_us") for r in rows) else ""),
-                 fontsize=9)
+    ax.set_title(
+        f"{title}\nfastest launch (vectors x warps x programs), its CUDA-graph µs"
+        + ("; default launch's time / fastest" if any(r.get("default_us") for r in rows) else ""),
+        fontsize=9,
+    )
     return len(flat)
 
 
@@ -557,10 +748,16 @@ def link_ceiling(link_records: list[dict] | None, source: str) -> dict | None:
     big = max(r["bytes"] for r in rows)
     at = [r for r in rows if r["bytes"] == big and r["direction"] == "both"] or [r for r in rows if r["bytes"] == big]
     top = max(at, key=lambda r: r["GBps"])
-    return {"GBps": top["GBps"], "mode": top["impl"], "direction": top["direction"], "bytes": big,
-            "world_size": top["world_size"], "source": source,
-            "label": f"link ceiling, measured: {top['GBps']:.0f} GB/s ({top['impl']}, {format_bytes(big)}, "
-                     f"{top['direction']} direction{'s' if top['direction'] == 'both' else ''} busy), {source}"}
+    return {
+        "GBps": top["GBps"],
+        "mode": top["impl"],
+        "direction": top["direction"],
+        "bytes": big,
+        "world_size": top["world_size"],
+        "source": source,
+        "label": f"link ceiling, measured: {top['GBps']:.0f} GB/s ({top['impl']}, {format_bytes(big)}, "
+        f"{top['direction']} direction{'s' if top['direction'] == 'both' else ''} busy), {source}",
+    }
 
 
 def draw_ceiling(ax, ceiling: dict | None, missing: str) -> None:
@@ -590,14 +787,29 @@ def plot_tuned_crossover(rows: list[dict], ax, title: str) -> dict:
             pts = sorted((r["bytes"], r["best"]["us"]) for r in ar if r["world_size"] == w and r["impl"] == impl)
             if pts:
                 color, _ = STYLE[impl]
-                ax.plot([b for b, _ in pts], [u for _, u in pts], marker="os^v"[i % 4], ms=4, color=color,
-                        ls=("-", "--", ":", "-.")[i % 4], label=f"{impl.removeprefix('labkit_')}, W={w}")
-        flat = [{"impl": r["impl"], "op": "all_reduce", "world_size": w, "bytes": r["bytes"], "us": r["best"]["us"]}
-                for r in ar if r["world_size"] == w]
+                ax.plot(
+                    [b for b, _ in pts],
+                    [u for _, u in pts],
+                    marker="os^v"[i % 4],
+                    ms=4,
+                    color=color,
+                    ls=("-", "--", ":", "-.")[i % 4],
+                    label=f"{impl.removeprefix('labkit_')}, W={w}",
+                )
+        flat = [
+            {"impl": r["impl"], "op": "all_reduce", "world_size": w, "bytes": r["bytes"], "us": r["best"]["us"]}
+            for r in ar
+            if r["world_size"] == w
+        ]
         crossings[w] = crossover_bytes(flat, w)
         if crossings[w]:
-            ax.axvline(crossings[w], color="0.4", ls=":", lw=1,
-                       label=f"W={w}: two-shot faster above {format_bytes(crossings[w])}")
+            ax.axvline(
+                crossings[w],
+                color="0.4",
+                ls=":",
+                lw=1,
+                label=f"W={w}: two-shot faster above {format_bytes(crossings[w])}",
+            )
     ax.set_yscale("log")
     bytes_axis(ax, "x")
     ax.set_xlabel("message size per rank")
@@ -613,17 +825,24 @@ def ptx_lines(rows: list[dict]) -> list[str]:
     instructions of the correct kernels (SEM 0) and of the relaxed variant (SEM 1), then one line per
     kernel: the memory orders of its atomics in each, and whether 16-byte vector loads and stores
     appear."""
+
     def orders(rs):
         found = {a for r in rs for a in r["atomics"]}
         return "/".join(o for o in ("release", "acquire", "relaxed") if any(f".{o}." in a for a in found)) or "none"
 
-    lines = [f"{what}: " + ", ".join(sorted({a for r in rows if r["sem"] == sem for a in r["atomics"]}) or ["none"])
-             for sem, what in ((0, "atomics, correct kernels"), (1, "atomics, 'relaxed' variant"))]
+    lines = [
+        f"{what}: " + ", ".join(sorted({a for r in rows if r["sem"] == sem for a in r["atomics"]}) or ["none"])
+        for sem, what in ((0, "atomics, correct kernels"), (1, "atomics, 'relaxed' variant"))
+    ]
     for alg in dict.fromkeys(r["algorithm"] for r in rows):
         mine = [r for r in rows if r["algorithm"] == alg]
-        vec = [what for what, key in (("loads", "vector_loads"), ("stores", "vector_stores")) if any(r[key] for r in mine)]
-        lines.append(f"{alg:>20}: correct {orders([r for r in mine if r['sem'] == 0])}, "
-                     f"relaxed variant {orders([r for r in mine if r['sem'] == 1])}; "
-                     f"16-byte vector {' and '.join(vec) or 'accesses: none'} "
-                     f"(W={', '.join(str(w) for w in sorted({r['world'] for r in mine}))})")
+        vec = [
+            what for what, key in (("loads", "vector_loads"), ("stores", "vector_stores")) if any(r[key] for r in mine)
+        ]
+        lines.append(
+            f"{alg:>20}: correct {orders([r for r in mine if r['sem'] == 0])}, "
+            f"relaxed variant {orders([r for r in mine if r['sem'] == 1])}; "
+            f"16-byte vector {' and '.join(vec) or 'accesses: none'} "
+            f"(W={', '.join(str(w) for w in sorted({r['world'] for r in mine}))})"
+        )
     return lines

@@ -2,22 +2,37 @@
 which atomics (and with which memory-order qualifiers) and which vector loads the barrier and
 the data movement really use. Lets the CPU tier check what the docstrings claim about the GPU
 path (run it in a process with TRITON_INTERPRET=0, e.g. ``labkit.workbench.sandbox.run_isolated``)."""
+
 from __future__ import annotations
 
 SIGNATURES = {
     "one_shot": ("labkit.kernels.comm.one_shot", "one_shot_all_reduce_kernel", ("n", "rank")),
     "two_shot": ("labkit.kernels.comm.two_shot", "two_shot_all_reduce_kernel", ("n", "shard_blocks", "rank")),
-    "two_shot_in_place": ("labkit.kernels.comm.two_shot", "two_shot_all_reduce_in_place_kernel", ("n", "shard_blocks", "rank")),
+    "two_shot_in_place": (
+        "labkit.kernels.comm.two_shot",
+        "two_shot_all_reduce_in_place_kernel",
+        ("n", "shard_blocks", "rank"),
+    ),
     "two_shot_ce": ("labkit.kernels.comm.two_shot", "two_shot_ce_kernel", ("n", "shard_units", "rank")),
     "reduce_scatter": ("labkit.kernels.comm.scatter_gather", "reduce_scatter_kernel", ("shard", "rank")),
     "all_gather": ("labkit.kernels.comm.scatter_gather", "all_gather_kernel", ("shard", "rank")),
-    "tree": ("labkit.kernels.comm.tree", "tree_all_reduce_kernel",
-             ("n", "half", "rank", "a_parent", "a_child0", "a_child1", "b_parent", "b_child0", "b_child1")),
+    "tree": (
+        "labkit.kernels.comm.tree",
+        "tree_all_reduce_kernel",
+        ("n", "half", "rank", "a_parent", "a_child0", "a_child1", "b_parent", "b_child0", "b_child1"),
+    ),
 }
 
 
-def compile_collective(algorithm: str, world: int = 4, sem: int = 0, dtype: str = "bf16", arch: int = 90,
-                       delay: int = 0, rotate: bool = True):
+def compile_collective(
+    algorithm: str,
+    world: int = 4,
+    sem: int = 0,
+    dtype: str = "bf16",
+    arch: int = 90,
+    delay: int = 0,
+    rotate: bool = True,
+):
     """One collective kernel compiled for sm_<arch> (``delay``: lab 06's DELAY constexpr, on rank 1;
     ``rotate``: the all-gather's ROTATE, False for its naive order)."""
     import importlib
@@ -45,18 +60,29 @@ def compile_collective(algorithm: str, world: int = 4, sem: int = 0, dtype: str 
     elif not rotate:
         raise ValueError(f"rotate: only the all-gather has an order to choose, not {algorithm!r}")
     signature.update({k: "constexpr" for k in constexprs})
-    return triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                          target=GPUTarget("cuda", arch, 32))
+    return triton.compile(
+        ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", arch, 32)
+    )
 
 
 def ptx_summary(algorithm: str, world: int = 4, sem: int = 0, dtype: str = "bf16", arch: int = 90) -> dict:
     """The distinct atomic instructions and whether 16-byte vector loads and stores appear in the PTX."""
     ptx = compile_collective(algorithm, world, sem, dtype, arch).asm["ptx"]
-    atomics = sorted({line.split()[1] if line.strip().startswith("@") else line.split()[0]
-                      for line in (raw.strip() for raw in ptx.splitlines()) if "atom." in line})
-    return {"algorithm": algorithm, "world": world, "sem": sem, "atomics": atomics,
-            "vector_loads": any("ld.global.v4" in line for line in ptx.splitlines()),
-            "vector_stores": any("st.global.v4" in line for line in ptx.splitlines())}
+    atomics = sorted(
+        {
+            line.split()[1] if line.strip().startswith("@") else line.split()[0]
+            for line in (raw.strip() for raw in ptx.splitlines())
+            if "atom." in line
+        }
+    )
+    return {
+        "algorithm": algorithm,
+        "world": world,
+        "sem": sem,
+        "atomics": atomics,
+        "vector_loads": any("ld.global.v4" in line for line in ptx.splitlines()),
+        "vector_stores": any("st.global.v4" in line for line in ptx.splitlines()),
+    }
 
 
 def summarize_all(worlds=(2, 8), algorithms=None) -> list[dict]:
@@ -70,5 +96,7 @@ def summarize_all(worlds=(2, 8), algorithms=None) -> list[dict]:
 
 def all_gather_orders(world: int = 4, sem: int = 0, dtype: str = "bf16", arch: int = 90) -> dict[str, str]:
     """The all-gather's PTX in each order ("rotated", the default, and "naive": ``ROTATE=False``)."""
-    return {order: compile_collective("all_gather", world, sem, dtype, arch, rotate=order == "rotated").asm["ptx"]
-            for order in ("rotated", "naive")}
+    return {
+        order: compile_collective("all_gather", world, sem, dtype, arch, rotate=order == "rotated").asm["ptx"]
+        for order in ("rotated", "naive")
+    }

@@ -14,6 +14,7 @@ The push candidates read a plain local tensor and write a plain output (only the
 symmetric), so they need no copy into a symmetric buffer; the pull one-shot and torch's ops read
 a symmetric buffer that holds the input already (what their callers must arrange).
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,22 +41,37 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
     st = symm_mem.empty(n, dtype=dtype, device=dev)
     symm_mem.rendezvous(st, group)
     cands = {
-        "labkit_push_one_shot": ({"in_place": False}, lambda: push.all_reduce(x, box, out),
-                                 lambda: close(push.all_reduce(x, box, out))),
+        "labkit_push_one_shot": (
+            {"in_place": False},
+            lambda: push.all_reduce(x, box, out),
+            lambda: close(push.all_reduce(x, box, out)),
+        ),
         # in place: the input is replaced by the sum (timed repeatedly, the values grow: timing only)
-        "labkit_push_one_shot_in_place": ({"in_place": True}, lambda: push.all_reduce(mine, box, mine),
-                                          lambda: (mine.copy_(x), close(push.all_reduce(mine, box, mine)))[-1]),
-        "labkit_one_shot": ({"in_place": False}, lambda: C.all_reduce(buf, pull_out, algorithm="one_shot"),
-                            lambda: (buf.tensor.copy_(x), close(C.all_reduce(buf, pull_out, algorithm="one_shot")))[-1]),
+        "labkit_push_one_shot_in_place": (
+            {"in_place": True},
+            lambda: push.all_reduce(mine, box, mine),
+            lambda: (mine.copy_(x), close(push.all_reduce(mine, box, mine)))[-1],
+        ),
+        "labkit_one_shot": (
+            {"in_place": False},
+            lambda: C.all_reduce(buf, pull_out, algorithm="one_shot"),
+            lambda: (buf.tensor.copy_(x), close(C.all_reduce(buf, pull_out, algorithm="one_shot")))[-1],
+        ),
     }
     one = getattr(torch.ops.symm_mem, "one_shot_all_reduce", None)
     if one is not None:
-        cands["torch_one_shot"] = ({"in_place": False}, lambda: one(st, "sum", group),
-                                   lambda: (st.copy_(x), close(one(st, "sum", group)))[-1])
+        cands["torch_one_shot"] = (
+            {"in_place": False},
+            lambda: one(st, "sum", group),
+            lambda: (st.copy_(x), close(one(st, "sum", group)))[-1],
+        )
     two = getattr(torch.ops.symm_mem, "two_shot_all_reduce_", None)
     if two is not None:
-        cands["torch_two_shot"] = ({"in_place": True}, lambda: two(st, "sum", group),
-                                   lambda: (st.copy_(x), two(st, "sum", group), close(st))[-1])
+        cands["torch_two_shot"] = (
+            {"in_place": True},
+            lambda: two(st, "sum", group),
+            lambda: (st.copy_(x), two(st, "sum", group), close(st))[-1],
+        )
     return cands, box, out
 
 
@@ -86,15 +102,21 @@ def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
                 rec = {**row, "timing": timing}
                 if cmp is not None and name in cmp.timings:
                     t = cmp.timings[name]
-                    rec.update(us=t.median_us / per_call, us_p25=t.p25_us / per_call, us_p75=t.p75_us / per_call,
-                               samples=len(t.samples_us), iters=iters, **_paired(cmp, name, best))
+                    rec.update(
+                        us=t.median_us / per_call,
+                        us_p25=t.p25_us / per_call,
+                        us_p75=t.p75_us / per_call,
+                        samples=len(t.samples_us),
+                        iters=iters,
+                        **_paired(cmp, name, best),
+                    )
                     rec["busbw_GBps"] = rec["bytes"] / rec["us"] / 1e3 * lab02.BUS_FACTOR["all_reduce"](w)
                 else:
                     rec.setdefault("us", None)
                 records.append(rec)
         if "labkit_push_one_shot" in ok:  # the epochs stayed in step through the replays
             after = lab02.agreed_everywhere(bool(close(push.all_reduce(x, box, out))), dev)
-            for rec in records[-2 * len(rows):]:
+            for rec in records[-2 * len(rows) :]:
                 if rec["impl"].startswith("labkit_push"):
                     rec["correct_after"] = after
         del cands, box, out
@@ -111,8 +133,19 @@ def push_records(w: int, sizes=SIZES, timeout: float = 300.0) -> list[dict]:
     res = run_ranks(push_series, w, sizes, timeout=timeout)
     if res.ok:
         return res.unwrap()[0]
-    return [{"kind": "push", "impl": "labkit_push_one_shot", "op": "all_reduce", "timing": None, "bytes": None,
-             "world_size": w, "us": None, "correct": None, "error": f"run_ranks: {res.summary()}"[:300]}]
+    return [
+        {
+            "kind": "push",
+            "impl": "labkit_push_one_shot",
+            "op": "all_reduce",
+            "timing": None,
+            "bytes": None,
+            "world_size": w,
+            "us": None,
+            "correct": None,
+            "error": f"run_ranks: {res.summary()}"[:300],
+        }
+    ]
 
 
 def summary(records: list[dict]) -> list[str]:
@@ -120,14 +153,21 @@ def summary(records: list[dict]) -> list[str]:
     lines = []
     for timing in ("graph", "eager"):
         for in_place in (False, True):
-            pts = sorted((r["bytes"], r) for r in records if r.get("kind") == "push" and r.get("timing") == timing
-                         and r.get("impl") == "labkit_push_one_shot" + ("_in_place" if in_place else "")
-                         and r.get("us") is not None)
+            pts = sorted(
+                (r["bytes"], r)
+                for r in records
+                if r.get("kind") == "push"
+                and r.get("timing") == timing
+                and r.get("impl") == "labkit_push_one_shot" + ("_in_place" if in_place else "")
+                and r.get("us") is not None
+            )
             if not pts:
                 continue
-            body = ", ".join(f"{_size(b)} {r['us']:.2f} µs" + (f" ({r['ratio_to_torch_best']:.2f}x torch's best)"
-                                                               if r.get("ratio_to_torch_best") else "")
-                             for b, r in pts)
+            body = ", ".join(
+                f"{_size(b)} {r['us']:.2f} µs"
+                + (f" ({r['ratio_to_torch_best']:.2f}x torch's best)" if r.get("ratio_to_torch_best") else "")
+                for b, r in pts
+            )
             lines.append(f"push one-shot, {'in place' if in_place else 'out of place'}, {timing}: {body}")
     return lines
 
@@ -140,11 +180,13 @@ def _size(nbytes: int) -> str:
 
 
 #: what the figure draws, in order: (impl, label, style)
-SERIES = (("labkit_push_one_shot", "labkit push one-shot (out of place)", dict(color="tab:green", marker="o")),
-          ("labkit_push_one_shot_in_place", "labkit push one-shot (in place)", dict(color="tab:green", marker="o", ls="--")),
-          ("labkit_one_shot", "labkit pull one-shot (out of place)", dict(color="tab:blue", marker="s")),
-          ("torch_one_shot", "torch one_shot_all_reduce", dict(color="0.45", marker="^", ls=":")),
-          ("torch_two_shot", "torch two_shot_all_reduce_ (in place)", dict(color="black", marker="v", ls=":")))
+SERIES = (
+    ("labkit_push_one_shot", "labkit push one-shot (out of place)", dict(color="tab:green", marker="o")),
+    ("labkit_push_one_shot_in_place", "labkit push one-shot (in place)", dict(color="tab:green", marker="o", ls="--")),
+    ("labkit_one_shot", "labkit pull one-shot (out of place)", dict(color="tab:blue", marker="s")),
+    ("torch_one_shot", "torch one_shot_all_reduce", dict(color="0.45", marker="^", ls=":")),
+    ("torch_two_shot", "torch two_shot_all_reduce_ (in place)", dict(color="black", marker="v", ls=":")),
+)
 
 
 def plot_push(records: list[dict], ax, title: str, timing: str = "graph") -> int:
@@ -152,8 +194,11 @@ def plot_push(records: list[dict], ax, title: str, timing: str = "graph") -> int
     bars; returns the number of series drawn (0: the records have none, said on the axes)."""
     drawn = 0
     for impl, label, style in SERIES:
-        pts = sorted((r["bytes"], r) for r in records if r.get("kind") == "push" and r.get("timing") == timing
-                     and r.get("impl") == impl and r.get("us"))
+        pts = sorted(
+            (r["bytes"], r)
+            for r in records
+            if r.get("kind") == "push" and r.get("timing") == timing and r.get("impl") == impl and r.get("us")
+        )
         if not pts:
             continue
         xs = [b for b, _ in pts]
@@ -163,8 +208,15 @@ def plot_push(records: list[dict], ax, title: str, timing: str = "graph") -> int
         ax.errorbar(xs, ys, yerr=[lo, hi], label=label, capsize=2, ms=4, **style)
         drawn += 1
     if not drawn:
-        ax.text(0.5, 0.5, "no push one-shot records here\n(files recorded before it existed lack them)",
-                ha="center", va="center", transform=ax.transAxes, fontsize=9)
+        ax.text(
+            0.5,
+            0.5,
+            "no push one-shot records here\n(files recorded before it existed lack them)",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+            fontsize=9,
+        )
         ax.set_axis_off()
     else:
         ax.set_xscale("log", base=2)
@@ -172,7 +224,9 @@ def plot_push(records: list[dict], ax, title: str, timing: str = "graph") -> int
         ticks = sorted({r["bytes"] for r in records if r.get("kind") == "push" and r.get("bytes")})
         ax.set_xticks(ticks, [_size(b) for b in ticks])
         ax.set_xlabel("message size per rank")
-        ax.set_ylabel(f"µs per call ({'CUDA-graph replay' if timing == 'graph' else 'called from Python'}; median, quartiles)")
+        ax.set_ylabel(
+            f"µs per call ({'CUDA-graph replay' if timing == 'graph' else 'called from Python'}; median, quartiles)"
+        )
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
     ax.set_title(title, fontsize=9)

@@ -2,6 +2,7 @@
 graph replay of them) between CUDA events, the ranks lined up by a barrier before each round.
 Lab 02's sweep (``bench``), the link probe (``links``) and the host-cost breakdown (``host_cost``)
 all time this way. Call it inside ``run_ranks`` on GPUs (torch.distributed initialised)."""
+
 from __future__ import annotations
 
 import statistics

@@ -28,6 +28,7 @@ Records, each with ``kind`` and the ``REQUIRED`` fields (None where they do not 
   and ``fp8_weight_cast`` (the weight's quantise, paid once per optimizer step, reported apart).
 * ``kind="tool"``: whether ``compute-sanitizer`` is on this machine's PATH (not run here).
 """
+
 from __future__ import annotations
 
 import collections
@@ -51,8 +52,11 @@ STEPS = {"gpu": 3, "cpu": 3}
 CELL_TIMEOUT_S = 180.0
 NAIVE_MODES = ("fp8_naive",) + MECHANISMS
 #: placement -> GPUs it needs, and the modes it runs (profile "gpu")
-GPU_PLACEMENTS = {"one_gpu": (1, model.MODES), "two_gpus": (2, model.MODES),
-                  "other_gpu": (2, ("fp8_naive", "fp8_device_aware"))}
+GPU_PLACEMENTS = {
+    "one_gpu": (1, model.MODES),
+    "two_gpus": (2, model.MODES),
+    "other_gpu": (2, ("fp8_naive", "fp8_device_aware")),
+}
 #: the MLP's GEMMs: name -> (M tokens, K in, N out); y = x [M, K] @ W.T, W [N, K]
 SPEED_SHAPES = {
     "gpu": {"gate/up": (12000, 8192, 28672), "down": (12000, 28672, 8192)},
@@ -103,20 +107,41 @@ def plan(profile: str, gpu_count: int) -> list[dict]:
         return [{"kind": "matrix", "placement": here, "mode": m, "env": None, "skip": None} for m in model.MODES]
     cells = []
     for placement, (need, modes) in GPU_PLACEMENTS.items():
-        why = None if gpu_count >= need else \
-            f"needs {need} CUDA GPU{'s' if need > 1 else ''}; this machine has {gpu_count}"
+        why = (
+            None
+            if gpu_count >= need
+            else f"needs {need} CUDA GPU{'s' if need > 1 else ''}; this machine has {gpu_count}"
+        )
         cells += [{"kind": "matrix", "placement": placement, "mode": m, "env": None, "skip": why} for m in modes]
     why = None if gpu_count >= 2 else f"needs 2 CUDA GPUs; this machine has {gpu_count}"
-    cells += [{"kind": "launch_blocking", "placement": "two_gpus", "mode": m, "env": {"CUDA_LAUNCH_BLOCKING": "1"},
-               "skip": why} for m in NAIVE_MODES]
+    cells += [
+        {
+            "kind": "launch_blocking",
+            "placement": "two_gpus",
+            "mode": m,
+            "env": {"CUDA_LAUNCH_BLOCKING": "1"},
+            "skip": why,
+        }
+        for m in NAIVE_MODES
+    ]
     return cells
 
 
 def _skipped(cell: dict, size: float, steps: int) -> dict:
-    return _blank({"kind": cell["kind"], "placement": cell["placement"], "mode": cell["mode"],
-                   "mechanism": mechanism_label(cell["mode"]), "outcome": f"skipped: {cell['skip']}",
-                   "size": size, "steps": steps, "sandbox": None, "reported_at": None,
-                   "launch_blocking": cell["kind"] == "launch_blocking"})
+    return _blank(
+        {
+            "kind": cell["kind"],
+            "placement": cell["placement"],
+            "mode": cell["mode"],
+            "mechanism": mechanism_label(cell["mode"]),
+            "outcome": f"skipped: {cell['skip']}",
+            "size": size,
+            "steps": steps,
+            "sandbox": None,
+            "reported_at": None,
+            "launch_blocking": cell["kind"] == "launch_blocking",
+        }
+    )
 
 
 def run_cell(cell: dict, size: float, steps: int, isolated: bool, timeout: float = CELL_TIMEOUT_S) -> dict:
@@ -126,17 +151,29 @@ def run_cell(cell: dict, size: float, steps: int, isolated: bool, timeout: float
     if not isolated:
         rec = model.run_case(cell["placement"], cell["mode"], size=size, steps=steps)
         return dict(rec, **base, sandbox=None, reported_at=reported_at(rec))
-    res = sandbox.run_isolated(model.run_case, cell["placement"], cell["mode"], size, steps,
-                               timeout=timeout, env=cell["env"])
+    res = sandbox.run_isolated(
+        model.run_case, cell["placement"], cell["mode"], size, steps, timeout=timeout, env=cell["env"]
+    )
     if res.ok:
         rec = res.value
         return dict(rec, **base, sandbox="ok", sandbox_summary=res.summary(), reported_at=reported_at(rec))
     # the child died (or hung) before it could return its record: the sandbox's status is the outcome
-    return _blank(dict(base, placement=cell["placement"], mode=cell["mode"],
-                       mechanism=mechanism_label(cell["mode"]), outcome=res.status, size=size, steps=steps,
-                       sandbox=res.status, sandbox_summary=res.summary(), reported_at=reported_at(traceback=res.traceback),
-                       errors=[{"type": res.error_type, "message": (res.message or "")[:500], "at": None}],
-                       stderr_tail="\n".join(res.stderr.strip().splitlines()[-8:])))
+    return _blank(
+        dict(
+            base,
+            placement=cell["placement"],
+            mode=cell["mode"],
+            mechanism=mechanism_label(cell["mode"]),
+            outcome=res.status,
+            size=size,
+            steps=steps,
+            sandbox=res.status,
+            sandbox_summary=res.summary(),
+            reported_at=reported_at(traceback=res.traceback),
+            errors=[{"type": res.error_type, "message": (res.message or "")[:500], "at": None}],
+            stderr_tail="\n".join(res.stderr.strip().splitlines()[-8:]),
+        )
+    )
 
 
 def meta_records(cell: dict) -> list[dict]:
@@ -145,10 +182,23 @@ def meta_records(cell: dict) -> list[dict]:
     for r in cell.get("records") or []:
         if r.get("direction") != "forward":
             continue
-        out.append(_blank({"kind": "meta", "placement": cell["placement"], "mode": cell["mode"],
-                           "mechanism": cell.get("mechanism"), "step": r["step"], "module": r["module"],
-                           "tensor": r["tensor"], "device": r["device"], "weight_device": r["weight_device"],
-                           "amax": r["amax"], "scale": r["scale"]}))
+        out.append(
+            _blank(
+                {
+                    "kind": "meta",
+                    "placement": cell["placement"],
+                    "mode": cell["mode"],
+                    "mechanism": cell.get("mechanism"),
+                    "step": r["step"],
+                    "module": r["module"],
+                    "tensor": r["tensor"],
+                    "device": r["device"],
+                    "weight_device": r["weight_device"],
+                    "amax": r["amax"],
+                    "scale": r["scale"],
+                }
+            )
+        )
     return out
 
 
@@ -180,40 +230,81 @@ def speed_case(name: str, M: int, K: int, N: int, device, timing: dict, seed: in
     cuda = device.type == "cuda"
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(M, K, generator=g, device=device).to(torch.bfloat16)
-    w = (torch.randn(N, K, generator=g, device=device) * K ** -0.5).to(torch.bfloat16)
+    w = (torch.randn(N, K, generator=g, device=device) * K**-0.5).to(torch.bfloat16)
     e4m3 = torch.float8_e4m3fn
 
-    def delayed_scale(t):   # a scale as delayed scaling would have it: from an earlier amax of t
+    def delayed_scale(t):  # a scale as delayed scaling would have it: from an earlier amax of t
         return (FP8_MAX[e4m3] / t.float().abs().amax()).reshape(1)
 
     sx, sw = delayed_scale(x), delayed_scale(w)
     ax, aw = torch.zeros(1, device=device), torch.zeros(1, device=device)
     w8 = quantize(w, sw, aw, e4m3)
     backend = choose_backend(device)
-    fns = {"bf16": lambda: F.linear(x, w),
-           "fp8_gemm": (lambda x8=quantize(x, sx, ax, e4m3): fp8_gemm(x8, w8)),
-           "fp8_quantize_gemm": lambda: fp8_gemm(quantize(x, sx, ax, e4m3), w8),
-           "fp8_weight_cast": lambda: quantize(w, sw, aw, e4m3)}
+    fns = {
+        "bf16": lambda: F.linear(x, w),
+        "fp8_gemm": (lambda x8=quantize(x, sx, ax, e4m3): fp8_gemm(x8, w8)),
+        "fp8_quantize_gemm": lambda: fp8_gemm(quantize(x, sx, ax, e4m3), w8),
+        "fp8_weight_cast": lambda: quantize(w, sw, aw, e4m3),
+    }
     ref = fns["bf16"]()
-    err = {"bf16": 0.0, "fp8_gemm": _rel(fns["fp8_gemm"](), ref), "fp8_quantize_gemm": _rel(fns["fp8_quantize_gemm"](), ref),
-           "fp8_weight_cast": None}
+    err = {
+        "bf16": 0.0,
+        "fp8_gemm": _rel(fns["fp8_gemm"](), ref),
+        "fp8_quantize_gemm": _rel(fns["fp8_quantize_gemm"](), ref),
+        "fp8_weight_cast": None,
+    }
     gpu = torch.cuda.get_device_name(device) if cuda else "cpu (Triton interpreter)"
-    base = {"kind": "speed", "shape": name, "M": M, "K": K, "N": N, "placement": "one_gpu" if cuda else "cpu",
-            "mechanism": None, "forward_ms": None, "gpu": gpu, "tier": tier.TIER, "backend": backend,
-            "timing_method": "cuda_events" if cuda else "cpu_clock", "flops": 2 * M * N * K}
-    cmp = bench.compare(fns, baseline="bf16", device=device if cuda else None, warmup=timing["warmup"],
-                        reps=timing["reps"], inner=timing["inner"], method="cuda_events" if cuda else "cpu_clock")
+    base = {
+        "kind": "speed",
+        "shape": name,
+        "M": M,
+        "K": K,
+        "N": N,
+        "placement": "one_gpu" if cuda else "cpu",
+        "mechanism": None,
+        "forward_ms": None,
+        "gpu": gpu,
+        "tier": tier.TIER,
+        "backend": backend,
+        "timing_method": "cuda_events" if cuda else "cpu_clock",
+        "flops": 2 * M * N * K,
+    }
+    cmp = bench.compare(
+        fns,
+        baseline="bf16",
+        device=device if cuda else None,
+        warmup=timing["warmup"],
+        reps=timing["reps"],
+        inner=timing["inner"],
+        method="cuda_events" if cuda else "cpu_clock",
+    )
     out = []
     for impl in SPEED_IMPLS:
         t = cmp.timings[impl]
         ms = t.median_us / 1e3
         lo, hi = cmp.ratio_iqr(impl)
         gemm = impl != "fp8_weight_cast"
-        out.append(_blank(dict(base, mode=impl, impl=impl, outcome="ok", rel_err_vs_bf16=err[impl], ms=ms,
-                               ms_p25=t.p25_us / 1e3, ms_p75=t.p75_us / 1e3, samples=len(t.samples_us), inner=t.inner,
-                               ratio_vs_bf16=cmp.ratio(impl), ratio_vs_bf16_p25=lo, ratio_vs_bf16_p75=hi,
-                               tflops=(2 * M * N * K / ms / 1e9) if gemm else None,
-                               gbps=None if gemm else bench.gbps(N * K * 3, t.median_us))))
+        out.append(
+            _blank(
+                dict(
+                    base,
+                    mode=impl,
+                    impl=impl,
+                    outcome="ok",
+                    rel_err_vs_bf16=err[impl],
+                    ms=ms,
+                    ms_p25=t.p25_us / 1e3,
+                    ms_p75=t.p75_us / 1e3,
+                    samples=len(t.samples_us),
+                    inner=t.inner,
+                    ratio_vs_bf16=cmp.ratio(impl),
+                    ratio_vs_bf16_p25=lo,
+                    ratio_vs_bf16_p75=hi,
+                    tflops=(2 * M * N * K / ms / 1e9) if gemm else None,
+                    gbps=None if gemm else bench.gbps(N * K * 3, t.median_us),
+                )
+            )
+        )
     return out
 
 
@@ -224,7 +315,9 @@ def speed_records(profile: str, device=None, shapes: dict | None = None, timing:
     if profile == "gpu":
         gate = gates.requires(**SPEED_GATE)
         if not gate.ok:
-            return [_blank({"kind": "speed", "placement": "one_gpu", "mode": None, "outcome": f"skipped: {gate.reason}"})]
+            return [
+                _blank({"kind": "speed", "placement": "one_gpu", "mode": None, "outcome": f"skipped: {gate.reason}"})
+            ]
         device = device or torch.device("cuda", torch.cuda.current_device())
     device = device or tier.kernel_device()
     timing = dict(SPEED_TIMING[profile], **(timing or {}))
@@ -242,12 +335,24 @@ def speed_records(profile: str, device=None, shapes: dict | None = None, timing:
 
 def tool_record() -> dict:
     path = shutil.which("compute-sanitizer")
-    return _blank({"kind": "tool", "tool": "compute-sanitizer", "path": path,
-                   "outcome": "present, not run by this benchmark" if path else "not on PATH"})
+    return _blank(
+        {
+            "kind": "tool",
+            "tool": "compute-sanitizer",
+            "path": path,
+            "outcome": "present, not run by this benchmark" if path else "not on PATH",
+        }
+    )
 
 
-def benchmark(profile: str, size: float | None = None, steps: int | None = None, progress: bool = True,
-              speed: bool = True, timeout: float = CELL_TIMEOUT_S) -> list[dict]:
+def benchmark(
+    profile: str,
+    size: float | None = None,
+    steps: int | None = None,
+    progress: bool = True,
+    speed: bool = True,
+    timeout: float = CELL_TIMEOUT_S,
+) -> list[dict]:
     """Entry point of ``labkit bench fp8``: every cell of the profile's plan, its meta records,
     and (profile "gpu", ``speed``) the FP8 vs bf16 GEMM comparison. size, steps: override the
     profile's (the notebook's parameters)."""
@@ -279,11 +384,26 @@ def benchmark(profile: str, size: float | None = None, steps: int | None = None,
 def summary(records: list[dict]) -> str:
     """One line under the progress bar: how many matrix cells ended in each outcome class
     ("exception: RuntimeError: ..." counts as "exception", "skipped: ..." as "skipped")."""
-    counts = collections.Counter(str(r.get("outcome")).split(":", 1)[0] for r in records
-                                 if r.get("kind") in ("matrix", "launch_blocking"))
-    return (f"FP8 matrix: {sum(counts.values())} cells: "
-            + ", ".join(f"{n} {outcome}" for outcome, n in counts.most_common()))
+    counts = collections.Counter(
+        str(r.get("outcome")).split(":", 1)[0] for r in records if r.get("kind") in ("matrix", "launch_blocking")
+    )
+    return f"FP8 matrix: {sum(counts.values())} cells: " + ", ".join(
+        f"{n} {outcome}" for outcome, n in counts.most_common()
+    )
 
 
-__all__ = ["REQUIRED", "KINDS", "plan", "run_cell", "meta_records", "speed_case", "speed_records", "benchmark", "summary",
-           "reported_at", "SPEED_SHAPES", "SPEED_IMPLS", "NAIVE_MODES"]
+__all__ = [
+    "REQUIRED",
+    "KINDS",
+    "plan",
+    "run_cell",
+    "meta_records",
+    "speed_case",
+    "speed_records",
+    "benchmark",
+    "summary",
+    "reported_at",
+    "SPEED_SHAPES",
+    "SPEED_IMPLS",
+    "NAIVE_MODES",
+]

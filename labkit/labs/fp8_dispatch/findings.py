@@ -8,6 +8,7 @@ The words come from the outcome classes of ``labkit.labs.fp8_dispatch.model`` (`
 not) and the ``CUDA_LAUNCH_BLOCKING=1`` rerun of the same cell. Nothing here is typed from a
 particular run: a new record gives new sentences.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,15 +21,21 @@ MODES = ("fp8_naive", *MECHANISMS, "fp8_device_aware")
 #: substrings of an exception's message -> what refused the run (the check that stopped it)
 REFUSALS = {
     "Expected all tensors to be on the same device": "torch's device check in the FP8 GEMM, which compares its "
-                                                     "operands' devices before any kernel runs",
+    "operands' devices before any kernel runs",
     "cannot be accessed from Triton": "Triton's launcher, which asks CUDA whether the current device can reach each "
-                                      "pointer argument before the launch",
+    "pointer argument before the launch",
 }
 
 
 def _cell(records, placement: str, mode: str, kind: str = "matrix") -> dict | None:
-    return next((r for r in records or [] if r.get("kind") == kind and r.get("placement") == placement
-                 and r.get("mode") == mode), None)
+    return next(
+        (
+            r
+            for r in records or []
+            if r.get("kind") == kind and r.get("placement") == placement and r.get("mode") == mode
+        ),
+        None,
+    )
 
 
 def _ran(r: dict | None) -> bool:
@@ -74,22 +81,32 @@ def reading(records, placement: str = "two_gpus") -> list[str]:
         if outcome == IMA:
             why = "an illegal memory access: the story's failure, reproduced"
         elif who := refused_by(outcome):
-            why = (f"an exception, not a fault: refused by {who}"
-                   + (f" (first reported at {r['reported_at']})" if r.get("reported_at") else ""))
+            why = f"an exception, not a fault: refused by {who}" + (
+                f" (first reported at {r['reported_at']})" if r.get("reported_at") else ""
+            )
         elif outcome == "wrong_scale":
             n = len(r.get("mismatches") or [])
             err = r.get("rel_err_vs_bf16")
             error = "the output is NaN" if _is_nan(err) else f"max rel. error vs bf16: {err}"
-            why = (f"no error raised, yet {n} amax/scale value(s) differ from the independent model of delayed "
-                   f"scaling ({error}): a silent wrong answer")
+            why = (
+                f"no error raised, yet {n} amax/scale value(s) differ from the independent model of delayed "
+                f"scaling ({error}): a silent wrong answer"
+            )
             if blocking_outcome == "ok":
-                why += ("; with CUDA_LAUNCH_BLOCKING=1 the same cell is correct, so the wrong values depend on "
-                        "timing. Hypothesis (not isolated here): the cast kernel runs on the current device's "
-                        "stream, but its FP8 output and scale_inv are read, and their memory freed and reused, "
-                        "on the data's device's stream; nothing orders two devices' streams")
+                why += (
+                    "; with CUDA_LAUNCH_BLOCKING=1 the same cell is correct, so the wrong values depend on "
+                    "timing. Hypothesis (not isolated here): the cast kernel runs on the current device's "
+                    "stream, but its FP8 output and scale_inv are read, and their memory freed and reused, "
+                    "on the data's device's stream; nothing orders two devices' streams"
+                )
         elif outcome == "ok":
-            why = ("correct" + ("; output bit-identical to the one-GPU run" if same else
-                               "; output NOT bit-identical to the one-GPU run" if one_digest else ""))
+            why = "correct" + (
+                "; output bit-identical to the one-GPU run"
+                if same
+                else "; output NOT bit-identical to the one-GPU run"
+                if one_digest
+                else ""
+            )
             if mode in MECHANISMS:
                 why += ": harmless on this machine"
         else:
@@ -116,10 +133,12 @@ def story_verdict(records) -> str | None:
     silent = [m for m, r in alone.items() if _ran(r) and r["outcome"] in ("wrong_scale", "wrong_output")]
     parts = ["not reproduced: no mechanism, alone or together, gives an illegal memory access on this stack"]
     if refused:
-        parts.append(f"{', '.join(refused)} is stopped by {'; '.join(sorted({refused_by(alone[m]['outcome']) for m in refused}))}. "
-                     "Hypothesis for the story's crash (TransformerEngine is not on these machines, so it is not "
-                     "tested): its GEMM hands cuBLAS raw pointers with no such check, so a kernel on one GPU reads "
-                     "the state on the other, which faults unless peer access between the two is enabled")
+        parts.append(
+            f"{', '.join(refused)} is stopped by {'; '.join(sorted({refused_by(alone[m]['outcome']) for m in refused}))}. "
+            "Hypothesis for the story's crash (TransformerEngine is not on these machines, so it is not "
+            "tested): its GEMM hands cuBLAS raw pointers with no such check, so a kernel on one GPU reads "
+            "the state on the other, which faults unless peer access between the two is enabled"
+        )
     if silent:
         parts.append(f"{', '.join(silent)} is worse than a crash here: a silent wrong answer")
     return "; ".join(parts)

@@ -13,6 +13,7 @@
 * ``rel_err`` / ``norm_rel_err`` against the bf16 run of the same model, ``digest`` (bit identity
   of results across placements), ``errors_of`` (an exception chain, with where each surfaced).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,8 +50,12 @@ def fp8_steps(model, x, ref, recipe, policy, steps: int, rec: dict, input_scales
     runs ``x * input_scales[s]``, compared with the bf16 forward of that input)."""
     linears = {m.fp8_name: m for m in model.modules() if isinstance(m, FP8Linear)}
     true_amax = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, args: true_amax.__setitem__(
-        mod.fp8_name, args[0].detach().abs().amax().float())) for m in linears.values()]
+    hooks = [
+        m.register_forward_pre_hook(
+            lambda mod, args: true_amax.__setitem__(mod.fp8_name, args[0].detach().abs().amax().float())
+        )
+        for m in linears.values()
+    ]
     shadow = {n: FP8Meta.create(2, recipe.amax_history_len, "cpu") for n in linears}
     w_amax = {n: m.weight.detach().abs().amax().float().item() for n, m in linears.items()}
     try:
@@ -59,7 +64,7 @@ def fp8_steps(model, x, ref, recipe, policy, steps: int, rec: dict, input_scales
             x_s, ref_s = x, ref
             if input_scales is not None:
                 x_s = x * input_scales[step]
-                ref_s = model(x_s)       # outside the FP8 context: the bf16 forward of this input
+                ref_s = model(x_s)  # outside the FP8 context: the bf16 forward of this input
             with fp8_autocast(recipe=recipe, mode=policy, record=True) as ac:
                 out = model(x_s)
             rec["rel_err_per_step"].append(rel_err(out, ref_s))
@@ -74,9 +79,17 @@ def fp8_steps(model, x, ref, recipe, policy, steps: int, rec: dict, input_scales
                 got = [r for r in ac.records if r["module"] == name and r["direction"] == "forward"]
                 for r, a, s in zip(got, expected_amax, sh.scale.tolist()):
                     if (r["amax"], r["scale"]) != (a, s):
-                        rec["mismatches"].append({"step": step, "module": name, "tensor": r["tensor"],
-                                                  "amax": r["amax"], "expected_amax": a,
-                                                  "scale": r["scale"], "expected_scale": s})
+                        rec["mismatches"].append(
+                            {
+                                "step": step,
+                                "module": name,
+                                "tensor": r["tensor"],
+                                "amax": r["amax"],
+                                "expected_amax": a,
+                                "scale": r["scale"],
+                                "expected_scale": s,
+                            }
+                        )
     finally:
         for h in hooks:
             h.remove()

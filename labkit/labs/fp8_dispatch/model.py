@@ -16,6 +16,7 @@ changes no dtype here, so it is left out.)
 arguments so that ``labkit.workbench.sandbox.run_isolated`` can run it in a child process, where
 an illegal memory access cannot take the notebook down.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,14 +37,19 @@ FULL = {"hidden": 8192, "kv": 1024, "intermediate": 28672, "tokens": 12000}
 #: placement -> (device of the attention block, device of the MLP block). The current device stays
 #: cuda:0 throughout (dispatch_model never changes it): "other_gpu" puts the whole stack on cuda:1
 #: while cuda:0 is current, the community fix's 11-line reduction of the story.
-PLACEMENTS = {"cpu": ("cpu", "cpu"), "one_gpu": ("cuda:0", "cuda:0"), "two_gpus": ("cuda:0", "cuda:1"),
-              "other_gpu": ("cuda:1", "cuda:1")}
+PLACEMENTS = {
+    "cpu": ("cpu", "cpu"),
+    "one_gpu": ("cuda:0", "cuda:0"),
+    "two_gpus": ("cuda:0", "cuda:1"),
+    "other_gpu": ("cuda:1", "cuda:1"),
+}
 
 
 def local_placement() -> str:
     """Where the small (CPU-profile) runs go on this machine: "cpu" under the Triton interpreter,
     "one_gpu" on a compiled tier, where labkit's kernels take CUDA tensors only."""
     from labkit.workbench import tier
+
     return "cpu" if tier.interpreted() else "one_gpu"
 
 
@@ -85,7 +91,7 @@ class MLP(nn.Module):
 
     def forward(self, h):
         gate, up = self.gate_proj(h), self.up_proj(h)
-        return self.down_proj(gate * up)    # the story's element-wise product, on the MLP's GPU
+        return self.down_proj(gate * up)  # the story's element-wise product, on the MLP's GPU
 
 
 class Stack(nn.Module):
@@ -98,8 +104,13 @@ class Stack(nn.Module):
         return self.mlp(h), k, v
 
 
-def build(size: float = 1.0, seed: int = 0, devices=("cpu", "cpu"), recipe: DelayedScaling | None = None,
-          backend: str = "auto") -> Stack:
+def build(
+    size: float = 1.0,
+    seed: int = 0,
+    devices=("cpu", "cpu"),
+    recipe: DelayedScaling | None = None,
+    backend: str = "auto",
+) -> Stack:
     """The stack with each block made on its device (no copy of full-size weights through the CPU).
     Weights ~ N(0, 1/fan_in) in bf16, from one generator per layer seeded from ``seed``: the same
     values on every CUDA device, so one- and two-GPU runs compare bit for bit."""
@@ -109,7 +120,7 @@ def build(size: float = 1.0, seed: int = 0, devices=("cpu", "cpu"), recipe: Dela
             m.fp8_name = name
             g = torch.Generator(device=m.weight.device).manual_seed(seed * 1000 + i)
             w = torch.randn(m.weight.shape, generator=g, device=m.weight.device, dtype=torch.float32)
-            m.weight.copy_(w.mul_(m.in_features ** -0.5))
+            m.weight.copy_(w.mul_(m.in_features**-0.5))
     return model.eval()
 
 
@@ -120,12 +131,14 @@ def dispatch(model: Stack, devices) -> Stack:
 
     def as_map(d):
         return "cpu" if d == "cpu" else torch.device(d).index
-    quiet = logging.getLogger("accelerate.big_modeling")   # on the CPU it "offloads to the cpu": nothing moves
+
+    quiet = logging.getLogger("accelerate.big_modeling")  # on the CPU it "offloads to the cpu": nothing moves
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:
-        return dispatch_model(model, device_map={"attn": as_map(devices[0]), "mlp": as_map(devices[1])},
-                              force_hooks=True)
+        return dispatch_model(
+            model, device_map={"attn": as_map(devices[0]), "mlp": as_map(devices[1])}, force_hooks=True
+        )
     finally:
         quiet.setLevel(level)
 
@@ -148,7 +161,7 @@ def drift_scales(drift: str, steps: int) -> list[float] | None:
         return None
     if drift == "spike":
         return [16.0 if s == steps // 2 else 1.0 for s in range(steps)]
-    return [2.0 ** s for s in range(steps)]
+    return [2.0**s for s in range(steps)]
 
 
 def _sync(devices) -> None:
@@ -182,9 +195,17 @@ def _outcome(rec: dict) -> str:
     return "ok" if rec["norm_rel_err_vs_bf16"] <= WRONG_OUTPUT else "wrong_output"
 
 
-def run_case(placement: str = "cpu", mode: str = "fp8_device_aware", size: float = 1 / 256, steps: int = 3,
-             seed: int = 0, recipe: dict | None = None, reps: int = 5, backend: str = "auto",
-             input_scales: list | None = None) -> dict:
+def run_case(
+    placement: str = "cpu",
+    mode: str = "fp8_device_aware",
+    size: float = 1 / 256,
+    steps: int = 3,
+    seed: int = 0,
+    recipe: dict | None = None,
+    reps: int = 5,
+    backend: str = "auto",
+    input_scales: list | None = None,
+) -> dict:
     """One cell of the story's matrix: build, dispatch, run ``steps`` forwards, compare with bf16.
 
     placement: "cpu", "one_gpu", "two_gpus" or "other_gpu" (``PLACEMENTS``). mode: "bf16",
@@ -205,21 +226,45 @@ def run_case(placement: str = "cpu", mode: str = "fp8_device_aware", size: float
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps: expected an int >= 1, got {steps!r}")
     if input_scales is not None:
-        if not isinstance(input_scales, (list, tuple)) or len(input_scales) < steps or not all(
+        if (
+            not isinstance(input_scales, (list, tuple))
+            or len(input_scales) < steps
+            or not all(
                 isinstance(f, (int, float)) and not isinstance(f, bool) and 0 < f < float("inf")
-                for f in input_scales[:steps]):
-            raise ValueError(f"input_scales: expected None or at least {steps} positive finite numbers, "
-                             f"got {input_scales!r}")
+                for f in input_scales[:steps]
+            )
+        ):
+            raise ValueError(
+                f"input_scales: expected None or at least {steps} positive finite numbers, got {input_scales!r}"
+            )
         input_scales = [float(f) for f in input_scales[:steps]]
     r = DelayedScaling(**(recipe or {}))
     devices = PLACEMENTS[placement]
     for d in devices:
         check_device("placement", d)
-    rec = dict(placement=placement, mode=mode, mechanism=mechanism_label(mode), outcome=None,
-               rel_err_vs_bf16=None, norm_rel_err_vs_bf16=None, forward_ms=None, bf16_forward_ms=None,
-               size=size, steps=steps, seed=seed, recipe=dataclasses.asdict(r), dims=dims(size),
-               devices=list(devices), input_scales=input_scales, output_digest=None, rel_err_per_step=[],
-               norm_rel_err_per_step=[], mismatches=[], errors=[], records=[])
+    rec = dict(
+        placement=placement,
+        mode=mode,
+        mechanism=mechanism_label(mode),
+        outcome=None,
+        rel_err_vs_bf16=None,
+        norm_rel_err_vs_bf16=None,
+        forward_ms=None,
+        bf16_forward_ms=None,
+        size=size,
+        steps=steps,
+        seed=seed,
+        recipe=dataclasses.asdict(r),
+        dims=dims(size),
+        devices=list(devices),
+        input_scales=input_scales,
+        output_digest=None,
+        rel_err_per_step=[],
+        norm_rel_err_per_step=[],
+        mismatches=[],
+        errors=[],
+        records=[],
+    )
     try:
         model = dispatch(build(size, seed, devices, r, backend), devices)
         x = make_input(size, seed, devices[0])
@@ -236,15 +281,29 @@ def run_case(placement: str = "cpu", mode: str = "fp8_device_aware", size: float
                 def step():
                     with fp8_autocast(recipe=r, mode=policy):
                         model(x)
+
                 rec["forward_ms"] = _time_ms(step, devices, reps)
         rec["rel_err_vs_bf16"] = rec["rel_err_per_step"][-1]
         rec["norm_rel_err_vs_bf16"] = rec["norm_rel_err_per_step"][-1]
         rec["output_digest"] = digest(out)
-    except Exception as e:   # the run's failure is the result
+    except Exception as e:  # the run's failure is the result
         rec["errors"] = errors_of(e)
     rec["outcome"] = _outcome(rec)
     return rec
 
 
-__all__ = ["FULL", "PLACEMENTS", "local_placement", "MODES", "DRIFTS", "WRONG_OUTPUT", "dims", "build", "dispatch", "make_input",
-           "drift_scales", "run_case", "Stack"]
+__all__ = [
+    "FULL",
+    "PLACEMENTS",
+    "local_placement",
+    "MODES",
+    "DRIFTS",
+    "WRONG_OUTPUT",
+    "dims",
+    "build",
+    "dispatch",
+    "make_input",
+    "drift_scales",
+    "run_case",
+    "Stack",
+]

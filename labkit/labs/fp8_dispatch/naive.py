@@ -28,6 +28,7 @@ devices where cuBLAS does not: what it does is part of what the GPU run records.
 policy. On the CPU tier every "device" is the CPU: the mechanisms run and must not crash; what
 they do on two GPUs is for the GPU tier to show (``labkit.labs.fp8_dispatch.model.run_case``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -110,13 +111,13 @@ class StoryPolicy(DeviceAware):
         m = self.mechanisms
         if not (m.lazy_meta_on_current_device or m.unguarded_launch):
             return super().quantize(x, meta, index, fp8_dtype)
-        out = empty_output(x, fp8_dtype)                                   # on x's device
+        out = empty_output(x, fp8_dtype)  # on x's device
         scale_inv = torch.empty((), dtype=torch.float32, device=meta.device)  # beside the state
-        args = (x, out, meta.scale[index:index + 1], meta.amax_history[0, index:index + 1], scale_inv, fp8_dtype)
+        args = (x, out, meta.scale[index : index + 1], meta.amax_history[0, index : index + 1], scale_inv, fp8_dtype)
         if m.unguarded_launch:
-            launch_quantize(*args)                     # (c): on the current device
+            launch_quantize(*args)  # (c): on the current device
         else:
-            with on_device_of(x=x, out=out):           # the data's device; the state may be elsewhere
+            with on_device_of(x=x, out=out):  # the data's device; the state may be elsewhere
                 launch_quantize(*args)
         return Quantized(finish(out, fp8_dtype), scale_inv)
 
@@ -128,7 +129,7 @@ class StoryPolicy(DeviceAware):
             metas = [e.meta for e in entries if e.direction == direction]
             if not metas:
                 continue
-            amax = torch.cat([m.amax_history[0].to(dev) for m in metas])   # (b): on the current device
+            amax = torch.cat([m.amax_history[0].to(dev) for m in metas])  # (b): on the current device
             bulk_update(amax, metas, recipe.fp8_max(direction), recipe.margin, recipe.amax_compute_algo)
 
 
@@ -152,5 +153,13 @@ def mechanism_label(mode: str) -> str | None:
     return "none" if isinstance(policy, str) else policy.mechanisms.label
 
 
-__all__ = ["Mechanisms", "MECHANISMS", "NAIVE", "DEVICE_AWARE", "StoryPolicy", "current_device", "policy_for",
-           "mechanism_label"]
+__all__ = [
+    "Mechanisms",
+    "MECHANISMS",
+    "NAIVE",
+    "DEVICE_AWARE",
+    "StoryPolicy",
+    "current_device",
+    "policy_for",
+    "mechanism_label",
+]

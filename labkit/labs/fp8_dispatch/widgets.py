@@ -5,6 +5,7 @@ history and the error per step, with a one-line verdict.
 
 The work is done by plain functions (``case_record``, ``verdict``, ``case_figure``,
 ``case_report``); tests call them and change the panel's controls."""
+
 from __future__ import annotations
 
 import ipywidgets as w
@@ -19,8 +20,11 @@ MODES = ("bf16", "fp8_device_aware", "fp8_naive")
 #: device map label -> run_case placement, by what the machine has
 CPU_MAPS = {"attn: cpu, mlp: cpu": "cpu"}
 ONE_GPU_MAPS = {"attn: 0, mlp: 0": "one_gpu"}
-TWO_GPU_MAPS = {"attn: 0, mlp: 1 (the story)": "two_gpus", "attn: 0, mlp: 0": "one_gpu",
-                "attn: 1, mlp: 1 (current device 0)": "other_gpu"}
+TWO_GPU_MAPS = {
+    "attn: 0, mlp: 1 (the story)": "two_gpus",
+    "attn: 0, mlp: 0": "one_gpu",
+    "attn: 1, mlp: 1 (current device 0)": "other_gpu",
+}
 #: the panel's model: this fraction of the story's dimensions (CPU: the interpreter's size)
 TINY = {"cpu": 1 / 256, "gpu": 1 / 64}
 TIMEOUT_S = 120.0
@@ -36,13 +40,26 @@ def device_maps() -> dict[str, str]:
     return dict(CPU_MAPS)
 
 
-def case_record(placement: str = "cpu", mode: str = "fp8_device_aware", margin: float = 0, amax_history_len: int = 16,
-                amax_compute_algo: str = "max", fp8_format: str = "HYBRID", drift: str = "spike", steps: int = 8,
-                size: float | None = None, timeout: float = TIMEOUT_S) -> dict:
+def case_record(
+    placement: str = "cpu",
+    mode: str = "fp8_device_aware",
+    margin: float = 0,
+    amax_history_len: int = 16,
+    amax_compute_algo: str = "max",
+    fp8_format: str = "HYBRID",
+    drift: str = "spike",
+    steps: int = 8,
+    size: float | None = None,
+    timeout: float = TIMEOUT_S,
+) -> dict:
     """One tiny run of the story's stack (``model.run_case``). On GPUs the naive mode runs in a child
     process: if it dies, the record says how (``outcome`` = the sandbox's status)."""
-    recipe = {"margin": margin, "amax_history_len": amax_history_len, "amax_compute_algo": amax_compute_algo,
-              "fp8_format": fp8_format}
+    recipe = {
+        "margin": margin,
+        "amax_history_len": amax_history_len,
+        "amax_compute_algo": amax_compute_algo,
+        "fp8_format": fp8_format,
+    }
     size = size if size is not None else TINY["cpu" if placement == "cpu" else "gpu"]
     args = (placement, mode, size, steps)
     kwargs = {"recipe": recipe, "input_scales": model.drift_scales(drift, steps), "reps": 1}
@@ -50,9 +67,20 @@ def case_record(placement: str = "cpu", mode: str = "fp8_device_aware", margin: 
         rec = model.run_case(*args, **kwargs)
     else:
         res = sandbox.run_isolated(model.run_case, *args, timeout=timeout, **kwargs)
-        rec = res.value if res.ok else {"placement": placement, "mode": mode, "outcome": res.status, "records": [],
-                                         "errors": [], "sandbox_summary": res.summary(),
-                                         "norm_rel_err_per_step": [], "rel_err_per_step": []}
+        rec = (
+            res.value
+            if res.ok
+            else {
+                "placement": placement,
+                "mode": mode,
+                "outcome": res.status,
+                "records": [],
+                "errors": [],
+                "sandbox_summary": res.summary(),
+                "norm_rel_err_per_step": [],
+                "rel_err_per_step": [],
+            }
+        )
     return dict(rec, drift=drift)
 
 
@@ -69,8 +97,10 @@ def _where(rec: dict) -> str:
             continue
         state = sorted({r["device"] for r in mine})
         weight = sorted({r["weight_device"] for r in mine})
-        parts.append(f"{block} state on {', '.join(state)}"
-                     + (f", its weights on {', '.join(weight)}" if state != weight else ""))
+        parts.append(
+            f"{block} state on {', '.join(state)}"
+            + (f", its weights on {', '.join(weight)}" if state != weight else "")
+        )
     return "; ".join(parts)
 
 
@@ -83,11 +113,13 @@ def verdict(rec: dict) -> str:
         return f"{head} ({rec['sandbox_summary']})"
     errs = rec.get("norm_rel_err_per_step") or []
     if mode == "bf16":
-        return f"{head}; bf16 keeps no FP8 state: nothing to scale (it is the reference the FP8 modes are compared with)"
+        return (
+            f"{head}; bf16 keeps no FP8 state: nothing to scale (it is the reference the FP8 modes are compared with)"
+        )
     line = head
     if errs:
         worst = max(range(len(errs)), key=lambda i: errs[i])
-        line += (f"; error vs bf16 (norm-wise) at the last step {errs[-1]:.3f}, worst {errs[worst]:.3f} at step {worst}")
+        line += f"; error vs bf16 (norm-wise) at the last step {errs[-1]:.3f}, worst {errs[worst]:.3f} at step {worst}"
     if rec.get("mismatches"):
         line += f"; {len(rec['mismatches'])} amax/scale values differ from the independent model"
     where = _where(rec)
@@ -99,8 +131,10 @@ def verdict(rec: dict) -> str:
     return line
 
 
-FORMAT_NOTE = ("fp8_format: HYBRID and E4M3 differ only in the gradients' format (E5M2 or E4M3); this "
-               "forward-only run casts no gradient, so the format changes nothing here.")
+FORMAT_NOTE = (
+    "fp8_format: HYBRID and E4M3 differ only in the gradients' format (E5M2 or E4M3); this "
+    "forward-only run casts no gradient, so the format changes nothing here."
+)
 
 
 def case_figure(rec: dict):
@@ -112,15 +146,25 @@ def case_figure(rec: dict):
     return fig
 
 
-def case_report(placement: str = "cpu", mode: str = "fp8_device_aware", margin: float = 0, amax_history_len: int = 16,
-                amax_compute_algo: str = "max", fp8_format: str = "HYBRID", drift: str = "spike", steps: int = 8,
-                size: float | None = None) -> tuple[str, object]:
+def case_report(
+    placement: str = "cpu",
+    mode: str = "fp8_device_aware",
+    margin: float = 0,
+    amax_history_len: int = 16,
+    amax_compute_algo: str = "max",
+    fp8_format: str = "HYBRID",
+    drift: str = "spike",
+    steps: int = 8,
+    size: float | None = None,
+) -> tuple[str, object]:
     """(verdict text, figure) of one tiny run: what the panel shows."""
     rec = case_record(placement, mode, margin, amax_history_len, amax_compute_algo, fp8_format, drift, steps, size)
     # what was run, first: two recipes can give the same numbers (a growing input makes the
     # history's max its most recent amax), and the reader should see that it did rerun
-    text = (f"recipe: margin {margin}, amax history {amax_history_len}, amax algo {amax_compute_algo}, "
-            f"format {fp8_format}; input {drift} over {steps} steps\n" + verdict(rec))
+    text = (
+        f"recipe: margin {margin}, amax history {amax_history_len}, amax algo {amax_compute_algo}, "
+        f"format {fp8_format}; input {drift} over {steps} steps\n" + verdict(rec)
+    )
     if fp8_format != "HYBRID" and mode != "bf16":
         text += "\n" + FORMAT_NOTE
     return text, case_figure(rec)
@@ -141,10 +185,19 @@ def recipe_explorer(maps: dict[str, str] | None = None, size: float | None = Non
     text = w.HTML()
 
     def redraw(change=None):
-        if change is not None:   # a control moved: say so while the run takes (seconds; more in a child on GPUs)
+        if change is not None:  # a control moved: say so while the run takes (seconds; more in a child on GPUs)
             text.value = pre("running ...")
-        report, fig = case_report(maps[device_map.value], mode.value, margin.value, history.value, algo.value,
-                                  fmt.value, drift.value, steps.value, size)
+        report, fig = case_report(
+            maps[device_map.value],
+            mode.value,
+            margin.value,
+            history.value,
+            algo.value,
+            fmt.value,
+            drift.value,
+            steps.value,
+            size,
+        )
         figure.show(fig)
         text.value = pre(report)
 
@@ -152,8 +205,9 @@ def recipe_explorer(maps: dict[str, str] | None = None, size: float | None = Non
     for control in controls:
         control.observe(redraw, names="value")
     redraw()
-    return w.VBox([w.HBox([margin, history, steps]), w.HBox([algo, fmt]), drift, w.HBox([device_map, mode]),
-                   text, figure])
+    return w.VBox(
+        [w.HBox([margin, history, steps]), w.HBox([algo, fmt]), drift, w.HBox([device_map, mode]), text, figure]
+    )
 
 
 __all__ = ["recipe_explorer", "case_report", "case_record", "case_figure", "verdict", "device_maps", "MODES"]

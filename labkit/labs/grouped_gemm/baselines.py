@@ -32,6 +32,7 @@ torch/_meta_registrations.py of torch 2.13):
   ``_grouped_mm_fallback``: ``offs.cpu()`` and one ``mm`` per group, a host sync like the story's
   loop. ``torch_grouped_mm_available`` says which.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Sequence, Union
@@ -41,8 +42,7 @@ import torch
 Counts = Union[Sequence[int], torch.Tensor]
 
 
-def host_sync_loop(x: torch.Tensor, w: torch.Tensor, counts: Counts,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+def host_sync_loop(x: torch.Tensor, w: torch.Tensor, counts: Counts, out: torch.Tensor | None = None) -> torch.Tensor:
     """out[rows of e] = x[rows of e] @ w[e] by a Python loop over experts, as the story's MoE
     layer does it: ``counts.tolist()`` (a device-to-host copy that synchronises), then one
     ``torch.matmul`` per expert with tokens, into ``out`` ([M, N], x's dtype; pass it
@@ -64,7 +64,7 @@ def host_sync_loop(x: torch.Tensor, w: torch.Tensor, counts: Counts,
     row = 0
     for e, m in enumerate(values):
         if m:
-            torch.matmul(x[row:row + m], w[e], out=out[row:row + m])
+            torch.matmul(x[row : row + m], w[e], out=out[row : row + m])
         row += m
     return out
 
@@ -105,8 +105,7 @@ def torch_grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: Counts) -> torch.
     ``out=``). Raises RuntimeError where this torch has no such op."""
     op = _op()
     if op is None:
-        raise RuntimeError(f"torch {torch.__version__} has no grouped GEMM op "
-                           "(torch._grouped_mm appeared in 2.8)")
+        raise RuntimeError(f"torch {torch.__version__} has no grouped GEMM op (torch._grouped_mm appeared in 2.8)")
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"x: expected a 2-D tensor [M, K], got {_what(x)}")
     if not isinstance(w, torch.Tensor) or w.dim() != 3:
@@ -130,8 +129,7 @@ def torch_grouped_mm_available(device) -> tuple[bool, str]:
         return False, f"torch {torch.__version__} has no torch._grouped_mm (it appeared in torch 2.8)"
     device = torch.device(device)
     if device.type != "cuda":
-        return False, (f"{name}'s fast path is a CUTLASS kernel for CUDA sm_90/sm_100; "
-                       f"this is {device.type}")
+        return False, (f"{name}'s fast path is a CUTLASS kernel for CUDA sm_90/sm_100; this is {device.type}")
     if not torch.cuda.is_available():
         return False, "no CUDA device is visible"
     major, minor = torch.cuda.get_device_capability(device)
@@ -140,9 +138,11 @@ def torch_grouped_mm_available(device) -> tuple[bool, str]:
         return True, f"{name} on sm_{major}{minor}: CUTLASS grouped GEMM, offsets read on the device"
     if major == 10 and version >= (2, 9):
         return True, f"{name} on sm_{major}{minor}: CUTLASS grouped GEMM, offsets read on the device"
-    return False, (f"{name} runs its device-side kernel on sm_90 (and sm_100 from torch 2.9) only; on "
-                   f"sm_{major}{minor} torch {torch.__version__} refuses it or falls back to a loop that "
-                   f"copies the offsets to the host")
+    return False, (
+        f"{name} runs its device-side kernel on sm_90 (and sm_100 from torch 2.9) only; on "
+        f"sm_{major}{minor} torch {torch.__version__} refuses it or falls back to a loop that "
+        f"copies the offsets to the host"
+    )
 
 
 def _what(t) -> str:
@@ -151,5 +151,4 @@ def _what(t) -> str:
     return type(t).__name__
 
 
-__all__ = ["end_offsets", "host_sync_loop", "k_major", "op_name", "torch_grouped_mm",
-           "torch_grouped_mm_available"]
+__all__ = ["end_offsets", "host_sync_loop", "k_major", "op_name", "torch_grouped_mm", "torch_grouped_mm_available"]

@@ -33,6 +33,7 @@ On the CPU tier (Triton interpreter) the same code runs at tiny shapes with ``me
 labkit and the loop only (torch's fast path needs sm_90); its numbers are interpreter times,
 never GPU performance (records say ``tier``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -71,9 +72,12 @@ DTYPE = torch.bfloat16
 TOLERANCE = 1e-2
 IMPLS = ("labkit", "torch_grouped_mm", "host_sync_loop")
 #: the candidates' names inside one comparison -> (impl, layout of w)
-_CANDIDATES = {"labkit": ("labkit", "N-contiguous"), "host_sync_loop": ("host_sync_loop", "N-contiguous"),
-               "torch_grouped_mm": ("torch_grouped_mm", "N-contiguous"),
-               "torch_grouped_mm[K]": ("torch_grouped_mm", "K-contiguous")}
+_CANDIDATES = {
+    "labkit": ("labkit", "N-contiguous"),
+    "host_sync_loop": ("host_sync_loop", "N-contiguous"),
+    "torch_grouped_mm": ("torch_grouped_mm", "N-contiguous"),
+    "torch_grouped_mm[K]": ("torch_grouped_mm", "K-contiguous"),
+}
 _TORCH_NAMES = ("torch_grouped_mm", "torch_grouped_mm[K]")
 
 
@@ -122,14 +126,15 @@ def _checked_experts(counts: list[int]) -> list[int]:
 def _reference(x: torch.Tensor, w: torch.Tensor, counts: list[int]) -> dict[int, tuple[int, torch.Tensor]]:
     """expert -> (first row, float32 product) for the checked experts."""
     starts = list(itertools.accumulate([0] + counts[:-1]))
-    return {e: (starts[e], x[starts[e]:starts[e] + counts[e]].float() @ w[e].float())
-            for e in _checked_experts(counts)}
+    return {
+        e: (starts[e], x[starts[e] : starts[e] + counts[e]].float() @ w[e].float()) for e in _checked_experts(counts)
+    }
 
 
 def _rel_err(out: torch.Tensor, ref: dict[int, tuple[int, torch.Tensor]]) -> float:
     worst, scale = 0.0, 0.0
     for _, (r0, r) in ref.items():
-        got = out[r0:r0 + r.shape[0]].float()
+        got = out[r0 : r0 + r.shape[0]].float()
         worst = max(worst, float((got - r).abs().max()))
         scale = max(scale, float(r.abs().max()))
     return worst / scale if scale else worst
@@ -190,6 +195,7 @@ def _one_line(e: BaseException) -> str:
     """The error in one line, its first cause first: a failed capture raises again when the
     capture ends ("operation failed due to a previous error during capture"), which would
     otherwise hide the call that broke it."""
+
     def line(x: BaseException) -> str:
         text = str(x).strip().splitlines()
         return f"{type(x).__name__}: {text[0][:300] if text else ''}"
@@ -202,14 +208,45 @@ def _one_line(e: BaseException) -> str:
 
 
 #: fields every gemm record carries (None where they do not apply), so tables line up
-_GEMM_FIELDS = dict.fromkeys((
-    "timing_method", "ms", "ms_p25", "ms_p75", "ms_min", "samples", "inner", "tflops", "ratio_vs_torch",
-    "ratio_vs_torch_p25", "ratio_vs_torch_p75", "ratio_vs_loop", "ratio_vs_loop_p25", "ratio_vs_loop_p75",
-    "cpu_us", "torch_layout_best", "error"))
+_GEMM_FIELDS = dict.fromkeys(
+    (
+        "timing_method",
+        "ms",
+        "ms_p25",
+        "ms_p75",
+        "ms_min",
+        "samples",
+        "inner",
+        "tflops",
+        "ratio_vs_torch",
+        "ratio_vs_torch_p25",
+        "ratio_vs_torch_p75",
+        "ratio_vs_loop",
+        "ratio_vs_loop_p25",
+        "ratio_vs_loop_p75",
+        "cpu_us",
+        "torch_layout_best",
+        "error",
+    )
+)
 #: likewise for tune records
-_TUNE_FIELDS = dict.fromkeys((
-    "ms", "ms_p25", "ms_p75", "samples", "inner", "tflops", "ratio_vs_chosen", "ratio_vs_chosen_p25",
-    "ratio_vs_chosen_p75", "best", "max_rel_err", "correct", "error"))
+_TUNE_FIELDS = dict.fromkeys(
+    (
+        "ms",
+        "ms_p25",
+        "ms_p75",
+        "samples",
+        "inner",
+        "tflops",
+        "ratio_vs_chosen",
+        "ratio_vs_chosen_p25",
+        "ratio_vs_chosen_p75",
+        "best",
+        "max_rel_err",
+        "correct",
+        "error",
+    )
+)
 
 
 def _blank(row: dict) -> dict:
@@ -231,8 +268,9 @@ def _tflops(E: int, M: int, K: int, N: int, ms: float | None) -> float | None:
 # The comparison
 
 
-def compare_case(E: int, M: int, K: int, N: int, skew: str, device: torch.device, timing: dict,
-                 seed: int = 0) -> list[dict]:
+def compare_case(
+    E: int, M: int, K: int, N: int, skew: str, device: torch.device, timing: dict, seed: int = 0
+) -> list[dict]:
     """Records of one shape and split: correctness, then eager (and on a GPU, graph) timings of
     every implementation in one comparison each, and the host cost per call."""
     cuda = device.type == "cuda"
@@ -254,11 +292,24 @@ def compare_case(E: int, M: int, K: int, N: int, skew: str, device: torch.device
         fns["torch_grouped_mm"] = lambda: baselines.torch_grouped_mm(x, w, counts_dev)
         fns["torch_grouped_mm[K]"] = lambda: baselines.torch_grouped_mm(x, w_k, counts_dev)
 
-    case = {"experts": E, "tokens": M, "K": K, "N": N, "skew": skew, "dtype": "bfloat16", "counts": counts,
-            "max_over_mean": desc["max_over_mean"], "zero_experts": desc["zero_experts"],
-            "counts_text": desc["text"], "gpu": _gpu_name(device), "tier": tier.TIER,
-            "torch_available": torch_ok, "torch_reason": torch_why, "torch_op": baselines.op_name(),
-            "flops": gg.flops(M, N, K)}
+    case = {
+        "experts": E,
+        "tokens": M,
+        "K": K,
+        "N": N,
+        "skew": skew,
+        "dtype": "bfloat16",
+        "counts": counts,
+        "max_over_mean": desc["max_over_mean"],
+        "zero_experts": desc["zero_experts"],
+        "counts_text": desc["text"],
+        "gpu": _gpu_name(device),
+        "tier": tier.TIER,
+        "torch_available": torch_ok,
+        "torch_reason": torch_why,
+        "torch_op": baselines.op_name(),
+        "flops": gg.flops(M, N, K),
+    }
     chosen = gg.forward_config(M, E, device)
     records: list[dict] = []
 
@@ -277,15 +328,27 @@ def compare_case(E: int, M: int, K: int, N: int, skew: str, device: torch.device
         t = outputs["torch_grouped_mm"].float()
         vs_torch = float((outputs["labkit"].float() - t).abs().max() / t.abs().max().clamp_min(1e-30))
     del outputs
-    timed = [n for n in fns if n not in failed and (cuda or n not in _TORCH_NAMES)
-             and (torch_ok or n not in _TORCH_NAMES)]
+    timed = [
+        n for n in fns if n not in failed and (cuda or n not in _TORCH_NAMES) and (torch_ok or n not in _TORCH_NAMES)
+    ]
 
     def record(name: str, method: str, **fields) -> dict:
         impl, layout = _CANDIDATES[name]
-        return _blank({"kind": "gemm", **case, **_GEMM_FIELDS, "impl": impl, "w_layout": layout, "method": method,
-                       "max_rel_err": errors.get(name), "correct": (errors[name] <= TOLERANCE) if name in errors else None,
-                       "labkit_vs_torch_max_rel": vs_torch if impl == "labkit" else None,
-                       **_config_fields(chosen if impl == "labkit" else None), **fields})
+        return _blank(
+            {
+                "kind": "gemm",
+                **case,
+                **_GEMM_FIELDS,
+                "impl": impl,
+                "w_layout": layout,
+                "method": method,
+                "max_rel_err": errors.get(name),
+                "correct": (errors[name] <= TOLERANCE) if name in errors else None,
+                "labkit_vs_torch_max_rel": vs_torch if impl == "labkit" else None,
+                **_config_fields(chosen if impl == "labkit" else None),
+                **fields,
+            }
+        )
 
     for name, why in failed.items():
         records.append(record(name, "eager" if cuda else "cpu_clock", error=why))
@@ -310,8 +373,15 @@ def compare_case(E: int, M: int, K: int, N: int, skew: str, device: torch.device
         if not names:
             continue
         try:
-            cmp = bench.compare({n: fns[n] for n in names}, baseline=names[0], device=device if cuda else None,
-                                warmup=timing["warmup"], reps=timing["reps"], inner=timing["inner"], method=how)
+            cmp = bench.compare(
+                {n: fns[n] for n in names},
+                baseline=names[0],
+                device=device if cuda else None,
+                warmup=timing["warmup"],
+                reps=timing["reps"],
+                inner=timing["inner"],
+                method=how,
+            )
         except Exception as e:  # noqa: BLE001 (recorded; the other cases still run)
             records += [record(n, method, error=f"timing failed: {_one_line(e)}") for n in names]
             continue
@@ -320,10 +390,21 @@ def compare_case(E: int, M: int, K: int, N: int, skew: str, device: torch.device
         for n in names:
             t = cmp.timings[n]
             ms = t.median_us / 1e3
-            fields = {"timing_method": how, "ms": ms, "ms_p25": t.p25_us / 1e3, "ms_p75": t.p75_us / 1e3,
-                      "ms_min": t.min_us / 1e3, "samples": len(t.samples_us), "inner": t.inner,
-                      "tflops": _tflops(E, M, K, N, ms), "torch_layout_best": (n == best) if n in _TORCH_NAMES else None}
-            for key, base in (("ratio_vs_torch", best), ("ratio_vs_loop", "host_sync_loop" if "host_sync_loop" in names else None)):
+            fields = {
+                "timing_method": how,
+                "ms": ms,
+                "ms_p25": t.p25_us / 1e3,
+                "ms_p75": t.p75_us / 1e3,
+                "ms_min": t.min_us / 1e3,
+                "samples": len(t.samples_us),
+                "inner": t.inner,
+                "tflops": _tflops(E, M, K, N, ms),
+                "torch_layout_best": (n == best) if n in _TORCH_NAMES else None,
+            }
+            for key, base in (
+                ("ratio_vs_torch", best),
+                ("ratio_vs_loop", "host_sync_loop" if "host_sync_loop" in names else None),
+            ):
                 r = _paired(cmp, n, base) if base else (None, None, None)
                 fields.update({key: r[0], f"{key}_p25": r[1], f"{key}_p75": r[2]})
             if method != "graph":
@@ -368,23 +449,48 @@ def capture_check(E: int, M: int, K: int, N: int, seed: int = 0) -> list[dict]:
 
 
 def _capture_records(E: int, M: int, K: int, N: int, device: torch.device, timeout: float = 300.0) -> list[dict]:
-    base = {"kind": "capture", "experts": E, "tokens": M, "K": K, "N": N, "skew": "uniform, then skewed",
-            "method": "graph", "ms": None, "tflops": None, "gpu": _gpu_name(device), "tier": tier.TIER,
-            "captured": None, "error": None, "recount_max_rel_err": None, "recount_correct": None}
+    base = {
+        "kind": "capture",
+        "experts": E,
+        "tokens": M,
+        "K": K,
+        "N": N,
+        "skew": "uniform, then skewed",
+        "method": "graph",
+        "ms": None,
+        "tflops": None,
+        "gpu": _gpu_name(device),
+        "tier": tier.TIER,
+        "captured": None,
+        "error": None,
+        "recount_max_rel_err": None,
+        "recount_correct": None,
+    }
     if device.type != "cuda":
-        return [_blank(dict(base, impl=impl, captured=None, error="not run: CUDA graphs need a CUDA GPU"))
-                for impl in IMPLS]
+        return [
+            _blank(dict(base, impl=impl, captured=None, error="not run: CUDA graphs need a CUDA GPU")) for impl in IMPLS
+        ]
     from labkit.workbench import sandbox
 
     res = sandbox.run_isolated(capture_check, E, M, K, N, timeout=timeout)
     if res.ok:
         return [_blank(dict(base, **row)) for row in res.value]
-    return [_blank(dict(base, impl=impl, captured=None, error=f"the capture experiment failed: {res.summary()}"))
-            for impl in IMPLS]
+    return [
+        _blank(dict(base, impl=impl, captured=None, error=f"the capture experiment failed: {res.summary()}"))
+        for impl in IMPLS
+    ]
 
 
-def benchmark(profile: str, shapes=None, skews=distributions.SKEWS, timing: dict | None = None,
-              capture: bool = True, progress: bool = True, moe: bool = True, staging: bool = True) -> list[dict]:
+def benchmark(
+    profile: str,
+    shapes=None,
+    skews=distributions.SKEWS,
+    timing: dict | None = None,
+    capture: bool = True,
+    progress: bool = True,
+    moe: bool = True,
+    staging: bool = True,
+) -> list[dict]:
     """Entry point of ``labkit bench grouped_gemm``: every shape of ``SHAPES[profile]`` (or
     ``shapes``: (E, M, K, N) tuples) and split, compared (``compare_case``), then the capture
     check; then the MoE layer's records (``moe_bench.moe_records``: timings, graph vs eager, the
@@ -412,8 +518,10 @@ def benchmark(profile: str, shapes=None, skews=distributions.SKEWS, timing: dict
     if staging:
         from labkit.labs.grouped_gemm import staging as staging_model
 
-        records += [_with_required(dict(r, impl=r["design"], method=r["scenario"]))
-                    for r in staging_model.all_scenarios(str(device))]
+        records += [
+            _with_required(dict(r, impl=r["design"], method=r["scenario"]))
+            for r in staging_model.all_scenarios(str(device))
+        ]
     return records
 
 
@@ -430,10 +538,26 @@ def _with_required(record: dict) -> dict:
 TUNE_GRID = {
     # on one H100 (a probe at 7d67fd8) 8 warps beat 4 at every shape, so the GPU grid keeps 4
     # warps only for 64-row tiles, where two programs per SM can fit; TMA loads on and off
-    "gpu": {"block_m": (64, 128), "block_n": (128, 256), "block_k": (64,), "group_m": (8,),
-            "num_warps": (8,), "num_stages": (3, 4), "programs_per_sm": (1,), "tma": (False, True)},
-    "cpu": {"block_m": (16, 32), "block_n": (32,), "block_k": (32,), "group_m": (4,),
-            "num_warps": (4,), "num_stages": (1,), "programs_per_sm": (1,), "tma": (False, True)},
+    "gpu": {
+        "block_m": (64, 128),
+        "block_n": (128, 256),
+        "block_k": (64,),
+        "group_m": (8,),
+        "num_warps": (8,),
+        "num_stages": (3, 4),
+        "programs_per_sm": (1,),
+        "tma": (False, True),
+    },
+    "cpu": {
+        "block_m": (16, 32),
+        "block_n": (32,),
+        "block_k": (32,),
+        "group_m": (4,),
+        "num_warps": (4,),
+        "num_stages": (1,),
+        "programs_per_sm": (1,),
+        "tma": (False, True),
+    },
 }
 TUNE_TIMING = {"gpu": {"warmup": 3, "reps": 10, "inner": 10}, "cpu": {"warmup": 1, "reps": 2, "inner": 1}}
 #: shared memory a config may ask for (H100/H200: 228 KiB per SM, 227 KiB per block at most)
@@ -481,8 +605,9 @@ def _forced_call(cfg, x, w, counts, out):
         return gg.grouped_mm(x, w, counts, out=out)
 
 
-def tune_case(E: int, M: int, K: int, N: int, skew: str, device: torch.device, grid: dict, timing: dict,
-              seed: int = 0, bar=None) -> list[dict]:
+def tune_case(
+    E: int, M: int, K: int, N: int, skew: str, device: torch.device, grid: dict, timing: dict, seed: int = 0, bar=None
+) -> list[dict]:
     """Records of one shape and split: each candidate config checked against float32, then all
     timed in one comparison (graph replays on a GPU), paired against ``forward_config``'s choice."""
     cuda = device.type == "cuda"
@@ -495,14 +620,29 @@ def tune_case(E: int, M: int, K: int, N: int, skew: str, device: torch.device, g
     configs = candidate_configs(grid, chosen)
     ref = _reference(x, w, counts)
     method = "graph" if cuda else "cpu_clock"
-    base = {"kind": "tune", "impl": "labkit", "experts": E, "tokens": M, "K": K, "N": N, "skew": skew,
-            "dtype": "bfloat16", "method": method, "timing_method": "cuda_graph" if cuda else "cpu_clock",
-            "max_over_mean": desc["max_over_mean"], "zero_experts": desc["zero_experts"],
-            "gpu": _gpu_name(device), "tier": tier.TIER, **_TUNE_FIELDS}
+    base = {
+        "kind": "tune",
+        "impl": "labkit",
+        "experts": E,
+        "tokens": M,
+        "K": K,
+        "N": N,
+        "skew": skew,
+        "dtype": "bfloat16",
+        "method": method,
+        "timing_method": "cuda_graph" if cuda else "cpu_clock",
+        "max_over_mean": desc["max_over_mean"],
+        "zero_experts": desc["zero_experts"],
+        "gpu": _gpu_name(device),
+        "tier": tier.TIER,
+        **_TUNE_FIELDS,
+    }
     records, fns, errors = [], {}, {}
     for cfg in configs:
-        name = (f"m{cfg.block_m} n{cfg.block_n} k{cfg.block_k} g{cfg.group_m} w{cfg.num_warps} s{cfg.num_stages}"
-                f" p{cfg.programs_per_sm}" + (" tma" if cfg.tma else ""))
+        name = (
+            f"m{cfg.block_m} n{cfg.block_n} k{cfg.block_k} g{cfg.group_m} w{cfg.num_warps} s{cfg.num_stages}"
+            f" p{cfg.programs_per_sm}" + (" tma" if cfg.tma else "")
+        )
         fields = dict(base, config=name, **dataclasses.asdict(cfg), smem_bytes=smem_bytes(cfg), chosen=cfg == chosen)
         try:
             errors[name] = _rel_err(_forced_call(cfg, x, w, counts_dev, out), ref)
@@ -518,26 +658,55 @@ def tune_case(E: int, M: int, K: int, N: int, skew: str, device: torch.device, g
         return records
     chosen_name = next((n for n, (cfg, _) in fns.items() if cfg == chosen), next(iter(fns)))
     try:
-        cmp = bench.compare({n: (lambda cfg=cfg: _forced_call(cfg, x, w, counts_dev, out)) for n, (cfg, _) in fns.items()},
-                            baseline=chosen_name, device=device if cuda else None, warmup=timing["warmup"],
-                            reps=timing["reps"], inner=timing["inner"], method="cuda_graph" if cuda else "cpu_clock")
+        cmp = bench.compare(
+            {n: (lambda cfg=cfg: _forced_call(cfg, x, w, counts_dev, out)) for n, (cfg, _) in fns.items()},
+            baseline=chosen_name,
+            device=device if cuda else None,
+            warmup=timing["warmup"],
+            reps=timing["reps"],
+            inner=timing["inner"],
+            method="cuda_graph" if cuda else "cpu_clock",
+        )
     except Exception as e:  # noqa: BLE001 (recorded; the other cases still run)
-        return records + [_blank(dict(fields, max_rel_err=errors[n], error=f"timing failed: {_one_line(e)}"))
-                          for n, (_, fields) in fns.items()]
+        return records + [
+            _blank(dict(fields, max_rel_err=errors[n], error=f"timing failed: {_one_line(e)}"))
+            for n, (_, fields) in fns.items()
+        ]
     best = min(fns, key=lambda n: cmp.timings[n].median_us)
     for name, (cfg, fields) in fns.items():
         t = cmp.timings[name]
         ms = t.median_us / 1e3
         r = _paired(cmp, name, chosen_name)
-        records.append(_blank(dict(fields, ms=ms, ms_p25=t.p25_us / 1e3, ms_p75=t.p75_us / 1e3, samples=len(t.samples_us),
-                                   inner=t.inner, tflops=_tflops(E, M, K, N, ms), ratio_vs_chosen=r[0],
-                                   ratio_vs_chosen_p25=r[1], ratio_vs_chosen_p75=r[2], best=name == best,
-                                   max_rel_err=errors[name], correct=errors[name] <= TOLERANCE)))
+        records.append(
+            _blank(
+                dict(
+                    fields,
+                    ms=ms,
+                    ms_p25=t.p25_us / 1e3,
+                    ms_p75=t.p75_us / 1e3,
+                    samples=len(t.samples_us),
+                    inner=t.inner,
+                    tflops=_tflops(E, M, K, N, ms),
+                    ratio_vs_chosen=r[0],
+                    ratio_vs_chosen_p25=r[1],
+                    ratio_vs_chosen_p75=r[2],
+                    best=name == best,
+                    max_rel_err=errors[name],
+                    correct=errors[name] <= TOLERANCE,
+                )
+            )
+        )
     return records
 
 
-def tune_benchmark(profile: str, shapes=None, skews=distributions.SKEWS, grid: dict | None = None,
-                   timing: dict | None = None, progress: bool = True) -> list[dict]:
+def tune_benchmark(
+    profile: str,
+    shapes=None,
+    skews=distributions.SKEWS,
+    grid: dict | None = None,
+    timing: dict | None = None,
+    progress: bool = True,
+) -> list[dict]:
     """Entry point of ``labkit bench grouped_gemm_tune``: ``tune_case`` for every shape and split
     of the profile, labkit only. ``chosen`` marks ``forward_config``'s pick, ``best`` the fastest."""
     from tqdm.auto import tqdm
@@ -569,9 +738,18 @@ def best_configs(records: list[dict]) -> list[dict]:
     for key, rs in sorted(groups.items()):
         top = min(rs, key=lambda r: r["ms"])
         chosen = next((r for r in rs if r.get("chosen")), None)
-        rows.append({"experts": key[0], "tokens": key[1], "K": key[2], "N": key[3], "skew": key[4],
-                     "best": top["config"], "best_tflops": top["tflops"],
-                     "chosen": chosen["config"] if chosen else None,
-                     "chosen_tflops": chosen["tflops"] if chosen else None,
-                     "chosen_vs_best": (chosen["ms"] / top["ms"]) if chosen else None})
+        rows.append(
+            {
+                "experts": key[0],
+                "tokens": key[1],
+                "K": key[2],
+                "N": key[3],
+                "skew": key[4],
+                "best": top["config"],
+                "best_tflops": top["tflops"],
+                "chosen": chosen["config"] if chosen else None,
+                "chosen_tflops": chosen["tflops"] if chosen else None,
+                "chosen_vs_best": (chosen["ms"] / top["ms"]) if chosen else None,
+            }
+        )
     return rows

@@ -25,6 +25,7 @@
 
 ``describe(counts)`` summarises a split for captions (max/mean, empty experts, ...).
 """
+
 from __future__ import annotations
 
 import math
@@ -68,7 +69,7 @@ def token_counts(experts: int, tokens: int, skew: str = "uniform", seed: int = 0
     if experts < 2:
         raise ValueError(f"experts: the skewed split needs at least 2 experts (one of them left empty), got {experts}")
     z = zero_experts(experts)
-    weights = [r ** -ZIPF_S for r in range(1, experts - z + 1)] + [0.0] * z
+    weights = [r**-ZIPF_S for r in range(1, experts - z + 1)] + [0.0] * z
     total = math.fsum(weights)
     quotas = [tokens * w / total for w in weights]
     by_rank = [math.floor(q) for q in quotas]
@@ -99,11 +100,23 @@ def describe(counts: Sequence[int] | torch.Tensor) -> dict:
     mean = total / E
     zeros = sum(1 for v in values if v == 0)
     ratio = max(values) / mean if mean else None
-    text = (f"{total} tokens over {E} experts: max/mean {ratio:.2f}, {zeros} of {E} experts empty"
-            if ratio is not None else f"0 tokens over {E} experts")
-    return {"experts": E, "tokens": total, "max": max(values), "min": min(values), "mean": mean,
-            "max_over_mean": ratio, "zero_experts": zeros, "zero_fraction": zeros / E,
-            "largest_share": max(values) / total if total else None, "text": text}
+    text = (
+        f"{total} tokens over {E} experts: max/mean {ratio:.2f}, {zeros} of {E} experts empty"
+        if ratio is not None
+        else f"0 tokens over {E} experts"
+    )
+    return {
+        "experts": E,
+        "tokens": total,
+        "max": max(values),
+        "min": min(values),
+        "mean": mean,
+        "max_over_mean": ratio,
+        "zero_experts": zeros,
+        "zero_fraction": zeros / E,
+        "largest_share": max(values) / total if total else None,
+        "text": text,
+    }
 
 
 __all__ = ["SKEWS", "ZIPF_S", "ZERO_FRACTION", "describe", "token_counts", "zero_experts"]

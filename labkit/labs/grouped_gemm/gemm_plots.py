@@ -10,6 +10,7 @@
 torch is timed with w in two layouts; these plots show its faster one per comparison
 (``torch_layout_best``), the baseline the ratios use.
 """
+
 from __future__ import annotations
 
 from labkit.workbench import hardware
@@ -27,8 +28,13 @@ def datasheet_bf16_tflops(gpu_name: str | None) -> float | None:
 
 def _shown(records: list[dict]) -> list[dict]:
     """Timed gemm records, torch only in its faster layout of each comparison."""
-    return [r for r in records if r.get("kind") == "gemm" and r.get("ms")
-            and (r.get("impl") != "torch_grouped_mm" or r.get("torch_layout_best") in (True, None))]
+    return [
+        r
+        for r in records
+        if r.get("kind") == "gemm"
+        and r.get("ms")
+        and (r.get("impl") != "torch_grouped_mm" or r.get("torch_layout_best") in (True, None))
+    ]
 
 
 def _shape(r: dict) -> tuple:
@@ -44,8 +50,9 @@ def _group_ticks(ax, groups: list[tuple]) -> None:
     """x ticks of (shape, split) groups: short labels, the shapes spelled out in the axis label."""
     ax.set_xticks(range(len(groups)), [f"E={s[0]}\n{skew}" for s, skew in groups], fontsize=7)
     shapes = sorted({s for s, _ in groups})
-    ax.set_xlabel("experts and split; tokens M × K × N: "
-                  + ", ".join(f"E={E} {M}×{K}×{N}" for E, M, K, N in shapes), fontsize=7)
+    ax.set_xlabel(
+        "experts and split; tokens M × K × N: " + ", ".join(f"E={E} {M}×{K}×{N}" for E, M, K, N in shapes), fontsize=7
+    )
 
 
 def _empty(ax, title: str, text: str) -> None:
@@ -71,13 +78,21 @@ def plot_tflops_vs_experts(records: list[dict], ax, title: str, method: str | No
         for skew, style in SKEW_STYLES.items():
             pts = sorted((pos[_shape(r)], r["tflops"]) for r in rs if r["impl"] == impl and r["skew"] == skew)
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, marker="o", ms=4,
-                        color=IMPL_COLORS[impl], label=f"{impl}, {skew}")
+                ax.plot(
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    style,
+                    marker="o",
+                    ms=4,
+                    color=IMPL_COLORS[impl],
+                    label=f"{impl}, {skew}",
+                )
     gpus = {r.get("gpu") for r in rs}
     peak = datasheet_bf16_tflops(next(iter(gpus))) if len(gpus) == 1 else None
     if peak:
-        ax.axhline(peak, color="0.3", ls=":", lw=1.2,
-                   label=f"datasheet bf16 dense peak:\n{peak:g} TFLOP/s (the ceiling)")
+        ax.axhline(
+            peak, color="0.3", ls=":", lw=1.2, label=f"datasheet bf16 dense peak:\n{peak:g} TFLOP/s (the ceiling)"
+        )
         ax.set_ylim(0, peak * 1.08)
     else:
         ax.set_ylim(bottom=0)
@@ -96,9 +111,18 @@ def ratio_rows(records: list[dict], against: str = "torch") -> list[dict]:
     if against not in ("torch", "loop"):
         raise ValueError(f"against: {against!r} is not 'torch' or 'loop'")
     key = f"ratio_vs_{against}"
-    return [{"shape": _shape(r), "skew": r["skew"], "method": r["method"], "ratio": r[key],
-             "p25": r.get(f"{key}_p25"), "p75": r.get(f"{key}_p75")}
-            for r in _shown(records) if r["impl"] == "labkit" and r.get(key) is not None]
+    return [
+        {
+            "shape": _shape(r),
+            "skew": r["skew"],
+            "method": r["method"],
+            "ratio": r[key],
+            "p25": r.get(f"{key}_p25"),
+            "p75": r.get(f"{key}_p75"),
+        }
+        for r in _shown(records)
+        if r["impl"] == "labkit" and r.get(key) is not None
+    ]
 
 
 def plot_ratio(records: list[dict], ax, title: str, against: str = "torch") -> None:
@@ -108,8 +132,12 @@ def plot_ratio(records: list[dict], ax, title: str, against: str = "torch") -> N
     rows = ratio_rows(records, against)
     other = "torch's grouped GEMM" if against == "torch" else "the host-sync loop"
     if not rows:
-        return _empty(ax, title, f"no paired timing of labkit against {other} in these records"
-                      + (" (torch's device-side path needs sm_90)" if against == "torch" else ""))
+        return _empty(
+            ax,
+            title,
+            f"no paired timing of labkit against {other} in these records"
+            + (" (torch's device-side path needs sm_90)" if against == "torch" else ""),
+        )
     groups = sorted({(row["shape"], row["skew"]) for row in rows}, key=lambda g: (g[0], g[1] != "uniform"))
     methods = [m for m in METHOD_ORDER[::-1] if any(row["method"] == m for row in rows)]
     width = 0.8 / len(methods)
@@ -120,12 +148,19 @@ def plot_ratio(records: list[dict], ax, title: str, against: str = "torch") -> N
         sel = [at[g] for g in groups if g in at]
         ys = [row["ratio"] for row in sel]
         have_q = all(row["p25"] is not None and row["p75"] is not None for row in sel)
-        yerr = [[row["ratio"] - row["p25"] for row in sel], [row["p75"] - row["ratio"] for row in sel]] if have_q else None
+        yerr = (
+            [[row["ratio"] - row["p25"] for row in sel], [row["p75"] - row["ratio"] for row in sel]] if have_q else None
+        )
         ax.bar(xs, ys, width, yerr=yerr, capsize=2, color=colors.get(m), label=m)
         for x, y in zip(xs, ys):
             ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=6)
-    ax.axhline(1.0, color="0.2", lw=1, ls="--",
-               label="1.0: as fast as torch" if against == "torch" else "1.0: as fast as the loop")
+    ax.axhline(
+        1.0,
+        color="0.2",
+        lw=1,
+        ls="--",
+        label="1.0: as fast as torch" if against == "torch" else "1.0: as fast as the loop",
+    )
     _group_ticks(ax, groups)
     ax.set_ylabel(f"labkit time / {other} time\n(same round; median of paired ratios,\nwhiskers p25-p75)", fontsize=8)
     ax.set_title(title, fontsize=9)
@@ -163,5 +198,4 @@ def plot_cpu_cost(records: list[dict], ax, title: str) -> None:
     ax.grid(alpha=0.3, axis="y")
 
 
-__all__ = ["datasheet_bf16_tflops", "plot_cpu_cost", "plot_ratio",
-           "plot_tflops_vs_experts", "ratio_rows"]
+__all__ = ["datasheet_bf16_tflops", "plot_cpu_cost", "plot_ratio", "plot_tflops_vs_experts", "ratio_rows"]

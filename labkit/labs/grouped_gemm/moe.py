@@ -33,6 +33,7 @@ Everything else stays on the device and free of syncs, on purpose:
 DEVICE (``layer.route_bias.copy_(...)``) between replays of a captured graph, which is how the
 lab shows one graph serving any distribution.
 """
+
 from __future__ import annotations
 
 import torch
@@ -49,8 +50,9 @@ SYNCS = ("device", "host")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def route(x: torch.Tensor, router_weight: torch.Tensor, route_bias: torch.Tensor,
-          top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def route(
+    x: torch.Tensor, router_weight: torch.Tensor, route_bias: torch.Tensor, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] fp32 summing to 1 per token, expert ids [T, k] int64), on the device.
 
     The router runs in fp32 (as Megatron's ``moe_router_dtype="fp32"`` does): which experts a
@@ -98,14 +100,16 @@ def swiglu(h: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def experts_device(rows: torch.Tensor, counts: torch.Tensor, gate_up: GroupedLinear,
-                   down: GroupedLinear) -> torch.Tensor:
+def experts_device(
+    rows: torch.Tensor, counts: torch.Tensor, gate_up: GroupedLinear, down: GroupedLinear
+) -> torch.Tensor:
     """The experts as two grouped GEMMs that read ``counts`` on the device: no host sync."""
     return down(swiglu(gate_up(rows, counts)), counts)
 
 
-def experts_host_loop(rows: torch.Tensor, counts: torch.Tensor, gate_up_weight: torch.Tensor,
-                      down_weight: torch.Tensor) -> torch.Tensor:
+def experts_host_loop(
+    rows: torch.Tensor, counts: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor
+) -> torch.Tensor:
     """The baseline: counts read by the host, then one matmul pair per expert on its slice.
 
     ``counts.tolist()`` is the sync: the host waits until every kernel queued before it (the
@@ -116,9 +120,10 @@ def experts_host_loop(rows: torch.Tensor, counts: torch.Tensor, gate_up_weight: 
     expert (E full-size allocations and adds), which would make the baseline a strawman;
     ``unbind``'s backward stacks the E gradients once, close to separate per-expert parameters."""
     splits = counts.tolist()  # the host sync the story removes
-    outputs = [swiglu(rows_e @ w_gate_up) @ w_down
-               for rows_e, w_gate_up, w_down in zip(rows.split(splits), gate_up_weight.unbind(0),
-                                                    down_weight.unbind(0))]
+    outputs = [
+        swiglu(rows_e @ w_gate_up) @ w_down
+        for rows_e, w_gate_up, w_down in zip(rows.split(splits), gate_up_weight.unbind(0), down_weight.unbind(0))
+    ]
     return torch.cat(outputs)
 
 
@@ -132,11 +137,24 @@ class MoELayer(nn.Module):
     router's logits. forward(x [T, H]) -> [T, H]. After a forward, ``last_counts`` is the counts
     tensor it used (inside a captured graph: the static tensor every replay rewrites)."""
 
-    def __init__(self, hidden_size: int, ffn_size: int, num_experts: int, top_k: int, *,
-                 sync: str = "device", dtype: torch.dtype | None = None, device=None):
+    def __init__(
+        self,
+        hidden_size: int,
+        ffn_size: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        sync: str = "device",
+        dtype: torch.dtype | None = None,
+        device=None,
+    ):
         super().__init__()
-        for name, value in (("hidden_size", hidden_size), ("ffn_size", ffn_size),
-                            ("num_experts", num_experts), ("top_k", top_k)):
+        for name, value in (
+            ("hidden_size", hidden_size),
+            ("ffn_size", ffn_size),
+            ("num_experts", num_experts),
+            ("top_k", top_k),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name}: expected a positive int, got {value!r}")
         if top_k > num_experts:
@@ -171,8 +189,10 @@ class MoELayer(nn.Module):
         return unpermute(y, order, weights)
 
     def extra_repr(self) -> str:
-        return (f"hidden_size={self.hidden_size}, ffn_size={self.ffn_size}, num_experts={self.num_experts}, "
-                f"top_k={self.top_k}, sync={self.sync!r}")
+        return (
+            f"hidden_size={self.hidden_size}, ffn_size={self.ffn_size}, num_experts={self.num_experts}, "
+            f"top_k={self.top_k}, sync={self.sync!r}"
+        )
 
 
 def with_sync(layer: MoELayer, sync: str) -> MoELayer:
@@ -181,8 +201,15 @@ def with_sync(layer: MoELayer, sync: str) -> MoELayer:
     if not isinstance(layer, MoELayer):
         raise TypeError(f"layer: expected an MoELayer, got {type(layer).__name__}")
     weight = layer.router.weight
-    twin = MoELayer(layer.hidden_size, layer.ffn_size, layer.num_experts, layer.top_k, sync=sync,
-                    dtype=weight.dtype, device=weight.device)
+    twin = MoELayer(
+        layer.hidden_size,
+        layer.ffn_size,
+        layer.num_experts,
+        layer.top_k,
+        sync=sync,
+        dtype=weight.dtype,
+        device=weight.device,
+    )
     twin.load_state_dict(layer.state_dict())
     return twin
 
@@ -203,13 +230,27 @@ def forward_backward(layer: MoELayer, x: torch.Tensor, grad_out: torch.Tensor) -
     check_tensor("x", x, contiguous=False)
     check_tensor("grad_out", grad_out, contiguous=False)
     if grad_out.shape != x.shape or grad_out.dtype != x.dtype:
-        raise ValueError(f"grad_out: shape {tuple(grad_out.shape)} {grad_out.dtype} differs from "
-                         f"x's {tuple(x.shape)} {x.dtype}")
+        raise ValueError(
+            f"grad_out: shape {tuple(grad_out.shape)} {grad_out.dtype} differs from x's {tuple(x.shape)} {x.dtype}"
+        )
     x = x.detach().requires_grad_(True)  # shares x's storage: nothing is copied
     out = layer(x)
     grads = torch.autograd.grad(out, (x, *layer.parameters()), grad_outputs=grad_out)
     return out.detach(), grads
 
 
-__all__ = ["DTYPES", "MoELayer", "SYNCS", "experts_device", "experts_host_loop", "forward_backward",
-           "grad_names", "inverse_permutation", "permute", "route", "swiglu", "unpermute", "with_sync"]
+__all__ = [
+    "DTYPES",
+    "MoELayer",
+    "SYNCS",
+    "experts_device",
+    "experts_host_loop",
+    "forward_backward",
+    "grad_names",
+    "inverse_permutation",
+    "permute",
+    "route",
+    "swiglu",
+    "unpermute",
+    "with_sync",
+]

@@ -16,6 +16,7 @@ the host path that plus its wait inside ``.tolist()`` (the host cannot run ahead
 which is the point). ``tflops`` counts the expert GEMMs only (the router's [T, H] x [H, E] is
 left out): 3 x the forward's 2·T·k·(H·2F + F·H).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -36,10 +37,28 @@ REQUIRED = ("kind", "impl", "method", "tokens", "experts", "skew", "ms_fwd_bwd",
 #: per step (256 per expert on average), 1.1 GB of bf16 expert weights; fits one H200 many times
 #: over, including the captured graph's pool. "cpu": the Triton interpreter, tiny, no timings.
 PROFILES = {
-    "gpu": {"tokens": 4096, "hidden_size": 2048, "ffn_size": 1408, "num_experts": 64, "top_k": 4,
-            "dtype": "bfloat16", "skews": (0.0, 2.0), "reps": 20, "cpu_reps": 10, "seed": 0},
-    "cpu": {"tokens": 24, "hidden_size": 32, "ffn_size": 16, "num_experts": 4, "top_k": 2,
-            "dtype": "float32", "skews": (0.0, 3.0), "seed": 0},
+    "gpu": {
+        "tokens": 4096,
+        "hidden_size": 2048,
+        "ffn_size": 1408,
+        "num_experts": 64,
+        "top_k": 4,
+        "dtype": "bfloat16",
+        "skews": (0.0, 2.0),
+        "reps": 20,
+        "cpu_reps": 10,
+        "seed": 0,
+    },
+    "cpu": {
+        "tokens": 24,
+        "hidden_size": 32,
+        "ffn_size": 16,
+        "num_experts": 4,
+        "top_k": 2,
+        "dtype": "float32",
+        "skews": (0.0, 3.0),
+        "seed": 0,
+    },
 }
 #: device vs host path, per dtype: different kernels and summation orders, rounded to the dtype
 PATHS_TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 3e-2, torch.float16: 5e-3}
@@ -71,8 +90,17 @@ def _sizes(layer: moe.MoELayer) -> tuple:
     return layer.hidden_size, layer.ffn_size, layer.num_experts, layer.top_k, layer.router.weight.dtype
 
 
-def time_layer(layer_device: moe.MoELayer, layer_host: moe.MoELayer, x: torch.Tensor, grad_out: torch.Tensor,
-               *, skew: float = 0.0, warmup: int = 3, reps: int = 20, cpu_reps: int = 10) -> list[dict]:
+def time_layer(
+    layer_device: moe.MoELayer,
+    layer_host: moe.MoELayer,
+    x: torch.Tensor,
+    grad_out: torch.Tensor,
+    *,
+    skew: float = 0.0,
+    warmup: int = 3,
+    reps: int = 20,
+    cpu_reps: int = 10,
+) -> list[dict]:
     """Three records (kind="moe_layer"): host_sync/eager, device/eager, device/graph; see the
     module docstring. The two layers must have the same sizes (``moe.with_sync`` makes one from
     the other); ``skew`` is a label for the records (the route_bias already in the layers)."""
@@ -82,12 +110,15 @@ def time_layer(layer_device: moe.MoELayer, layer_host: moe.MoELayer, x: torch.Te
         raise UsageError("layer_host: its sizes or dtype differ from layer_device's (use moe.with_sync)")
     moe_graph.check_step_inputs(layer_device, x, grad_out)
     step = moe_graph.CapturedStep(layer_device, x, grad_out)
-    candidates = {("host_sync", "eager"): lambda: moe.forward_backward(layer_host, x, grad_out),
-                  ("device", "eager"): lambda: moe.forward_backward(layer_device, x, grad_out),
-                  ("device", "graph"): step.replay}
+    candidates = {
+        ("host_sync", "eager"): lambda: moe.forward_backward(layer_host, x, grad_out),
+        ("device", "eager"): lambda: moe.forward_backward(layer_device, x, grad_out),
+        ("device", "graph"): step.replay,
+    }
     named = {f"{impl}/{method}": fn for (impl, method), fn in candidates.items()}
-    cmp = bench.compare(named, baseline="host_sync/eager", device=device, warmup=warmup, reps=reps,
-                        method="cuda_events")
+    cmp = bench.compare(
+        named, baseline="host_sync/eager", device=device, warmup=warmup, reps=reps, method="cuda_events"
+    )
     cpu = {name: cpu_time_us(fn, reps=cpu_reps, device=device) for name, fn in named.items()}
     step.replay()
     counts = step.counts.tolist()  # after the timing: reading them syncs
@@ -97,14 +128,33 @@ def time_layer(layer_device: moe.MoELayer, layer_host: moe.MoELayer, x: torch.Te
     for (impl, method), name in zip(candidates, named):
         t = cmp.timings[name]
         lo, hi = cmp.ratio_iqr(name)
-        records.append({
-            "kind": "moe_layer", "impl": impl, "method": method, "experts": E, "tokens": T, "top_k": k,
-            "K": layer_device.hidden_size, "N": layer_device.ffn_size, "skew": skew,
-            "imbalance": max(counts) / (T * k / E), "ms": t.median_us / 1e3, "ms_fwd_bwd": t.median_us / 1e3,
-            "us_p25": t.p25_us, "us_p75": t.p75_us, "cpu_us": cpu[name][0], "cpu_us_p25": cpu[name][1],
-            "cpu_us_p75": cpu[name][2], "tflops": work / (t.median_us * 1e-6) / 1e12,
-            "ratio_vs_host_sync": cmp.ratio(name), "ratio_p25": lo, "ratio_p75": hi,
-            "dtype": str(x.dtype).replace("torch.", ""), "gpu": torch.cuda.get_device_name(device)})
+        records.append(
+            {
+                "kind": "moe_layer",
+                "impl": impl,
+                "method": method,
+                "experts": E,
+                "tokens": T,
+                "top_k": k,
+                "K": layer_device.hidden_size,
+                "N": layer_device.ffn_size,
+                "skew": skew,
+                "imbalance": max(counts) / (T * k / E),
+                "ms": t.median_us / 1e3,
+                "ms_fwd_bwd": t.median_us / 1e3,
+                "us_p25": t.p25_us,
+                "us_p75": t.p75_us,
+                "cpu_us": cpu[name][0],
+                "cpu_us_p25": cpu[name][1],
+                "cpu_us_p75": cpu[name][2],
+                "tflops": work / (t.median_us * 1e-6) / 1e12,
+                "ratio_vs_host_sync": cmp.ratio(name),
+                "ratio_p25": lo,
+                "ratio_p75": hi,
+                "dtype": str(x.dtype).replace("torch.", ""),
+                "gpu": torch.cuda.get_device_name(device),
+            }
+        )
     return records
 
 
@@ -117,20 +167,33 @@ def paths_agree(layer: moe.MoELayer, x: torch.Tensor, grad_out: torch.Tensor, *,
     out_d, grads_d = moe.forward_backward(device_layer, x, grad_out)
     out_h, grads_h = moe.forward_backward(host_layer, x, grad_out)
     names = ("out",) + moe.grad_names(layer)
-    errors = {f"err_{n}": moe_graph.max_relative_error(a, b)
-              for n, a, b in zip(names, (out_d, *grads_d), (out_h, *grads_h))}
+    errors = {
+        f"err_{n}": moe_graph.max_relative_error(a, b) for n, a, b in zip(names, (out_d, *grads_d), (out_h, *grads_h))
+    }
     tol = PATHS_TOLERANCE[x.dtype]
     counts = device_layer.last_counts.tolist()
-    return {"kind": "paths_equal", "impl": "device vs host_sync", "method": "eager", "tokens": x.shape[0],
-            "experts": layer.num_experts, "skew": skew, "counts": counts, "dtype": str(x.dtype).replace("torch.", ""),
-            "tolerance": tol, "max_rel_err": max(errors.values()), "ok": max(errors.values()) <= tol, **errors}
+    return {
+        "kind": "paths_equal",
+        "impl": "device vs host_sync",
+        "method": "eager",
+        "tokens": x.shape[0],
+        "experts": layer.num_experts,
+        "skew": skew,
+        "counts": counts,
+        "dtype": str(x.dtype).replace("torch.", ""),
+        "tolerance": tol,
+        "max_rel_err": max(errors.values()),
+        "ok": max(errors.values()) <= tol,
+        **errors,
+    }
 
 
 def _inputs(p: dict, device) -> tuple[moe.MoELayer, torch.Tensor, torch.Tensor]:
     torch.manual_seed(p["seed"])
     dtype = getattr(torch, p["dtype"])
-    layer = moe.MoELayer(p["hidden_size"], p["ffn_size"], p["num_experts"], p["top_k"], sync="device",
-                         dtype=dtype, device=device)
+    layer = moe.MoELayer(
+        p["hidden_size"], p["ffn_size"], p["num_experts"], p["top_k"], sync="device", dtype=dtype, device=device
+    )
     x = torch.randn(p["tokens"], p["hidden_size"], dtype=dtype, device=device)
     return layer, x, torch.randn_like(x)
 
@@ -175,8 +238,11 @@ def moe_records(profile: str) -> list[dict]:
     records += moe_graph.graph_equals_eager(layer, x, grad_out)
     records.append(moe_graph.capture_record())
     records += [moe_graph.sync_debug_check(layer, x, grad_out), moe_graph.sync_debug_check(host, x, grad_out)]
-    records += [moe_timeline.timeline(host, x, grad_out), moe_timeline.timeline(layer, x, grad_out),
-                moe_timeline.timeline(layer, x, grad_out, graph=True)]
+    records += [
+        moe_timeline.timeline(host, x, grad_out),
+        moe_timeline.timeline(layer, x, grad_out),
+        moe_timeline.timeline(layer, x, grad_out, graph=True),
+    ]
     return _complete(records, tier="gpu", gpu=torch.cuda.get_device_name(device))
 
 
@@ -189,5 +255,13 @@ def _complete(records: list[dict], *, tier: str, gpu) -> list[dict]:
     return records
 
 
-__all__ = ["PATHS_TOLERANCE", "PROFILES", "REQUIRED", "cpu_time_us", "moe_records",
-           "paths_agree", "step_flops", "time_layer"]
+__all__ = [
+    "PATHS_TOLERANCE",
+    "PROFILES",
+    "REQUIRED",
+    "cpu_time_us",
+    "moe_records",
+    "paths_agree",
+    "step_flops",
+    "time_layer",
+]

@@ -13,6 +13,7 @@ in one CUDA graph when the counts stay on the device, and cannot be captured whe
 * ``sync_debug_check``: torch's own detector of host syncs (``torch.cuda.set_sync_debug_mode``)
   finds none in the device path and finds the host path's.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -50,11 +51,15 @@ def check_step_inputs(layer: moe.MoELayer, x: torch.Tensor, grad_out: torch.Tens
     check_tensor("grad_out", grad_out, contiguous=False)
     weight = layer.router.weight
     if tuple(x.shape[1:]) != (layer.hidden_size,) or x.dtype != weight.dtype or x.device != weight.device:
-        raise ValueError(f"x: expected [tokens, {layer.hidden_size}] {weight.dtype} on {weight.device}, "
-                         f"got {tuple(x.shape)} {x.dtype} on {x.device}")
+        raise ValueError(
+            f"x: expected [tokens, {layer.hidden_size}] {weight.dtype} on {weight.device}, "
+            f"got {tuple(x.shape)} {x.dtype} on {x.device}"
+        )
     if grad_out.shape != x.shape or grad_out.dtype != x.dtype or grad_out.device != x.device:
-        raise ValueError(f"grad_out: expected x's shape, dtype and device, got {tuple(grad_out.shape)} "
-                         f"{grad_out.dtype} on {grad_out.device}")
+        raise ValueError(
+            f"grad_out: expected x's shape, dtype and device, got {tuple(grad_out.shape)} "
+            f"{grad_out.dtype} on {grad_out.device}"
+        )
 
 
 class CapturedStep:
@@ -96,9 +101,15 @@ class CapturedStep:
         self.graph.replay()
 
 
-def capture_fails_with_host_sync(tokens: int = 256, hidden_size: int = 256, ffn_size: int = 128,
-                                 num_experts: int = 8, top_k: int = 2, dtype: str = "bfloat16",
-                                 seed: int = 0) -> dict:
+def capture_fails_with_host_sync(
+    tokens: int = 256,
+    hidden_size: int = 256,
+    ffn_size: int = 128,
+    num_experts: int = 8,
+    top_k: int = 2,
+    dtype: str = "bfloat16",
+    seed: int = 0,
+) -> dict:
     """Try to capture the ``sync="host"`` layer's step; returns {"captured", "error", "error_type",
     "error_at_exit"}. Meant for a child process (``capture_record``): after a failed capture the
     CUDA context may refuse further work. Plain arguments in, a JSON-able dict out.
@@ -107,8 +118,9 @@ def capture_fails_with_host_sync(tokens: int = 256, hidden_size: int = 256, ffn_
     a device-to-host copy and a wait are not allowed on a capturing stream); ``error_at_exit``
     is what ending the invalidated capture raised on top of it, if anything."""
     torch.manual_seed(seed)
-    layer = moe.MoELayer(hidden_size, ffn_size, num_experts, top_k, sync="host",
-                         dtype=getattr(torch, dtype), device="cuda")
+    layer = moe.MoELayer(
+        hidden_size, ffn_size, num_experts, top_k, sync="host", dtype=getattr(torch, dtype), device="cuda"
+    )
     x = torch.randn(tokens, hidden_size, dtype=layer.router.weight.dtype, device="cuda")
     grad_out = torch.randn_like(x)
     side = torch.cuda.Stream()
@@ -124,8 +136,12 @@ def capture_fails_with_host_sync(tokens: int = 256, hidden_size: int = 256, ffn_
         first = e
         while first.__context__ is not None:  # the capture's exit raises on top of the body's error
             first = first.__context__
-        return {"captured": False, "error": _first_line(first), "error_type": type(first).__name__,
-                "error_at_exit": _first_line(e) if e is not first else None}
+        return {
+            "captured": False,
+            "error": _first_line(first),
+            "error_type": type(first).__name__,
+            "error_at_exit": _first_line(e) if e is not first else None,
+        }
     return {"captured": True, "error": None, "error_type": None, "error_at_exit": None}
 
 
@@ -140,8 +156,14 @@ def capture_record(timeout: float = 180.0, **sizes) -> dict:
     res = sandbox.run_isolated(capture_fails_with_host_sync, timeout=timeout, **sizes)
     args = {name: p.default for name, p in inspect.signature(capture_fails_with_host_sync).parameters.items()}
     args.update(sizes)
-    record = {"kind": "capture", "impl": "host_sync", "method": "graph", "status": res.status,
-              "tokens": args["tokens"], "experts": args["num_experts"]}
+    record = {
+        "kind": "capture",
+        "impl": "host_sync",
+        "method": "graph",
+        "status": res.status,
+        "tokens": args["tokens"],
+        "experts": args["num_experts"],
+    }
     if res.ok:
         record.update(res.value)
     else:
@@ -174,8 +196,9 @@ def max_relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 DISTRIBUTIONS = ((0.0, 0), (1.0, 0), (3.0, 0), (1.0, 2))
 
 
-def graph_equals_eager(layer: moe.MoELayer, x: torch.Tensor, grad_out: torch.Tensor, *,
-                       distributions=DISTRIBUTIONS, seed: int = 0) -> list[dict]:
+def graph_equals_eager(
+    layer: moe.MoELayer, x: torch.Tensor, grad_out: torch.Tensor, *, distributions=DISTRIBUTIONS, seed: int = 0
+) -> list[dict]:
     """Capture the step once, then for each (skew, dead) in ``distributions`` write a new x and a
     new route_bias on the device, replay, and compare with an eager step on the same inputs.
 
@@ -201,17 +224,31 @@ def graph_equals_eager(layer: moe.MoELayer, x: torch.Tensor, grad_out: torch.Ten
             graph_values = [t.clone() for t in (step.out, *step.grads)]
             graph_counts = step.counts.clone()
             eager_out, eager_grads = moe.forward_backward(layer, step.x, step.grad_out)
-            errors = {f"err_{n}": max_relative_error(a, b)
-                      for n, a, b in zip(names, graph_values, (eager_out, *eager_grads))}
+            errors = {
+                f"err_{n}": max_relative_error(a, b) for n, a, b in zip(names, graph_values, (eager_out, *eager_grads))
+            }
             counts = graph_counts.tolist()  # outside any timing: the check may sync
-            records.append({
-                "kind": "graph_vs_eager", "impl": "device", "method": "graph", "distribution": i, "skew": skew,
-                "dead_experts": dead, "tokens": x.shape[0], "experts": layer.num_experts,
-                "dtype": str(x.dtype).replace("torch.", ""), "tolerance": tol,
-                "max_rel_err": max(errors.values()), "ok": max(errors.values()) <= tol, **errors,
-                "counts": counts, "counts_equal_eager": counts == layer.last_counts.tolist(),
-                "counts_changed": previous is not None and counts != previous,
-                "zero_token_experts": sum(1 for c in counts if c == 0)})
+            records.append(
+                {
+                    "kind": "graph_vs_eager",
+                    "impl": "device",
+                    "method": "graph",
+                    "distribution": i,
+                    "skew": skew,
+                    "dead_experts": dead,
+                    "tokens": x.shape[0],
+                    "experts": layer.num_experts,
+                    "dtype": str(x.dtype).replace("torch.", ""),
+                    "tolerance": tol,
+                    "max_rel_err": max(errors.values()),
+                    "ok": max(errors.values()) <= tol,
+                    **errors,
+                    "counts": counts,
+                    "counts_equal_eager": counts == layer.last_counts.tolist(),
+                    "counts_changed": previous is not None and counts != previous,
+                    "zero_token_experts": sum(1 for c in counts if c == 0),
+                }
+            )
             previous = counts
     finally:
         layer.route_bias.copy_(saved_bias)
@@ -241,10 +278,26 @@ def sync_debug_check(layer: moe.MoELayer, x: torch.Tensor, grad_out: torch.Tenso
         finally:
             torch.cuda.set_sync_debug_mode(previous)
         torch.cuda.synchronize()
-    return {"kind": "sync_debug", "impl": "device" if layer.sync == "device" else "host_sync", "method": "eager",
-            "raised": raised, "error": error}
+    return {
+        "kind": "sync_debug",
+        "impl": "device" if layer.sync == "device" else "host_sync",
+        "method": "eager",
+        "raised": raised,
+        "error": error,
+    }
 
 
-__all__ = ["CapturedStep", "DEAD_LOGIT", "DISTRIBUTIONS", "TOLERANCE", "capture_fails_with_host_sync",
-           "capture_record", "check_step_inputs", "cuda_device_of", "graph_equals_eager", "max_relative_error",
-           "skewed_route_bias", "sync_debug_check"]
+__all__ = [
+    "CapturedStep",
+    "DEAD_LOGIT",
+    "DISTRIBUTIONS",
+    "TOLERANCE",
+    "capture_fails_with_host_sync",
+    "capture_record",
+    "check_step_inputs",
+    "cuda_device_of",
+    "graph_equals_eager",
+    "max_relative_error",
+    "skewed_route_bias",
+    "sync_debug_check",
+]

@@ -1,13 +1,17 @@
 """Figures of lab 04's MoE layer, from records of ``moe_bench.moe_records`` (a live run or a
 reference file): the same functions draw both. matplotlib only; each draws on the ``ax`` given."""
+
 from __future__ import annotations
 
 from matplotlib.colors import to_rgba
 
 #: one colour per way of running a step
 COLORS = {("host_sync", "eager"): "tab:red", ("device", "eager"): "tab:blue", ("device", "graph"): "tab:green"}
-LABELS = {("host_sync", "eager"): "host sync, eager", ("device", "eager"): "device counts, eager",
-          ("device", "graph"): "device counts, CUDA graph"}
+LABELS = {
+    ("host_sync", "eager"): "host sync, eager",
+    ("device", "eager"): "device counts, eager",
+    ("device", "graph"): "device counts, CUDA graph",
+}
 
 
 def _gaps(intervals: list, span: float) -> list[tuple[float, float]]:
@@ -43,8 +47,15 @@ def plot_timeline(record: dict, ax, title: str) -> None:
     ax.set_ylim(0, 22)
     ax.set_xlabel("µs since the step began")
     if not record.get("device_events"):
-        ax.text(0.5, 0.5, record.get("note") or "no GPU events in this trace", transform=ax.transAxes,
-                ha="center", va="center", fontsize=9)
+        ax.text(
+            0.5,
+            0.5,
+            record.get("note") or "no GPU events in this trace",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            fontsize=9,
+        )
         ax.set_xlim(0, max(span, 1.0))
         return
     kernels = record.get("kernels") or []
@@ -61,8 +72,16 @@ def plot_timeline(record: dict, ax, title: str) -> None:
     if record.get("sync_calls"):
         n = record["sync_calls"]
         text += f"; host waits {record.get('sync_us', 0):,.0f} µs in {n} call{'s' if n > 1 else ''}"
-    ax.text(0.99, 0.97, text, transform=ax.transAxes, ha="right", va="top", fontsize=8,
-            bbox={"facecolor": "white", "alpha": 0.8, "lw": 0})
+    ax.text(
+        0.99,
+        0.97,
+        text,
+        transform=ax.transAxes,
+        ha="right",
+        va="top",
+        fontsize=8,
+        bbox={"facecolor": "white", "alpha": 0.8, "lw": 0},
+    )
     ax.set_xlim(0, span)
     ax.grid(axis="x", alpha=0.3)
 
@@ -106,8 +125,11 @@ def plot_layer_times(records: list[dict], ax, title: str) -> None:
     ax.set_xticklabels([f"skew {s:g}" + (" (router only)" if s == 0 else "") for s in skews], fontsize=8)
     ax.set_ylabel("forward + backward (ms, median; bars: quartiles)")
     ax.set_ylim(0, top * 1.55)  # room for the factors, and for the legend above them
-    ax.set_title(f"{title}\nT={r0.get('tokens')} tokens, E={r0.get('experts')}, top-{r0.get('top_k')}, "
-                 f"H={r0.get('K')}, F={r0.get('N')}", fontsize=9)
+    ax.set_title(
+        f"{title}\nT={r0.get('tokens')} tokens, E={r0.get('experts')}, top-{r0.get('top_k')}, "
+        f"H={r0.get('K')}, F={r0.get('N')}",
+        fontsize=9,
+    )
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper center", ncol=len(ways), frameon=False)
 

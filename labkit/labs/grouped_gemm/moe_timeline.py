@@ -19,6 +19,7 @@ At most ``max_intervals`` intervals are kept per row: neighbours separated by th
 are merged first, so the large gaps (the idle time the figure is about) survive. A profiler that
 returns no GPU events (no CUPTI, or the CPU tier) gives a record that says so, not an error.
 """
+
 from __future__ import annotations
 
 import re
@@ -33,8 +34,15 @@ from labkit.workbench.errors import UsageError
 STEP = "moe_step"
 GPU_CATEGORIES = trace.GPU_CATEGORIES
 #: host calls that block until the GPU catches up (a cudaMemcpyAsync counts only when device to host)
-SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "aten::item", "aten::_local_scalar_dense", "aten::tolist")
+SYNC_CALLS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "aten::item",
+    "aten::_local_scalar_dense",
+    "aten::tolist",
+)
 
 
 def short_name(name: str, width: int = 40) -> str:
@@ -104,17 +112,25 @@ def _step_bounds(complete: list[dict]) -> tuple[float, float]:
 
 def _host_waits(complete: list[dict], t0: float, host_end: float) -> list[list]:
     """[start, end, name] of the calls in the step that block the host until the GPU catches up."""
-    d2h = {e.get("args", {}).get("correlation") for e in complete
-           if _cat(e) == "gpu_memcpy" and "dtoh" in e.get("name", "").lower()}
+    d2h = {
+        e.get("args", {}).get("correlation")
+        for e in complete
+        if _cat(e) == "gpu_memcpy" and "dtoh" in e.get("name", "").lower()
+    }
 
     def waits(e):
         if e.get("name") in SYNC_CALLS:
             return True
         return e.get("name") == "cudaMemcpyAsync" and e.get("args", {}).get("correlation") in d2h
 
-    return sorted(([e["ts"], e["ts"] + e.get("dur", 0), e["name"]] for e in complete
-                   if t0 <= e["ts"] <= host_end and _cat(e) != "user_annotation" and waits(e)),
-                  key=lambda iv: iv[0])
+    return sorted(
+        (
+            [e["ts"], e["ts"] + e.get("dur", 0), e["name"]]
+            for e in complete
+            if t0 <= e["ts"] <= host_end and _cat(e) != "user_annotation" and waits(e)
+        ),
+        key=lambda iv: iv[0],
+    )
 
 
 def reduce_trace(events: list[dict], *, max_intervals: int = 300) -> dict:
@@ -123,25 +139,46 @@ def reduce_trace(events: list[dict], *, max_intervals: int = 300) -> dict:
         raise UsageError(f"max_intervals: expected a positive int, got {max_intervals!r}")
     complete = [e for e in events if e.get("ph") == "X" and isinstance(e.get("ts"), (int, float))]
     t0, host_end = _step_bounds(complete)
-    gpu = sorted(([e["ts"], e["ts"] + e.get("dur", 0), short_name(e.get("name", "?"))] for e in complete
-                  if _cat(e) in GPU_CATEGORIES and e["ts"] >= t0), key=lambda iv: iv[0])
+    gpu = sorted(
+        (
+            [e["ts"], e["ts"] + e.get("dur", 0), short_name(e.get("name", "?"))]
+            for e in complete
+            if _cat(e) in GPU_CATEGORIES and e["ts"] >= t0
+        ),
+        key=lambda iv: iv[0],
+    )
     syncs = _host_waits(complete, t0, host_end)
     end = max([host_end] + [iv[1] for iv in gpu])
     busy = union_us([(a, b) for a, b, _ in gpu], t0, end)  # on the full trace, before merging
 
     def rows(intervals):
-        return [[round(a - t0, 2), round(b - a, 2), n, round(busy, 2)]
-                for a, b, n, busy in merge_smallest_gaps(intervals, max_intervals)]
+        return [
+            [round(a - t0, 2), round(b - a, 2), n, round(busy, 2)]
+            for a, b, n, busy in merge_smallest_gaps(intervals, max_intervals)
+        ]
 
-    record = {"device_events": bool(gpu), "span_us": round(end - t0, 2), "host_us": round(host_end - t0, 2),
-              "gpu_events": len(gpu), "gpu_busy_us": None, "gpu_idle_us": None, "gpu_idle_share": None,
-              "sync_calls": len(syncs), "sync_us": round(union_us([(a, b) for a, b, _ in syncs], t0, end), 2),
-              "kernels": rows(gpu), "syncs": rows(syncs),
-              "merged": len(gpu) > max_intervals or len(syncs) > max_intervals,
-              "note": "the profiler returned no GPU events (no CUDA activity recorded)"}
+    record = {
+        "device_events": bool(gpu),
+        "span_us": round(end - t0, 2),
+        "host_us": round(host_end - t0, 2),
+        "gpu_events": len(gpu),
+        "gpu_busy_us": None,
+        "gpu_idle_us": None,
+        "gpu_idle_share": None,
+        "sync_calls": len(syncs),
+        "sync_us": round(union_us([(a, b) for a, b, _ in syncs], t0, end), 2),
+        "kernels": rows(gpu),
+        "syncs": rows(syncs),
+        "merged": len(gpu) > max_intervals or len(syncs) > max_intervals,
+        "note": "the profiler returned no GPU events (no CUDA activity recorded)",
+    }
     if gpu:
-        record.update(gpu_busy_us=round(busy, 2), gpu_idle_us=round(end - t0 - busy, 2),
-                      gpu_idle_share=(end - t0 - busy) / (end - t0) if end > t0 else 0.0, note=None)
+        record.update(
+            gpu_busy_us=round(busy, 2),
+            gpu_idle_us=round(end - t0 - busy, 2),
+            gpu_idle_share=(end - t0 - busy) / (end - t0) if end > t0 else 0.0,
+            note=None,
+        )
     return record
 
 
@@ -152,8 +189,15 @@ def profile_events(fn, *, cuda: bool) -> list[dict]:
     return trace.profile_events(fn, cuda=cuda, label=STEP)
 
 
-def timeline(layer: moe.MoELayer, x: torch.Tensor, grad_out: torch.Tensor, *, graph: bool = False,
-             warmup: int = 2, max_intervals: int = 300) -> dict:
+def timeline(
+    layer: moe.MoELayer,
+    x: torch.Tensor,
+    grad_out: torch.Tensor,
+    *,
+    graph: bool = False,
+    warmup: int = 2,
+    max_intervals: int = 300,
+) -> dict:
     """One profiled training step of ``layer`` (``reduce_trace``'s fields plus kind, impl, method).
 
     graph=True profiles one replay of the step captured by ``moe_graph.CapturedStep`` (needs
@@ -170,17 +214,33 @@ def timeline(layer: moe.MoELayer, x: torch.Tensor, grad_out: torch.Tensor, *, gr
         moe_graph.cuda_device_of(layer, sync="device")
         fn = moe_graph.CapturedStep(layer, x, grad_out).replay
     else:
+
         def fn():
             moe.forward_backward(layer, x, grad_out)
+
     for _ in range(warmup):
         fn()
     if cuda:
         torch.cuda.synchronize(x.device)
     record = reduce_trace(profile_events(fn, cuda=cuda), max_intervals=max_intervals)
-    return {"kind": "timeline", "impl": "device" if layer.sync == "device" else "host_sync",
-            "method": "graph" if graph else "eager", "tokens": x.shape[0], "experts": layer.num_experts,
-            **record}
+    return {
+        "kind": "timeline",
+        "impl": "device" if layer.sync == "device" else "host_sync",
+        "method": "graph" if graph else "eager",
+        "tokens": x.shape[0],
+        "experts": layer.num_experts,
+        **record,
+    }
 
 
-__all__ = ["GPU_CATEGORIES", "STEP", "SYNC_CALLS", "merge_smallest_gaps", "profile_events", "reduce_trace",
-           "short_name", "timeline", "union_us"]
+__all__ = [
+    "GPU_CATEGORIES",
+    "STEP",
+    "SYNC_CALLS",
+    "merge_smallest_gaps",
+    "profile_events",
+    "reduce_trace",
+    "short_name",
+    "timeline",
+    "union_us",
+]

@@ -6,6 +6,7 @@ expert e-1's; within an expert, tile-rows in groups of GROUP_M), and returns who
 Tests check that it covers every output element exactly once, deals tiles round-robin, and uses
 the kernel's tile sizes (``labkit.kernels.grouped_gemm.forward_config``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,21 +17,20 @@ from matplotlib.patches import Rectangle
 
 @dataclasses.dataclass(frozen=True)
 class Tile:
-    program: int   # which persistent program computes it
-    turn: int      # its position in that program's sequence (0 = first)
+    program: int  # which persistent program computes it
+    turn: int  # its position in that program's sequence (0 = first)
     expert: int
-    tile_m: int    # tile-row within the expert
-    tile_n: int    # tile-column
-    row0: int      # first row of x / out it covers
-    rows: int      # rows it covers (the expert's last tile may be partial)
+    tile_m: int  # tile-row within the expert
+    tile_n: int  # tile-column
+    row0: int  # first row of x / out it covers
+    rows: int  # rows it covers (the expert's last tile may be partial)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def tile_schedule(counts: list[int], N: int, block_m: int, block_n: int, programs: int,
-                  group_m: int = 8) -> list[Tile]:
+def tile_schedule(counts: list[int], N: int, block_m: int, block_n: int, programs: int, group_m: int = 8) -> list[Tile]:
     """Every output tile of a grouped GEMM over ``counts`` rows per expert, with its program."""
     for name, v in (("N", N), ("block_m", block_m), ("block_n", block_n), ("programs", programs), ("group_m", group_m)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -60,13 +60,25 @@ def summary(tiles: list[Tile], programs: int, block_m: int) -> dict:
     per = [0] * programs
     for t in tiles:
         per[t.program] += 1
-    return {"tiles": len(tiles), "programs": programs, "busiest_program": max(per, default=0),
-            "mean_per_program": len(tiles) / programs,
-            "idle_row_fraction": sum(block_m - t.rows for t in tiles) / max(1, len(tiles) * block_m)}
+    return {
+        "tiles": len(tiles),
+        "programs": programs,
+        "busiest_program": max(per, default=0),
+        "mean_per_program": len(tiles) / programs,
+        "idle_row_fraction": sum(block_m - t.rows for t in tiles) / max(1, len(tiles) * block_m),
+    }
 
 
-def plot_schedule(counts: list[int], N: int, block_m: int, block_n: int, programs: int, ax=None,
-                  title: str | None = None, group_m: int = 8):
+def plot_schedule(
+    counts: list[int],
+    N: int,
+    block_m: int,
+    block_n: int,
+    programs: int,
+    ax=None,
+    title: str | None = None,
+    group_m: int = 8,
+):
     """The output [M, N] as tiles, coloured by the program that computes them; expert borders
     drawn; the numbers in each tile are the program's turn (0 = its first tile)."""
     tiles = tile_schedule(counts, N, block_m, block_n, programs, group_m)
@@ -89,8 +101,9 @@ def plot_schedule(counts: list[int], N: int, block_m: int, block_n: int, program
     ax.set_xlabel("output column (N)")
     ax.set_ylabel("output row (tokens, grouped by expert)")
     busiest = max((sum(1 for t in tiles if t.program == p) for p in range(programs)), default=0)
-    ax.set_title(title or f"{len(tiles)} tiles over {programs} programs (colour = program; "
-                          f"busiest does {busiest})", fontsize=9)
+    ax.set_title(
+        title or f"{len(tiles)} tiles over {programs} programs (colour = program; busiest does {busiest})", fontsize=9
+    )
     return ax
 
 

@@ -22,6 +22,7 @@ labkit's grouped GEMM stages nothing (``device_expert_addresses``): each address
 (a kernel argument, copied into the graph by value at capture) plus an offset the kernel computes on
 the device from ``m_splits``.
 """
+
 from __future__ import annotations
 
 import threading
@@ -33,7 +34,7 @@ from labkit.workbench.errors import UsageError
 
 DESIGNS = ("global_index", "resetting", "owned")
 ADDRESS_BASE = 0x7F00_0000_0000  # fake pointers that look like host/device addresses
-CALL_STRIDE = 0x1_0000_0000      # call c's addresses start at ADDRESS_BASE + c * CALL_STRIDE
+CALL_STRIDE = 0x1_0000_0000  # call c's addresses start at ADDRESS_BASE + c * CALL_STRIDE
 
 
 class StagingBufferFull(RuntimeError):
@@ -58,8 +59,9 @@ def _as_words(addresses) -> torch.Tensor:
     """``addresses`` (ints, or a 1-D int64 tensor) as a 1-D int64 CPU tensor."""
     if isinstance(addresses, torch.Tensor):
         if addresses.dtype != torch.int64 or addresses.dim() != 1:
-            raise TypeError(f"addresses: expected a 1-D int64 tensor, got {addresses.dtype} "
-                            f"of shape {tuple(addresses.shape)}")
+            raise TypeError(
+                f"addresses: expected a 1-D int64 tensor, got {addresses.dtype} of shape {tuple(addresses.shape)}"
+            )
         words = addresses.detach().cpu()
     elif isinstance(addresses, (list, tuple)):
         if not all(isinstance(a, int) and not isinstance(a, bool) for a in addresses):
@@ -97,12 +99,14 @@ class _Staging:
     between_read_and_write: called once per ``stage`` after the design has read where its slot is
     and before it records that the slot is taken. Tests put a ``threading.Barrier`` here to force
     the interleaving the GIL makes rare (both threads read the index before either writes it)."""
+
     design = ""
 
     def __init__(self, host: torch.Tensor, between_read_and_write=None):
         if between_read_and_write is not None and not callable(between_read_and_write):
-            raise TypeError("between_read_and_write: expected a callable or None, "
-                            f"got {type(between_read_and_write).__name__}")
+            raise TypeError(
+                f"between_read_and_write: expected a callable or None, got {type(between_read_and_write).__name__}"
+            )
         self.host = host
         self._between = between_read_and_write or (lambda: None)
 
@@ -110,12 +114,13 @@ class _Staging:
         """Write ``addresses`` into this call's slot; return the slot as ``(start, stop)`` in ``host``."""
         words = _as_words(addresses)
         start = self._claim(words.numel())
-        self.host[start:start + words.numel()].copy_(words)
+        self.host[start : start + words.numel()].copy_(words)
         return start, start + words.numel()
 
 
 class GlobalIndexStaging(_Staging):
     """The PR's design: slots taken in order from a shared index that never resets."""
+
     design = "global_index"
 
     def __init__(self, workspace: SharedWorkspace, between_read_and_write=None):
@@ -131,7 +136,8 @@ class GlobalIndexStaging(_Staging):
             raise StagingBufferFull(
                 "Pinned host buffer out of bounds, please increase the capacity by setting "
                 f"NVTE_CUTLASS_HOST_PINNED_U64_CAPACITY. Current buffer size: {ws.capacity} "
-                f"(index {start} + {n} words)")
+                f"(index {start} + {n} words)"
+            )
         self._between()  # ... another thread may read the same value here ...
         ws.index = start + n  # ... and write it back: no lock, as in the PR
         return start
@@ -139,6 +145,7 @@ class GlobalIndexStaging(_Staging):
 
 class ResettingStaging(GlobalIndexStaging):
     """The tempting fix for the overflow: every call starts again at slot 0."""
+
     design = "resetting"
 
     def _claim(self, n: int) -> int:
@@ -152,6 +159,7 @@ class OwnedStaging(_Staging):
     Safe for graphs because no other operator's call can touch it; safe for threads because it is
     not shared. The owner's own next call rewrites it with the same addresses as long as its weights
     stay where they are, which a graph that captured the owner already requires."""
+
     design = "owned"
 
     def __init__(self, words: int, between_read_and_write=None):
@@ -164,8 +172,7 @@ class OwnedStaging(_Staging):
         return 0
 
 
-def make_operators(design: str, count: int, words_per_call: int, capacity: int,
-                   between_read_and_write=None) -> list:
+def make_operators(design: str, count: int, words_per_call: int, capacity: int, between_read_and_write=None) -> list:
     """``count`` operators of ``design``: sharing one workspace of ``capacity`` words (the PR and its
     resetting fix), or each owning ``words_per_call`` words."""
     _check_design(design)
@@ -178,6 +185,7 @@ def make_operators(design: str, count: int, words_per_call: int, capacity: int,
 
 
 # --- a captured copy reads the host slot when it replays ------------------------------------------
+
 
 class CapturedCopy:
     """The CPU tier's model of a graph's host-to-device memcpy node: it keeps the slot (an address
@@ -233,13 +241,17 @@ def device_expert_addresses(weights: torch.Tensor, m_splits: torch.Tensor) -> to
     The one host value is the base pointer, a kernel argument that a graph copies by value at
     capture; the rest is arithmetic on the device, redone from ``m_splits`` at every replay."""
     if not isinstance(weights, torch.Tensor) or weights.dim() != 3:
-        raise TypeError(f"weights: expected a 3-D tensor [experts, N, K], got {type(weights).__name__}"
-                        f"{tuple(weights.shape) if isinstance(weights, torch.Tensor) else ''}")
+        raise TypeError(
+            f"weights: expected a 3-D tensor [experts, N, K], got {type(weights).__name__}"
+            f"{tuple(weights.shape) if isinstance(weights, torch.Tensor) else ''}"
+        )
     if not isinstance(m_splits, torch.Tensor) or m_splits.dim() != 1 or m_splits.is_floating_point():
         raise TypeError("m_splits: expected a 1-D integer tensor of token counts")
     if m_splits.numel() != weights.shape[0] or m_splits.device != weights.device:
-        raise UsageError(f"m_splits: expected {weights.shape[0]} counts on {weights.device}, "
-                         f"got {m_splits.numel()} on {m_splits.device}")
+        raise UsageError(
+            f"m_splits: expected {weights.shape[0]} counts on {weights.device}, "
+            f"got {m_splits.numel()} on {m_splits.device}"
+        )
     experts = torch.arange(weights.shape[0], device=weights.device, dtype=torch.int64)
     weight_addr = weights.data_ptr() + experts * (weights.stride(0) * weights.element_size())
     counts = m_splits.to(torch.int64)
@@ -249,14 +261,23 @@ def device_expert_addresses(weights: torch.Tensor, m_splits: torch.Tensor) -> to
 
 # --- scenarios: plain dict records for the notebook, the plot and the benchmark -------------------
 
+
 def call_addresses(call: int, words: int) -> list[int]:
     """Distinct fake addresses for call number ``call``: which call wrote a slot can be read back."""
     return [ADDRESS_BASE + call * CALL_STRIDE + 0x1000 * i for i in range(words)]
 
 
 def _record(design, scenario, calls, corrupted=0, refused=0, detail="", **extra) -> dict:
-    return {"kind": "staging", "design": design, "scenario": scenario, "calls": calls,
-            "corrupted_calls": corrupted, "refused_calls": refused, "detail": detail, **extra}
+    return {
+        "kind": "staging",
+        "design": design,
+        "scenario": scenario,
+        "calls": calls,
+        "corrupted_calls": corrupted,
+        "refused_calls": refused,
+        "detail": detail,
+        **extra,
+    }
 
 
 def overflow_scenario(design: str, capacity: int = 64, num_gemms: int = 4, calls: int = 16) -> dict:
@@ -273,10 +294,22 @@ def overflow_scenario(design: str, capacity: int = 64, num_gemms: int = 4, calls
             op.stage(call_addresses(call, words))
         except StagingBufferFull as e:
             refused, error = refused + 1, error or str(e)
-    detail = (f"{calls - refused} of {calls} calls staged, then every call refused: the index never resets"
-              if refused else f"all {calls} calls staged")
-    return _record(design, "overflow", calls, refused=refused, detail=detail, capacity=capacity,
-                   num_gemms=num_gemms, succeeded_calls=calls - refused, error=error)
+    detail = (
+        f"{calls - refused} of {calls} calls staged, then every call refused: the index never resets"
+        if refused
+        else f"all {calls} calls staged"
+    )
+    return _record(
+        design,
+        "overflow",
+        calls,
+        refused=refused,
+        detail=detail,
+        capacity=capacity,
+        num_gemms=num_gemms,
+        succeeded_calls=calls - refused,
+        error=error,
+    )
 
 
 def _run_two_callers(ops: list, words: int) -> list[tuple[int, int]]:
@@ -325,17 +358,33 @@ def thread_race_scenario(design: str, trials: int = 20, forced: bool = True, num
         for i, (start, stop) in enumerate(slots):
             own = torch.tensor(call_addresses(i, words))
             corrupted += int(not torch.equal(ops[i].host[start:stop], own))
-    how = ("forced interleaving (both threads found their slot before either recorded it taken)" if forced
-           else "free-running threads (the scheduler picks the interleaving)")
-    detail = (f"{how}: {same_slot} of {trials} trials gave both calls one slot; "
-              f"{corrupted} of {2 * trials} calls read the other call's addresses")
+    how = (
+        "forced interleaving (both threads found their slot before either recorded it taken)"
+        if forced
+        else "free-running threads (the scheduler picks the interleaving)"
+    )
+    detail = (
+        f"{how}: {same_slot} of {trials} trials gave both calls one slot; "
+        f"{corrupted} of {2 * trials} calls read the other call's addresses"
+    )
     if design == "resetting":
         detail += "; no unlucky timing needed: every call of this design takes slot 0"
     elif design == "global_index" and not forced:
-        detail += ("; under the GIL the window between reading and writing the index is a few "
-                   "bytecodes, so a collision is rare here: forced=True shows the race is there")
-    return _record(design, "thread_race", 2 * trials, corrupted=corrupted, detail=detail,
-                   trials=trials, forced=forced, same_slot_trials=same_slot, num_gemms=num_gemms)
+        detail += (
+            "; under the GIL the window between reading and writing the index is a few "
+            "bytecodes, so a collision is rare here: forced=True shows the race is there"
+        )
+    return _record(
+        design,
+        "thread_race",
+        2 * trials,
+        corrupted=corrupted,
+        detail=detail,
+        trials=trials,
+        forced=forced,
+        same_slot_trials=same_slot,
+        num_gemms=num_gemms,
+    )
 
 
 def graph_replay_scenario(design: str, device="cpu", num_gemms: int = 4) -> dict:
@@ -364,8 +413,16 @@ def graph_replay_scenario(design: str, device="cpu", num_gemms: int = 4) -> dict
     if design == "global_index":
         detail += " (until the buffer is full: see the overflow scenario)"
     mode = "CUDA graph" if device.type == "cuda" else "CPU model of a graph's copy"
-    return _record(design, "graph_replay", 1, corrupted=int(wrong), detail=f"{mode}: {detail}",
-                   device=str(device), num_gemms=num_gemms, delivered=[int(v) for v in delivered])
+    return _record(
+        design,
+        "graph_replay",
+        1,
+        corrupted=int(wrong),
+        detail=f"{mode}: {detail}",
+        device=str(device),
+        num_gemms=num_gemms,
+        delivered=[int(v) for v in delivered],
+    )
 
 
 def all_scenarios(device="cpu", trials: int = 20, free_trials: int = 200) -> list[dict]:

@@ -1,5 +1,6 @@
 """Plots of lab 04's pinned staging buffer (records of labkit.labs.grouped_gemm.staging), drawn
 from a live run or from the reference files alike."""
+
 from __future__ import annotations
 
 from labkit.workbench.errors import UsageError
@@ -7,8 +8,11 @@ from labkit.workbench.errors import UsageError
 # --- the pinned staging buffer (records of labkit.labs.grouped_gemm.staging) ----------------------
 
 STAGING_COLORS = {"global_index": "tab:orange", "resetting": "tab:red", "owned": "tab:green"}
-STAGING_LABELS = {"global_index": "global index (the PR)", "resetting": "index reset each call",
-                  "owned": "slot owned per operator"}
+STAGING_LABELS = {
+    "global_index": "global index (the PR)",
+    "resetting": "index reset each call",
+    "owned": "slot owned per operator",
+}
 
 
 def _staging_case(r: dict) -> str:
@@ -16,8 +20,10 @@ def _staging_case(r: dict) -> str:
     if r["scenario"] == "thread_race":
         how = "forced interleaving" if r.get("forced") else "free-running"
         return f"two threads, {how}\n(calls corrupted)"
-    return {"overflow": "one operator, many calls\n(calls refused: buffer full)",
-            "graph_replay": "graph replayed after a\nlater call (corrupted)"}.get(r["scenario"], r["scenario"])
+    return {
+        "overflow": "one operator, many calls\n(calls refused: buffer full)",
+        "graph_replay": "graph replayed after a\nlater call (corrupted)",
+    }.get(r["scenario"], r["scenario"])
 
 
 def plot_staging(records: list[dict], ax, title: str) -> None:
@@ -37,10 +43,24 @@ def plot_staging(records: list[dict], ax, title: str) -> None:
             x = cases.index(_staging_case(r)) + (j - (len(designs) - 1) / 2) * width
             refused, corrupted = r.get("refused_calls", 0), r.get("corrupted_calls", 0)
             share = 100 * (refused + corrupted) / r["calls"]
-            ax.bar(x, share, width, color=STAGING_COLORS.get(design, "tab:gray"),
-                   hatch="//" if refused else None, edgecolor="black", linewidth=0.5)
-            ax.annotate(f"{refused + corrupted}/{r['calls']}", (x, share), textcoords="offset points",
-                        xytext=(0, 2), ha="center", va="bottom", fontsize=7)
+            ax.bar(
+                x,
+                share,
+                width,
+                color=STAGING_COLORS.get(design, "tab:gray"),
+                hatch="//" if refused else None,
+                edgecolor="black",
+                linewidth=0.5,
+            )
+            ax.annotate(
+                f"{refused + corrupted}/{r['calls']}",
+                (x, share),
+                textcoords="offset points",
+                xytext=(0, 2),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
     for design in designs:  # one legend entry per design, whatever it scored
         ax.bar(0, 0, 0, color=STAGING_COLORS.get(design, "tab:gray"), label=STAGING_LABELS.get(design, design))
     ax.set_xticks(range(len(cases)))

@@ -4,6 +4,7 @@ loop at those counts.
 
 The drawing and the text come from plain functions (``schedule_figure``, ``schedule_text``,
 ``timing_text``); tests call them and change the controls."""
+
 from __future__ import annotations
 
 import ipywidgets as w
@@ -51,12 +52,15 @@ def schedule_text(experts: int, skew: str, tokens: int, programs: int | None = N
     counts = distributions.token_counts(experts, tokens, skew)
     cfg = hopper_config(tokens, experts)
     programs = programs or _programs()
-    s = schedule.summary(schedule.tile_schedule(counts, DRAW_N, cfg.block_m, cfg.block_n, programs),
-                         programs, cfg.block_m)
-    return (f"tiles {cfg.block_m}x{cfg.block_n} (N = {DRAW_N}); {s['tiles']} tiles over {programs} programs: "
-            f"busiest program {s['busiest_program']} tiles, mean {s['mean_per_program']:.1f}; "
-            f"{s['idle_row_fraction']:.0%} of tile rows idle (partial last tiles). "
-            f"The host-sync loop would wait for the counts, then launch {sum(1 for c in counts if c)} GEMMs.")
+    s = schedule.summary(
+        schedule.tile_schedule(counts, DRAW_N, cfg.block_m, cfg.block_n, programs), programs, cfg.block_m
+    )
+    return (
+        f"tiles {cfg.block_m}x{cfg.block_n} (N = {DRAW_N}); {s['tiles']} tiles over {programs} programs: "
+        f"busiest program {s['busiest_program']} tiles, mean {s['mean_per_program']:.1f}; "
+        f"{s['idle_row_fraction']:.0%} of tile rows idle (partial last tiles). "
+        f"The host-sync loop would wait for the counts, then launch {sum(1 for c in counts if c)} GEMMs."
+    )
 
 
 def timing_text(experts: int, skew: str, tokens: int, K: int = 1024, N: int = 1024) -> str:
@@ -72,8 +76,14 @@ def timing_text(experts: int, skew: str, tokens: int, K: int = 1024, N: int = 10
     x = torch.randn(tokens, K, device="cuda", dtype=torch.bfloat16, generator=g)
     wt = torch.randn(experts, K, N, device="cuda", dtype=torch.bfloat16, generator=g)
     c = torch.tensor(counts, device="cuda")
-    cmp = bench.compare({"labkit": lambda: grouped_mm(x, wt, c), "host_sync_loop": lambda: baselines.host_sync_loop(x, wt, c)},
-                        baseline="host_sync_loop", device="cuda", warmup=3, reps=15, inner=5)
+    cmp = bench.compare(
+        {"labkit": lambda: grouped_mm(x, wt, c), "host_sync_loop": lambda: baselines.host_sync_loop(x, wt, c)},
+        baseline="host_sync_loop",
+        device="cuda",
+        warmup=3,
+        reps=15,
+        inner=5,
+    )
     lines = [f"[live, this GPU] {experts} experts, {skew}, {tokens} tokens, K = {K}, N = {N}, bf16"]
     for name, t in cmp.timings.items():
         lines.append(f"{name:>15}: {t.median_us:8.1f} us  ({flops(tokens, N, K) / t.median_us / 1e6:6.1f} TFLOP/s)")
@@ -99,8 +109,18 @@ def schedule_explorer(live: bool):
     timing = w.HTML()
     rows = [w.HBox([experts, skew, tokens]), text, figure]
     if live:
-        rows.append(w.HBox([run_button("Time it on this GPU", timing,
-                                       lambda: timing_text(experts.value, skew.value, tokens.value)), timing]))
+        rows.append(
+            w.HBox(
+                [
+                    run_button(
+                        "Time it on this GPU", timing, lambda: timing_text(experts.value, skew.value, tokens.value)
+                    ),
+                    timing,
+                ]
+            )
+        )
     else:
-        rows.append(w.HTML(pre("timing needs a CUDA GPU (recorded timings, where a GPU run has made them, are in section 4)")))
+        rows.append(
+            w.HTML(pre("timing needs a CUDA GPU (recorded timings, where a GPU run has made them, are in section 4)"))
+        )
     return w.VBox(rows)

@@ -48,6 +48,7 @@ file (``LABKIT_BARRIERS_RESUME=path/to/broken_barriers.json``) keeps the rows of
 variant) whose delays all ran there, each marked with the commit that measured it
 (``resumed_from``), and spawns only for the others.
 """
+
 from __future__ import annotations
 
 import os
@@ -84,10 +85,22 @@ PROFILES = {
     # core; with the cores shared out (run_ranks), 2x H100 at 7a0a232: about 12 s a spawn, so
     # the 64 rows should fit one call. The copy-engine form was left out to fit two calls at
     # the old pace; at the new one it would fit, not yet measured.
-    "gpu": {"delays": (0, 100, 1000, 10000), "trials": 60, "n": 1 << 16, "dtype": "bfloat16",
-            "forms": ("one_shot", "two_shot", "two_shot_in_place", "tree"), "variants": VARIANTS},
-    "cpu": {"delays": (0, 400), "trials": 4, "n": 4096, "dtype": "float32",
-            "forms": ("one_shot", "two_shot", "two_shot_in_place", "tree"), "variants": VARIANTS},
+    "gpu": {
+        "delays": (0, 100, 1000, 10000),
+        "trials": 60,
+        "n": 1 << 16,
+        "dtype": "bfloat16",
+        "forms": ("one_shot", "two_shot", "two_shot_in_place", "tree"),
+        "variants": VARIANTS,
+    },
+    "cpu": {
+        "delays": (0, 400),
+        "trials": 4,
+        "n": 4096,
+        "dtype": "float32",
+        "forms": ("one_shot", "two_shot", "two_shot_in_place", "tree"),
+        "variants": VARIANTS,
+    },
 }
 
 
@@ -113,8 +126,16 @@ def delayed_plan(buf, out, form: str, variant: str, delay: int, slow_rank: int =
     return pl
 
 
-def delayed_trials(ctx, variant: str, form: str = "one_shot", trials: int = 8, n: int = 4096,
-                   dtype_name: str = "float32", delay: int = 0, seed: int = 0) -> dict:
+def delayed_trials(
+    ctx,
+    variant: str,
+    form: str = "one_shot",
+    trials: int = 8,
+    n: int = 4096,
+    dtype_name: str = "float32",
+    delay: int = 0,
+    seed: int = 0,
+) -> dict:
     """``trials`` all-reduces back to back on new inputs (in place: each result copied out before
     the next input, as a caller would), rank ``SLOW_RANK`` delayed by ``delay`` inside the kernel.
     Returns how many results were wrong (against an fp64 sum of every rank's input)."""
@@ -136,7 +157,7 @@ def delayed_trials(ctx, variant: str, form: str = "one_shot", trials: int = 8, n
         torch.cuda.synchronize(ctx.device)
     ctx.barrier()
     start = time.perf_counter()
-    setup_s = start - began   # the symmetric buffer, the inputs and the first barrier
+    setup_s = start - began  # the symmetric buffer, the inputs and the first barrier
     for t in range(trials):
         buf.tensor.copy_(inputs[t])  # the next input overwrites the buffer, in stream order
         if in_place:
@@ -148,16 +169,31 @@ def delayed_trials(ctx, variant: str, form: str = "one_shot", trials: int = 8, n
         torch.cuda.synchronize(ctx.device)
     seconds = time.perf_counter() - start
     wrong = [t for t in range(trials) if not lab02.close_to_sum(outs[t], everyone[t], dtype, w)]
-    compare_s = time.perf_counter() - start - seconds   # the fp64 comparisons of every trial
+    compare_s = time.perf_counter() - start - seconds  # the fp64 comparisons of every trial
     pads_zero = lab02.quiet_pads_zero(ctx, buf)
-    check_s = time.perf_counter() - start - seconds   # that, and the pads between two barriers
-    return {"variant": variant, "algorithm": form, "delay": delay, "trials": trials, "n": n, "dtype": dtype_name,
-            "rank": ctx.rank, "wrong": len(wrong), "wrong_trials": wrong, "seconds": seconds, "pads_zero": pads_zero,
-            "setup_s": setup_s, "check_s": check_s, "compare_s": compare_s, "pads_s": check_s - compare_s}
+    check_s = time.perf_counter() - start - seconds  # that, and the pads between two barriers
+    return {
+        "variant": variant,
+        "algorithm": form,
+        "delay": delay,
+        "trials": trials,
+        "n": n,
+        "dtype": dtype_name,
+        "rank": ctx.rank,
+        "wrong": len(wrong),
+        "wrong_trials": wrong,
+        "seconds": seconds,
+        "pads_zero": pads_zero,
+        "setup_s": setup_s,
+        "check_s": check_s,
+        "compare_s": compare_s,
+        "pads_s": check_s - compare_s,
+    }
 
 
-def delayed_sweep(ctx, variant: str, form: str, delays, trials: int = 8, n: int = 4096,
-                  dtype_name: str = "float32", seed: int = 0) -> list[dict]:
+def delayed_sweep(
+    ctx, variant: str, form: str, delays, trials: int = 8, n: int = 4096, dtype_name: str = "float32", seed: int = 0
+) -> list[dict]:
     """``delayed_trials`` for every delay of ``delays`` in turn, in this one pair of processes (each
     delay on a buffer of its own and the same inputs); returns the per-delay dicts, in order."""
     return [delayed_trials(ctx, variant, form, trials, n, dtype_name, delay, seed) for delay in delays]
@@ -193,8 +229,9 @@ def _check_delays(variant: str, form: str, delays) -> tuple[int, ...]:
     return delays
 
 
-def measure_delays(variant: str, form: str, delays, trials: int, n: int, dtype_name: str = "float32",
-                   timeout: float = SPAWN_TIMEOUT_S) -> list[dict]:
+def measure_delays(
+    variant: str, form: str, delays, trials: int, n: int, dtype_name: str = "float32", timeout: float = SPAWN_TIMEOUT_S
+) -> list[dict]:
     """Every delay of ``delays`` for one form and variant in ONE spawn of two ranks (2 GPUs, or the
     emulated world under the interpreter): one record per delay, in order. If the spawn fails, every
     one of its rows is recorded as skipped with the reason. ``wall_s``: the spawn's wall time
@@ -212,20 +249,38 @@ def measure_delays(variant: str, form: str, delays, trials: int, n: int, dtype_n
     for i, delay in enumerate(delays):
         parts = [rank_rows[i] for rank_rows in per_rank]
         wrong = len(set().union(*(p["wrong_trials"] for p in parts)))  # a trial is wrong if any rank's result is
-        out.append(row(form, variant, delay, trials, world, wrong_results=wrong,
-                       wrong_per_rank=[p["wrong"] for p in parts], n=n, dtype=dtype_name,
-                       pads_zero=all(p["pads_zero"] for p in parts),
-                       seconds=round(max(p["seconds"] for p in parts), 4),
-                       setup_s=round(max(p["setup_s"] for p in parts), 3),
-                       check_s=round(max(p["check_s"] for p in parts), 3),
-                       compare_s=round(max(p["compare_s"] for p in parts), 3),
-                       pads_s=round(max(p["pads_s"] for p in parts), 3),
-                       wall_s=round(wall / len(delays), 2)))
+        out.append(
+            row(
+                form,
+                variant,
+                delay,
+                trials,
+                world,
+                wrong_results=wrong,
+                wrong_per_rank=[p["wrong"] for p in parts],
+                n=n,
+                dtype=dtype_name,
+                pads_zero=all(p["pads_zero"] for p in parts),
+                seconds=round(max(p["seconds"] for p in parts), 4),
+                setup_s=round(max(p["setup_s"] for p in parts), 3),
+                check_s=round(max(p["check_s"] for p in parts), 3),
+                compare_s=round(max(p["compare_s"] for p in parts), 3),
+                pads_s=round(max(p["pads_s"] for p in parts), 3),
+                wall_s=round(wall / len(delays), 2),
+            )
+        )
     return out
 
 
-def measure(variant: str, form: str, delay: int, trials: int, n: int, dtype_name: str = "float32",
-            timeout: float = SPAWN_TIMEOUT_S) -> dict:
+def measure(
+    variant: str,
+    form: str,
+    delay: int,
+    trials: int,
+    n: int,
+    dtype_name: str = "float32",
+    timeout: float = SPAWN_TIMEOUT_S,
+) -> dict:
     """One row on two ranks (2 GPUs, or the emulated world under the interpreter): the record
     (a spawn of its own; ``wall_s`` is that spawn's wall time)."""
     _check(variant, form, delay)
@@ -233,9 +288,18 @@ def measure(variant: str, form: str, delay: int, trials: int, n: int, dtype_name
 
 
 def row(form, variant, delay, trials, world, *, skipped=None, wrong_results=None, **extra) -> dict:
-    return {"algorithm": form, "variant": variant, "stress": STRESS if delay else "none", "delay": delay,
-            "slow_rank": SLOW_RANK, "trials": trials, "wrong_results": wrong_results, "world": world,
-            "skipped": skipped, **extra}
+    return {
+        "algorithm": form,
+        "variant": variant,
+        "stress": STRESS if delay else "none",
+        "delay": delay,
+        "slow_rank": SLOW_RANK,
+        "trials": trials,
+        "wrong_results": wrong_results,
+        "world": world,
+        "skipped": skipped,
+        **extra,
+    }
 
 
 def budget_s() -> float:
@@ -269,8 +333,9 @@ def load_resume(path) -> dict:
 _clock = time.monotonic
 
 
-def benchmark(profile: str, *, budget: float | None = None, progress: bool = True,
-              resume: dict | None = None) -> list[dict]:
+def benchmark(
+    profile: str, *, budget: float | None = None, progress: bool = True, resume: dict | None = None
+) -> list[dict]:
     """Entry point of ``labkit bench broken_barriers``: every form x variant x delay, one spawn per
     (form, variant) while the budget lasts (``budget`` seconds, default ``budget_s()``). ``resume``
     (default: ``load_resume`` of ``LABKIT_BARRIERS_RESUME``): rows already measured; a (form,
@@ -288,12 +353,14 @@ def benchmark(profile: str, *, budget: float | None = None, progress: bool = Tru
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover
+
         def tqdm(x, **_):
             return x
+
     out: list[dict] = []
     for f, v in tqdm(pairs, desc="broken barriers (spawns)", disable=not progress):
         kept = [resume.get((f, v, d)) for d in p["delays"]]
-        if all(kept):   # measured by an earlier call: no spawn
+        if all(kept):  # measured by an earlier call: no spawn
             out += kept
             continue
         elapsed = _clock() - started
@@ -311,8 +378,18 @@ def rates(records) -> list[dict]:
     table: dict = {}
     for r in records:
         k = (r["algorithm"], r["variant"], r["delay"])
-        e = table.setdefault(k, {"algorithm": k[0], "variant": k[1], "delay": k[2], "trials": 0, "wrong": 0,
-                                 "world": r.get("world"), "skipped": r.get("skipped")})
+        e = table.setdefault(
+            k,
+            {
+                "algorithm": k[0],
+                "variant": k[1],
+                "delay": k[2],
+                "trials": 0,
+                "wrong": 0,
+                "world": r.get("world"),
+                "skipped": r.get("skipped"),
+            },
+        )
         if not r.get("skipped") and r.get("wrong_results") is not None:
             e["trials"] += r["trials"]
             e["wrong"] += r["wrong_results"]
@@ -342,8 +419,21 @@ def delay_ptx(algorithms=None, delays=(0, 64), sems=(0, 2)) -> list[dict]:
         for d in delays:
             for sem in sems:
                 text = lab02_ptx.compile_collective(a, world=2, sem=sem, delay=d).asm["ptx"]
-                atomics = sorted({ln.split()[1] if ln.startswith("@") else ln.split()[0]
-                                  for ln in (raw.strip() for raw in text.splitlines()) if "atom." in ln})
-                out.append({"algorithm": a, "delay": d, "sem": sem, "sha1": hashlib.sha1(code_of(text).encode()).hexdigest(),
-                            "volatile_loads": text.count("ld.volatile"), "atomics": atomics})
+                atomics = sorted(
+                    {
+                        ln.split()[1] if ln.startswith("@") else ln.split()[0]
+                        for ln in (raw.strip() for raw in text.splitlines())
+                        if "atom." in ln
+                    }
+                )
+                out.append(
+                    {
+                        "algorithm": a,
+                        "delay": d,
+                        "sem": sem,
+                        "sha1": hashlib.sha1(code_of(text).encode()).hexdigest(),
+                        "volatile_loads": text.count("ld.volatile"),
+                        "atomics": atomics,
+                    }
+                )
     return out

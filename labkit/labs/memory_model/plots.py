@@ -11,6 +11,7 @@
 * ``plot_barrier_hb``: the happens-before diagram of the correct barrier (lab 02's one-shot);
 * ``plot_broken``: wrong results of the broken barriers against the delay.
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -67,9 +68,14 @@ def plot_histogram(r: dict, ax=None, title: str | None = None):
     ax.set_ylabel("instances (count, log)")
     ax.set_xlabel("outcome (" + ", ".join(t.observed) + ")")
     ax.set_title((title + "\n" if title else "") + label(r) + "\n" + rate_text(r), fontsize=8)
-    ax.legend(handles=[Patch(color=WEAK, label="weak outcome"),
-                       Patch(facecolor="white", edgecolor=FORBIDDEN, hatch="//", label="forbidden by the model")],
-              fontsize=6, loc="best")
+    ax.legend(
+        handles=[
+            Patch(color=WEAK, label="weak outcome"),
+            Patch(facecolor="white", edgecolor=FORBIDDEN, hatch="//", label="forbidden by the model"),
+        ],
+        fontsize=6,
+        loc="best",
+    )
     return ax
 
 
@@ -133,25 +139,44 @@ def plot_observed_grid(records, ax=None, title: str = "observed", stress: str = 
             n = r.get("classified", r["runs"])
             rate = r["weak_outcomes"] / n if n else 0.0
             face = cmap(norm(math.log10(rate))) if rate > 0 else "#eeeeee"
-            ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=face, edgecolor="white",
-                                       hatch="///" if r["verdict"] == "forbidden" else None))
+            ax.add_patch(
+                plt.Rectangle(
+                    (j, i),
+                    1,
+                    1,
+                    facecolor=face,
+                    edgecolor="white",
+                    hatch="///" if r["verdict"] == "forbidden" else None,
+                )
+            )
             if r.get("not_possible") or (rate > 0 and r["verdict"] == "forbidden" and r["ptx_verdict"] == "forbidden"):
                 ax.add_patch(plt.Rectangle((j + 0.04, i + 0.04), 0.92, 0.92, fill=False, edgecolor=WEAK, lw=2))
             dark = rate > 0 and norm(math.log10(rate)) > 0.6
-            ax.text(j + 0.5, i + 0.5, short_rate(rate) if rate > 0 else "0", ha="center", va="center", fontsize=6.5,
-                    color="white" if dark else "black")
+            ax.text(
+                j + 0.5,
+                i + 0.5,
+                short_rate(rate) if rate > 0 else "0",
+                ha="center",
+                va="center",
+                fontsize=6.5,
+                color="white" if dark else "black",
+            )
     ax.set_xlim(0, len(cols))
     ax.set_ylim(max(1, len(rows)), 0)
-    ax.set_xticks([j + 0.5 for j in range(len(cols))], [sem + (f"\n{sc}" if sc else "") for sem, sc in cols],
-                  fontsize=7)
+    ax.set_xticks(
+        [j + 0.5 for j in range(len(cols))], [sem + (f"\n{sc}" if sc else "") for sem, sc in cols], fontsize=7
+    )
     ax.set_yticks([i + 0.5 for i in range(len(rows))], [f"{t}, {p}" for t, p in rows], fontsize=7)
     ax.tick_params(length=0)
     bar = plt.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, fraction=0.025, pad=0.01)
     bar.set_label("log10 weak rate", fontsize=7)
     bar.ax.tick_params(labelsize=7)
     shown = ", ".join(sorted(s for s in stresses if s)) or "-"
-    ax.set_title(f"{title}: weak outcome rate (stress {shown}; grey 0: not observed; hatched: the model "
-                 "forbids it; blank: not run)", fontsize=8)
+    ax.set_title(
+        f"{title}: weak outcome rate (stress {shown}; grey 0: not observed; hatched: the model "
+        "forbids it; blank: not run)",
+        fontsize=8,
+    )
     return ax
 
 
@@ -195,13 +220,21 @@ def plot_cost(records, ax=None, title: str = "cost", stress: str | None = "memor
     ys = range(len(rows))
     med = [r[1] for r in rows]
     ax.barh(list(ys), med, color=PLAIN, alpha=0.8)
-    ax.errorbar(med, list(ys), xerr=[[m - r[2] for m, r in zip(med, rows)], [r[3] - m for m, r in zip(med, rows)]],
-                fmt="none", ecolor="0.2", capsize=2, lw=0.8)
+    ax.errorbar(
+        med,
+        list(ys),
+        xerr=[[m - r[2] for m, r in zip(med, rows)], [r[3] - m for m, r in zip(med, rows)]],
+        fmt="none",
+        ecolor="0.2",
+        capsize=2,
+        lw=0.8,
+    )
     ax.set_yticks(list(ys), [r[0] for r in rows], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlim(0, max(r[3] for r in rows) * 1.15)
-    ax.set_xlabel("ns per instance (launch seconds / instances): median over tests and placements, "
-                  "range as whisker", fontsize=8)
+    ax.set_xlabel(
+        "ns per instance (launch seconds / instances): median over tests and placements, range as whisker", fontsize=8
+    )
     shown = stress or ", ".join(sorted({str(r.get("stress_name")) for r in cost_rows(records, None)}))
     ax.set_title(f"{title}: stress {shown}, {sum(r[4] for r in rows)} rows", fontsize=9)
     return ax
@@ -220,8 +253,15 @@ def plot_test(test: str, ax=None):
         for j, a in enumerate(acc):
             y = 0.68 - 0.24 * j
             color = "#fde0c5" if a.kind == "st" else "#d5e8f7"
-            ax.text(x, y, ("store " if a.kind == "st" else "load ") + str(a), ha="center", va="center", fontsize=9,
-                    bbox={"boxstyle": "round", "facecolor": color, "edgecolor": "0.4"})
+            ax.text(
+                x,
+                y,
+                ("store " if a.kind == "st" else "load ") + str(a),
+                ha="center",
+                va="center",
+                fontsize=9,
+                bbox={"boxstyle": "round", "facecolor": color, "edgecolor": "0.4"},
+            )
         if len(acc) == 2:
             ax.annotate("", (x, 0.5), (x, 0.6), arrowprops={"arrowstyle": "->", "color": "0.5"})
     weak = ", ".join(f"{o}={v}" for o, v in zip(t.observed, t.weak))
@@ -239,29 +279,57 @@ def plot_barrier_hb(ax=None):
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 4.6))
     ax.axis("off")
-    steps = ["write input (copy_)", "start: release-send to peer", "start: acquire-wait for peer",
-             "read every buffer, sum", "end: release-send to peer", "end: acquire-wait for peer",
-             "return; next input written"]
+    steps = [
+        "write input (copy_)",
+        "start: release-send to peer",
+        "start: acquire-wait for peer",
+        "read every buffer, sum",
+        "end: release-send to peer",
+        "end: acquire-wait for peer",
+        "return; next input written",
+    ]
     xs = (0.22, 0.78)
     ys = [0.9 - 0.115 * i for i in range(len(steps))]
     for r, x in enumerate(xs):
         ax.text(x, 0.98, f"rank {r}", ha="center", fontsize=10, weight="bold")
         for i, (s, y) in enumerate(zip(steps, ys)):
-            ax.text(x, y, s, ha="center", va="center", fontsize=8,
-                    bbox={"boxstyle": "round", "facecolor": "#eeeeee" if "read" not in s else "#d5e8f7",
-                          "edgecolor": "0.4"})
+            ax.text(
+                x,
+                y,
+                s,
+                ha="center",
+                va="center",
+                fontsize=8,
+                bbox={
+                    "boxstyle": "round",
+                    "facecolor": "#eeeeee" if "read" not in s else "#d5e8f7",
+                    "edgecolor": "0.4",
+                },
+            )
             if i:
-                ax.annotate("", (x, y + 0.035), (x, ys[i - 1] - 0.035),
-                            arrowprops={"arrowstyle": "->", "color": "0.5"})
+                ax.annotate("", (x, y + 0.035), (x, ys[i - 1] - 0.035), arrowprops={"arrowstyle": "->", "color": "0.5"})
     for a, b in ((0, 1), (1, 0)):
         for send, wait in ((1, 2), (4, 5)):
-            ax.add_patch(FancyArrowPatch((xs[a] + (0.12 if a == 0 else -0.12), ys[send]),
-                                         (xs[b] + (-0.12 if b == 1 else 0.12), ys[wait]),
-                                         arrowstyle="->", color="#2ca02c", mutation_scale=10, lw=1.2))
-    ax.text(0.5, -0.06, "grey: program order.  green: synchronises-with (release -> acquire of one signal slot, "
-            "sys scope).\nStart edges: every input is visible before any read. End edges: no rank writes its next "
-            "input\nbefore every peer has finished reading (remove them: no_end_barrier; make them relaxed: relaxed; "
-            "gpu scope: gpu_scope).", ha="center", fontsize=7)
+            ax.add_patch(
+                FancyArrowPatch(
+                    (xs[a] + (0.12 if a == 0 else -0.12), ys[send]),
+                    (xs[b] + (-0.12 if b == 1 else 0.12), ys[wait]),
+                    arrowstyle="->",
+                    color="#2ca02c",
+                    mutation_scale=10,
+                    lw=1.2,
+                )
+            )
+    ax.text(
+        0.5,
+        -0.06,
+        "grey: program order.  green: synchronises-with (release -> acquire of one signal slot, "
+        "sys scope).\nStart edges: every input is visible before any read. End edges: no rank writes its next "
+        "input\nbefore every peer has finished reading (remove them: no_end_barrier; make them relaxed: relaxed; "
+        "gpu scope: gpu_scope).",
+        ha="center",
+        fontsize=7,
+    )
     ax.set_xlim(0, 1)
     ax.set_ylim(-0.1, 1)
     ax.set_title("happens-before of the correct barrier (one-shot all-reduce, 2 ranks)", fontsize=9)
@@ -288,16 +356,23 @@ def plot_broken(records, ax=None, title: str = ""):
     for (alg, var), es in sorted(series.items()):
         es = sorted(es, key=lambda e: e["delay"])
         k = algorithm_index[alg]
-        ax.plot([e["delay"] for e in es], [e["wrong"] / e["trials"] for e in es], styles.get(var, "-"),
-                color=f"C{k % 10}", marker=markers[k % len(markers)], label=f"{alg} {var}")
+        ax.plot(
+            [e["delay"] for e in es],
+            [e["wrong"] / e["trials"] for e in es],
+            styles.get(var, "-"),
+            color=f"C{k % 10}",
+            marker=markers[k % len(markers)],
+            label=f"{alg} {var}",
+        )
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xlabel("delay on rank 1 (volatile-load round trips, symlog)")
     ax.set_ylabel("wrong results (share of trials)")
     ax.set_ylim(-0.05, 1.05)
     note = f"\n{len(skipped)} rows not run ({skipped[0]['skipped']})" if skipped else ""
     world = {e["world"] for e in table}
-    ax.set_title(f"{title} broken barriers, world: {', '.join(sorted(map(str, world)))}{note}".strip(), fontsize=8,
-                 wrap=True)   # the reason whole, on a line of its own: a cut one hides why rows are missing
+    ax.set_title(
+        f"{title} broken barriers, world: {', '.join(sorted(map(str, world)))}{note}".strip(), fontsize=8, wrap=True
+    )  # the reason whole, on a line of its own: a cut one hides why rows are missing
     if series:
         ax.legend(fontsize=6, ncol=2)
     return ax
@@ -332,19 +407,31 @@ def plot_model_grid(ax=None, placements=("cross_cta", "two_gpus")):
     for i, line in enumerate(cells):
         for j, cell in enumerate(line):
             ax.add_patch(plt.Rectangle((j, i), 1, 1, facecolor=GRID_COLOURS[cell], edgecolor="white"))
-            ax.text(j + 0.5, i + 0.5, {"allowed": "A", "forbidden": "F", "ptx_allows": "F/A"}[cell],
-                    ha="center", va="center", fontsize=7)
+            ax.text(
+                j + 0.5,
+                i + 0.5,
+                {"allowed": "A", "forbidden": "F", "ptx_allows": "F/A"}[cell],
+                ha="center",
+                va="center",
+                fontsize=7,
+            )
     ax.set_xlim(0, len(cols))
     ax.set_ylim(len(rows), 0)
-    ax.set_xticks([j + 0.5 for j in range(len(cols))],
-                  [sem + (f"\n{sc}" if sc else "") for sem, sc in cols], fontsize=7)
+    ax.set_xticks(
+        [j + 0.5 for j in range(len(cols))], [sem + (f"\n{sc}" if sc else "") for sem, sc in cols], fontsize=7
+    )
     ax.set_yticks([i + 0.5 for i in range(len(rows))], [f"{t}, {p}" for t, p in rows], fontsize=7)
     ax.tick_params(length=0)
-    ax.legend(handles=[Patch(facecolor=GRID_COLOURS["allowed"], label="A: weak outcome allowed"),
-                       Patch(facecolor=GRID_COLOURS["forbidden"], label="F: forbidden"),
-                       Patch(facecolor=GRID_COLOURS["ptx_allows"],
-                             label="F/A: this model forbids it, PTX allows it")],
-              fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(
+        handles=[
+            Patch(facecolor=GRID_COLOURS["allowed"], label="A: weak outcome allowed"),
+            Patch(facecolor=GRID_COLOURS["forbidden"], label="F: forbidden"),
+            Patch(facecolor=GRID_COLOURS["ptx_allows"], label="F/A: this model forbids it, PTX allows it"),
+        ],
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
     ax.set_title("the weak outcome, by semantics and scope (columns) and test and placement (rows)", fontsize=9)
     return ax
 
@@ -353,6 +440,8 @@ def model_table_text(test: str) -> str:
     """Per variant of one test: the model's and PTX's verdict on the weak outcome (any tier)."""
     lines = [f"{'semantics':<9} {'scope':<5} {'placement':<10} {'model':<9} {'PTX':<9} outcomes allowed"]
     for row in model.table([test]):
-        lines.append(f"{row['semantics']:<9} {str(row['scope'] or '-'):<5} {row['placement']:<10} "
-                     f"{row['model']:<9} {row['ptx']:<9} {row['relaxed_outcomes']} (SC allows {row['sc_outcomes']})")
+        lines.append(
+            f"{row['semantics']:<9} {str(row['scope'] or '-'):<5} {row['placement']:<10} "
+            f"{row['model']:<9} {row['ptx']:<9} {row['relaxed_outcomes']} (SC allows {row['sc_outcomes']})"
+        )
     return "\n".join(lines)

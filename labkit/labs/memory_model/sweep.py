@@ -37,6 +37,7 @@ reaches the rows that matter most first; nothing is left out, only reordered.
     LABKIT_LITMUS_RESUME=OUT/reference/h100x2/litmus.json \\
         python -m labkit bench litmus --profile gpu --reference --out OUT
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,9 +52,27 @@ from labkit.workbench import gates, tier
 from labkit.workbench.errors import UsageError
 
 #: fields every record carries (``labkit.workbench.results.write_results`` checks them)
-REQUIRED = ("test", "semantics", "scope", "placement", "stress", "stress_name", "runs", "weak_outcomes",
-            "counts", "verdict", "ptx_verdict", "rate", "lower", "upper", "timeouts", "unwritten", "seconds",
-            "tier", "skipped")
+REQUIRED = (
+    "test",
+    "semantics",
+    "scope",
+    "placement",
+    "stress",
+    "stress_name",
+    "runs",
+    "weak_outcomes",
+    "counts",
+    "verdict",
+    "ptx_verdict",
+    "rate",
+    "lower",
+    "upper",
+    "timeouts",
+    "unwritten",
+    "seconds",
+    "tier",
+    "skipped",
+)
 
 #: the stress settings of the GPU sweep. "none" and "memory" compile to the same kernel (the
 #: iteration count and lines are constexprs; the number of stress programs is not)
@@ -106,8 +125,9 @@ def rows(placements, semantics=None, tests=None, stresses=None) -> list[dict]:
             for sem, scope, placement in model.variants():
                 if placement != p or (semantics and sem not in semantics):
                     continue
-                out += [{"test": t, "semantics": sem, "scope": scope, "placement": p, "stress_name": s}
-                        for s in stresses]
+                out += [
+                    {"test": t, "semantics": sem, "scope": scope, "placement": p, "stress_name": s} for s in stresses
+                ]
     return out
 
 
@@ -115,57 +135,112 @@ def key_of(r: dict) -> tuple:
     return (r["test"], r["semantics"], r["scope"], r["placement"], r["stress_name"])
 
 
-def record(row: dict, res=None, *, skipped: str | None = None, stress: Stress | None = None,
-           wall_s: float = 0.0) -> dict:
+def record(
+    row: dict, res=None, *, skipped: str | None = None, stress: Stress | None = None, wall_s: float = 0.0
+) -> dict:
     """One row's record from a ``LitmusRun`` (or a skipped row: counts empty, runs 0)."""
     t = get_test(row["test"])
     sem, scope, placement = row["semantics"], row["scope"], row["placement"]
     ptx, why = model.ptx_verdict(t, sem, scope, placement)
     stress = stress or STRESSES[row["stress_name"]]
-    base = dict(row, stress=dataclasses.asdict(stress), observed=list(t.observed), weak_outcome=outcome_key(t.weak),
-                verdict=model.verdict(t, sem, scope, placement), ptx_verdict=ptx, ptx_note=why,
-                model_outcomes=sorted(outcome_key(o) for o in model.outcomes(t, "relaxed", sem, scope, placement)),
-                sc_outcomes=sorted(outcome_key(o) for o in model.outcomes(t, "sc")),
-                tier="interpreter" if tier.interpreted() else "gpu", skipped=skipped, wall_s=round(wall_s, 3))
+    base = dict(
+        row,
+        stress=dataclasses.asdict(stress),
+        observed=list(t.observed),
+        weak_outcome=outcome_key(t.weak),
+        verdict=model.verdict(t, sem, scope, placement),
+        ptx_verdict=ptx,
+        ptx_note=why,
+        model_outcomes=sorted(outcome_key(o) for o in model.outcomes(t, "relaxed", sem, scope, placement)),
+        sc_outcomes=sorted(outcome_key(o) for o in model.outcomes(t, "sc")),
+        tier="interpreter" if tier.interpreted() else "gpu",
+        skipped=skipped,
+        wall_s=round(wall_s, 3),
+    )
     if res is None:
-        return dict(base, runs=0, weak_outcomes=0, counts={}, rate=None, lower=None, upper=None, timeouts=0,
-                    unwritten=0, seconds=0.0, not_possible=0, device=None, note="")
+        return dict(
+            base,
+            runs=0,
+            weak_outcomes=0,
+            counts={},
+            rate=None,
+            lower=None,
+            upper=None,
+            timeouts=0,
+            unwritten=0,
+            seconds=0.0,
+            not_possible=0,
+            device=None,
+            note="",
+        )
     n = sum(res.counts.values())
     weak = res.counts.get(t.weak, 0)
     possible = model.possible(t, sem, scope, placement)
-    return dict(base, runs=res.instances, classified=n, weak_outcomes=weak,
-                counts={outcome_key(o): c for o, c in sorted(res.counts.items())},
-                rate=weak / n if n else None, lower=lower_bound(weak, n) if n else None,
-                upper=upper_bound(weak, n) if n else None, timeouts=res.timeouts, unwritten=res.unwritten,
-                seconds=round(res.seconds, 4), warmup_s=round(res.warmup_s, 4), launches=res.launches,
-                device=res.device, note=res.note,
-                not_possible=sum(c for o, c in res.counts.items() if o not in possible))
+    return dict(
+        base,
+        runs=res.instances,
+        classified=n,
+        weak_outcomes=weak,
+        counts={outcome_key(o): c for o, c in sorted(res.counts.items())},
+        rate=weak / n if n else None,
+        lower=lower_bound(weak, n) if n else None,
+        upper=upper_bound(weak, n) if n else None,
+        timeouts=res.timeouts,
+        unwritten=res.unwritten,
+        seconds=round(res.seconds, 4),
+        warmup_s=round(res.warmup_s, 4),
+        launches=res.launches,
+        device=res.device,
+        note=res.note,
+        not_possible=sum(c for o, c in res.counts.items() if o not in possible),
+    )
 
 
-def run_row(row: dict, instances: int, stress: Stress | None = None, seed: int = 0, timeout: float = 300.0,
-            device=None) -> dict:
+def run_row(
+    row: dict, instances: int, stress: Stress | None = None, seed: int = 0, timeout: float = 300.0, device=None
+) -> dict:
     """Run one row (a compiled GPU for scoped semantics; plain/volatile anywhere) -> its record.
     device: where a one-GPU row runs (default: the tier's device)."""
     stress = stress or STRESSES[row["stress_name"]]
     start = time.perf_counter()
-    res = run_litmus(row["test"], row["semantics"], row["scope"], row["placement"], instances, stress=stress,
-                     seed=seed, timeout=timeout, device=device)
+    res = run_litmus(
+        row["test"],
+        row["semantics"],
+        row["scope"],
+        row["placement"],
+        instances,
+        stress=stress,
+        seed=seed,
+        timeout=timeout,
+        device=device,
+    )
     return record(row, res, stress=stress, wall_s=time.perf_counter() - start)
 
 
-def run_rows_two_gpus(batch: list[dict], instances: int, stress: Stress | None = None, seed: int = 0,
-                      timeout_per_row: float = 300.0) -> list[dict]:
+def run_rows_two_gpus(
+    batch: list[dict], instances: int, stress: Stress | None = None, seed: int = 0, timeout_per_row: float = 300.0
+) -> list[dict]:
     """Run two_gpus rows that share semantics, scope and stress in one start of the two ranks
     (``run_two_gpus``: a start costs about as much as a row) -> their records, in order. Each
     record's ``wall_s`` is the batch's wall time shared equally; ``batch_rows`` says how many."""
     first = batch[0]
-    if any((r["semantics"], r["scope"], r["placement"], r["stress_name"]) !=
-           (first["semantics"], first["scope"], "two_gpus", first["stress_name"]) for r in batch):
+    if any(
+        (r["semantics"], r["scope"], r["placement"], r["stress_name"])
+        != (first["semantics"], first["scope"], "two_gpus", first["stress_name"])
+        for r in batch
+    ):
         raise UsageError("batch: every row must be two_gpus with the same semantics, scope and stress")
     stress = stress or STRESSES[first["stress_name"]]
     start = time.perf_counter()
-    runs = run_two_gpus([r["test"] for r in batch], first["semantics"], first["scope"], instances, stress=stress,
-                        seed=seed, timeout=timeout_per_row * len(batch))
+    runs = run_two_gpus(
+        [r["test"] for r in batch],
+        first["semantics"],
+        first["scope"],
+        instances,
+        stress=stress,
+        seed=seed,
+        timeout=timeout_per_row * len(batch),
+    )
     share = (time.perf_counter() - start) / len(batch)
     return [dict(record(r, res, stress=stress, wall_s=share), batch_rows=len(batch)) for r, res in zip(batch, runs)]
 
@@ -178,8 +253,11 @@ def batches(grid: list[dict], todo: list[int], first=()) -> list[list[int]]:
     groups: dict[tuple, list[int]] = {}
     for i in todo:
         r = grid[i]
-        key = (("two_gpus", r["semantics"], r["scope"], r["stress_name"]) if r["placement"] == "two_gpus"
-               else (r["placement"], r["test"], r["semantics"], r["scope"]))
+        key = (
+            ("two_gpus", r["semantics"], r["scope"], r["stress_name"])
+            if r["placement"] == "two_gpus"
+            else (r["placement"], r["test"], r["semantics"], r["scope"])
+        )
         groups.setdefault(key, []).append(i)
     out = list(groups.values())
     # two_gpus batches hold several tests; they count as first if any of theirs is
@@ -289,9 +367,20 @@ def pending(records) -> list[dict]:
     return [r for r in records if (r.get("skipped") or "").startswith("pending")]
 
 
-def sweep(placements, profile: str = "cpu", *, instances: int | None = None, semantics=None, tests=None,
-          stresses=None, budget_s: float | None = None, resume: dict | None = None, progress: bool = True,
-          devices=None, first=()) -> list[dict]:
+def sweep(
+    placements,
+    profile: str = "cpu",
+    *,
+    instances: int | None = None,
+    semantics=None,
+    tests=None,
+    stresses=None,
+    budget_s: float | None = None,
+    resume: dict | None = None,
+    progress: bool = True,
+    devices=None,
+    first=(),
+) -> list[dict]:
     """The grid for ``placements`` run as ``profile`` says (module docstring); returns records.
 
     devices: with two or more, the one-GPU rows (cross_cta, same_cta) run in one worker process
@@ -348,15 +437,24 @@ def sweep(placements, profile: str = "cpu", *, instances: int | None = None, sem
 def _benchmark(part: str, profile: str) -> list[dict]:
     placements = PARTS[part]
     if profile == "gpu":
-        gate = gates.requires(gpus=2, peer_access=True, compiled=True) if part == "litmus_two_gpus" \
+        gate = (
+            gates.requires(gpus=2, peer_access=True, compiled=True)
+            if part == "litmus_two_gpus"
             else gates.requires(gpus=1, compiled=True)
+        )
         if not gate.ok:
             return [record(r, skipped=gate.reason) for r in rows(placements)]
         budget = float(os.environ.get("LABKIT_LITMUS_BUDGET_S", BUDGET_S))
         first = first_tests(os.environ.get("LABKIT_LITMUS_FIRST"))
         devices = gpu_devices() if part == "litmus" else None  # two_gpus rows need both GPUs at once
-        return sweep(placements, "gpu", budget_s=budget, resume=load_resume(os.environ.get("LABKIT_LITMUS_RESUME")),
-                     devices=devices, first=first)
+        return sweep(
+            placements,
+            "gpu",
+            budget_s=budget,
+            resume=load_resume(os.environ.get("LABKIT_LITMUS_RESUME")),
+            devices=devices,
+            first=first,
+        )
     return sweep(placements, "cpu")
 
 
@@ -372,9 +470,13 @@ def benchmark_two_gpus(profile: str) -> list[dict]:
 
 #: the rows the notebook's first screen quotes from each recorded sweep (stress "memory"): message
 #: passing with plain accesses, and the anchor's IRIW (relaxed at gpu scope, then with fence.sc)
-HEADLINE_ROWS = (("MP", "plain", None, "cross_cta"), ("MP", "plain", None, "two_gpus"),
-                 ("IRIW", "relaxed", "gpu", "cross_cta"), ("IRIW", "fence_sc", "gpu", "cross_cta"),
-                 ("IRIW", "relaxed", "sys", "two_gpus"))
+HEADLINE_ROWS = (
+    ("MP", "plain", None, "cross_cta"),
+    ("MP", "plain", None, "two_gpus"),
+    ("IRIW", "relaxed", "gpu", "cross_cta"),
+    ("IRIW", "fence_sc", "gpu", "cross_cta"),
+    ("IRIW", "relaxed", "sys", "two_gpus"),
+)
 
 
 def find(records, test: str, semantics: str, scope, placement: str, stress_name: str = "memory") -> dict | None:
@@ -387,23 +489,32 @@ def summary(records) -> str:
     """One line per record: the weak count out of N, or why the row was not run."""
     lines = []
     for r in records:
-        head = (f"{r['test']:<5} {r['semantics']:<8} {str(r['scope']):<4} {r['placement']:<9} "
-                f"{r['stress_name']:<12}")
+        head = f"{r['test']:<5} {r['semantics']:<8} {str(r['scope']):<4} {r['placement']:<9} {r['stress_name']:<12}"
         if r.get("skipped"):
             lines.append(f"{head} skipped: {r['skipped']}")
         elif r["weak_outcomes"]:
-            lines.append(f"{head} weak {r['weak_outcomes']:,} of {r['runs']:,} (rate {r['rate']:.3g}, "
-                         f"95% [{r['lower']:.2g}, {r['upper']:.2g}]; model: {r['verdict']}, PTX: {r['ptx_verdict']})")
+            lines.append(
+                f"{head} weak {r['weak_outcomes']:,} of {r['runs']:,} (rate {r['rate']:.3g}, "
+                f"95% [{r['lower']:.2g}, {r['upper']:.2g}]; model: {r['verdict']}, PTX: {r['ptx_verdict']})"
+            )
         else:
-            lines.append(f"{head} weak not observed in {r['runs']:,} (rate < {r['upper']:.2g}; "
-                         f"model: {r['verdict']}, PTX: {r['ptx_verdict']})")
+            lines.append(
+                f"{head} weak not observed in {r['runs']:,} (rate < {r['upper']:.2g}; "
+                f"model: {r['verdict']}, PTX: {r['ptx_verdict']})"
+            )
     return "\n".join(lines)
 
 
-
 #: the variants whose PTX the notebook lists (one compile each)
-PTX_VARIANTS = (("MP", "plain", None), ("MP", "volatile", None), ("MP", "relaxed", "gpu"),
-                ("MP", "acq_rel", "gpu"), ("MP", "acq_rel", "sys"), ("MP", "fence", "cta"), ("SB", "fence_sc", "gpu"))
+PTX_VARIANTS = (
+    ("MP", "plain", None),
+    ("MP", "volatile", None),
+    ("MP", "relaxed", "gpu"),
+    ("MP", "acq_rel", "gpu"),
+    ("MP", "acq_rel", "sys"),
+    ("MP", "fence", "cta"),
+    ("SB", "fence_sc", "gpu"),
+)
 
 
 def ptx_rows(variants=PTX_VARIANTS, placement: str = "cross_cta") -> list[dict]:

@@ -3,6 +3,7 @@ lab 02's broken barriers under a delay.
 
 The text and the drawing come from plain functions (``litmus_report``, ``litmus_figure``,
 ``broken_report``); tests call the same functions and press the same buttons."""
+
 from __future__ import annotations
 
 import ipywidgets as w
@@ -33,8 +34,9 @@ def runnable(semantics: str, placement: str, gpus: int) -> str | None:
     return None
 
 
-def litmus_record(test: str, semantics: str, scope: str, placement: str, stress: str, recorded=(),
-                  gpus: int = 0) -> tuple[dict | None, str]:
+def litmus_record(
+    test: str, semantics: str, scope: str, placement: str, stress: str, recorded=(), gpus: int = 0
+) -> tuple[dict | None, str]:
     """A record for the choice: run now where possible, else the recorded row (if any); and where
     it came from."""
     from labkit.labs.memory_model import sweep
@@ -48,8 +50,9 @@ def litmus_record(test: str, semantics: str, scope: str, placement: str, stress:
             n = 64
         stress_obj = sweep.STRESSES[stress] if not tier.interpreted() else sweep.Stress()
         rec = sweep.run_row(row, n, stress=stress_obj)
-        where = "live, this machine" + (" (interpreter: SC outcomes only; stress not applied)"
-                                        if tier.interpreted() else "")
+        where = "live, this machine" + (
+            " (interpreter: SC outcomes only; stress not applied)" if tier.interpreted() else ""
+        )
         if rec.get("note"):
             where += f"; {rec['note']}"
         return rec, where
@@ -62,10 +65,14 @@ def litmus_record(test: str, semantics: str, scope: str, placement: str, stress:
 def litmus_report(rec: dict, where: str) -> str:
     from labkit.labs.memory_model import plots
 
-    lines = [f"[{where}]", plots.label(rec), plots.rate_text(rec),
-             f"model: weak outcome {rec['verdict']}; PTX: {rec['ptx_verdict']}"
-             + (f" ({rec['ptx_note']})" if rec.get("ptx_note") else ""),
-             "outcomes the model allows: " + " ".join(f"({o})" for o in rec["model_outcomes"])]
+    lines = [
+        f"[{where}]",
+        plots.label(rec),
+        plots.rate_text(rec),
+        f"model: weak outcome {rec['verdict']}; PTX: {rec['ptx_verdict']}"
+        + (f" ({rec['ptx_note']})" if rec.get("ptx_note") else ""),
+        "outcomes the model allows: " + " ".join(f"({o})" for o in rec["model_outcomes"]),
+    ]
     if rec.get("counts"):
         lines.append("observed: " + ", ".join(f"({k}): {v:,}" for k, v in rec["counts"].items()))
     return "\n".join(lines)
@@ -94,8 +101,9 @@ def litmus_explorer(recorded=(), gpus: int = 0):
     text, figure = w.HTML(), FigureView()
 
     def redraw(_=None):
-        rec, where = litmus_record(test.value, semantics.value, scope.value, placement.value, stress.value,
-                                   recorded, gpus)
+        rec, where = litmus_record(
+            test.value, semantics.value, scope.value, placement.value, stress.value, recorded, gpus
+        )
         text.value = pre(litmus_report(rec, where))
         figure.show(litmus_figure(rec))
 
@@ -110,19 +118,30 @@ def broken_report(algorithm: str, variant: str, delay: int, trials: int, recorde
     from labkit.labs.memory_model import broken_barriers as bb
 
     if live:
-        r = bb.measure(variant, algorithm, delay, trials, 4096 if tier.interpreted() else 1 << 16,
-                       "float32" if tier.interpreted() else "bfloat16")
+        r = bb.measure(
+            variant,
+            algorithm,
+            delay,
+            trials,
+            4096 if tier.interpreted() else 1 << 16,
+            "float32" if tier.interpreted() else "bfloat16",
+        )
         where = "live, emulated world (processes, interpreted kernels)" if r["world"] == "emulated" else "live, 2 GPUs"
     else:
-        rows = [r for r in recorded if (r["algorithm"], r["variant"], r["delay"]) == (algorithm, variant, delay)
-                and not r.get("skipped")]
+        rows = [
+            r
+            for r in recorded
+            if (r["algorithm"], r["variant"], r["delay"]) == (algorithm, variant, delay) and not r.get("skipped")
+        ]
         if not rows:
             return f"no recorded row for {algorithm} {variant} at delay {delay}, and this machine cannot run it"
         r, where = rows[0], "RECORDED, not this machine"
     if r.get("skipped"):
         return f"[{where}] {algorithm} {variant} delay {delay}: not run: {r['skipped']}"
-    return (f"[{where}] {algorithm}, variant {variant}, delay {delay} on rank {r.get('slow_rank', 1)}:\n"
-            f"wrong results in {r['wrong_results']} of {r['trials']} trials; signal pads back at zero: {r.get('pads_zero')}")
+    return (
+        f"[{where}] {algorithm}, variant {variant}, delay {delay} on rank {r.get('slow_rank', 1)}:\n"
+        f"wrong results in {r['wrong_results']} of {r['trials']} trials; signal pads back at zero: {r.get('pads_zero')}"
+    )
 
 
 def broken_explorer(recorded=(), live: bool = True):
@@ -130,12 +149,16 @@ def broken_explorer(recorded=(), live: bool = True):
     from labkit.labs.memory_model import broken_barriers as bb
 
     variant = w.ToggleButtons(options=list(bb.VARIANTS), value="no_end_barrier", description="variant")
-    algorithm = w.Dropdown(options=["one_shot", "two_shot", "two_shot_in_place", "tree"], value="one_shot",
-                           description="algorithm")
+    algorithm = w.Dropdown(
+        options=["one_shot", "two_shot", "two_shot_in_place", "tree"], value="one_shot", description="algorithm"
+    )
     delays = [0, 400, 4000] if tier.interpreted() else [0, 100, 1000, 10000]
     delay = w.SelectionSlider(options=delays, value=delays[1], description="delay")
     trials = w.IntSlider(value=3 if tier.interpreted() else 20, min=1, max=60, description="trials")
     out = w.HTML()
-    button = run_button("Run the trials" if live else "Show recorded", out,
-                        lambda: broken_report(algorithm.value, variant.value, delay.value, trials.value, recorded, live))
+    button = run_button(
+        "Run the trials" if live else "Show recorded",
+        out,
+        lambda: broken_report(algorithm.value, variant.value, delay.value, trials.value, recorded, live),
+    )
     return w.VBox([variant, w.HBox([algorithm, delay, trials, button]), out])

@@ -4,6 +4,7 @@ A copy reads and writes every byte once, so its speed is memory bandwidth: GB/s 
 bytes read plus bytes written (2 x size). Small sizes fit in L2 (its size is in ``labkit doctor``,
 read from the device's ``L2_cache_size``) and measure the cache and launch overhead rather than HBM.
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,15 +42,28 @@ def copy_sweep(sizes_bytes: list[int], reps: int = 30, warmup: int = 5, progress
         candidates = {"torch.copy_": lambda: ref_out.copy_(x), "triton copy": lambda: copy(x, out)}
         # On a GPU, time twice: CUDA events around launches from Python (what a caller pays per
         # call, launch overhead included) and CUDA-graph replays (close to the kernels alone).
-        for method in (("cuda_events", "cuda_graph") if cuda else ("cpu_clock",)):
-            cmp = bench.compare(candidates, baseline="torch.copy_", device=dev if cuda else None,
-                                warmup=warmup, reps=reps, inner=inner, method=method)
+        for method in ("cuda_events", "cuda_graph") if cuda else ("cpu_clock",):
+            cmp = bench.compare(
+                candidates,
+                baseline="torch.copy_",
+                device=dev if cuda else None,
+                warmup=warmup,
+                reps=reps,
+                inner=inner,
+                method=method,
+            )
             for impl in IMPLS:
                 t = cmp.timings[impl]
-                records.append({"impl": impl, "bytes": nbytes, **t.as_dict(),
-                                "GBps": bench.gbps(2 * nbytes, t.median_us),
-                                "ratio_vs_torch": cmp.ratio(impl),
-                                "correct": correct if impl == "triton copy" else True})
+                records.append(
+                    {
+                        "impl": impl,
+                        "bytes": nbytes,
+                        **t.as_dict(),
+                        "GBps": bench.gbps(2 * nbytes, t.median_us),
+                        "ratio_vs_torch": cmp.ratio(impl),
+                        "correct": correct if impl == "triton copy" else True,
+                    }
+                )
         del x, ref_out, out
     return records
 
@@ -68,8 +82,9 @@ def hbm_reached(records: list[dict]) -> tuple[float, int] | None:
     """(GB/s, bytes) of the largest eager ``torch.copy_`` in this benchmark's records (GB/s counts
     the read and the write): the HBM bandwidth that machine really reached, which other labs use
     as a measured floor for memory-bound work. None when there is no such record."""
-    copies = [r for r in records
-              if r.get("impl") == "torch.copy_" and r.get("method") == "cuda_events" and r.get("GBps")]
+    copies = [
+        r for r in records if r.get("impl") == "torch.copy_" and r.get("method") == "cuda_events" and r.get("GBps")
+    ]
     if not copies:
         return None
     top = max(copies, key=lambda r: r["bytes"])
@@ -88,8 +103,15 @@ def graph_vs_events(records: list[dict]) -> list[dict]:
         if method != "cuda_events" or (impl, nbytes, "cuda_graph") not in by:
             continue
         g = by[(impl, nbytes, "cuda_graph")]
-        out.append({"impl": impl, "bytes": nbytes, "events_us": r["us"], "graph_us": g["us"],
-                    "graph_over_events": g["us"] / r["us"]})
+        out.append(
+            {
+                "impl": impl,
+                "bytes": nbytes,
+                "events_us": r["us"],
+                "graph_us": g["us"],
+                "graph_over_events": g["us"] / r["us"],
+            }
+        )
     return out
 
 
@@ -123,13 +145,21 @@ def headline(refs: dict) -> str | None:
         peak = _datasheet_peak(rs.env)
         share = f", {at['triton copy'] / (peak[1] * 1e3):.0%} of the {peak[0]} datasheet HBM peak" if peak else ""
         vs = f" (torch.copy_: {at['torch.copy_']:,.0f})" if "torch.copy_" in at else ""
-        eager = {r["impl"]: r["GBps"] for r in rs.records
-                 if r.get("method") == "cuda_events" and r.get("GBps") and r["bytes"] == top}
-        launched = (f"; launched eagerly {eager['triton copy']:,.0f} GB/s"
-                    + (f" (torch.copy_: {eager['torch.copy_']:,.0f})" if "torch.copy_" in eager else "")
-                    if "triton copy" in eager else "")
-        lines.append(f"RECORDED {machine}: labkit's Triton copy moves {at['triton copy']:,.0f} GB/s at "
-                     f"{top >> 20} MiB under graph replay{vs}{share}{launched}")
+        eager = {
+            r["impl"]: r["GBps"]
+            for r in rs.records
+            if r.get("method") == "cuda_events" and r.get("GBps") and r["bytes"] == top
+        }
+        launched = (
+            f"; launched eagerly {eager['triton copy']:,.0f} GB/s"
+            + (f" (torch.copy_: {eager['torch.copy_']:,.0f})" if "torch.copy_" in eager else "")
+            if "triton copy" in eager
+            else ""
+        )
+        lines.append(
+            f"RECORDED {machine}: labkit's Triton copy moves {at['triton copy']:,.0f} GB/s at "
+            f"{top >> 20} MiB under graph replay{vs}{share}{launched}"
+        )
     return "\n".join(lines) or None
 
 
@@ -143,26 +173,41 @@ def plot_copy_bandwidth(records: list[dict], yours: dict, refs: dict):
 
     fig, axes = plot.new_figure(ncols=2, width=5.6, height=4.4)
     sources = [("your run", records, "black")] + [
-        (f"reference {m}", rs.records, c) for (m, rs), c in zip(sorted(refs.items()), ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:red"))]
+        (f"reference {m}", rs.records, c)
+        for (m, rs), c in zip(sorted(refs.items()), ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:red"))
+    ]
     peaks = [_datasheet_peak(rs.env) for _, rs in sorted(refs.items())]
     for ax, (title, methods) in zip(axes, _PANELS):
         for label, recs, color in sources:
             for impl, (marker, style) in _STYLE.items():
                 pts = sorted((r["bytes"], r["GBps"]) for r in recs if r["impl"] == impl and r["method"] in methods)
                 if pts:
-                    ax.plot(*zip(*pts), marker=marker, linestyle=style, color=color, alpha=1 if label == "your run" else 0.7,
-                            label=f"{label}: {impl}")
+                    ax.plot(
+                        *zip(*pts),
+                        marker=marker,
+                        linestyle=style,
+                        color=color,
+                        alpha=1 if label == "your run" else 0.7,
+                        label=f"{label}: {impl}",
+                    )
         for (label, _, color), peak in zip(sources[1:], peaks):
             if peak:  # the ceiling: a copy cannot beat HBM (GB/s counts read + written bytes)
-                ax.axhline(peak[1] * 1e3, color=color, linestyle=":", linewidth=1,
-                           label=f"HBM peak, {peak[0]} datasheet: {peak[1]:g} TB/s")
+                ax.axhline(
+                    peak[1] * 1e3,
+                    color=color,
+                    linestyle=":",
+                    linewidth=1,
+                    label=f"HBM peak, {peak[0]} datasheet: {peak[1]:g} TB/s",
+                )
         plot.bytes_axis(ax, "x")
         ax.set_yscale("log")
         ax.set_xlabel("tensor size")
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         if not ax.lines:
-            ax.text(0.5, 0.5, "no graph timings\n(CPU tier, no reference)", ha="center", va="center", transform=ax.transAxes)
+            ax.text(
+                0.5, 0.5, "no graph timings\n(CPU tier, no reference)", ha="center", va="center", transform=ax.transAxes
+            )
     axes[0].set_ylabel("GB/s (bytes read + written)")
     title = fig.suptitle("Copy bandwidth: Triton kernel vs torch.copy_ (median of samples)")
     plot.caption(fig, yours=yours, refs=refs)

@@ -14,6 +14,7 @@ issued (``cudaMemcpyAsync`` or ``cudaGraphLaunch``).
 * ``trace_copy(nbytes)``: one eager copy and one replay of the captured copy, each profiled
   alone (GPU only); ``records(profile)`` runs it in a child process for ``labkit bench workbench``.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -50,8 +51,10 @@ def summarize_trace(events, kinds=DEVICE_ACTIVITIES + HOST_CALLS) -> list[dict]:
         if not isinstance(dur, (int, float)) or dur < 0:
             raise ValueError(f"events: item {i} ({e.get('name')!r}) has no duration ('dur': {dur!r})")
         groups[(e["cat"], str(e.get("name")))].append(float(dur))
-    rows = [{"activity": cat, "name": name, "count": len(ds), "us": sum(ds), "us_max": max(ds)}
-            for (cat, name), ds in groups.items()]
+    rows = [
+        {"activity": cat, "name": name, "count": len(ds), "us": sum(ds), "us_max": max(ds)}
+        for (cat, name), ds in groups.items()
+    ]
     return sorted(rows, key=lambda r: (kinds.index(r["activity"]), -r["us"], r["name"]))
 
 
@@ -80,16 +83,28 @@ def compare_paths(eager: list[dict], graph: list[dict], slower_by: float = SLOWE
     e_us, g_us = sum(r["us"] for r in e), sum(r["us"] for r in g)
     kinds = lambda rows: sorted({(r["activity"], r["name"]) for r in rows})  # noqa: E731
     if kinds(e) != kinds(g):
-        return {"settled": True,
-                "verdict": (f"the GPU ran different work: eager {_names(e)} ({e_us:,.0f} us); graph replay "
-                            f"{_names(g)} ({g_us:,.0f} us)")}
+        return {
+            "settled": True,
+            "verdict": (
+                f"the GPU ran different work: eager {_names(e)} ({e_us:,.0f} us); graph replay "
+                f"{_names(g)} ({g_us:,.0f} us)"
+            ),
+        }
     if g_us > (1 + slower_by) * e_us:
-        return {"settled": True,
-                "verdict": (f"the same work ({_names(g)}) took {g_us:,.0f} us in the graph against {e_us:,.0f} us "
-                            f"eager: the memcpy node itself runs slower (how the driver runs it is not in the trace)")}
-    return {"settled": False,
-            "verdict": (f"the same work ({_names(g)}) in about the same time ({g_us:,.0f} us in the graph, "
-                        f"{e_us:,.0f} us eager): not the memcpy node; the cause is not settled")}
+        return {
+            "settled": True,
+            "verdict": (
+                f"the same work ({_names(g)}) took {g_us:,.0f} us in the graph against {e_us:,.0f} us "
+                f"eager: the memcpy node itself runs slower (how the driver runs it is not in the trace)"
+            ),
+        }
+    return {
+        "settled": False,
+        "verdict": (
+            f"the same work ({_names(g)}) in about the same time ({g_us:,.0f} us in the graph, "
+            f"{e_us:,.0f} us eager): not the memcpy node; the cause is not settled"
+        ),
+    }
 
 
 def profiled_events(fn, device=None) -> list[dict]:
@@ -131,11 +146,26 @@ def _record(nbytes: int, path: str | None, row: dict | None, correct, **extra) -
     """A flat record carrying the workbench benchmark's required fields (None where a field is
     a timing statistic the trace does not have)."""
     row = row or {}
-    return {"kind": KIND, "impl": "torch.copy_", "bytes": nbytes, "path": path,
-            "activity": row.get("activity"), "name": row.get("name"), "count": row.get("count"),
-            "us": row.get("us"), "us_max": row.get("us_max"), "us_p25": None, "us_p75": None,
-            "GBps": None, "ratio_vs_torch": None, "correct": correct, "method": "torch.profiler",
-            "skipped": None, "error": None, **extra}
+    return {
+        "kind": KIND,
+        "impl": "torch.copy_",
+        "bytes": nbytes,
+        "path": path,
+        "activity": row.get("activity"),
+        "name": row.get("name"),
+        "count": row.get("count"),
+        "us": row.get("us"),
+        "us_max": row.get("us_max"),
+        "us_p25": None,
+        "us_p75": None,
+        "GBps": None,
+        "ratio_vs_torch": None,
+        "correct": correct,
+        "method": "torch.profiler",
+        "skipped": None,
+        "error": None,
+        **extra,
+    }
 
 
 def records(profile: str, timeout: float = 300.0) -> list[dict]:
@@ -163,8 +193,7 @@ def summaries(recs: list[dict]) -> dict:
         if r.get("skipped") or r.get("error"):
             out["skipped" if r.get("skipped") else "error"] = r.get("skipped") or r.get("error")
             continue
-        out.setdefault(r["path"], []).append(
-            {k: r[k] for k in ("activity", "name", "count", "us", "us_max")})
+        out.setdefault(r["path"], []).append({k: r[k] for k in ("activity", "name", "count", "us", "us_max")})
     return out
 
 

@@ -1,5 +1,6 @@
 """Small experiments that fail on purpose, one of each kind the sandbox tells apart. The
 start-here notebook runs them all in child processes to show that the notebook survives."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """Tables and plots for lab 03 (stream races and alignment), from records of ``labkit bench
 streams`` or of a live run: the same functions draw the reader's run and the reference."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +15,9 @@ def of_kind(panels: list, kind: str, allocators=None) -> list:
     of the given allocators); panels left with no record are dropped."""
     out = []
     for p in panels:
-        recs = [r for r in p.records if r.get("kind") == kind and (allocators is None or r.get("allocator") in allocators)]
+        recs = [
+            r for r in p.records if r.get("kind") == kind and (allocators is None or r.get("allocator") in allocators)
+        ]
         if recs:
             out.append(dataclasses.replace(p, records=recs))
     return out
@@ -28,11 +31,17 @@ def race_summary(records: list[dict], kind: str = "race") -> list[dict]:
             groups[(r["allocator"], r.get("sleep_ms"))].append(r)
     rows = []
     for (allocator, sleep), rs in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
-        rows.append({"allocator": allocator, "sleep_ms": sleep, "trials": len(rs),
-                     "corrupted_trials": sum(1 for r in rs if (r["corrupted_elems"] or 0) > 0),
-                     "reused": sum(1 for r in rs if r.get("block_reused")),
-                     "mean_corrupted_fraction": statistics.mean(r.get("corrupted_fraction") or 0.0 for r in rs),
-                     "numel": rs[0].get("numel")})
+        rows.append(
+            {
+                "allocator": allocator,
+                "sleep_ms": sleep,
+                "trials": len(rs),
+                "corrupted_trials": sum(1 for r in rs if (r["corrupted_elems"] or 0) > 0),
+                "reused": sum(1 for r in rs if r.get("block_reused")),
+                "mean_corrupted_fraction": statistics.mean(r.get("corrupted_fraction") or 0.0 for r in rs),
+                "numel": rs[0].get("numel"),
+            }
+        )
     return rows
 
 
@@ -40,11 +49,15 @@ def race_markdown(records: list[dict], kind: str = "race") -> str:
     rows = race_summary(records, kind)
     if not rows:
         return f"(no {kind} records)"
-    out = ["| allocator | side-stream delay (ms) | trials corrupted | block reused | mean share of elements corrupted |",
-           "|---|---|---|---|---|"]
+    out = [
+        "| allocator | side-stream delay (ms) | trials corrupted | block reused | mean share of elements corrupted |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
-        out.append(f"| {r['allocator']} | {r['sleep_ms']:g} | {r['corrupted_trials']} of {r['trials']} | "
-                   f"{r['reused']} of {r['trials']} | {r['mean_corrupted_fraction']:.1%} |")
+        out.append(
+            f"| {r['allocator']} | {r['sleep_ms']:g} | {r['corrupted_trials']} of {r['trials']} | "
+            f"{r['reused']} of {r['trials']} | {r['mean_corrupted_fraction']:.1%} |"
+        )
     return "\n".join(out)
 
 
@@ -54,12 +67,19 @@ def plot_race(records: list[dict], ax, title: str, kind: str = "race") -> None:
     for j, allocator in enumerate(sorted({r["allocator"] for r in rows})):
         rs = [r for r in rows if r["allocator"] == allocator]
         xs = [max(r["sleep_ms"], 1e-3) for r in rs]  # 0 drawn at 1 µs on the log axis
-        ax.plot(xs, [100 * r["mean_corrupted_fraction"] for r in rs], "o-", label=allocator,
-                color=COLORS.get(allocator))
+        ax.plot(
+            xs, [100 * r["mean_corrupted_fraction"] for r in rs], "o-", label=allocator, color=COLORS.get(allocator)
+        )
         for x, r in zip(xs, rs):
-            ax.annotate(f"{r['corrupted_trials']}/{r['trials']}", (x, 100 * r["mean_corrupted_fraction"]),
-                        textcoords="offset points", xytext=(0, 6 + 9 * j), ha="center", fontsize=7,
-                        color=COLORS.get(allocator))
+            ax.annotate(
+                f"{r['corrupted_trials']}/{r['trials']}",
+                (x, 100 * r["mean_corrupted_fraction"]),
+                textcoords="offset points",
+                xytext=(0, 6 + 9 * j),
+                ha="center",
+                fontsize=7,
+                color=COLORS.get(allocator),
+            )
     ax.set_xscale("log")
     ax.set_xlabel("side stream busy before its write (ms; 0 drawn at 0.001)")
     ax.set_ylabel("fresh tensor corrupted (% of elements)")
@@ -88,12 +108,15 @@ def timeline_spans(tl: dict) -> dict:
 
     fresh_allocs = [e for e in events if e["action"] == "alloc" and e["addr"] == tl["fresh_addr"]]
     fresh_t = fresh_allocs[-1]["t_us"] / 1e3 if (timed and fresh_allocs) else marks["fresh allocated (host)"] / 1e3
-    return {"owner_alloc": first("alloc", tl["owner_addr"], marks["owner allocated (host)"]),
-            "owner_free_requested": first("free_requested", tl["owner_addr"], marks["owner freed (host)"]),
-            "owner_free_completed": first("free_completed", tl["owner_addr"], marks["owner freed (host)"]),
-            "fresh_alloc": fresh_t, "end": marks["synchronized (host)"] / 1e3,
-            "write": (marks["side write starts (GPU)"] / 1e3, marks["side write ends (GPU)"] / 1e3),
-            "from_allocator_trace": timed}
+    return {
+        "owner_alloc": first("alloc", tl["owner_addr"], marks["owner allocated (host)"]),
+        "owner_free_requested": first("free_requested", tl["owner_addr"], marks["owner freed (host)"]),
+        "owner_free_completed": first("free_completed", tl["owner_addr"], marks["owner freed (host)"]),
+        "fresh_alloc": fresh_t,
+        "end": marks["synchronized (host)"] / 1e3,
+        "write": (marks["side write starts (GPU)"] / 1e3, marks["side write ends (GPU)"] / 1e3),
+        "from_allocator_trace": timed,
+    }
 
 
 def plot_timeline(tl: dict, ax, title: str) -> None:
@@ -104,16 +127,27 @@ def plot_timeline(tl: dict, ax, title: str) -> None:
     same = tl["block_reused"]
     owner_end = max(sp["owner_free_completed"], sp["owner_free_requested"])
     ax.broken_barh([(sp["owner_alloc"], owner_end - sp["owner_alloc"])], (2.6, 0.8), color="tab:blue", alpha=0.7)
-    ax.broken_barh([(sp["fresh_alloc"], sp["end"] - sp["fresh_alloc"])], (1.6, 0.8),
-                   color="tab:red" if same else "tab:green", alpha=0.7)
+    ax.broken_barh(
+        [(sp["fresh_alloc"], sp["end"] - sp["fresh_alloc"])],
+        (1.6, 0.8),
+        color="tab:red" if same else "tab:green",
+        alpha=0.7,
+    )
     w0, w1 = sp["write"]
     ax.broken_barh([(w0, max(w1 - w0, 0.02))], (0.6, 0.8), color="tab:purple")
     ax.plot([sp["owner_free_requested"]], [3.0], "kx", markersize=9, label="owner freed (free_requested)")
-    ax.annotate(f"write {w0:.2f}-{w1:.2f} ms ", (w0, 1.45), fontsize=8, color="tab:purple", ha="right",
-                va="top")  # below the fresh bar, left of the write
-    ax.set_yticks([1, 2, 3], ["side stream writes\nthe owner's block (GPU)",
-                              "fresh tensor's block:\n" + ("SAME block" if same else "another block"),
-                              "owner's block held\nfor the owner (allocator)"], fontsize=8)
+    ax.annotate(
+        f"write {w0:.2f}-{w1:.2f} ms ", (w0, 1.45), fontsize=8, color="tab:purple", ha="right", va="top"
+    )  # below the fresh bar, left of the write
+    ax.set_yticks(
+        [1, 2, 3],
+        [
+            "side stream writes\nthe owner's block (GPU)",
+            "fresh tensor's block:\n" + ("SAME block" if same else "another block"),
+            "owner's block held\nfor the owner (allocator)",
+        ],
+        fontsize=8,
+    )
     ax.set_ylim(0.3, 3.7)
     ax.set_xlim(0, sp["end"] * 1.05)
     src = "the allocator's trace" if sp["from_allocator_trace"] else "host marks (no times in the trace)"
@@ -151,16 +185,18 @@ def plot_alloc_time(records: list[dict], ax, title: str, seed: bool = True) -> N
     ax.barh(range(len(rs)), us, xerr=err, color="tab:blue", alpha=0.7)
     ax.set_yticks(range(len(rs)), names, fontsize=8)
     for i, r in enumerate(rs):  # the label starts after the whisker, never on it
-        ax.annotate(f"{r['us']:.1f} µs", (max(r["us_p75"], r["us"]), i), textcoords="offset points",
-                    xytext=(5, -3), fontsize=8)
+        ax.annotate(
+            f"{r['us']:.1f} µs", (max(r["us_p75"], r["us"]), i), textcoords="offset points", xytext=(5, -3), fontsize=8
+        )
     right = max([r["us_p75"] for r in rs] + ([SEED_BULK_ALLOCATE_US] if seed else []), default=1.0)
     # room for the labels, and never narrower than the rows already drawn on the shared axis
     ax.set_xlim(0, max(right * 1.18, ax.get_xlim()[1] if peers else 0.0))
     if seed:
-        for x, what, style in ((SEED_VIEWS_US, f"{SEED_GROUPS} views", "--"),
-                               (SEED_BULK_ALLOCATE_US, "tex.bulk_allocate", ":")):
-            ax.axvline(x, color="tab:purple", ls=style, lw=1.2,
-                       label=f"{SEED_LABEL}: {what}, {x:g} µs")
+        for x, what, style in (
+            (SEED_VIEWS_US, f"{SEED_GROUPS} views", "--"),
+            (SEED_BULK_ALLOCATE_US, "tex.bulk_allocate", ":"),
+        ):
+            ax.axvline(x, color="tab:purple", ls=style, lw=1.2, label=f"{SEED_LABEL}: {what}, {x:g} µs")
         ax.legend(fontsize=7, loc="lower right")
     groups = rs[0]["groups"] if rs else "?"
     ax.set_xlabel(f"host µs to hand out {groups} buffers (median, bars p25-p75)")
@@ -177,9 +213,16 @@ def gemm_ratio_series(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
     for key in sorted({(r["impl"], r["operands"]) for r in rs}):
         series = sorted((r for r in rs if (r["impl"], r["operands"]) == key), key=lambda r: r["offset_bytes"])
         base = next((r for r in series if r["offset_bytes"] == 0), None)
-        out[key] = [{"offset_bytes": r["offset_bytes"], "ratio": r["time_vs_aligned"],
-                     "p25": r.get("time_vs_aligned_p25"), "p75": r.get("time_vs_aligned_p75"),
-                     "tflops_aligned": base["tflops"] if base else None} for r in series]
+        out[key] = [
+            {
+                "offset_bytes": r["offset_bytes"],
+                "ratio": r["time_vs_aligned"],
+                "p25": r.get("time_vs_aligned_p25"),
+                "p75": r.get("time_vs_aligned_p75"),
+                "tflops_aligned": base["tflops"] if base else None,
+            }
+            for r in series
+        ]
     return out
 
 
@@ -190,16 +233,17 @@ def plot_gemm_alignment(records: list[dict], ax, title: str) -> None:
     series = gemm_ratio_series(records)
     offsets = sorted({row["offset_bytes"] for rows in series.values() for row in rows})
     width = 0.8 / max(len(series), 1)
-    have_quartiles = all(row["p25"] is not None and row["p75"] is not None
-                         for rows in series.values() for row in rows)
+    have_quartiles = all(row["p25"] is not None and row["p75"] is not None for rows in series.values() for row in rows)
     for j, ((impl, ops), rows) in enumerate(series.items()):
         at = {row["offset_bytes"]: row for row in rows}
         xs = [i + (j - (len(series) - 1) / 2) * width for i, o in enumerate(offsets) if o in at]
         ys = [at[o]["ratio"] for o in offsets if o in at]
         yerr = None
         if have_quartiles:
-            yerr = [[at[o]["ratio"] - at[o]["p25"] for o in offsets if o in at],
-                    [at[o]["p75"] - at[o]["ratio"] for o in offsets if o in at]]
+            yerr = [
+                [at[o]["ratio"] - at[o]["p25"] for o in offsets if o in at],
+                [at[o]["p75"] - at[o]["ratio"] for o in offsets if o in at],
+            ]
         base = rows[0]["tflops_aligned"]
         label = f"{impl}, misaligned: {ops}" + (f" (+0 B: {base:.0f} TFLOP/s)" if base else "")
         ax.bar(xs, ys, width, yerr=yerr, capsize=2, label=label)
@@ -208,8 +252,11 @@ def plot_gemm_alignment(records: list[dict], ax, title: str) -> None:
     ax.axhline(1.0, color="0.2", lw=1, ls="--", label="1.0: as fast as +0 B")
     ax.set_xticks(range(len(offsets)), [f"+{o} B" for o in offsets])
     ax.set_xlabel("operand pointer offset from a 256-byte boundary")
-    ax.set_ylabel("time / time at +0 B, same round\n(median of paired ratios;\n"
-                  + ("whiskers p25-p75)" if have_quartiles else "quartiles not recorded)"), fontsize=8)
+    ax.set_ylabel(
+        "time / time at +0 B, same round\n(median of paired ratios;\n"
+        + ("whiskers p25-p75)" if have_quartiles else "quartiles not recorded)"),
+        fontsize=8,
+    )
     rs = [r for r in records if r.get("kind") == "gemm_alignment"]
     if rs:
         r = rs[0]
@@ -225,11 +272,15 @@ def gemm_markdown(records: list[dict]) -> str:
     rs = [r for r in records if r.get("kind") == "gemm_alignment"]
     if not rs:
         return "(no GEMM alignment records)"
-    out = ["| impl | misaligned | offset | TFLOP/s | time vs aligned (paired median) | max rel. error |",
-           "|---|---|---|---|---|---|"]
+    out = [
+        "| impl | misaligned | offset | TFLOP/s | time vs aligned (paired median) | max rel. error |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in sorted(rs, key=lambda r: (r["impl"], r["operands"], r["offset_bytes"])):
-        out.append(f"| {r['impl']} | {r['operands']} | +{r['offset_bytes']} B | {r['tflops']:.0f} | "
-                   f"{r['time_vs_aligned']:.2f}x | {r['max_rel_err']:.1e} |")
+        out.append(
+            f"| {r['impl']} | {r['operands']} | +{r['offset_bytes']} B | {r['tflops']:.0f} | "
+            f"{r['time_vs_aligned']:.2f}x | {r['max_rel_err']:.1e} |"
+        )
     return "\n".join(out)
 
 
@@ -240,7 +291,10 @@ def sanitizer_markdown(records: list[dict]) -> str:
     groups = defaultdict(list)
     for r in rs:
         groups[str(r["allocator"])].append(r)
-    out = ["| case | trials | reported by the sanitizer | wrong result anyway | first report |", "|---|---|---|---|---|"]
+    out = [
+        "| case | trials | reported by the sanitizer | wrong result anyway | first report |",
+        "|---|---|---|---|---|",
+    ]
     for name, g in groups.items():
         wrong = sum(1 for r in g if (r.get("corrupted_elems") or 0) > 0 or r.get("wrong_sum"))
         first = next((r["report"] for r in g if r.get("report")), "")

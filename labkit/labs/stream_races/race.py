@@ -22,6 +22,7 @@ One trial (``race_trial``), all on one GPU:
 bulk-allocated buffers. ``sanitizer_trials`` runs the race under ``TORCH_CUDA_SANITIZER=1`` in a
 child process; ``timeline_trial`` records the allocator's own trace of one trial.
 """
+
 from __future__ import annotations
 
 import time
@@ -111,8 +112,7 @@ def _style(allocator: str) -> str:
     return "raw" if allocator == "raw" else "views"
 
 
-def race_trial(allocator: str, *, numel: int = 1 << 22, sleep_ms: float = 25.0, device=None,
-               trial: int = 0) -> dict:
+def race_trial(allocator: str, *, numel: int = 1 << 22, sleep_ms: float = 25.0, device=None, trial: int = 0) -> dict:
     """One run of the race (module docstring); returns what happened.
 
     numel:    float32 elements in the buffer (and in the fresh tensor that may reuse its block)
@@ -124,8 +124,7 @@ def race_trial(allocator: str, *, numel: int = 1 << 22, sleep_ms: float = 25.0, 
     with torch.cuda.device(device):
         main = torch.cuda.current_stream()
         side = side_stream(device)
-        load_trial_kernels(device, torch.float32, numel,
-                           lambda: torch.empty(numel, device=device).fill_(SENTINEL))
+        load_trial_kernels(device, torch.float32, numel, lambda: torch.empty(numel, device=device).fill_(SENTINEL))
         bulk = alloc.allocate(_style(allocator), [(numel,)], torch.float32, device)
         buf = bulk.tensors[0]
         addr = buf.data_ptr()
@@ -139,13 +138,29 @@ def race_trial(allocator: str, *, numel: int = 1 << 22, sleep_ms: float = 25.0, 
         reused = fresh.data_ptr() == addr
         torch.cuda.synchronize()
         corrupted = int((fresh != 0).sum().item())
-    return {"kind": "race", "allocator": allocator, "trial": trial, "sleep_ms": sleep_ms,
-            "numel": numel, "block_reused": reused, "corrupted_elems": corrupted,
-            "corrupted_fraction": corrupted / numel}
+    return {
+        "kind": "race",
+        "allocator": allocator,
+        "trial": trial,
+        "sleep_ms": sleep_ms,
+        "numel": numel,
+        "block_reused": reused,
+        "corrupted_elems": corrupted,
+        "corrupted_fraction": corrupted / numel,
+    }
 
 
-def wgrad_trial(allocator: str, *, groups: int = 8, tokens: int = 2048, in_features: int = 2048,
-                out_features: int = 2048, sleep_ms: float = 5.0, device=None, trial: int = 0) -> dict:
+def wgrad_trial(
+    allocator: str,
+    *,
+    groups: int = 8,
+    tokens: int = 2048,
+    in_features: int = 2048,
+    out_features: int = 2048,
+    sleep_ms: float = 5.0,
+    device=None,
+    trial: int = 0,
+) -> dict:
     """The story's pattern: ``groups`` weight gradients dW_g = dY_gᵀ X_g (bf16 GEMMs) computed on a
     side stream into one bulk allocation; the owner drops the buffers on the main stream, which
     then allocates a same-sized zero tensor. Counts elements of that tensor the GEMMs overwrote."""
@@ -162,11 +177,14 @@ def wgrad_trial(allocator: str, *, groups: int = 8, tokens: int = 2048, in_featu
         # outside the race window: cuBLAS's per-stream setup, and every kernel's first launch
         side.wait_stream(main)
         scratch = torch.empty(out_features, in_features, device=device, dtype=torch.bfloat16)
-        load_trial_kernels(device, torch.bfloat16, groups * out_features * in_features,
-                           lambda: torch.matmul(dy[0].t(), x[0], out=scratch))
+        load_trial_kernels(
+            device,
+            torch.bfloat16,
+            groups * out_features * in_features,
+            lambda: torch.matmul(dy[0].t(), x[0], out=scratch),
+        )
         del scratch
-        bulk = alloc.allocate(_style(allocator), [(out_features, in_features)] * groups,
-                              torch.bfloat16, device)
+        bulk = alloc.allocate(_style(allocator), [(out_features, in_features)] * groups, torch.bfloat16, device)
         nbytes, addr = bulk.nbytes, bulk.tensors[0].data_ptr()
         wgrads = bulk.tensors
         side.wait_stream(main)
@@ -180,23 +198,40 @@ def wgrad_trial(allocator: str, *, groups: int = 8, tokens: int = 2048, in_featu
         reused = fresh.data_ptr() == addr
         torch.cuda.synchronize()
         corrupted = int((fresh != 0).sum().item())
-    return {"kind": "wgrad", "allocator": allocator, "trial": trial, "sleep_ms": sleep_ms,
-            "numel": fresh.numel(), "groups": groups, "block_reused": reused,
-            "corrupted_elems": corrupted, "corrupted_fraction": corrupted / fresh.numel()}
+    return {
+        "kind": "wgrad",
+        "allocator": allocator,
+        "trial": trial,
+        "sleep_ms": sleep_ms,
+        "numel": fresh.numel(),
+        "groups": groups,
+        "block_reused": reused,
+        "corrupted_elems": corrupted,
+        "corrupted_fraction": corrupted / fresh.numel(),
+    }
 
 
-def race_sweep(sleeps_ms=(0.0, 0.05, 0.5, 5.0, 25.0), trials: int = 10, numel: int = 1 << 22,
-               allocators=ALLOCATORS, device=None, progress: bool = True) -> list[dict]:
+def race_sweep(
+    sleeps_ms=(0.0, 0.05, 0.5, 5.0, 25.0),
+    trials: int = 10,
+    numel: int = 1 << 22,
+    allocators=ALLOCATORS,
+    device=None,
+    progress: bool = True,
+) -> list[dict]:
     """``race_trial`` for every allocator and delay, ``trials`` times each, in one process."""
     from tqdm.auto import tqdm
 
     _check_positive_int("trials", trials)
     cases = [(a, s, t) for a in allocators for s in sleeps_ms for t in range(trials)]
-    return [race_trial(a, numel=numel, sleep_ms=s, device=device, trial=t)
-            for a, s, t in tqdm(cases, desc="race trials", disable=not progress)]
+    return [
+        race_trial(a, numel=numel, sleep_ms=s, device=device, trial=t)
+        for a, s, t in tqdm(cases, desc="race trials", disable=not progress)
+    ]
 
 
 # --- detection -------------------------------------------------------------------------------
+
 
 def missing_wait_trial(numel: int = 1 << 20, sleep_ms: float = 5.0, device=None) -> dict:
     """The race the CUDA sanitizer is built for (a control): the main stream reads a buffer the side
@@ -223,6 +258,7 @@ def sanitizer_trials(trials: int = 5, sleep_ms: float = 25.0, numel: int = 1 << 
     from torch.cuda._sanitizer import CUDASanitizerErrors
 
     import os
+
     enabled = os.environ.get("TORCH_CUDA_SANITIZER") == "1"
     rows = []
     for allocator in ALLOCATORS:
@@ -232,9 +268,17 @@ def sanitizer_trials(trials: int = 5, sleep_ms: float = 25.0, numel: int = 1 << 
                 row.update(reported=False, report=None)
             except CUDASanitizerErrors as e:
                 torch.cuda.synchronize()
-                row = {"kind": "race", "allocator": allocator, "trial": t, "sleep_ms": sleep_ms,
-                       "numel": numel, "block_reused": None, "corrupted_elems": None,
-                       "reported": True, "report": str(e).splitlines()[0][:300]}
+                row = {
+                    "kind": "race",
+                    "allocator": allocator,
+                    "trial": t,
+                    "sleep_ms": sleep_ms,
+                    "numel": numel,
+                    "block_reused": None,
+                    "corrupted_elems": None,
+                    "reported": True,
+                    "report": str(e).splitlines()[0][:300],
+                }
             row.update(kind="sanitizer", sanitizer=enabled)
             rows.append(row)
     for t in range(trials):
@@ -244,8 +288,13 @@ def sanitizer_trials(trials: int = 5, sleep_ms: float = 25.0, numel: int = 1 << 
         except CUDASanitizerErrors as e:
             torch.cuda.synchronize()
             row = {"wrong_sum": None, "reported": True, "report": str(e).splitlines()[0][:300]}
-        row.update(kind="sanitizer", allocator="missing wait_stream (control)", trial=t,
-                   corrupted_elems=None, sanitizer=enabled)
+        row.update(
+            kind="sanitizer",
+            allocator="missing wait_stream (control)",
+            trial=t,
+            corrupted_elems=None,
+            sanitizer=enabled,
+        )
         rows.append(row)
     return rows
 
@@ -266,8 +315,7 @@ def timeline_trial(allocator: str, *, numel: int = 1 << 22, sleep_ms: float = 5.
     nbytes = numel * 4
     with torch.cuda.device(device):
         # before recording: the first launches (and the sleep's calibration) stay out of the trace
-        load_trial_kernels(device, torch.float32, numel,
-                           lambda: torch.empty(numel, device=device).fill_(SENTINEL))
+        load_trial_kernels(device, torch.float32, numel, lambda: torch.empty(numel, device=device).fill_(SENTINEL))
         main = torch.cuda.current_stream()
         side = side_stream(device)
         ev0, w0, w1 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
@@ -303,10 +351,19 @@ def timeline_trial(allocator: str, *, numel: int = 1 << 22, sleep_ms: float = 5.
     marks["side write starts (GPU)"] = ev0.elapsed_time(w0) * 1e3
     marks["side write ends (GPU)"] = ev0.elapsed_time(w1) * 1e3
     events = trace_events(snapshot, device.index, nbytes, t0)
-    return {"kind": "timeline", "allocator": allocator, "sleep_ms": sleep_ms, "numel": numel,
-            "owner_addr": addr, "fresh_addr": fresh.data_ptr(), "block_reused": reused,
-            "corrupted_elems": corrupted, "marks_us": marks, "events": events,
-            "streams": {"main": main.cuda_stream, "side": side.cuda_stream}}
+    return {
+        "kind": "timeline",
+        "allocator": allocator,
+        "sleep_ms": sleep_ms,
+        "numel": numel,
+        "owner_addr": addr,
+        "fresh_addr": fresh.data_ptr(),
+        "block_reused": reused,
+        "corrupted_elems": corrupted,
+        "marks_us": marks,
+        "events": events,
+        "streams": {"main": main.cuda_stream, "side": side.cuda_stream},
+    }
 
 
 def _record_history(on: bool) -> None:
@@ -334,8 +391,15 @@ def trace_events(snapshot: dict, device_index: int, nbytes: int, t0_us: float) -
         if e.get("size") != nbytes:
             continue
         t = e.get("time_us")
-        rows.append({"action": e["action"], "addr": e.get("addr"), "size": e.get("size"),
-                     "stream": e.get("stream"), "t_us": (t - t0_us) if isinstance(t, (int, float)) else None})
+        rows.append(
+            {
+                "action": e["action"],
+                "addr": e.get("addr"),
+                "size": e.get("size"),
+                "stream": e.get("stream"),
+                "t_us": (t - t0_us) if isinstance(t, (int, float)) else None,
+            }
+        )
     return rows
 
 
@@ -346,10 +410,24 @@ REQUIRED = ("kind", "allocator", "trial", "corrupted_elems", "offset_bytes", "tf
 
 #: Sizes per profile: the race is cheap, the GEMMs are what take time.
 PROFILES = {
-    "gpu": {"trials": 20, "sleeps_ms": (0.0, 0.05, 0.5, 5.0, 25.0), "numel": 1 << 22,
-            "wgrad_trials": 10, "sanitizer_trials": 5, "probe_trials": 5, "gemm": (8192, 8192, 8192)},
-    "quick": {"trials": 3, "sleeps_ms": (0.0, 5.0), "numel": 1 << 20,
-              "wgrad_trials": 2, "sanitizer_trials": 2, "probe_trials": 2, "gemm": (2048, 2048, 2048)},
+    "gpu": {
+        "trials": 20,
+        "sleeps_ms": (0.0, 0.05, 0.5, 5.0, 25.0),
+        "numel": 1 << 22,
+        "wgrad_trials": 10,
+        "sanitizer_trials": 5,
+        "probe_trials": 5,
+        "gemm": (8192, 8192, 8192),
+    },
+    "quick": {
+        "trials": 3,
+        "sleeps_ms": (0.0, 5.0),
+        "numel": 1 << 20,
+        "wgrad_trials": 2,
+        "sanitizer_trials": 2,
+        "probe_trials": 2,
+        "gemm": (2048, 2048, 2048),
+    },
 }
 
 
@@ -358,12 +436,22 @@ def sanitizer_run(trials: int, sleep_ms: float = 25.0, numel: int = 1 << 22, tim
     returned as one record saying how, never raised."""
     from labkit.workbench import sandbox
 
-    res = sandbox.run_isolated(sanitizer_trials, trials, sleep_ms, numel, timeout=timeout,
-                               env={"TORCH_CUDA_SANITIZER": "1"})
+    res = sandbox.run_isolated(
+        sanitizer_trials, trials, sleep_ms, numel, timeout=timeout, env={"TORCH_CUDA_SANITIZER": "1"}
+    )
     if res.ok:
         return res.value
-    return [{"kind": "sanitizer", "allocator": None, "trial": None, "corrupted_elems": None,
-             "reported": None, "report": res.summary(), "sanitizer": True}]
+    return [
+        {
+            "kind": "sanitizer",
+            "allocator": None,
+            "trial": None,
+            "corrupted_elems": None,
+            "reported": None,
+            "report": res.summary(),
+            "sanitizer": True,
+        }
+    ]
 
 
 def _blank(row: dict) -> dict:

@@ -11,6 +11,7 @@ stream's write into it has even started on the GPU. The record keeps both pointe
 times (host marks, and the write placed on the host clock by CUDA events, as ``timeline_trial``
 does), so the verdict can be read off the data on any machine.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -33,8 +34,12 @@ def probe(style: str, *, numel: int = 1 << 20, sleep_ms: float = 20.0, device=No
     device = race._cuda_device(device)
     with torch.cuda.device(device):
         main, side = torch.cuda.current_stream(), race.side_stream(device)
-        race.load_trial_kernels(device, torch.float32, numel,  # no first launch inside the window
-                                lambda: torch.empty(numel, device=device).fill_(race.SENTINEL))
+        race.load_trial_kernels(
+            device,
+            torch.float32,
+            numel,  # no first launch inside the window
+            lambda: torch.empty(numel, device=device).fill_(race.SENTINEL),
+        )
         ev0, w0, w1 = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         torch.cuda.synchronize()
         t0 = race._host_us()
@@ -58,11 +63,23 @@ def probe(style: str, *, numel: int = 1 << 20, sleep_ms: float = 20.0, device=No
         del fresh
     write_starts, write_ends = ev0.elapsed_time(w0) * 1e3, ev0.elapsed_time(w1) * 1e3
     reused = fresh_addr == owner_addr
-    return {"kind": KIND, "allocator": style, "trial": trial, "numel": numel, "sleep_ms": sleep_ms,
-            "record_stream_called": True, "owner_addr": owner_addr, "fresh_addr": fresh_addr,
-            "block_reused": reused, "owner_freed_host_us": freed, "fresh_allocated_host_us": fresh_at,
-            "side_write_starts_gpu_us": write_starts, "side_write_ends_gpu_us": write_ends,
-            "fresh_before_write_ends": fresh_at < write_ends, "skipped": None}
+    return {
+        "kind": KIND,
+        "allocator": style,
+        "trial": trial,
+        "numel": numel,
+        "sleep_ms": sleep_ms,
+        "record_stream_called": True,
+        "owner_addr": owner_addr,
+        "fresh_addr": fresh_addr,
+        "block_reused": reused,
+        "owner_freed_host_us": freed,
+        "fresh_allocated_host_us": fresh_at,
+        "side_write_starts_gpu_us": write_starts,
+        "side_write_ends_gpu_us": write_ends,
+        "fresh_before_write_ends": fresh_at < write_ends,
+        "skipped": None,
+    }
 
 
 def probe_records(trials: int = 3, numel: int = 1 << 20, sleep_ms: float = 20.0) -> list[dict]:
@@ -83,12 +100,19 @@ def verdict(rs: list[dict]) -> str:
         raise ValueError("rs: expected at least one probe record")
     n, reused = len(rs), sum(1 for r in rs if r["block_reused"])
     before = sum(1 for r in rs if r["block_reused"] and r["fresh_before_write_ends"])
-    meaning = ("record_stream ignored" if reused == n else
-               "held back for the side stream: record_stream heard" if reused == 0 else "the outcome varied")
+    meaning = (
+        "record_stream ignored"
+        if reused == n
+        else "held back for the side stream: record_stream heard"
+        if reused == 0
+        else "the outcome varied"
+    )
     med = lambda key: statistics.median(r[key] for r in rs)  # noqa: E731
-    text = (f"same block in {reused} of {n} ({meaning}); fresh tensor made at {med('fresh_allocated_host_us'):,.0f} µs "
-            f"(host), side write into the old piece {med('side_write_starts_gpu_us'):,.0f}-"
-            f"{med('side_write_ends_gpu_us'):,.0f} µs (GPU), medians")
+    text = (
+        f"same block in {reused} of {n} ({meaning}); fresh tensor made at {med('fresh_allocated_host_us'):,.0f} µs "
+        f"(host), side write into the old piece {med('side_write_starts_gpu_us'):,.0f}-"
+        f"{med('side_write_ends_gpu_us'):,.0f} µs (GPU), medians"
+    )
     if reused:
         text += f"; the same block was handed out before that write ended in {before} of {reused}"
     return text

@@ -1,5 +1,6 @@
 """``labkit bench device_guard``: lab 01's reference benchmark, every experiment of the lab in
 one run (its own module, so that the experiments it gathers need not import each other)."""
+
 from __future__ import annotations
 
 from labkit.labs.wrong_device import crash_search, demos, experiments
@@ -21,5 +22,11 @@ def benchmark(profile: str) -> list[dict]:
     from labkit.workbench import gates
 
     gates.requires(gpus=2, compiled=True).check()
-    return (experiments.device_matrix() + experiments.guard_overhead() + demos.launch_blocking_records() + demos.sharded_decode_records()
-            + demos.regression_records() + crash_search.crash_search())
+    return (
+        experiments.device_matrix()
+        + experiments.guard_overhead()
+        + demos.launch_blocking_records()
+        + demos.sharded_decode_records()
+        + demos.regression_records()
+        + crash_search.crash_search()
+    )

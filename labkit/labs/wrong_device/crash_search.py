@@ -20,6 +20,7 @@ Configurations (``CONFIGS``):
   calls, where peer access is granted per mapping; with peer access from PyTorch's copies, and
   with peer access enabled outside PyTorch (CuPy).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,9 +41,9 @@ REUSED_VALUE = 7.0  # what the tensor that takes a freed block holds: the kernel
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    peer: str            # "torch": copies both ways (as accelerate's hooks); "0->1" / "1->0": CuPy, one way
-    free: str | None     # None, "reuse" or "release": what happens to x's block before the kernel reads it
-    env: tuple = ()      # extra environment of the child, as (name, value) pairs
+    peer: str  # "torch": copies both ways (as accelerate's hooks); "0->1" / "1->0": CuPy, one way
+    free: str | None  # None, "reuse" or "release": what happens to x's block before the kernel reads it
+    env: tuple = ()  # extra environment of the child, as (name, value) pairs
     what: str = ""
 
     @property
@@ -52,12 +53,21 @@ class Config:
 
 CONFIGS = {
     "peer 0->1 only": Config("0->1", None, (), "cuda:0 may access cuda:1's memory; cuda:1 may not access cuda:0's"),
-    "peer 1->0 only": Config("1->0", None, (), "cuda:1 may access cuda:0's memory; the kernel's cuda:0 may not access cuda:1's"),
-    "freed and reused": Config("torch", "reuse", (), "x freed while the queued kernel has not read it; a new tensor on cuda:1 takes its block"),
-    "freed and released": Config("torch", "release", (), "x freed and returned to CUDA (empty_cache) before the queued kernel reads it"),
-    "expandable segments": Config("torch", None, tuple(_EXPANDABLE.items()), "expandable segments, peer access from PyTorch's copies"),
-    "expandable segments, peer via CuPy": Config("0->1", None, tuple(_EXPANDABLE.items()),
-                                                 "expandable segments, peer access 0->1 enabled outside PyTorch"),
+    "peer 1->0 only": Config(
+        "1->0", None, (), "cuda:1 may access cuda:0's memory; the kernel's cuda:0 may not access cuda:1's"
+    ),
+    "freed and reused": Config(
+        "torch", "reuse", (), "x freed while the queued kernel has not read it; a new tensor on cuda:1 takes its block"
+    ),
+    "freed and released": Config(
+        "torch", "release", (), "x freed and returned to CUDA (empty_cache) before the queued kernel reads it"
+    ),
+    "expandable segments": Config(
+        "torch", None, tuple(_EXPANDABLE.items()), "expandable segments, peer access from PyTorch's copies"
+    ),
+    "expandable segments, peer via CuPy": Config(
+        "0->1", None, tuple(_EXPANDABLE.items()), "expandable segments, peer access 0->1 enabled outside PyTorch"
+    ),
 }
 
 
@@ -90,23 +100,26 @@ def run_config(name: str, nbytes: int = 64 << 20, delay_cycles: int = 200_000_00
     add_one(torch.zeros(n, device="cuda:0"))  # compile and load on cuda:0 outside the experiment
     for d in (0, 1):
         torch.cuda.synchronize(d)
-    torch.cuda._sleep(delay_cycles)           # cuda:0's stream busy: the kernel below waits behind it
-    add_one(x, out, guarded=False)            # queued on cuda:0's stream, reading and writing cuda:1
+    torch.cuda._sleep(delay_cycles)  # cuda:0's stream busy: the kernel below waits behind it
+    add_one(x, out, guarded=False)  # queued on cuda:0's stream, reading and writing cuda:1
     keep, released = None, None
     if cfg.free is not None:
-        del x                                 # back to cuda:1's cache at once: only cuda:1's stream used it
+        del x  # back to cuda:1's cache at once: only cuda:1's stream used it
         if cfg.free == "reuse":
-            keep = torch.full((n,), REUSED_VALUE, device="cuda:1")   # takes the block, written now
+            keep = torch.full((n,), REUSED_VALUE, device="cuda:1")  # takes the block, written now
         else:
             before = torch.cuda.memory_reserved(1)
-            torch.cuda.empty_cache()          # the block goes back to CUDA
+            torch.cuda.empty_cache()  # the block goes back to CUDA
             released = before - torch.cuda.memory_reserved(1)  # checked: did it really go back?
             print(f"{_RELEASED_LINE}{released}", flush=True)  # reaches the parent even if the read then faults
     for d in (0, 1):
         torch.cuda.synchronize(d)
     del keep
-    return {"correct": bool(torch.all(out == 2.0).item()),
-            "read_reused": float((out == REUSED_VALUE + 1).float().mean().item()), "released_bytes": released}
+    return {
+        "correct": bool(torch.all(out == 2.0).item()),
+        "read_reused": float((out == REUSED_VALUE + 1).float().mean().item()),
+        "released_bytes": released,
+    }
 
 
 def config_record(name: str, res: sandbox.SandboxResult) -> dict:
@@ -124,8 +137,11 @@ def config_record(name: str, res: sandbox.SandboxResult) -> dict:
         outcome = "correct" if res.value["correct"] else "wrong result"
     if res.ok:
         share = res.value.get("read_reused", 0.0)
-        detail = "x + 1, as it should be" if res.value["correct"] else (
-            f"not x + 1; {share:.0%} of the output is the reused block's value + 1" if share else "not x + 1")
+        detail = (
+            "x + 1, as it should be"
+            if res.value["correct"]
+            else (f"not x + 1; {share:.0%} of the output is the reused block's value + 1" if share else "not x + 1")
+        )
     else:
         detail = res.summary()
     released = _parse_line(res.stdout, _RELEASED_LINE)
@@ -134,11 +150,23 @@ def config_record(name: str, res: sandbox.SandboxResult) -> dict:
         detail += f" (empty_cache returned {released / 2**20:.0f} MiB of cuda:1's memory to CUDA first)"
     first = first_error(res.traceback) if not res.ok else None
     reverse = {"True": True, "False": False}.get(_parse_line(res.stdout, _REVERSE_LINE))
-    return demos.base_record(KIND, outcome, detail, config=name, guarded=False, what=cfg.what,
-                             peer_setup=cfg.peer, free=cfg.free, env=dict(cfg.env) or None,
-                             peer_enabled=_parse_peer_line(res.stdout), peer_1_to_0=reverse,
-                             first_error=first[0] if first else None, first_error_at=first[1] if first else None,
-                             released_bytes=released, seconds=res.seconds)
+    return demos.base_record(
+        KIND,
+        outcome,
+        detail,
+        config=name,
+        guarded=False,
+        what=cfg.what,
+        peer_setup=cfg.peer,
+        free=cfg.free,
+        env=dict(cfg.env) or None,
+        peer_enabled=_parse_peer_line(res.stdout),
+        peer_1_to_0=reverse,
+        first_error=first[0] if first else None,
+        first_error_at=first[1] if first else None,
+        released_bytes=released,
+        seconds=res.seconds,
+    )
 
 
 def crash_search(configs=tuple(CONFIGS), nbytes: int = 64 << 20, timeout_s: float = 60.0) -> list[dict]:
@@ -152,8 +180,11 @@ def crash_search(configs=tuple(CONFIGS), nbytes: int = 64 << 20, timeout_s: floa
     records = []
     for name in configs:
         cfg = CONFIGS[name]
-        reason = gate.reason if not gate.ok else ("needs CuPy to enable peer access in one direction"
-                                                  if cfg.needs_cupy and not have_cupy else None)
+        reason = (
+            gate.reason
+            if not gate.ok
+            else ("needs CuPy to enable peer access in one direction" if cfg.needs_cupy and not have_cupy else None)
+        )
         if reason:
             records.append(demos.skipped_record(KIND, reason, config=name, guarded=False, what=cfg.what))
             continue
@@ -171,12 +202,18 @@ def seed_crash_verdict(records: list[dict]) -> str:
     cells = [r for r in records if r.get("pattern") in PATTERNS and r.get("guarded") is False]
     if not search and not cells:
         return "none recorded yet"
-    crashed = [r.get("config") or f"matrix cell {r['pattern']}, peer {'on' if r.get('peer_access') else 'off'}"
-               for r in search + cells if r.get("outcome") == "illegal memory access"]
+    crashed = [
+        r.get("config") or f"matrix cell {r['pattern']}, peer {'on' if r.get('peer_access') else 'off'}"
+        for r in search + cells
+        if r.get("outcome") == "illegal memory access"
+    ]
     if crashed:
         return "reproduced: an illegal memory access in " + "; ".join(crashed)
-    searched = (f"in {len(search)} search configuration(s) ({', '.join(sorted({r['outcome'] for r in search}))})"
-                if search else "")
+    searched = (
+        f"in {len(search)} search configuration(s) ({', '.join(sorted({r['outcome'] for r in search}))})"
+        if search
+        else ""
+    )
     where = " nor ".join(w for w in (searched, f"in {len(cells)} unguarded matrix cell(s)" if cells else "") if w)
     return f"not reproduced: no illegal memory access {where}" + ("" if search else "; crash search: none recorded yet")
 
@@ -187,8 +224,11 @@ def describe(records: list[dict]) -> list[str]:
         return ["none recorded yet"]
     out = []
     for r in recs:
-        peers = (f" [peer 0->1 {r.get('peer_enabled')}, 1->0 {r.get('peer_1_to_0')}]"
-                 if r.get("outcome") != "skipped" else "")
+        peers = (
+            f" [peer 0->1 {r.get('peer_enabled')}, 1->0 {r.get('peer_1_to_0')}]"
+            if r.get("outcome") != "skipped"
+            else ""
+        )
         out.append(f"{r['config']:<36} {r['outcome']:<22} {r['detail']}{peers}")
         if r.get("first_error") and r["first_error"] not in r["detail"]:
             out.append(f"{'':<36} first error: {r['first_error']}")

@@ -16,6 +16,7 @@ since each can crash):
 On a machine without the GPUs a kind needs, it gives one record with ``outcome="skipped"`` and
 the gate's reason in ``skipped``: never a made-up result.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,16 @@ STORY_CASES = (
 
 def base_record(kind: str, outcome: str, detail: str, **fields) -> dict:
     """A record with every field the device_guard file requires (None where it does not apply)."""
-    return {"pattern": kind, "peer_access": None, "guarded": None, "outcome": outcome, "GBps": None,
-            "detail": detail, "peer_enabled": None, **fields}
+    return {
+        "pattern": kind,
+        "peer_access": None,
+        "guarded": None,
+        "outcome": outcome,
+        "GBps": None,
+        "detail": detail,
+        "peer_enabled": None,
+        **fields,
+    }
 
 
 def skipped_record(kind: str, reason: str, **fields) -> dict:
@@ -60,6 +69,7 @@ def _first_error_fields(res: sandbox.SandboxResult) -> dict:
 
 # --- CUDA_LAUNCH_BLOCKING ---------------------------------------------------------------------
 
+
 def launch_blocking_records(timeout_s: float = 60.0) -> list[dict]:
     """The CUDA_LAUNCH_BLOCKING demonstration as records (1 GPU; two children)."""
     from labkit.labs.wrong_device.experiments import launch_blocking_demo
@@ -68,8 +78,16 @@ def launch_blocking_records(timeout_s: float = 60.0) -> list[dict]:
     gate = gates.requires(gpus=1, compiled=True)
     if not gate.ok:
         return [skipped_record(kind, gate.reason, CUDA_LAUNCH_BLOCKING=b, reported_at=None) for b in ("0", "1")]
-    return [base_record(kind, r["status"].replace("_", " "), r["summary"], CUDA_LAUNCH_BLOCKING=r["CUDA_LAUNCH_BLOCKING"],
-                        reported_at=r["reported_at"]) for r in launch_blocking_demo(timeout_s=timeout_s)]
+    return [
+        base_record(
+            kind,
+            r["status"].replace("_", " "),
+            r["summary"],
+            CUDA_LAUNCH_BLOCKING=r["CUDA_LAUNCH_BLOCKING"],
+            reported_at=r["reported_at"],
+        )
+        for r in launch_blocking_demo(timeout_s=timeout_s)
+    ]
 
 
 def describe_launch_blocking(records: list[dict]) -> list[str]:
@@ -77,12 +95,15 @@ def describe_launch_blocking(records: list[dict]) -> list[str]:
     recs = [r for r in records if r.get("pattern") == "launch blocking"]
     if not recs:
         return ["none recorded yet"]
-    return [f"CUDA_LAUNCH_BLOCKING={r['CUDA_LAUNCH_BLOCKING']}: "
-            + (r["detail"] if r["outcome"] == "skipped" else f"{r['outcome']}, reported at {r['reported_at']}")
-            for r in recs]
+    return [
+        f"CUDA_LAUNCH_BLOCKING={r['CUDA_LAUNCH_BLOCKING']}: "
+        + (r["detail"] if r["outcome"] == "skipped" else f"{r['outcome']}, reported at {r['reported_at']}")
+        for r in recs
+    ]
 
 
 # --- the sharded model, unguarded vs guarded --------------------------------------------------
+
 
 def compare_decodes(baseline: dict, other: dict) -> dict:
     """How an unguarded decode's result compares with the guarded baseline's (pure)."""
@@ -91,9 +112,11 @@ def compare_decodes(baseline: dict, other: dict) -> dict:
             raise ValueError(f"{name}: expected a dict with 'tokens' and 'logits' (model.unguarded_decode's value)")
     a, b = torch.tensor(baseline["logits"]), torch.tensor(other["logits"])
     same_shape = a.shape == b.shape
-    return {"tokens_match": list(baseline["tokens"]) == list(other["tokens"]),
-            "bit_identical": bool(same_shape and torch.equal(a, b)),
-            "max_abs_logit_diff": float((a - b).abs().nan_to_num(float("inf")).max()) if same_shape and a.numel() else None}
+    return {
+        "tokens_match": list(baseline["tokens"]) == list(other["tokens"]),
+        "bit_identical": bool(same_shape and torch.equal(a, b)),
+        "max_abs_logit_diff": float((a - b).abs().nan_to_num(float("inf")).max()) if same_shape and a.numel() else None,
+    }
 
 
 def decode_record(guarded: bool, res: sandbox.SandboxResult, baseline: dict | None) -> dict:
@@ -103,8 +126,13 @@ def decode_record(guarded: bool, res: sandbox.SandboxResult, baseline: dict | No
     if not res.ok:
         return base_record(kind, crash_outcome(res), res.summary(), tokens=None, **fields)
     v = res.value
-    fields.update(tokens=v["tokens"], layers_on=v["layers_on"], finite=v["finite"],
-                  peer_enabled=v.get("peer_0_to_1"), peer_1_to_0=v.get("peer_1_to_0"))
+    fields.update(
+        tokens=v["tokens"],
+        layers_on=v["layers_on"],
+        finite=v["finite"],
+        peer_enabled=v.get("peer_0_to_1"),
+        peer_1_to_0=v.get("peer_1_to_0"),
+    )
     if guarded:
         return base_record(kind, "ran (baseline)", f"tokens {v['tokens']}, logits finite: {v['finite']}", **fields)
     if baseline is None:
@@ -112,10 +140,16 @@ def decode_record(guarded: bool, res: sandbox.SandboxResult, baseline: dict | No
     cmp = compare_decodes(baseline, v)
     outcome = "correct" if cmp["bit_identical"] else "wrong result"
     diff = cmp["max_abs_logit_diff"]
-    logits = ("logits not finite (NaN or inf): garbage, not a small drift" if diff is not None and not math.isfinite(diff)
-              else f"logits differ by up to {diff:.3g}")
-    detail = ("tokens and logits bit-identical to the guarded run" if cmp["bit_identical"] else
-              f"tokens {'match' if cmp['tokens_match'] else 'differ'}; {logits}")
+    logits = (
+        "logits not finite (NaN or inf): garbage, not a small drift"
+        if diff is not None and not math.isfinite(diff)
+        else f"logits differ by up to {diff:.3g}"
+    )
+    detail = (
+        "tokens and logits bit-identical to the guarded run"
+        if cmp["bit_identical"]
+        else f"tokens {'match' if cmp['tokens_match'] else 'differ'}; {logits}"
+    )
     return base_record(kind, outcome, detail, **fields, **cmp)
 
 
@@ -139,8 +173,11 @@ def describe_decodes(records: list[dict]) -> list[str]:
         return ["none recorded yet"]
     out = []
     for r in recs:
-        peers = (f" (peer access 0->1 {r.get('peer_enabled')}, 1->0 {r.get('peer_1_to_0')})"
-                 if r.get("peer_enabled") is not None or r.get("peer_1_to_0") is not None else "")
+        peers = (
+            f" (peer access 0->1 {r.get('peer_enabled')}, 1->0 {r.get('peer_1_to_0')})"
+            if r.get("peer_enabled") is not None or r.get("peer_1_to_0") is not None
+            else ""
+        )
         out.append(f"{'guarded  ' if r['guarded'] else 'unguarded'}: {r['outcome']}: {r['detail']}{peers}")
         if r.get("first_error"):
             out.append(f"           first error: {r['first_error']} (at {r['first_error_at']})")
@@ -148,6 +185,7 @@ def describe_decodes(records: list[dict]) -> list[str]:
 
 
 # --- the seed's regression test ---------------------------------------------------------------
+
 
 def regression_check(guarded: bool = True, seed: int = 0) -> list[dict]:
     """In a child: each story configuration with cuda:1 inputs, once with cuda:0 current and once
@@ -163,15 +201,20 @@ def regression_check(guarded: bool = True, seed: int = 0) -> list[dict]:
         b = torch.randn(shape_b, generator=g).to(torch.bfloat16).to("cuda:1")
         w = prepare_b(b, **opts)  # the weight's quantisation: guarded, not under test
         with torch.cuda.device(1):
-            ref = sc_matmul_prepared(a, w)   # the right device current: what the answer must be
+            ref = sc_matmul_prepared(a, w)  # the right device current: what the answer must be
             torch.cuda.synchronize(1)
-        torch.cuda.set_device(0)             # device_map="auto"'s state
+        torch.cuda.set_device(0)  # device_map="auto"'s state
         out = sc_matmul_prepared(a, w, guarded=guarded)
         for d in (0, 1):
             torch.cuda.synchronize(d)
-        rows.append({"case": case_name(shape_a, opts), "out_device": str(out.device),
-                     "current_after": f"cuda:{torch.cuda.current_device()}",
-                     "bit_identical": torch.equal(out.cpu(), ref.cpu())})
+        rows.append(
+            {
+                "case": case_name(shape_a, opts),
+                "out_device": str(out.device),
+                "current_after": f"cuda:{torch.cuda.current_device()}",
+                "bit_identical": torch.equal(out.cpu(), ref.cpu()),
+            }
+        )
     return rows
 
 
@@ -196,14 +239,19 @@ def regression_rows_to_records(guarded: bool, res: sandbox.SandboxResult) -> lis
     """One record per configuration, or one for the whole child if it did not return (pure)."""
     kind = "regression test"
     if not res.ok:
-        return [base_record(kind, crash_outcome(res), res.summary(), guarded=guarded, case="(all)",
-                            **_first_error_fields(res))]
+        return [
+            base_record(
+                kind, crash_outcome(res), res.summary(), guarded=guarded, case="(all)", **_first_error_fields(res)
+            )
+        ]
     out = []
     for row in res.value:
         ok = row["bit_identical"] and row["out_device"] == "cuda:1" and row["current_after"] == "cuda:0"
         outcome = "correct" if ok else ("wrong device" if row["out_device"] != "cuda:1" else "wrong result")
-        detail = (f"bit-identical to cuda:1 current: {row['bit_identical']}; output on {row['out_device']}; "
-                  f"current device after: {row['current_after']}")
+        detail = (
+            f"bit-identical to cuda:1 current: {row['bit_identical']}; output on {row['out_device']}; "
+            f"current device after: {row['current_after']}"
+        )
         out.append(base_record(kind, outcome, detail, guarded=guarded, **row))
     return out
 
@@ -227,6 +275,10 @@ def describe_regression(records: list[dict]) -> list[str]:
                 out.append(f"    first error: {mine[0]['first_error']}")
             continue
         passed = sum(r["outcome"] == "correct" for r in mine)
-        out.append(f"{label}: {passed} of {len(mine)} configurations pass"
-                   + "".join(f"\n    {r.get('case')}: {r['outcome']}: {r['detail']}" for r in mine if r["outcome"] != "correct"))
+        out.append(
+            f"{label}: {passed} of {len(mine)} configurations pass"
+            + "".join(
+                f"\n    {r.get('case')}: {r['outcome']}: {r['detail']}" for r in mine if r["outcome"] != "correct"
+            )
+        )
     return out

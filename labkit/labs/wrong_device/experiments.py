@@ -22,6 +22,7 @@ timed Python calls on the host clock). A cell that raised records the first erro
 (``first_error``): a failed graph capture raises a follow-on error when the capture ends, and the
 error that broke it is that one's context.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,10 +50,10 @@ CAPTURE_ERROR_MODE = "thread_local"
 
 @triton.jit
 def _add_one_kernel(
-    x_ptr,                 # *fp32: input
-    out_ptr,               # *fp32: output, x + 1
-    numel,                 # int: elements; the last block is masked
-    BLOCK: tl.constexpr,   # elements per program
+    x_ptr,  # *fp32: input
+    out_ptr,  # *fp32: output, x + 1
+    numel,  # int: elements; the last block is masked
+    BLOCK: tl.constexpr,  # elements per program
 ):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
@@ -90,22 +91,22 @@ def _scratch_launcher(x: torch.Tensor, guarded: bool) -> torch.Tensor:
     """A launcher that allocates its output with device="cuda", as much real code does."""
     ctx = on_device_of(x=x) if guarded else contextlib.nullcontext()
     with ctx:
-        out = torch.empty(x.shape, dtype=x.dtype, device="cuda")   # the *current* device
-        _raw_launch(x, out)                                        # on the current device too
+        out = torch.empty(x.shape, dtype=x.dtype, device="cuda")  # the *current* device
+        _raw_launch(x, out)  # on the current device too
         return out
 
 
 def _stream_launcher(x: torch.Tensor, guarded: bool) -> torch.Tensor:
     if guarded:
         with on_device_of(x=x):
-            s = torch.cuda.Stream()                              # on x's device
-            s.wait_stream(torch.cuda.current_stream(x.device))   # ordered after x's producer
+            s = torch.cuda.Stream()  # on x's device
+            s.wait_stream(torch.cuda.current_stream(x.device))  # ordered after x's producer
             with torch.cuda.stream(s):
                 out = add_one(x)
             torch.cuda.current_stream(x.device).wait_stream(s)
             return out
-    s = torch.cuda.Stream()                                      # on the current device: cuda:0
-    with torch.cuda.stream(s):                                   # (this also makes cuda:0 current)
+    s = torch.cuda.Stream()  # on the current device: cuda:0
+    with torch.cuda.stream(s):  # (this also makes cuda:0 current)
         return add_one(x, guarded=False)
 
 
@@ -116,7 +117,7 @@ class _GraphLauncher:
         self.device = x.device if guarded else None
         ctx = torch.cuda.device(x.device) if guarded else contextlib.nullcontext()
         with ctx:
-            add_one(x, guarded=guarded)                          # compile and load outside capture
+            add_one(x, guarded=guarded)  # compile and load outside capture
             torch.cuda.synchronize(x.device)
             self.graph = torch.cuda.CUDAGraph()
             # If the body raises, torch.cuda.graph's __exit__ still ends the capture, which then
@@ -176,8 +177,14 @@ def peer_enabled(dev: int, peer: int) -> bool | None:
         return False
 
 
-def run_cell(pattern: str, peer_access: bool, guarded: bool, nbytes: int = 64 << 20,
-             delay_cycles: int = 200_000_000, reps: int = 10) -> dict:
+def run_cell(
+    pattern: str,
+    peer_access: bool,
+    guarded: bool,
+    nbytes: int = 64 << 20,
+    delay_cycles: int = 200_000_000,
+    reps: int = 10,
+) -> dict:
     """One cell of the matrix; meant to run in a child process (labkit.workbench.sandbox.run_isolated)."""
     if pattern not in PATTERNS:
         raise ValueError(f"pattern: {pattern!r} is not one of {PATTERNS}")
@@ -195,9 +202,11 @@ def run_cell(pattern: str, peer_access: bool, guarded: bool, nbytes: int = 64 <<
     if pattern == "graph_wrong_device":
         launch = _GraphLauncher(x, guarded)
     else:
-        fn = {"triton_launch": lambda: add_one(x, guarded=guarded),
-              "scratch_current_device": lambda: _scratch_launcher(x, guarded),
-              "stream_current_device": lambda: _stream_launcher(x, guarded)}[pattern]
+        fn = {
+            "triton_launch": lambda: add_one(x, guarded=guarded),
+            "scratch_current_device": lambda: _scratch_launcher(x, guarded),
+            "stream_current_device": lambda: _stream_launcher(x, guarded),
+        }[pattern]
         launch = fn
     # Warm-up outside the race: the first call compiles the kernel and has the allocator fetch
     # fresh memory; both can take longer than the race's sleep, or synchronise (cudaMalloc),
@@ -221,8 +230,12 @@ def run_cell(pattern: str, peer_access: bool, guarded: bool, nbytes: int = 64 <<
             out = launch()
             for d in (0, 1):
                 torch.cuda.synchronize(d)
-    return {"correct": correct, "out_device": str(out.device), "peer_enabled": enabled,
-            **timing.kernel_timing(timer.elapsed(), nbytes)}
+    return {
+        "correct": correct,
+        "out_device": str(out.device),
+        "peer_enabled": enabled,
+        **timing.kernel_timing(timer.elapsed(), nbytes),
+    }
 
 
 def _parse_peer_line(stdout: str) -> bool | None:
@@ -233,12 +246,14 @@ def _parse_line(stdout: str, prefix: str) -> str | None:
     """The rest of the child's first stdout line that starts with ``prefix`` (None if none)."""
     for line in (stdout or "").splitlines():
         if line.startswith(prefix):
-            return line[len(prefix):].strip()
+            return line[len(prefix) :].strip()
     return None
 
 
-_CHAINED = ("During handling of the above exception, another exception occurred:",
-            "The above exception was the direct cause of the following exception:")
+_CHAINED = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
 
 
 def first_error(traceback_text: str | None) -> tuple[str, str] | None:
@@ -253,7 +268,7 @@ def first_error(traceback_text: str | None) -> tuple[str, str] | None:
         block = block.split(sep)[0]
     lines = block.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):"))
-    error = next((line.strip() for line in lines[start + 1:] if line.strip() and not line[0].isspace()), "")
+    error = next((line.strip() for line in lines[start + 1 :] if line.strip() and not line[0].isspace()), "")
     return error, _reported_at(block)
 
 
@@ -273,9 +288,15 @@ def classify_cell(res: sandbox.SandboxResult) -> tuple[str, str]:
     return "correct", f"output on {v['out_device']}"
 
 
-def device_matrix(patterns=PATTERNS, nbytes: int = 64 << 20, timeout_s: float = 120.0,
-                  env: dict | None = None, guarded=(False, True), peers=(False, True),
-                  progress: bool = True) -> list[dict]:
+def device_matrix(
+    patterns=PATTERNS,
+    nbytes: int = 64 << 20,
+    timeout_s: float = 120.0,
+    env: dict | None = None,
+    guarded=(False, True),
+    peers=(False, True),
+    progress: bool = True,
+) -> list[dict]:
     """Run every (pattern, peer access, guarded) cell in its own child process; one record each."""
     for p in patterns:
         if p not in PATTERNS:
@@ -293,14 +314,25 @@ def cell_record(pattern: str, peer: bool, guarded: bool, nbytes: int, res: sandb
     outcome, detail = classify_cell(res)
     value = res.value if res.ok else {}
     first = first_error(res.traceback) if not res.ok else None
-    return {"pattern": pattern, "peer_access": peer, "guarded": guarded, "outcome": outcome,
-            "GBps": value.get("GBps"), "us": value.get("us"), "timing": timing.TIMING,
-            "launch_device": value.get("launch_device"),
-            "expected_launch_device": f"cuda:{timing.expected_launch_device(pattern, guarded)}",
-            "timed_launches": value.get("timed_launches"), "detail": detail,
-            "first_error": first[0] if first else None, "first_error_at": first[1] if first else None,
-            "capture_error_mode": _parse_line(res.stdout, _CAPTURE_LINE),
-            "peer_enabled": _parse_peer_line(res.stdout), "seconds": res.seconds, "nbytes": nbytes}
+    return {
+        "pattern": pattern,
+        "peer_access": peer,
+        "guarded": guarded,
+        "outcome": outcome,
+        "GBps": value.get("GBps"),
+        "us": value.get("us"),
+        "timing": timing.TIMING,
+        "launch_device": value.get("launch_device"),
+        "expected_launch_device": f"cuda:{timing.expected_launch_device(pattern, guarded)}",
+        "timed_launches": value.get("timed_launches"),
+        "detail": detail,
+        "first_error": first[0] if first else None,
+        "first_error_at": first[1] if first else None,
+        "capture_error_mode": _parse_line(res.stdout, _CAPTURE_LINE),
+        "peer_enabled": _parse_peer_line(res.stdout),
+        "seconds": res.seconds,
+        "nbytes": nbytes,
+    }
 
 
 def describe_graph_errors(records: list[dict]) -> list[str]:
@@ -311,15 +343,23 @@ def describe_graph_errors(records: list[dict]) -> list[str]:
         if r.get("pattern") != "graph_wrong_device" or r.get("outcome") == "correct":
             continue
         # a failed child's detail is its summary, which starts with how it ended
-        seen = r["detail"] if r["outcome"] in ("exception", "illegal memory access", "hang") else f"{r['outcome']}: {r['detail']}"
-        out.append(f"peer {'on' if r.get('peer_access') else 'off'}, {'guarded' if r.get('guarded') else 'unguarded'}: {seen}")
+        seen = (
+            r["detail"]
+            if r["outcome"] in ("exception", "illegal memory access", "hang")
+            else f"{r['outcome']}: {r['detail']}"
+        )
+        out.append(
+            f"peer {'on' if r.get('peer_access') else 'off'}, {'guarded' if r.get('guarded') else 'unguarded'}: {seen}"
+        )
         if "first_error" not in r:
             out.append("    first error: not recorded (the file predates first-error recording)")
         elif r["first_error"] is None:
             out.append("    first error: none (the cell raised no Python exception)")
         else:
             same = r["first_error"].split(": ", 1)[-1] in r["detail"]
-            out.append(f"    first error: {r['first_error']}" + ("  (the same error: nothing before it)" if same else ""))
+            out.append(
+                f"    first error: {r['first_error']}" + ("  (the same error: nothing before it)" if same else "")
+            )
             out.append(f"    raised under: {r['first_error_at']}")
         if r.get("capture_error_mode"):
             out.append(f"    capture_error_mode: {r['capture_error_mode']}")
@@ -344,9 +384,18 @@ def guard_overhead(reps: int = 20_000, device: str | None = None) -> list[dict]:
             with ctx():
                 pass
         us = (time.perf_counter() - t0) / reps * 1e6
-        records.append({"pattern": "guard overhead", "peer_access": None, "guarded": label == "on_device_of",
-                        "outcome": "measured", "GBps": None, "detail": f"{label}, tensor on {device}",
-                        "peer_enabled": None, "us_per_launch": us})
+        records.append(
+            {
+                "pattern": "guard overhead",
+                "peer_access": None,
+                "guarded": label == "on_device_of",
+                "outcome": "measured",
+                "GBps": None,
+                "detail": f"{label}, tensor on {device}",
+                "peer_enabled": None,
+                "us_per_launch": us,
+            }
+        )
     return records
 
 
@@ -366,16 +415,29 @@ def launch_blocking_demo(timeout_s: float = 120.0) -> list[dict]:
     One record each: how the child ended and the line that reported the error. Needs 1 GPU."""
     records = []
     for blocking in ("0", "1"):
-        res = sandbox.run_isolated("labkit.kernels.fault:fault_then_later_work", timeout=timeout_s,
-                                   env={"CUDA_LAUNCH_BLOCKING": blocking})
-        records.append({"CUDA_LAUNCH_BLOCKING": blocking, "status": res.status, "summary": res.summary(),
-                        "reported_at": _reported_at(res.traceback)})
+        res = sandbox.run_isolated(
+            "labkit.kernels.fault:fault_then_later_work", timeout=timeout_s, env={"CUDA_LAUNCH_BLOCKING": blocking}
+        )
+        records.append(
+            {
+                "CUDA_LAUNCH_BLOCKING": blocking,
+                "status": res.status,
+                "summary": res.summary(),
+                "reported_at": _reported_at(res.traceback),
+            }
+        )
     return records
 
 
 #: outcome -> colour of its cell in ``plot_matrix`` (green good; orange silent; red loud)
-OUTCOME_COLOURS = {"correct": "#4caf50", "wrong result": "#ff9800", "wrong device": "#ffc107",
-                   "exception": "#e53935", "illegal memory access": "#8e24aa", "hang": "#424242"}
+OUTCOME_COLOURS = {
+    "correct": "#4caf50",
+    "wrong result": "#ff9800",
+    "wrong device": "#ffc107",
+    "exception": "#e53935",
+    "illegal memory access": "#8e24aa",
+    "hang": "#424242",
+}
 
 
 def plot_matrix(records: list[dict], ax, title: str = "") -> None:
@@ -392,20 +454,27 @@ def plot_matrix(records: list[dict], ax, title: str = "") -> None:
             if not match:
                 continue
             r = match[0]
-            ax.add_patch(Rectangle((j, i), 1, 1, facecolor=OUTCOME_COLOURS.get(r["outcome"], "white"),
-                                   edgecolor="white", lw=2))
+            ax.add_patch(
+                Rectangle((j, i), 1, 1, facecolor=OUTCOME_COLOURS.get(r["outcome"], "white"), edgecolor="white", lw=2)
+            )
             text = r["outcome"] + (f"\n{r['GBps']:.0f} GB/s" if r.get("GBps") else "")
             if peer and r.get("peer_enabled") is False:
                 text += "\n(peer NOT enabled)"
             ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=8, color="white")
     ax.set_xlim(0, len(cols))
     ax.set_ylim(len(patterns), 0)
-    ax.set_xticks([j + 0.5 for j in range(len(cols))],
-                  [f"peer {'on' if peer else 'off'}\n{'guarded' if g else 'unguarded'}" for peer, g in cols])
+    ax.set_xticks(
+        [j + 0.5 for j in range(len(cols))],
+        [f"peer {'on' if peer else 'off'}\n{'guarded' if g else 'unguarded'}" for peer, g in cols],
+    )
     ax.set_yticks([i + 0.5 for i in range(len(patterns))], [p.replace("_", " ") for p in patterns])
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)
-    ax.legend(handles=[Patch(color=c, label=o) for o, c in OUTCOME_COLOURS.items()], fontsize=7,
-              loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(
+        handles=[Patch(color=c, label=o) for o, c in OUTCOME_COLOURS.items()],
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
     ax.set_title(title, fontsize=10)

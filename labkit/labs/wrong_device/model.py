@@ -9,6 +9,7 @@ Sharding uses accelerate (``shard``): ``infer_auto_device_map`` with a ``max_mem
 half the layers on each GPU, then ``dispatch_model``, whose hooks move activations between GPUs
 but never change the current device: the seed story's set-up.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -68,7 +69,7 @@ class SCLinear(nn.Module):
     def prepared(self) -> PreparedB:
         w = self.weight
         if self._prepared is None or self._prepared.qb.device != w.device:
-            self._prepared = prepare_b(w.detach().t(), **self.sc_options)   # b = W^T: [in, out]
+            self._prepared = prepare_b(w.detach().t(), **self.sc_options)  # b = W^T: [in, out]
         return self._prepared
 
     def forward(self, x):
@@ -101,7 +102,7 @@ class DecoderLayer(nn.Module):
         self.gate_proj = nn.Linear(h, cfg.intermediate, bias=False)
         self.up_proj = nn.Linear(h, cfg.intermediate, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate, h, bias=False)
-        self.cache_k = self.cache_v = None   # [1, kv heads, T, D], on this layer's device
+        self.cache_k = self.cache_v = None  # [1, kv heads, T, D], on this layer's device
 
     def forward(self, x, pos: int):
         cfg = self.cfg
@@ -230,26 +231,36 @@ def _sync():
 def agreement(ref_logits: torch.Tensor, logits: torch.Tensor) -> dict:
     """Top-1 agreement and mean cosine similarity of two models' per-step logits."""
     a, b = ref_logits.float().cpu(), logits.float().cpu()
-    return {"top1_agreement": (a.argmax(-1) == b.argmax(-1)).float().mean().item(),
-            "cosine": F.cosine_similarity(a, b, dim=-1).mean().item()}
+    return {
+        "top1_agreement": (a.argmax(-1) == b.argmax(-1)).float().mean().item(),
+        "cosine": F.cosine_similarity(a, b, dim=-1).mean().item(),
+    }
 
 
 SC_CONFIGS = {
     "sc (sc_prec=8, stoc_len=256, per_row)": dict(sc_prec=8, stoc_len=256, granularity="per_row"),
-    "sc halve + bitrev, down chunk_d=128": dict(sc_prec=8, stoc_len=256, granularity="per_row", halve=True,
-                                               a_seq="bitrev", down_chunk_d=128),
+    "sc halve + bitrev, down chunk_d=128": dict(
+        sc_prec=8, stoc_len=256, granularity="per_row", halve=True, a_seq="bitrev", down_chunk_d=128
+    ),
     "sc per_row, chunk_d=128 on every linear": dict(sc_prec=8, stoc_len=256, granularity="per_row", chunk_d=128),
 }
-REQUIRED = ("config", "ms_per_token", "ratio_vs_bf16", "top1_agreement", "cosine", "layers_on", "new_tokens",
-            "first_pass_ms_per_token")
+REQUIRED = (
+    "config",
+    "ms_per_token",
+    "ratio_vs_bf16",
+    "top1_agreement",
+    "cosine",
+    "layers_on",
+    "new_tokens",
+    "first_pass_ms_per_token",
+)
 
 
 def _per_token_ms(times: list[float]) -> dict:
     """Median and quartiles, in ms, of per-token times in seconds (every timed pass's tokens), by
     the rule every labkit benchmark's ``us_p25``/``us_p75`` follow (``bench.Timing``)."""
     t = Timing("host_clock", [1e6 * s for s in times], inner=1)
-    return {"ms_per_token": t.median_us / 1e3, "ms_per_token_p25": t.p25_us / 1e3,
-            "ms_per_token_p75": t.p75_us / 1e3}
+    return {"ms_per_token": t.median_us / 1e3, "ms_per_token_p25": t.p25_us / 1e3, "ms_per_token_p75": t.p75_us / 1e3}
 
 
 def _timed_passes(model, prompt, new_tokens: int, passes: int, forced=None):
@@ -265,8 +276,14 @@ def _timed_passes(model, prompt, new_tokens: int, passes: int, forced=None):
     return toks, logits, {**_per_token_ms(times), "pass_ms_per_token": pass_ms}
 
 
-def decode_benchmark(cfg: DecoderConfig = LLAMA_8B_LAYERS, gpus: int = 2, new_tokens: int = 16,
-                     prompt_len: int = 32, seed: int = 0, passes: int = 3) -> list[dict]:
+def decode_benchmark(
+    cfg: DecoderConfig = LLAMA_8B_LAYERS,
+    gpus: int = 2,
+    new_tokens: int = 16,
+    prompt_len: int = 32,
+    seed: int = 0,
+    passes: int = 3,
+) -> list[dict]:
     """ms/token of batch-1 greedy decode, bf16 vs SC linears, the model sharded over ``gpus``.
 
     The SC runs are teacher-forced with the bf16 run's tokens, so logits compare on equal contexts.
@@ -292,19 +309,36 @@ def decode_benchmark(cfg: DecoderConfig = LLAMA_8B_LAYERS, gpus: int = 2, new_to
     _, _, first = greedy_decode(model, prompt, new_tokens)
     toks, ref_logits, bf16 = _timed_passes(model, prompt, new_tokens, passes)
     bf16_ms = bf16["ms_per_token"]
-    records = [{"config": "bf16", **bf16, "ratio_vs_bf16": 1.0, "top1_agreement": 1.0, "cosine": 1.0,
-                "layers_on": on, "new_tokens": new_tokens,
-                "first_pass_ms_per_token": _per_token_ms(first)["ms_per_token"]}]
+    records = [
+        {
+            "config": "bf16",
+            **bf16,
+            "ratio_vs_bf16": 1.0,
+            "top1_agreement": 1.0,
+            "cosine": 1.0,
+            "layers_on": on,
+            "new_tokens": new_tokens,
+            "first_pass_ms_per_token": _per_token_ms(first)["ms_per_token"],
+        }
+    ]
     dense = {(i, n): getattr(layer, n) for i, layer in enumerate(model.layers) for n in LINEARS}
     for name, opts in SC_CONFIGS.items():
-        for (i, n), lin in dense.items():       # back to the dense linears, then swap again
+        for (i, n), lin in dense.items():  # back to the dense linears, then swap again
             setattr(model.layers[i], n, lin)
         use_sc(model, **dict(opts))
         _, _, first = greedy_decode(model, prompt, new_tokens, forced=toks)  # compiles, quantises weights
         _, logits, sc = _timed_passes(model, prompt, new_tokens, passes, forced=toks)
-        records.append({"config": name, **sc, "ratio_vs_bf16": sc["ms_per_token"] / bf16_ms,
-                        **agreement(ref_logits, logits), "layers_on": on, "new_tokens": new_tokens,
-                        "first_pass_ms_per_token": _per_token_ms(first)["ms_per_token"]})
+        records.append(
+            {
+                "config": name,
+                **sc,
+                "ratio_vs_bf16": sc["ms_per_token"] / bf16_ms,
+                **agreement(ref_logits, logits),
+                "layers_on": on,
+                "new_tokens": new_tokens,
+                "first_pass_ms_per_token": _per_token_ms(first)["ms_per_token"],
+            }
+        )
     return records
 
 
@@ -320,9 +354,14 @@ def unguarded_decode(cfg: DecoderConfig = TINY, guarded: bool = False) -> dict:
 
     # logits travel back (TINY: 4 x 97 floats) so the parent can compare runs bit for bit;
     # peer access as it stands after accelerate's copies (None where CuPy is missing to ask)
-    return {"tokens": toks, "layers_on": sorted({str(d) for d in device_map.values()}),
-            "finite": bool(torch.isfinite(logits).all()), "logits": logits.float().cpu().tolist(),
-            "peer_0_to_1": peer_enabled(0, 1), "peer_1_to_0": peer_enabled(1, 0)}
+    return {
+        "tokens": toks,
+        "layers_on": sorted({str(d) for d in device_map.values()}),
+        "finite": bool(torch.isfinite(logits).all()),
+        "logits": logits.float().cpu().tolist(),
+        "peer_0_to_1": peer_enabled(0, 1),
+        "peer_1_to_0": peer_enabled(1, 0),
+    }
 
 
 def weight_bytes(cfg: DecoderConfig, itemsize: int = 2) -> int:

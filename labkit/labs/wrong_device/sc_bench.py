@@ -7,6 +7,7 @@ Accuracy is reported beside the timing: relative error of each result against an
 Both are timed two ways: CUDA-graph replay (the GPU's time, launch overhead removed) and eager
 calls between CUDA events (what a Python decode loop pays, launches included).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,13 +25,25 @@ SHAPES = {
     "cpu": {"gate_up": (64, 96, 0), "down": (96, 64, 32)},
 }
 MS = {"gpu": (1, 512), "cpu": (1, 4)}
-REQUIRED = ("layer", "M", "K", "N", "chunk_d", "impl", "us", "us_p25", "us_p75", "ratio_vs_bf16",
-            "rel_err_vs_fp32", "method")
+REQUIRED = (
+    "layer",
+    "M",
+    "K",
+    "N",
+    "chunk_d",
+    "impl",
+    "us",
+    "us_p25",
+    "us_p75",
+    "ratio_vs_bf16",
+    "rel_err_vs_fp32",
+    "method",
+)
 
 
 def _operands(K, N, M, chunk_d, dev):
     g = torch.Generator(device=dev).manual_seed(0)
-    w = torch.randn(K, N, device=dev, dtype=torch.bfloat16, generator=g) / K ** 0.5
+    w = torch.randn(K, N, device=dev, dtype=torch.bfloat16, generator=g) / K**0.5
     x = torch.randn(M, K, device=dev, dtype=torch.bfloat16, generator=g)
     return x, w, prepare_b(w, chunk_d=chunk_d)
 
@@ -41,19 +54,39 @@ def kernel_vs_bf16(profile: str, reps: int | None = None) -> list[dict]:
     reps = reps or (20 if cuda else 2)
     methods = ("cuda_graph", "cuda_events") if cuda else ("cpu_clock",)
     records = []
-    jobs = [(layer, K, N, cd, M, method) for layer, (K, N, cd) in SHAPES[profile].items()
-            for M in MS[profile] for method in methods]
+    jobs = [
+        (layer, K, N, cd, M, method)
+        for layer, (K, N, cd) in SHAPES[profile].items()
+        for M in MS[profile]
+        for method in methods
+    ]
     for layer, K, N, chunk_d, M, method in tqdm(jobs, desc="sc kernel vs bf16", unit="shape"):
         x, w, prepared = _operands(K, N, M, chunk_d, dev)
         exact = x.float() @ w.float()
         rel = lambda out: ((out.float() - exact).norm() / exact.norm()).item()  # noqa: E731
         errors = {"bf16 matmul": rel(x @ w), "sc_matmul": rel(sc_matmul_prepared(x, prepared))}
-        cmp = bench.compare({"bf16 matmul": lambda: x @ w, "sc_matmul": lambda: sc_matmul_prepared(x, prepared)},
-                            baseline="bf16 matmul", device=dev if cuda else None, warmup=3, reps=reps,
-                            method=method)
+        cmp = bench.compare(
+            {"bf16 matmul": lambda: x @ w, "sc_matmul": lambda: sc_matmul_prepared(x, prepared)},
+            baseline="bf16 matmul",
+            device=dev if cuda else None,
+            warmup=3,
+            reps=reps,
+            method=method,
+        )
         for impl, t in cmp.timings.items():
-            records.append({"layer": layer, "M": M, "K": K, "N": N, "chunk_d": chunk_d, "impl": impl,
-                            **t.as_dict(), "ratio_vs_bf16": cmp.ratio(impl), "rel_err_vs_fp32": errors[impl]})
+            records.append(
+                {
+                    "layer": layer,
+                    "M": M,
+                    "K": K,
+                    "N": N,
+                    "chunk_d": chunk_d,
+                    "impl": impl,
+                    **t.as_dict(),
+                    "ratio_vs_bf16": cmp.ratio(impl),
+                    "rel_err_vs_fp32": errors[impl],
+                }
+            )
     return records
 
 
@@ -76,8 +109,22 @@ def candidate_configs(M: int, H: int, N: int, K: int, C: int) -> dict[str, Launc
     return out
 
 
-SWEEP_REQUIRED = ("layer", "M", "config", "gather", "block_m", "block_n", "block_k", "splits", "num_warps",
-                  "us", "us_p25", "us_p75", "method", "ratio_vs_bf16")
+SWEEP_REQUIRED = (
+    "layer",
+    "M",
+    "config",
+    "gather",
+    "block_m",
+    "block_n",
+    "block_k",
+    "splits",
+    "num_warps",
+    "us",
+    "us_p25",
+    "us_p75",
+    "method",
+    "ratio_vs_bf16",
+)
 
 
 def launch_sweep(profile: str, reps: int | None = None) -> list[dict]:
@@ -95,17 +142,36 @@ def launch_sweep(profile: str, reps: int | None = None) -> list[dict]:
         fns = {"bf16 matmul": lambda: x @ w}
         for name, lc in configs.items():
             out = sc_matmul_prepared(x, prepared, config=lc)
-            if not torch.equal(out, ref):      # every configuration must give the same bits
+            if not torch.equal(out, ref):  # every configuration must give the same bits
                 raise AssertionError(f"{layer} M={M}: config {name} ({lc}) changes the output bits")
-            fns[name] = (lambda lc=lc: sc_matmul_prepared(x, prepared, config=lc))
-        cmp = bench.compare(fns, baseline="bf16 matmul", device=dev if cuda else None, warmup=2, reps=reps,
-                            method="cuda_graph" if cuda else "cpu_clock")
+            fns[name] = lambda lc=lc: sc_matmul_prepared(x, prepared, config=lc)
+        cmp = bench.compare(
+            fns,
+            baseline="bf16 matmul",
+            device=dev if cuda else None,
+            warmup=2,
+            reps=reps,
+            method="cuda_graph" if cuda else "cpu_clock",
+        )
         for name, t in cmp.timings.items():
             lc = configs.get(name)
-            fields = dataclasses.asdict(lc) if lc else dict.fromkeys(
-                ("gather", "block_m", "block_n", "block_k", "splits", "num_warps"))
-            records.append({"layer": layer, "M": M, "K": K, "N": N, "config": name, **fields, **t.as_dict(),
-                            "ratio_vs_bf16": cmp.ratio(name)})
+            fields = (
+                dataclasses.asdict(lc)
+                if lc
+                else dict.fromkeys(("gather", "block_m", "block_n", "block_k", "splits", "num_warps"))
+            )
+            records.append(
+                {
+                    "layer": layer,
+                    "M": M,
+                    "K": K,
+                    "N": N,
+                    "config": name,
+                    **fields,
+                    **t.as_dict(),
+                    "ratio_vs_bf16": cmp.ratio(name),
+                }
+            )
     return records
 
 

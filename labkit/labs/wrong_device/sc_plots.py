@@ -1,5 +1,6 @@
 """Pictures for the SC lab: two streams and their XNOR, the error of the count table, and the
 kernel's speed beside a bf16 matmul (the reader's run beside the reference machines)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +9,17 @@ import torch
 from labkit.kernels.sc import encoding
 
 
-def plot_streams(ax, q_a: int, q_b: int, sc_prec: int = 4, stoc_len: int = 64, a_seq: str = "bitrev",
-                 b_seq: str = "counter_alt", halve: bool = False, k_parity: int = 0) -> dict:
+def plot_streams(
+    ax,
+    q_a: int,
+    q_b: int,
+    sc_prec: int = 4,
+    stoc_len: int = 64,
+    a_seq: str = "bitrev",
+    b_seq: str = "counter_alt",
+    halve: bool = False,
+    k_parity: int = 0,
+) -> dict:
     """Draw a's stream, b's stream and their XNOR as rows of bits; return the numbers shown."""
     Q = encoding.qmax(sc_prec)
     for name, q in (("q_a", q_a), ("q_b", q_b)):
@@ -23,27 +33,44 @@ def plot_streams(ax, q_a: int, q_b: int, sc_prec: int = 4, stoc_len: int = 64, a
     ax.imshow(rows, cmap="Greys", aspect="auto", interpolation="nearest", vmin=0, vmax=1)
     ax.set_yticks([0, 1, 2], [f"a ({a_seq})", f"b ({b_seq})", "XNOR"])
     ax.set_xlabel(f"bit t (L = {stoc_len})")
-    shown = {"v_a": q_a / Q, "v_b": q_b / Q, "exact": q_a * q_b / Q ** 2, "count": C,
-             "decoded": (2 * C - stoc_len) / stoc_len}
-    ax.set_title(f"v_a = {shown['v_a']:+.3f}, v_b = {shown['v_b']:+.3f}: exact product {shown['exact']:+.4f}, "
-                 f"SC (2C - L)/L = {shown['decoded']:+.4f}", fontsize=9)
+    shown = {
+        "v_a": q_a / Q,
+        "v_b": q_b / Q,
+        "exact": q_a * q_b / Q**2,
+        "count": C,
+        "decoded": (2 * C - stoc_len) / stoc_len,
+    }
+    ax.set_title(
+        f"v_a = {shown['v_a']:+.3f}, v_b = {shown['v_b']:+.3f}: exact product {shown['exact']:+.4f}, "
+        f"SC (2C - L)/L = {shown['decoded']:+.4f}",
+        fontsize=9,
+    )
     return shown
 
 
-def plot_table_error(ax, sc_prec: int = 8, stoc_len: int = 256, a_seq: str = "bitrev",
-                     b_seq: str = "counter_alt", halve: bool = False, phase: int = 0):
+def plot_table_error(
+    ax,
+    sc_prec: int = 8,
+    stoc_len: int = 256,
+    a_seq: str = "bitrev",
+    b_seq: str = "counter_alt",
+    halve: bool = False,
+    phase: int = 0,
+):
     """Heat map of (SC product - exact product) over every (q_a, q_b) pair: what the table knows."""
     T = encoding.count_table(sc_prec, stoc_len, a_seq, b_seq, halve)[phase].double()
     Q = encoding.qmax(sc_prec)
     levels = torch.arange(-Q, Q + 1, dtype=torch.float64) / Q
     err = T / stoc_len - levels[:, None] * levels[None, :]
     lim = float(err.abs().max())
-    im = ax.imshow(err.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, origin="lower",
-                   extent=(-1, 1, -1, 1))
+    im = ax.imshow(err.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, origin="lower", extent=(-1, 1, -1, 1))
     ax.set_xlabel("v_b = q_b / Q")
     ax.set_ylabel("v_a = q_a / Q")
-    ax.set_title(f"SC product error, {a_seq} x {b_seq} (phase {phase}), L = {stoc_len}\n"
-                 f"mean {float(err.mean()):+.2e}, max |err| {lim:.3f}", fontsize=9)
+    ax.set_title(
+        f"SC product error, {a_seq} x {b_seq} (phase {phase}), L = {stoc_len}\n"
+        f"mean {float(err.mean()):+.2e}, max |err| {lim:.3f}",
+        fontsize=9,
+    )
     return im
 
 
@@ -52,8 +79,7 @@ def table_error_figure(cases=(("counter", 0), ("counter_alt", 0), ("counter_alt"
     constrained layout keeps titles, axis labels and the colour bar apart. Returns the figure."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(cases), figsize=(4.6 * len(cases) + 1.2, 4.6), layout="constrained",
-                             squeeze=False)
+    fig, axes = plt.subplots(1, len(cases), figsize=(4.6 * len(cases) + 1.2, 4.6), layout="constrained", squeeze=False)
     ims = [plot_table_error(ax, b_seq=b_seq, phase=phase, **options) for ax, (b_seq, phase) in zip(axes[0], cases)]
     lim = max(abs(v) for im in ims for v in im.get_clim())
     for im in ims:  # one scale for every panel, so that one colour bar reads them all
@@ -70,8 +96,12 @@ def hbm_floor_us(K: int, N: int, GBps: float) -> float:
     return K * N / (GBps * 1e3)
 
 
-def plot_speed(ax, sources: dict[str, list[dict]], method: str = "cuda_graph",
-               bandwidths: dict[str, tuple[float, str]] | None = None) -> None:
+def plot_speed(
+    ax,
+    sources: dict[str, list[dict]],
+    method: str = "cuda_graph",
+    bandwidths: dict[str, tuple[float, str]] | None = None,
+) -> None:
     """Bars of sc_matmul time / bf16 matmul time per (layer, M), one group of bars per source
     (``{"your run": records, "reference h200x2": records}``), log scale.
 
@@ -84,14 +114,23 @@ def plot_speed(ax, sources: dict[str, list[dict]], method: str = "cuda_graph",
     for i, (label, recs) in enumerate(sources.items()):
         ratios, floors = [], []
         for layer, M in keys:
-            match = [r for r in recs if r["impl"] == "sc_matmul" and (r["layer"], r["M"]) == (layer, M)
-                     and r.get("method", method) == method]
-            bf16 = [r for r in recs if r["impl"] == "bf16 matmul" and (r["layer"], r["M"]) == (layer, M)
-                    and r.get("method", method) == method]
+            match = [
+                r
+                for r in recs
+                if r["impl"] == "sc_matmul" and (r["layer"], r["M"]) == (layer, M) and r.get("method", method) == method
+            ]
+            bf16 = [
+                r
+                for r in recs
+                if r["impl"] == "bf16 matmul"
+                and (r["layer"], r["M"]) == (layer, M)
+                and r.get("method", method) == method
+            ]
             ratios.append(match[0]["ratio_vs_bf16"] if match else np.nan)
             bw = (bandwidths or {}).get(label)
-            floors.append(hbm_floor_us(match[0]["K"], match[0]["N"], bw[0]) / bf16[0]["us"]
-                          if (bw and match and bf16) else np.nan)
+            floors.append(
+                hbm_floor_us(match[0]["K"], match[0]["N"], bw[0]) / bf16[0]["us"] if (bw and match and bf16) else np.nan
+            )
         xs = np.arange(len(keys)) + i * width
         tallest = max([tallest] + [v for v in ratios if np.isfinite(v)])
         ax.bar(xs, ratios, width, label=label)
@@ -101,9 +140,14 @@ def plot_speed(ax, sources: dict[str, list[dict]], method: str = "cuda_graph",
         for x, f in zip(xs, floors):
             if np.isfinite(f):
                 bw_text = f"{bandwidths[label][0]:.0f} GB/s, {bandwidths[label][1]}"
-                ax.hlines(f, x - width * 0.45, x + width * 0.45, colors="k", lw=2,
-                          label=None if floor_labelled else
-                          f"SC HBM floor: int8 weight bytes / {bw_text}, over bf16 time")
+                ax.hlines(
+                    f,
+                    x - width * 0.45,
+                    x + width * 0.45,
+                    colors="k",
+                    lw=2,
+                    label=None if floor_labelled else f"SC HBM floor: int8 weight bytes / {bw_text}, over bf16 time",
+                )
                 floor_labelled = True
     ax.set_yscale("log")
     ax.set_xticks(np.arange(len(keys)) + width * (len(sources) - 1) / 2, [f"{l}\nM={m}" for l, m in keys])

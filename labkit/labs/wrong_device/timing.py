@@ -18,6 +18,7 @@ the stream idle, the start event would fire at once and the span would include t
 path; behind a short ``torch.cuda._sleep`` the host has enqueued the kernel before the start event
 runs, so the span is the kernel (plus the event overhead, about a microsecond).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -104,8 +105,13 @@ def kernel_timing(spans: list[tuple[int, float]], nbytes: int) -> dict:
     devices = sorted({dev for dev, _ in spans})
     seconds = statistics.median(ms for _, ms in spans) / 1e3
     where = f"cuda:{devices[0]}" if len(devices) == 1 else "mixed: " + ", ".join(f"cuda:{d}" for d in devices)
-    return {"us": seconds * 1e6, "GBps": 2 * nbytes / seconds / 1e9 if seconds > 0 else None,
-            "launch_device": where, "timed_launches": len(spans), "timing": TIMING}
+    return {
+        "us": seconds * 1e6,
+        "GBps": 2 * nbytes / seconds / 1e9 if seconds > 0 else None,
+        "launch_device": where,
+        "timed_launches": len(spans),
+        "timing": TIMING,
+    }
 
 
 def timing_note(records: list[dict], short: bool = False) -> str:
@@ -113,14 +119,25 @@ def timing_note(records: list[dict], short: bool = False) -> str:
     short: a few words, for a plot title."""
     timed = {r.get("timing") for r in records if r.get("GBps")}
     if short:
-        return ("" if not timed else "GB/s: kernel time (CUDA events)" if timed == {TIMING} else
-                "GB/s: host clock (older file)" if timed == {None} else "GB/s: mixed timings")
+        return (
+            ""
+            if not timed
+            else "GB/s: kernel time (CUDA events)"
+            if timed == {TIMING}
+            else "GB/s: host clock (older file)"
+            if timed == {None}
+            else "GB/s: mixed timings"
+        )
     if not timed:
         return "no cell ran to the end, so no GB/s"
     if timed == {TIMING}:
-        return ("GB/s: kernel time, CUDA events on the stream the kernel ran on (median of the timed "
-                "launches), one read and one write of the tensor")
+        return (
+            "GB/s: kernel time, CUDA events on the stream the kernel ran on (median of the timed "
+            "launches), one read and one write of the tensor"
+        )
     if timed == {None}:
-        return ("GB/s: host-clock timings (an older file, made before cells were timed with CUDA events): "
-                "launch and synchronisation overheads included; they rank cells of that run, nothing more")
+        return (
+            "GB/s: host-clock timings (an older file, made before cells were timed with CUDA events): "
+            "launch and synchronisation overheads included; they rank cells of that run, nothing more"
+        )
     return "GB/s: a mix of host-clock and CUDA-event timings; compare only cells with the same timing"

@@ -2,6 +2,7 @@
 
 Each panel's button calls a plain function that returns text (the ``*_report`` functions);
 tests call the same functions and press the buttons."""
+
 from __future__ import annotations
 
 import ipywidgets as w
@@ -9,27 +10,43 @@ import ipywidgets as w
 from labkit.workbench.widgets import run_button
 
 
-def matrix_cell_report(pattern: str, peer_access: bool, guarded: bool, reference: list[dict],
-                       live: bool, nbytes: int = 64 << 20, timeout_s: float = 120.0) -> str:
+def matrix_cell_report(
+    pattern: str,
+    peer_access: bool,
+    guarded: bool,
+    reference: list[dict],
+    live: bool,
+    nbytes: int = 64 << 20,
+    timeout_s: float = 120.0,
+) -> str:
     """One cell of the device-confusion matrix: run live in a child process (2 GPUs), else the
     recorded reference record, labelled as such."""
     from labkit.labs.wrong_device import experiments as wrong_device
 
     if live:
-        rec = wrong_device.device_matrix([pattern], nbytes=nbytes, timeout_s=timeout_s, guarded=(guarded,),
-                                         peers=(peer_access,), progress=False)[0]
+        rec = wrong_device.device_matrix(
+            [pattern], nbytes=nbytes, timeout_s=timeout_s, guarded=(guarded,), peers=(peer_access,), progress=False
+        )[0]
         source = "live, this machine"
     else:
-        match = [r for r in reference if r.get("pattern") == pattern and r.get("peer_access") == peer_access
-                 and r.get("guarded") == guarded]
+        match = [
+            r
+            for r in reference
+            if r.get("pattern") == pattern and r.get("peer_access") == peer_access and r.get("guarded") == guarded
+        ]
         if not match:
             return f"no recorded reference for {pattern}, peer {peer_access}, guarded {guarded}"
         rec, source = match[0], "RECORDED reference (this machine has fewer than 2 GPUs)"
-    gbps = (f"{rec['GBps']:.0f} GB/s ({'kernel, CUDA events' if rec.get('timing') == 'cuda_events' else 'host clock'})"
-            if rec.get("GBps") else "did not run to the end")
-    return (f"[{source}]\n{pattern}, peer access {'on' if peer_access else 'off'} "
-            f"(enabled: {rec.get('peer_enabled')}), {'guarded' if guarded else 'unguarded'}\n"
-            f"outcome: {rec['outcome']}  |  {gbps}\n{rec['detail']}")
+    gbps = (
+        f"{rec['GBps']:.0f} GB/s ({'kernel, CUDA events' if rec.get('timing') == 'cuda_events' else 'host clock'})"
+        if rec.get("GBps")
+        else "did not run to the end"
+    )
+    return (
+        f"[{source}]\n{pattern}, peer access {'on' if peer_access else 'off'} "
+        f"(enabled: {rec.get('peer_enabled')}), {'guarded' if guarded else 'unguarded'}\n"
+        f"outcome: {rec['outcome']}  |  {gbps}\n{rec['detail']}"
+    )
 
 
 def matrix_explorer(reference: list[dict], live: bool):
@@ -40,8 +57,11 @@ def matrix_explorer(reference: list[dict], live: bool):
     peer = w.ToggleButtons(options=[("peer off", False), ("peer on", True)], description="peer access")
     guarded = w.ToggleButtons(options=[("unguarded", False), ("guarded", True)], description="launch")
     out = w.HTML()
-    run = run_button("Run cell" if live else "Show recorded cell", out,
-                     lambda: matrix_cell_report(pattern.value, peer.value, guarded.value, reference, live))
+    run = run_button(
+        "Run cell" if live else "Show recorded cell",
+        out,
+        lambda: matrix_cell_report(pattern.value, peer.value, guarded.value, reference, live),
+    )
     return w.VBox([w.HBox([pattern, run]), peer, guarded, out])
 
 
@@ -62,9 +82,11 @@ def sc_report(granularity: str, stoc_len: int, chunk_d: int, halve: bool, seed: 
     exact = torch.equal(sc_counts(a, b, **opts).cpu(), sc_counts(a, b, impl="reference", **opts).cpu())
     out, ref = sc_matmul(a, b, **opts), a @ b
     rel = ((out - ref).norm() / ref.norm()).item()
-    return (f"{granularity}, stoc_len={stoc_len}, chunk_d={chunk_d}, halve={halve}: a {tuple(a.shape)} @ b "
-            f"{tuple(b.shape)}\nkernel counts == literal bitstream counts: {exact}\n"
-            f"relative error vs fp32 matmul: {rel:.4f}")
+    return (
+        f"{granularity}, stoc_len={stoc_len}, chunk_d={chunk_d}, halve={halve}: a {tuple(a.shape)} @ b "
+        f"{tuple(b.shape)}\nkernel counts == literal bitstream counts: {exact}\n"
+        f"relative error vs fp32 matmul: {rel:.4f}"
+    )
 
 
 def sc_explorer():

@@ -1,4 +1,5 @@
 """``labkit run``: execute the workbook's notebooks with papermill, validated and contained."""
+
 from labkit.workbench.runner.execute import NotebookResult, run, RunReport
 from labkit.workbench.runner.notebooks import RunError
 

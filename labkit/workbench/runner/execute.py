@@ -4,6 +4,7 @@ Every notebook runs through :func:`labkit.workbench.sandbox.run_isolated` (paper
 process, the notebook's own kernel below that), so a notebook that hangs is stopped at its
 timeout and one that kills its kernel is reported; neither stops the others.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,12 +34,12 @@ KERNEL_MPLBACKEND = "module://matplotlib_inline.backend_inline"
 @dataclasses.dataclass
 class NotebookResult:
     name: str
-    status: str                    # "ran", "skipped" or "failed"
-    detail: str = ""               # skip reason, or the failing cell and error
+    status: str  # "ran", "skipped" or "failed"
+    detail: str = ""  # skip reason, or the failing cell and error
     seconds: float = 0.0
     parameters: dict = dataclasses.field(default_factory=dict)
     skipped_parts: list = dataclasses.field(default_factory=list)
-    output: str | None = None      # executed notebook, relative to the run folder
+    output: str | None = None  # executed notebook, relative to the run folder
     figures: list = dataclasses.field(default_factory=list)
 
     def line(self) -> str:
@@ -67,13 +68,16 @@ class RunReport:
         rows = [f"{'notebook':<{w}}  {'seconds':>7}  outcome", f"{'-' * w}  {'-' * 7}  {'-' * 7}"]
         rows += [f"{r.name:<{w}}  {r.seconds:>7.1f}  {r.line()}" for r in self.results]
         counts = {s: sum(r.status == s for r in self.results) for s in ("ran", "skipped", "failed")}
-        rows.append(f"{counts['ran']} ran, {counts['skipped']} skipped, {counts['failed']} failed"
-                    f" (profile {self.profile}); run folder: {self.run_dir}")
+        rows.append(
+            f"{counts['ran']} ran, {counts['skipped']} skipped, {counts['failed']} failed"
+            f" (profile {self.profile}); run folder: {self.run_dir}"
+        )
         return "\n".join(rows)
 
 
-def _execute(input_path: str, output_path: str, parameters: dict, cwd: str, timeout_s: float,
-             prepare_only: bool = False) -> dict:
+def _execute(
+    input_path: str, output_path: str, parameters: dict, cwd: str, timeout_s: float, prepare_only: bool = False
+) -> dict:
     """Runs in the child: papermill with labkit's kernel; returns the outcome as plain data.
 
     prepare_only: papermill reads the notebook, injects the parameters and writes the output
@@ -83,17 +87,28 @@ def _execute(input_path: str, output_path: str, parameters: dict, cwd: str, time
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
     try:
-        pm.execute_notebook(input_path, output_path, parameters=parameters, kernel_name="python3",
-                            cwd=cwd, progress_bar=False, log_output=False, execution_timeout=int(timeout_s),
-                            prepare_only=prepare_only)
+        pm.execute_notebook(
+            input_path,
+            output_path,
+            parameters=parameters,
+            kernel_name="python3",
+            cwd=cwd,
+            progress_bar=False,
+            log_output=False,
+            execution_timeout=int(timeout_s),
+            prepare_only=prepare_only,
+        )
     except pm.PapermillExecutionError as e:
         first = str(e.evalue).strip().splitlines()[0] if str(e.evalue).strip() else ""
         return {"status": "failed", "detail": f"cell {e.cell_index} (In [{e.exec_count}]) raised {e.ename}: {first}"}
     except (CellTimeoutError, DeadKernelError) as e:
         # papermill saved the notebook up to the cell that was running: name that cell.
         cell = _running_cell(nbformat, output_path)
-        what = (f"timed out after {timeout_s:.0f} s" if isinstance(e, CellTimeoutError)
-                else "killed the notebook's kernel (a crash: segfault, abort, illegal memory access?)")
+        what = (
+            f"timed out after {timeout_s:.0f} s"
+            if isinstance(e, CellTimeoutError)
+            else "killed the notebook's kernel (a crash: segfault, abort, illegal memory access?)"
+        )
         return {"status": "failed", "detail": f"cell {cell} {what}" if cell is not None else what}
     return {"status": "ran"}
 
@@ -107,8 +122,11 @@ def _running_cell(nbformat, path: str) -> int | None:
         nb = nbformat.read(path, as_version=4)
     except Exception:  # noqa: BLE001 - no saved notebook: the cell is unknown
         return None
-    started = [i for i, c in enumerate(nb.cells)
-               if c.get("metadata", {}).get("papermill", {}).get("status") not in (None, "pending")]
+    started = [
+        i
+        for i, c in enumerate(nb.cells)
+        if c.get("metadata", {}).get("papermill", {}).get("status") not in (None, "pending")
+    ]
     return started[-1] if started else None
 
 
@@ -142,8 +160,9 @@ def choose_profile(profile: str) -> str:
     return profile
 
 
-def plan(only=None, profile="auto", params_file=None, sets=(), notebooks_dir=None, profiles_file=None,
-         timeout_s=None) -> tuple[str, list[tuple[str, Path, dict, float, dict]]]:
+def plan(
+    only=None, profile="auto", params_file=None, sets=(), notebooks_dir=None, profiles_file=None, timeout_s=None
+) -> tuple[str, list[tuple[str, Path, dict, float, dict]]]:
     """Resolve and validate everything before running anything.
 
     Returns (profile, [(name, path, parameters, timeout_s, hardware needs)]).
@@ -168,7 +187,9 @@ def plan(only=None, profile="auto", params_file=None, sets=(), notebooks_dir=Non
         overrides.setdefault(name, {})[key] = value
     stray = [n for n in overrides if n not in found]
     if stray:
-        raise RunError(f"parameters given for unknown notebook {', '.join(map(repr, stray))}; known: {', '.join(found)}")
+        raise RunError(
+            f"parameters given for unknown notebook {', '.join(map(repr, stray))}; known: {', '.join(found)}"
+        )
     if timeout_s is not None and not timeout_s > 0:
         raise RunError(f"--timeout {timeout_s!r}: expected a positive number of seconds")
     jobs = []
@@ -186,8 +207,17 @@ def plan(only=None, profile="auto", params_file=None, sets=(), notebooks_dir=Non
     return profile, jobs
 
 
-def run(only=None, profile="auto", params_file=None, sets=(), runs_dir=None, notebooks_dir=None,
-        profiles_file=None, timeout_s=None, progress=True) -> RunReport:
+def run(
+    only=None,
+    profile="auto",
+    params_file=None,
+    sets=(),
+    runs_dir=None,
+    notebooks_dir=None,
+    profiles_file=None,
+    timeout_s=None,
+    progress=True,
+) -> RunReport:
     """Validate, then execute the selected notebooks into a new run folder; see ``labkit run -h``."""
     profile, jobs = plan(only, profile, params_file, sets, notebooks_dir, profiles_file, timeout_s)
     run_dir = results.new_run_dir(profile, runs_dir)
@@ -205,9 +235,16 @@ def run(only=None, profile="auto", params_file=None, sets=(), runs_dir=None, not
         output = out_dir / f"{name}.ipynb"
         # timeout bounds the whole notebook; papermill gets it per cell too, so a single hung
         # cell is reported by name. KERNEL_GRACE_S covers the kernel's start and shutdown.
-        res = sandbox.run_isolated(_execute, str(path), str(output), params, str(path.parent), timeout,
-                                   timeout=timeout + KERNEL_GRACE_S,
-                                   env={**tier_env, results.OUTPUT_ENV: str(out_dir)})
+        res = sandbox.run_isolated(
+            _execute,
+            str(path),
+            str(output),
+            params,
+            str(path.parent),
+            timeout,
+            timeout=timeout + KERNEL_GRACE_S,
+            env={**tier_env, results.OUTPUT_ENV: str(out_dir)},
+        )
         if res.ok:
             outcome = res.value
         elif res.status == "timeout":
@@ -218,21 +255,38 @@ def run(only=None, profile="auto", params_file=None, sets=(), runs_dir=None, not
             outcome = {"status": "failed", "detail": f"notebook stopped at its {timeout:.0f} s limit{where}"}
         else:
             outcome = {"status": "failed", "detail": f"runner {res.summary()}"}
-        report.results.append(NotebookResult(
-            name, outcome["status"], outcome.get("detail", ""), res.seconds, params,
-            gates.read_skips(out_dir), str(output.relative_to(run_dir)) if output.exists() else None,
-            sorted(str(p.relative_to(run_dir)) for p in out_dir.glob("*.png"))))
+        report.results.append(
+            NotebookResult(
+                name,
+                outcome["status"],
+                outcome.get("detail", ""),
+                res.seconds,
+                params,
+                gates.read_skips(out_dir),
+                str(output.relative_to(run_dir)) if output.exists() else None,
+                sorted(str(p.relative_to(run_dir)) for p in out_dir.glob("*.png")),
+            )
+        )
     write_summary(report)
     return report
 
 
 def write_summary(report: RunReport) -> None:
     """summary.json, index.md and index.html in the run folder."""
-    doc = {"profile": report.profile, "run_dir": str(report.run_dir),
-           "results": [dataclasses.asdict(r) for r in report.results]}
+    doc = {
+        "profile": report.profile,
+        "run_dir": str(report.run_dir),
+        "results": [dataclasses.asdict(r) for r in report.results],
+    }
     results.atomic_write_json(report.run_dir / "summary.json", doc)
-    md = [f"# labkit run: {report.run_dir.name}", "", f"Profile `{report.profile}`.", "",
-          "| notebook | outcome | seconds | figures |", "|---|---|---|---|"]
+    md = [
+        f"# labkit run: {report.run_dir.name}",
+        "",
+        f"Profile `{report.profile}`.",
+        "",
+        "| notebook | outcome | seconds | figures |",
+        "|---|---|---|---|",
+    ]
     for r in report.results:
         link = f"[{r.name}]({r.output})" if r.output else r.name
         figs = " ".join(f"[{Path(f).name}]({f})" for f in r.figures) or "-"
@@ -243,11 +297,14 @@ def write_summary(report: RunReport) -> None:
         link = f"<a href='{html.escape(r.output)}'>{html.escape(r.name)}</a>" if r.output else html.escape(r.name)
         figs = "".join(f"<a href='{html.escape(f)}'><img src='{html.escape(f)}' height='140'></a> " for f in r.figures)
         color = {"ran": "#e8f5e9", "skipped": "#fff8e1", "failed": "#ffebee"}[r.status]
-        rows.append(f"<tr style='background:{color}'><td>{link}</td><td>{html.escape(r.line())}</td>"
-                    f"<td>{r.seconds:.1f}</td><td>{figs}</td></tr>")
-    page = (f"<!doctype html><meta charset='utf-8'><title>labkit run {report.run_dir.name}</title>"
-            f"<h1>labkit run {html.escape(report.run_dir.name)}</h1><p>Profile <code>{report.profile}</code>.</p>"
-            "<table border='1' cellpadding='4' style='border-collapse:collapse'>"
-            "<tr><th>notebook</th><th>outcome</th><th>seconds</th><th>figures</th></tr>"
-            + "".join(rows) + "</table>\n")
+        rows.append(
+            f"<tr style='background:{color}'><td>{link}</td><td>{html.escape(r.line())}</td>"
+            f"<td>{r.seconds:.1f}</td><td>{figs}</td></tr>"
+        )
+    page = (
+        f"<!doctype html><meta charset='utf-8'><title>labkit run {report.run_dir.name}</title>"
+        f"<h1>labkit run {html.escape(report.run_dir.name)}</h1><p>Profile <code>{report.profile}</code>.</p>"
+        "<table border='1' cellpadding='4' style='border-collapse:collapse'>"
+        "<tr><th>notebook</th><th>outcome</th><th>seconds</th><th>figures</th></tr>" + "".join(rows) + "</table>\n"
+    )
     results.atomic_write_text(report.run_dir / "index.html", page)

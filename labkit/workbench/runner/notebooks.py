@@ -4,6 +4,7 @@ papermill only *warns* about a parameter the notebook does not define, and injec
 a misspelt override then silently changes nothing. labkit reads each notebook's parameters cell
 itself and refuses unknown names and values of the wrong type before anything runs.
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,7 +26,7 @@ class RunError(UsageError):
 class Parameter:
     name: str
     default: object
-    type: str   # "int", "float", "str", "bool", "list", "dict", "NoneType" or "any"
+    type: str  # "int", "float", "str", "bool", "list", "dict", "NoneType" or "any"
     help: str
 
 
@@ -92,8 +93,10 @@ def check_value(notebook: str, p: Parameter, value) -> None:
         "dict": lambda v: isinstance(v, dict),
     }.get(p.type, lambda v: True)
     if not ok(value):
-        raise RunError(f"notebook {notebook}: parameter {p.name} expects {p.type} "
-                       f"(default {p.default!r}), got {type(value).__name__} {value!r}")
+        raise RunError(
+            f"notebook {notebook}: parameter {p.name} expects {p.type} "
+            f"(default {p.default!r}), got {type(value).__name__} {value!r}"
+        )
 
 
 def validate(notebook: str, params: dict, declared: dict[str, Parameter]) -> None:
@@ -110,6 +113,8 @@ def requirements(nb, name: str = "notebook") -> dict:
 
     req = nb.metadata.get("labkit", {}).get("requires", {})
     if not isinstance(req, dict) or set(req) - set(REQUIRES_KEYS):
-        raise RunError(f"notebook {name}: metadata.labkit.requires must be a mapping with keys from "
-                       f"{', '.join(REQUIRES_KEYS)}; got {req!r}")
+        raise RunError(
+            f"notebook {name}: metadata.labkit.requires must be a mapping with keys from "
+            f"{', '.join(REQUIRES_KEYS)}; got {req!r}"
+        )
     return dict(req)

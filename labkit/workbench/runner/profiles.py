@@ -5,6 +5,7 @@ notebook its parameter overrides and optionally its own timeout. A reader's own 
 from ``--params FILE`` (YAML: ``{notebook: {NAME: value}}``) and ``--set notebook.NAME=value``,
 applied in that order on top of the profile.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
