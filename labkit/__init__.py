@@ -19,7 +19,7 @@ MULTICAST_OFF = {
 }
 _os.environ.update(MULTICAST_OFF)
 
-from labkit.workbench.tier import interpreted, TIER  # noqa: E402  (must follow the environment set-up)
+from labkit.workbench.tier import TIER, interpreted  # noqa: E402  (must follow the environment set-up)
 
 __version__ = "0.1.0"
 __all__ = ["TIER", "interpreted", "MULTICAST_OFF", "__version__"]

@@ -22,9 +22,9 @@ listed)."""
 import re
 import zlib
 
-import labkit  # noqa: F401  (must precede kernel imports)
 import pytest
 
+import labkit  # noqa: F401  (must precede kernel imports)
 from labkit.workbench import gates
 
 

@@ -113,7 +113,7 @@ class LabServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> "LabServer":
+    def __enter__(self) -> LabServer:
         try:
             self.start()
         except BaseException:
@@ -239,7 +239,7 @@ class LabServer:
 def _alive(p) -> bool:
     try:
         return p.is_running() and p.status() != "zombie"
-    except Exception:  # noqa: BLE001 - gone
+    except Exception:
         return False
 
 
@@ -535,7 +535,7 @@ def check_notebook(
         panels = _check_outputs(res, saved["cells"], nb.cells())
         for tag, where, widget in panels:
             _use_panel(res, nb, tag, where, widget, panel_timeout_s)
-    except Exception as e:  # noqa: BLE001 - the page broke: say so, keep the screenshot
+    except Exception as e:
         res.problem(f"the browser check stopped: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     finally:
         with contextlib.suppress(Exception):
@@ -808,7 +808,7 @@ def check_index(ctx, run_dir: Path) -> tuple[list[str], list[str]]:
                 elif link["href"].endswith(".ipynb"):
                     try:
                         assert json.loads(body)["cells"]
-                    except Exception:  # noqa: BLE001
+                    except Exception:
                         problems.append(f"index.html: link {link['text']!r} -> {link['href']} is not a notebook")
                 elif link["href"].endswith(".png") and not body.startswith(b"\x89PNG"):
                     problems.append(f"index.html: link {link['text']!r} -> {link['href']} is not a PNG")

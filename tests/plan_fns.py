@@ -201,9 +201,10 @@ def host_cost(ctx, n: int = 1024, reps: int = 20, launch_reps: int = 3) -> list[
 def ops_in_the_world(ctx, n: int = 2 * 1024) -> dict:
     """torch.ops.labkit's collectives on every rank: against fp64 sums, the fake implementations'
     shapes, opcheck, and torch.compile(fullgraph=True) over them (backend "aot_eager")."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     import labkit.kernels.ops  # noqa: F401  (registers torch.ops.labkit)
     from labkit.kernels.comm import symm
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     w = ctx.world_size
     found = {}

@@ -73,8 +73,8 @@ def spin_on_missing_peer(ctx, seconds: float) -> str:
 def link_copy_roundtrip(ctx, n: int, seed: int) -> dict:
     """labkit.labs.collectives.links.link_copy across ranks: read the next rank's buffer, then write this
     rank's input into it; each rank checks what landed against the inputs it can rebuild."""
-    from labkit.labs.collectives import links
     from labkit.kernels.comm import symm
+    from labkit.labs.collectives import links
 
     w = ctx.world_size
     mine, nxt = inputs(seed, ctx.rank, n), inputs(seed, (ctx.rank + 1) % w, n)

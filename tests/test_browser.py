@@ -21,9 +21,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jupyterlab_browser as jb
 import pytest
 
-import jupyterlab_browser as jb
 from labkit.workbench import gates, results
 from labkit.workbench.cli import lab_argv
 from labkit.workbench.runner import notebooks as nbs

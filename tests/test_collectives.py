@@ -7,14 +7,14 @@ import secrets
 
 import pytest
 import torch
+from worlds import skip_without_a_world
 
 import labkit  # noqa: F401  (picks the tier first)
-from labkit.workbench import tier
 from labkit.kernels.comm import collectives as C
-from labkit.labs.collectives import experiments
 from labkit.kernels.comm.ranks import RankFailure, run_ranks
 from labkit.kernels.comm.tree import tree_links
-from worlds import skip_without_a_world
+from labkit.labs.collectives import experiments
+from labkit.workbench import tier
 
 
 def _world_sizes():

@@ -7,6 +7,7 @@ import secrets
 
 import pytest
 import torch
+from worlds import skip_without_a_world
 
 import labkit  # noqa: F401  (picks the tier first)
 from labkit.kernels.comm import collectives as C
@@ -14,7 +15,6 @@ from labkit.kernels.comm.ranks import run_ranks
 from labkit.labs.collectives import bench, experiments, gather_order
 from labkit.workbench import tier
 from labkit.workbench.errors import UsageError
-from worlds import skip_without_a_world
 
 
 def _world_sizes():

@@ -7,13 +7,13 @@ of ``run_case``, every figure drawn from those records (Agg), and the panel: cha
 reruns and changes the verdict and the figure. GPU: the speed comparison at a small shape, and the
 two-GPU matrix cells in their child processes."""
 
-import labkit  # noqa: F401  (first: picks the tier before any kernel module is imported)
-
 import json
 import math
 from pathlib import Path
 
 import matplotlib
+
+import labkit  # noqa: F401  (first: picks the tier before any kernel module is imported)
 
 matplotlib.use("Agg")
 

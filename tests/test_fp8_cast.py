@@ -4,11 +4,10 @@ both formats, the delayed-scale semantics (this step casts with the scale of the
 only records its amax), and bad input. On GPUs: the in-kernel FP8 conversion bit for bit against
 torch's, and the launch on the input's device whatever the current device."""
 
-import labkit  # noqa: F401  (picks the tier before the kernels are imported)
-
 import pytest
 import torch
 
+import labkit  # noqa: F401  (picks the tier before the kernels are imported)
 from labkit.kernels.fp8.cast import quantize, quantize_reference
 from labkit.kernels.fp8.recipe import DelayedScaling, FP8Meta
 from labkit.workbench.tier import kernel_device

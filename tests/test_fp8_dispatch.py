@@ -5,18 +5,18 @@ not vacuous), and ``run_case`` records on the CPU tier. On two GPUs: where each 
 the state, the device-aware run equal to the one-GPU run bit for bit, and every story mode run
 contained in the sandbox."""
 
-import labkit  # noqa: F401  (picks the tier before the kernels are imported)
-
 import json
 import math
 
 import pytest
 import torch
 
+import labkit  # noqa: F401  (picks the tier before the kernels are imported)
 from labkit.kernels.fp8 import DelayedScaling, DeviceAware, FP8Linear, fp8_autocast
 from labkit.kernels.fp8.autocast import update_stacked
 from labkit.kernels.fp8.recipe import FP8Meta
-from labkit.labs.fp8_dispatch import measure, model as story, naive
+from labkit.labs.fp8_dispatch import measure, naive
+from labkit.labs.fp8_dispatch import model as story
 from labkit.labs.fp8_dispatch.bulk_update import bulk_update
 from labkit.workbench import sandbox
 from labkit.workbench.errors import UsageError

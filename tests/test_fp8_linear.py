@@ -13,13 +13,12 @@ is far below it: rounding errors are independent, about u / sqrt(3) rms each, so
 error of E4M3 x E4M3 is about sqrt(2) x 0.036 / 1.4 = 0.037 (measured 0.037 at K = 32 .. 2048):
 bound 0.06; E5M2 x E4M3 about 0.06: bound 0.1."""
 
-import labkit  # noqa: F401  (picks the tier before the kernels are imported)
-
 import warnings
 
 import pytest
 import torch
 
+import labkit  # noqa: F401  (picks the tier before the kernels are imported)
 from labkit.kernels.fp8 import DelayedScaling, DeviceAware, FP8Linear, fp8_autocast, fp8_gemm, quantize
 from labkit.kernels.fp8 import gemm as gemm_mod
 from labkit.kernels.fp8.recipe import FP8Meta

@@ -2,13 +2,12 @@
 the history (both algorithms), the scale (margin, 0 / inf / NaN keep the old one, overflow to the
 largest fp32), the history roll, the window, and the recipe's refusals."""
 
-import labkit  # noqa: F401  (picks the tier before the kernels are imported)
-
 import math
 
 import pytest
 import torch
 
+import labkit  # noqa: F401  (picks the tier before the kernels are imported)
 from labkit.kernels.fp8.recipe import (
     FP32_MAX,
     DelayedScaling,

@@ -4,14 +4,13 @@ backward against torch autograd of the loop; the accumulate mask; bad input; and
 proof that a CUDA m_splits never syncs with the host, and graph capture with counts changed on
 the device between replays."""
 
-import labkit  # noqa: F401  (picks the tier before the kernels are imported)
-
 import dataclasses
 import random
 
 import pytest
 import torch
 
+import labkit  # noqa: F401  (picks the tier before the kernels are imported)
 from labkit.kernels import grouped_gemm as gg
 from labkit.kernels.grouped_linear import GroupedLinear, bias_grad
 from labkit.workbench.tier import kernel_device

@@ -1,5 +1,3 @@
-import labkit  # noqa: F401  (first: picks the tier before any kernel module is imported)
-
 # labkit.labs.grouped_gemm: token splits, the two baselines, the benchmark records and plots.
 #
 # On the CPU tier the benchmark runs its tiny profile under the Triton interpreter (labkit and
@@ -11,6 +9,7 @@ import math
 import pytest
 import torch
 
+import labkit  # noqa: F401  (first: picks the tier before any kernel module is imported)
 from labkit.kernels import grouped_gemm as gg
 from labkit.labs.grouped_gemm import baselines, bench, distributions, gemm_plots
 from labkit.labs.grouped_gemm.distributions import describe, token_counts

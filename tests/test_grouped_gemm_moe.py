@@ -1,11 +1,10 @@
-import labkit  # noqa: F401  (first: picks the tier before any kernel is defined)
-
 import json
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import labkit
 from labkit.labs.grouped_gemm import moe, moe_bench, moe_graph, moe_plots, moe_timeline
 from labkit.workbench.errors import UsageError
 from labkit.workbench.tier import kernel_device

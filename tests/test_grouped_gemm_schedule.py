@@ -1,8 +1,8 @@
 """Lab 04's drawn schedule: the Python replay of the kernel's persistent tile order."""
 
-import labkit  # noqa: F401
-
 import matplotlib
+
+import labkit  # noqa: F401
 
 matplotlib.use("Agg")
 

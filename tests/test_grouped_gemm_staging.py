@@ -1,17 +1,15 @@
 """labkit.labs.grouped_gemm.staging: the PR's pinned staging buffer fills up and races, the
 resetting fix breaks graph replay, an owned slot does neither; the CUDA-graph form on a GPU."""
 
-import labkit  # noqa: F401  (sets the tier before anything defines a kernel)
-
 import json
 import threading
 
 import pytest
 import torch
 
+import labkit  # noqa: F401  (sets the tier before anything defines a kernel)
 from labkit.labs.grouped_gemm import staging, staging_plots
 from labkit.workbench.errors import UsageError
-
 
 # --- the PR's design: a global index that never resets ---------------------------------------------
 

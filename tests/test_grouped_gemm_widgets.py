@@ -1,8 +1,8 @@
 """Lab 04's panel: changing a control re-runs the schedule and redraws (the text and the figure)."""
 
-import labkit  # noqa: F401
-
 import matplotlib
+
+import labkit  # noqa: F401
 
 matplotlib.use("Agg")
 

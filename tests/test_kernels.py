@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import labkit
+from labkit.kernels import LAUNCHERS, copy
 from labkit.workbench.guard import common_device, on_device_of
-from labkit.kernels import copy, LAUNCHERS
 
 DEV = labkit.workbench.tier.kernel_device()
 

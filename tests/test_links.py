@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import labkit  # noqa: F401  (picks the tier first)
-from labkit.workbench import tier
-from labkit.labs.collectives import links
 from labkit.kernels.comm.ranks import run_ranks
+from labkit.labs.collectives import links
+from labkit.workbench import tier
 
 
 def _worlds():

@@ -11,7 +11,8 @@ import torch
 
 import labkit  # noqa: F401  (picks the tier first)
 from labkit.kernels import litmus
-from labkit.kernels.litmus import catalogue, classify as C, model
+from labkit.kernels.litmus import catalogue, model
+from labkit.kernels.litmus import classify as C
 from labkit.kernels.litmus.run import Stress, allocate, run_litmus, run_two_gpus
 from labkit.workbench import tier
 from labkit.workbench.errors import UsageError

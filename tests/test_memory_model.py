@@ -8,15 +8,16 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import pytest
+from worlds import skip_without_a_world
 
-from labkit.kernels.comm.ranks import run_ranks  # noqa: E402
-from labkit.kernels.litmus import model, run_litmus  # noqa: E402
-from labkit.labs.memory_model import broken_barriers as bb, plots, sweep  # noqa: E402
-from labkit.workbench import results, tier  # noqa: E402
-from labkit.workbench.errors import UsageError  # noqa: E402
-from worlds import skip_without_a_world  # noqa: E402
+from labkit.kernels.comm.ranks import run_ranks
+from labkit.kernels.litmus import model, run_litmus
+from labkit.labs.memory_model import broken_barriers as bb
+from labkit.labs.memory_model import plots, sweep
+from labkit.workbench import results, tier
+from labkit.workbench.errors import UsageError
 
 
 @pytest.fixture(scope="module")

@@ -79,6 +79,7 @@ def test_runner_prepares_every_notebook_without_missing_id_warning(tmp_path):
 def test_runner_gives_the_kernel_the_inline_backend(tmp_path, monkeypatch):
     """Whatever MPLBACKEND the caller exports, the notebook's process tree gets matplotlib-inline."""
     from helpers import fixture_workbook
+
     from labkit.workbench import sandbox
     from labkit.workbench.runner import execute
 

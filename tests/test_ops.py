@@ -4,16 +4,15 @@ tier, on the GPU); the collectives on an emulated world of 2 processes (GPUs on 
 torch.compile on the CPU tier uses backend "aot_eager" (and "eager"): Inductor needs a C++
 toolchain there, which CI machines may lack; the GPU tests compile with Inductor."""
 
+import plan_fns
 import pytest
 import torch
+from worlds import skip_without_a_world
 
 import labkit  # noqa: F401  (picks the tier first)
 import labkit.kernels.ops as ops
 from labkit.kernels.comm.ranks import run_ranks
 from labkit.workbench import tier
-
-import plan_fns
-from worlds import skip_without_a_world
 
 DEV = tier.kernel_device()
 

@@ -6,22 +6,20 @@ plans refused; the fallback launch path under the interpreter; the fast path's c
 Triton's compiled launcher checked against a stand-in compiled kernel and against the installed
 Triton's own JIT path; the breakdown and its plot. GPU tier (marked): the fast path itself."""
 
+import importlib
 import inspect
 import types
 
-import importlib
-
+import plan_fns
 import pytest
 import torch
+from worlds import skip_without_a_world
 
 import labkit  # noqa: F401  (picks the tier first)
 from labkit.kernels.comm import plan as P
 from labkit.kernels.comm.ranks import run_ranks
 from labkit.workbench import tier
 from labkit.workbench.errors import UsageError
-
-import plan_fns
-from worlds import skip_without_a_world
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,15 @@
 """Plot helpers (byte axes, captions naming machine and versions) and the notebook widgets."""
 
 import dataclasses
+
 import matplotlib
 
 matplotlib.use("Agg")
 
-import pytest  # noqa: E402
+import pytest
 
-from labkit.workbench import env, plot, results  # noqa: E402
 from labkit.labs.start_here import widgets
+from labkit.workbench import env, plot, results
 
 
 @pytest.mark.parametrize(

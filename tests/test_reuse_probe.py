@@ -6,7 +6,8 @@ import inspect
 import pytest
 import torch
 
-from labkit.labs.stream_races import bench as streams_bench, race, reuse_probe
+from labkit.labs.stream_races import bench as streams_bench
+from labkit.labs.stream_races import race, reuse_probe
 from labkit.workbench import gates, results
 
 GPU = torch.cuda.is_available()

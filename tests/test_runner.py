@@ -6,12 +6,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import fixture_workbook, make_notebook
+
 from labkit.workbench import results
-from labkit.workbench.runner import run, RunError
+from labkit.workbench.runner import RunError, profiles, run
 from labkit.workbench.runner import notebooks as nbs
-from labkit.workbench.runner import profiles
 from labkit.workbench.runner.execute import plan
 
 pytestmark = pytest.mark.notebook
@@ -185,7 +184,7 @@ def test_dead_kernel_is_reported_with_its_cell(workbook, tmp_path):
 def test_new_run_dir_is_unique_for_the_same_second(tmp_path):
     import datetime as dt
 
-    now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    now = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
     a = results.new_run_dir("cpu", tmp_path, now=now)
     b = results.new_run_dir("cpu", tmp_path, now=now)
     assert a.name == "2026-01-02T03-04-05Z_cpu" and b.name == "2026-01-02T03-04-05Z_cpu-1"

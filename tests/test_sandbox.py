@@ -12,7 +12,7 @@ import torch
 
 import labkit
 from labkit.workbench import sandbox
-from labkit.workbench.sandbox import classify, run_isolated, SandboxError
+from labkit.workbench.sandbox import SandboxError, classify, run_isolated
 
 
 def test_returns_value_from_child():

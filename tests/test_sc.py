@@ -179,7 +179,7 @@ def test_kernel_benchmark_records(tmp_path):
 
 @pytest.mark.parametrize("shape,chunk_d", [((1, 1, 96), 0), ((2, 3, 300), 128), ((1, 5, 33), 7)])
 def test_fused_quantisation_is_bit_identical_to_the_torch_definition(shape, chunk_d):
-    from labkit.kernels.sc.matmul import quantize_a, quantize_a_torch, SCConfig
+    from labkit.kernels.sc.matmul import SCConfig, quantize_a, quantize_a_torch
 
     seed = torch.seed() % 2**31
     g = torch.Generator().manual_seed(seed)
@@ -226,8 +226,8 @@ def test_sc_report_and_plots():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from labkit.labs.wrong_device import widgets
     from labkit.labs.wrong_device import sc_plots as plots
+    from labkit.labs.wrong_device import widgets
 
     for gran in ("per_tensor", "per_row", "per_head"):
         text = widgets.sc_report(gran, 64, 16, False)

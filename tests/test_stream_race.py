@@ -4,7 +4,8 @@ does), the sanitizer harness, the allocator timeline; on the CPU the logic aroun
 import pytest
 import torch
 
-from labkit.labs.stream_races import plots as stream_plots, race as stream_race
+from labkit.labs.stream_races import plots as stream_plots
+from labkit.labs.stream_races import race as stream_race
 from labkit.workbench.errors import UsageError
 
 GPU = torch.cuda.is_available()

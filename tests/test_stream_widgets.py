@@ -5,10 +5,10 @@ shape ``labkit bench streams`` writes."""
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import pytest
 
-from labkit.labs.stream_races import plots as stream_plots  # noqa: E402
+from labkit.labs.stream_races import plots as stream_plots
 from labkit.labs.stream_races import widgets
 
 

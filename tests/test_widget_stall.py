@@ -8,8 +8,6 @@ labkit's panels draw into a ``FigureView`` (an ``Image`` widget) instead. These 
 notebook that redraws one many times and check that no cell waited for its timeout, and that no
 panel has gone back to an Output widget."""
 
-import labkit  # noqa: F401
-
 import re
 import time
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 import nbformat
 import papermill
 
+import labkit
 from labkit.workbench.runner import notebooks as nbs
 
 #: cells that redraw the view (with an Output in the view's place, 28 of 30 stalled)

@@ -154,9 +154,8 @@ def test_sc_speed_plot_draws_the_hbm_floor_only_from_a_measured_bandwidth():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from labkit.labs.wrong_device import sc_plots
-
     from labkit.labs.start_here.copy_bandwidth import hbm_reached
+    from labkit.labs.wrong_device import sc_plots
 
     workbench = [
         {"impl": "torch.copy_", "method": "cuda_events", "bytes": 1 << 20, "GBps": 400.0},

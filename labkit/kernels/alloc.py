@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import weakref
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence, Union
+from collections.abc import Sequence
+from typing import Union
 
 import torch
 import triton
@@ -133,7 +134,7 @@ def wgrad_config(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> G
     return HOPPER_WGRAD if torch.cuda.get_device_capability(device)[0] == 9 else GENERIC_WGRAD
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 

@@ -23,8 +23,8 @@ import math
 import torch
 from torch import nn
 
-from labkit.workbench.checks import check_tensor
 from labkit.kernels.grouped_gemm import Splits, device_counts, grouped_mm, grouped_mm_wgrad
+from labkit.workbench.checks import check_tensor
 
 
 def bias_grad(dy: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ import functools
 import math
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -137,7 +137,7 @@ class _Sampler:
         return Timing(self.method, self.samples, self.inner)
 
 
-def _capture(fn: Callable[[], object], inner: int, device) -> "torch.cuda.CUDAGraph":
+def _capture(fn: Callable[[], object], inner: int, device) -> torch.cuda.CUDAGraph:
     """Capture ``inner`` calls of fn in a CUDA graph (warmed up on a side stream first)."""
     with torch.cuda.device(device):
         side = torch.cuda.Stream()
@@ -217,7 +217,7 @@ def gbps(nbytes: float, us: float) -> float:
     return nbytes / us / 1e3
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sleep_cycles_per_ms(device_index: int) -> float:
     """``torch.cuda._sleep`` spins for a number of GPU clock cycles; measure how many make 1 ms.
 

@@ -3,7 +3,7 @@ was expected, so a wrong call fails at the call site instead of crashing a kerne
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

@@ -17,7 +17,7 @@ from labkit.workbench import catalogue, env, hardware, interpreter
 def symmetric_memory_status() -> str:
     try:
         import torch.distributed._symmetric_memory as symm  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - any import failure means "not available"
+    except Exception as e:
         return f"not importable ({type(e).__name__})"
     return "importable (torch.distributed._symmetric_memory)"
 

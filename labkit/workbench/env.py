@@ -95,7 +95,7 @@ def stamp(command: str | None = None) -> dict:
         "command": command if command is not None else shlex.join([sys.executable] + sys.argv),
         "git_commit": git_commit(),
         "cwd": os.getcwd(),
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
 
 

@@ -50,7 +50,7 @@ class Hardware:
         memory_gib: float = 140.0,
         peer: bool = True,
         l2_mb: float = 52.4,
-    ) -> "Hardware":
+    ) -> Hardware:
         """A made-up machine, for tests of code that decides from hardware."""
         g = tuple(GPU(i, name, tuple(capability), memory_gib, 132, l2_mb) for i in range(gpus))
         p = tuple(tuple(peer and i != j for j in range(gpus)) for i in range(gpus))

@@ -23,8 +23,9 @@ import datetime as _dt
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from labkit.workbench import env as _env
 from labkit.workbench.errors import UsageError
@@ -200,7 +201,7 @@ def new_run_dir(profile: str, base: str | os.PathLike | None = None, now: _dt.da
     """A fresh ``<base>/<UTC timestamp>_<profile>/`` folder; never one that exists already."""
     base = Path(base) if base else RUNS_DIR
     base.mkdir(parents=True, exist_ok=True)
-    now = now or _dt.datetime.now(_dt.timezone.utc)
+    now = now or _dt.datetime.now(_dt.UTC)
     stem = f"{now:%Y-%m-%dT%H-%M-%SZ}_{profile}"
     for n in range(1000):
         path = base / (stem if n == 0 else f"{stem}-{n}")

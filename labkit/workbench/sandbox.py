@@ -46,8 +46,9 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import labkit
 
@@ -305,7 +306,7 @@ def _child_main(call_file: str, result_file: str) -> None:
             obj = getattr(obj, part)
         payload = {"status": "ok", "value": obj(*call["args"], **call["kwargs"])}
         blob = pickle.dumps(payload)
-    except BaseException as e:  # noqa: BLE001 - everything the experiment raises is the result
+    except BaseException as e:
         payload = {
             "status": "exception",
             "type": f"{type(e).__module__}.{type(e).__qualname__}",

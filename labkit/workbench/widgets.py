@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import io
-from typing import Callable
+from collections.abc import Callable
 
 import ipywidgets as w
 import matplotlib.pyplot as plt

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from labkit.workbench import tier
 from labkit.kernels.comm import one_shot, plan, scatter_gather, tree, two_shot
-from labkit.kernels.comm.signals import barrier_kernel, SEM_ACQ_REL, SEM_GPU_SCOPE, SEM_RELAXED
-from labkit.kernels.comm.symm import check_buffer, SymmBuffer, WORKSPACE_UNIT
+from labkit.kernels.comm.signals import SEM_ACQ_REL, SEM_GPU_SCOPE, SEM_RELAXED, barrier_kernel
+from labkit.kernels.comm.symm import WORKSPACE_UNIT, SymmBuffer, check_buffer
+from labkit.workbench import tier
 from labkit.workbench.errors import UsageError
 from labkit.workbench.guard import on_device_of
 
@@ -89,7 +89,7 @@ LARGE_BYTES = 4 << 20
 DEFAULT_CONFIG = LaunchConfig()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
@@ -114,7 +114,7 @@ def default_config(nbytes: int, world_size: int, device: torch.device) -> Launch
     return _gpu_default(nbytes >= LARGE_BYTES, world_size, index)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _gpu_default(large: bool, world_size: int, index: int) -> LaunchConfig:
     """``default_config`` on GPUs, made once per (size class, world, device): it runs on every
     call of every collective."""

@@ -61,7 +61,7 @@ import torch.multiprocessing
 import labkit
 from labkit.workbench.errors import UsageError
 from labkit.workbench.gates import HardwareUnavailable
-from labkit.workbench.sandbox import _target, classify, SandboxError
+from labkit.workbench.sandbox import SandboxError, _target, classify
 
 STATUSES = ("ok", "exception", "illegal_memory_access", "cuda_error", "signal", "exit", "timeout", "aborted")
 _HANG_HINT = "(hung? e.g. a spin barrier waiting for a peer that died)"
@@ -337,7 +337,7 @@ def _load_payload(run_dir: str, rank: int) -> dict | None:
     try:
         with open(path, "rb") as f:
             return pickle.load(f)
-    except Exception as e:  # noqa: BLE001 - e.g. a value whose class the launcher cannot import
+    except Exception as e:
         return {"status": "exception", "type": type(e).__name__, "message": f"could not read rank {rank}'s result: {e}"}
 
 
@@ -431,7 +431,7 @@ def _rank_main(call: dict) -> None:
             torch.cuda.set_device(device)
         _init_process_group(ctx, call["timeout"])
         ok, blob = True, pickle.dumps({"status": "ok", "value": fn(ctx, *args, **kwargs)})
-    except BaseException as e:  # noqa: BLE001 - whatever fn raises is the rank's result
+    except BaseException as e:
         ok, blob = False, _exception_blob(e)
     path = _result_path(call["run_dir"], rank)
     with open(path + ".tmp", "wb") as f:

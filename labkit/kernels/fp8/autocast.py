@@ -34,7 +34,7 @@ from labkit.workbench.guard import on_device_of
 
 MODES = ("device_aware",)
 TENSOR_NAMES = {"forward": ("input", "weight"), "backward": ("grad_output",)}
-_ACTIVE: list["fp8_autocast"] = []
+_ACTIVE: list[fp8_autocast] = []
 
 
 @dataclasses.dataclass
@@ -145,7 +145,7 @@ class fp8_autocast:
             self._seen.add(key)
             self.entries.append(Entry(module, direction, meta))
 
-    def __enter__(self) -> "fp8_autocast":
+    def __enter__(self) -> fp8_autocast:
         if self in _ACTIVE:
             raise RuntimeError("fp8_autocast: this context is already entered; make a new one per region")
         self.entries, self.records, self._seen = [], [], set()

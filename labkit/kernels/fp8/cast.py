@@ -64,7 +64,7 @@ class Quantized:
         """The values this FP8 tensor stands for, in fp32."""
         return self.data.float() * self.scale_inv
 
-    def t(self) -> "Quantized":
+    def t(self) -> Quantized:
         """The transpose, laid out row-major (a copy: FP8 GEMMs want both operands K-contiguous)."""
         return Quantized(self.data.t().contiguous(), self.scale_inv)
 
@@ -121,7 +121,7 @@ def finish(out: torch.Tensor, fp8_dtype: torch.dtype) -> torch.Tensor:
     return out if out.dtype == fp8_dtype else out.to(fp8_dtype)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 

@@ -45,7 +45,7 @@ MIN_CAPABILITY = (8, 9)
 MULTIPLE = 16
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def scaled_mm_api() -> str | None:
     """Which scaled-matmul call this torch has: "F.scaled_mm", "torch._scaled_mm", or None."""
     fn = getattr(F, "scaled_mm", None)
@@ -76,7 +76,7 @@ def fp8_gemm_support(device: torch.device) -> tuple[bool, str]:
     return True, ""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _warn_once(reason: str) -> None:
     warnings.warn(f"FP8 GEMM: {reason}; using the emulated GEMM (same numerics, no speed-up)", stacklevel=3)
 

@@ -37,7 +37,7 @@ from labkit.kernels.fp8.recipe import DelayedScaling, FP8Meta
 class _Plan:
     """What backward needs besides tensors: the state, the recipe, the policy and the cast weight."""
 
-    module: "FP8Linear"
+    module: FP8Linear
     fwd_meta: FP8Meta
     bwd_meta: FP8Meta
     recipe: DelayedScaling
@@ -131,7 +131,7 @@ class FP8Linear(nn.Module):
         self.reset_parameters()
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, **kwargs) -> "FP8Linear":
+    def from_linear(cls, linear: nn.Linear, **kwargs) -> FP8Linear:
         """An FP8Linear sharing ``linear``'s parameters (the story's nn.Linear -> te.Linear swap)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear: expected an nn.Linear, got {type(linear).__name__}")
@@ -193,7 +193,7 @@ class FP8Linear(nn.Module):
         )
 
 
-def fp8_linear(x: torch.Tensor, module: FP8Linear, ctx: "_autocast.fp8_autocast | None" = None) -> torch.Tensor:
+def fp8_linear(x: torch.Tensor, module: FP8Linear, ctx: _autocast.fp8_autocast | None = None) -> torch.Tensor:
     """One FP8 forward of ``module`` on ``x`` (autograd-aware) under ``ctx``, an entered
     ``fp8_autocast`` (default: the active one), whose recipe and policy it uses."""
     if not isinstance(module, FP8Linear):

@@ -113,7 +113,7 @@ class FP8Meta:
     amax_history: torch.Tensor
 
     @classmethod
-    def create(cls, n_tensors: int, history_len: int, device) -> "FP8Meta":
+    def create(cls, n_tensors: int, history_len: int, device) -> FP8Meta:
         """Fresh state on ``device``: scale 1, empty history (what TransformerEngine starts from)."""
         if isinstance(n_tensors, bool) or not isinstance(n_tensors, int) or n_tensors < 1:
             raise ValueError(f"n_tensors: expected an int >= 1, got {n_tensors!r}")

@@ -115,7 +115,7 @@ def _kept_pairs(test: LitmusTest, model: str, semantics, scope, placement) -> li
     return kept
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _enumerate(test_name: str, model: str, semantics, scope, placement) -> frozenset[tuple[int, ...]]:
     test = TESTS[test_name]
     kept = _kept_pairs(test, model, semantics, scope, placement)

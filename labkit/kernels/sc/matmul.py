@@ -42,11 +42,11 @@ import functools
 import torch
 import triton
 
+from labkit.kernels.sc import encoding
+from labkit.kernels.sc.kernel import quantize_rows_kernel, sc_finalize_kernel, sc_kernel
 from labkit.workbench import tier
 from labkit.workbench.checks import check_tensor
 from labkit.workbench.guard import common_device, on_device_of
-from labkit.kernels.sc import encoding
-from labkit.kernels.sc.kernel import quantize_rows_kernel, sc_finalize_kernel, sc_kernel
 
 GRANULARITIES = ("per_tensor", "per_row", "per_head")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -14,15 +14,16 @@ same inputs before it is timed; ``correct`` records the outcome.
 
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 
 from labkit.kernels.comm import collectives as C
 from labkit.kernels.comm import symm
-from labkit.labs.collectives.messages import BUS_FACTOR  # noqa: F401  (re-exported: bench.BUS_FACTOR)
-from labkit.labs.collectives.messages import agreed_everywhere as _everywhere, close_to_ref as _close
-from labkit.labs.collectives.messages import iters_for as _iters, message as _message
+from labkit.labs.collectives.messages import BUS_FACTOR
+from labkit.labs.collectives.messages import agreed_everywhere as _everywhere
+from labkit.labs.collectives.messages import close_to_ref as _close
+from labkit.labs.collectives.messages import iters_for as _iters
+from labkit.labs.collectives.messages import message as _message
 from labkit.labs.collectives.rank_timing import median_us as _time
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
@@ -211,7 +212,7 @@ def eager_series(
         try:
             rec["correct"] = _everywhere(bool(check()), dev)
             timed[name] = call
-        except Exception as e:  # noqa: BLE001 (recorded: the candidate is not timed)
+        except Exception as e:
             rec.update(
                 correct=False, us=None, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             )
@@ -319,7 +320,7 @@ def sweep(
                 # a graph replay cannot itself be captured into another graph
                 nested = impl.endswith("_graphed")
                 rec["graph_us"] = _time(call, _iters(nbytes), reps, graph=True) if graphs and not nested else None
-            except Exception as e:  # noqa: BLE001 (recorded, not hidden: e.g. an op that cannot be captured)
+            except Exception as e:
                 rec.setdefault("correct", False)
                 rec.setdefault("us", None)
                 rec.setdefault("graph_us", None)
@@ -519,8 +520,8 @@ def best_configs(records: list[dict]) -> list[dict]:
 def tune_benchmark(profile: str) -> list[dict]:
     """Entry point of ``labkit bench collectives_tune``: ``tune`` on 2 ranks and, where the
     machine has more GPUs, on all of them."""
-    from labkit.workbench import gates
     from labkit.kernels.comm.ranks import run_ranks
+    from labkit.workbench import gates
 
     gates.requires(gpus=2, peer_access=True, compiled=True).check()
     n = torch.cuda.device_count()
@@ -551,8 +552,8 @@ def _broken_records(w: int, runs=BROKEN_RUNS, timeout: float = 60.0) -> list[dic
     """Each run in its own world with its own timeout, so that one that hangs is recorded as
     such and the others still run. If the correct kernel itself does not finish, the rest are
     not started (a hang that is not the variant's) and say so."""
-    from labkit.labs.collectives import experiments
     from labkit.kernels.comm.ranks import run_ranks
+    from labkit.labs.collectives import experiments
 
     rows = []
     blocked = None
@@ -597,8 +598,8 @@ def _broken_records(w: int, runs=BROKEN_RUNS, timeout: float = 60.0) -> list[dic
 
 
 def _crash_record(w: int) -> dict:
-    from labkit.labs.collectives import experiments
     from labkit.kernels.comm.ranks import run_ranks
+    from labkit.labs.collectives import experiments
 
     res = run_ranks(experiments.unguarded_leaf, w, timeout=120)
     return {
@@ -624,8 +625,8 @@ def host_cost_records(
     ``labkit.labs.collectives.host_cost.BENCH_CASES``) on ``w`` ranks, every rank's records (one eager
     call, stage by stage, per path), with the fields every record of this benchmark carries
     (``REQUIRED``)."""
-    from labkit.labs.collectives import host_cost
     from labkit.kernels.comm.ranks import run_ranks
+    from labkit.labs.collectives import host_cost
 
     per_rank = run_ranks(
         host_cost.measure_cases, w, cases or host_cost.BENCH_CASES, "bfloat16", reps, launch_reps, timeout=timeout
@@ -701,8 +702,8 @@ def benchmark(profile: str) -> list[dict]:
     broken variants under load and the unguarded-leaf crash."""
     import torch
 
-    from labkit.workbench import gates
     from labkit.kernels.comm.ranks import run_ranks
+    from labkit.workbench import gates
 
     gates.requires(gpus=2, peer_access=True, compiled=True).check()
     w = torch.cuda.device_count()

@@ -27,9 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.workbench import tier
 from labkit.kernels.comm import symm
 from labkit.labs.collectives.rank_timing import samples_us
+from labkit.workbench import tier
 from labkit.workbench.errors import UsageError
 from labkit.workbench.guard import on_device_of
 
@@ -209,8 +209,8 @@ def links_markdown(records: list[dict]) -> str:
 
 def benchmark(profile: str) -> list[dict]:
     """Entry point of ``labkit bench links``: ``probe`` on every GPU of this machine."""
-    from labkit.workbench import gates
     from labkit.kernels.comm.ranks import run_ranks
+    from labkit.workbench import gates
 
     gates.requires(gpus=2, peer_access=True, compiled=True).check()
     return run_ranks(probe, torch.cuda.device_count(), timeout=600).unwrap()[0]

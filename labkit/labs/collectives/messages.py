@@ -74,7 +74,7 @@ def check_candidates(cands: dict, base: dict, device) -> tuple[dict, dict]:
         try:
             rows[name]["correct"] = agreed_everywhere(bool(check()), device)
             ok[name] = call
-        except Exception as e:  # noqa: BLE001 (recorded: the candidate is not timed)
+        except Exception as e:
             rows[name].update(
                 correct=False, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             )

@@ -449,7 +449,7 @@ def plot_links(
     both directions busy and one, with the all-reduce busbw of ``sweep`` (same machine) drawn
     across: the link's ceiling for each way of moving bytes, and where each algorithm sits.
     ``ceiling`` (``link_ceiling`` of the same records): the best of them drawn as a line."""
-    from labkit.labs.collectives.links import best_links, DIRECTIONS, MODES
+    from labkit.labs.collectives.links import DIRECTIONS, MODES, best_links
 
     rows = best_links(records)
     if not rows:

@@ -17,7 +17,7 @@ def median_us(fn, iters: int, reps: int, graph: bool) -> float:
     return statistics.median(samples_us(fn, iters, reps, graph))
 
 
-def capture(fn, iters: int) -> "torch.cuda.CUDAGraph":
+def capture(fn, iters: int) -> torch.cuda.CUDAGraph:
     """One CUDA graph of ``iters`` back-to-back calls of ``fn``, captured on a side stream after
     one warm-up call there (the warm-up runs; the captured calls run at each replay)."""
     s = torch.cuda.Stream()

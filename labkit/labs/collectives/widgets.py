@@ -15,8 +15,8 @@ def collective_report(algorithm: str, n: int, world_size: int, reference: list[d
     the CPU tier) on fresh inputs, and read the recorded latency of the nearest measured size."""
     import secrets
 
-    from labkit.labs.collectives import experiments
     from labkit.kernels.comm.ranks import run_ranks
+    from labkit.labs.collectives import experiments
 
     lines = []
     if live_world:

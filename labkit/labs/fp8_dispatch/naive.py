@@ -59,7 +59,7 @@ class Mechanisms:
                 raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
 
     @classmethod
-    def only(cls, name: str) -> "Mechanisms":
+    def only(cls, name: str) -> Mechanisms:
         """One mechanism on, the other two off."""
         if name not in MECHANISMS:
             raise ValueError(f"name: {name!r} is not one of {', '.join(map(repr, MECHANISMS))}")

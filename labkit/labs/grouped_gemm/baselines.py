@@ -35,7 +35,8 @@ torch/_meta_registrations.py of torch 2.13):
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Union
+from collections.abc import Callable, Sequence
+from typing import Union
 
 import torch
 

@@ -42,7 +42,7 @@ import itertools
 import math
 import statistics
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -187,7 +187,7 @@ def _capture_error(fn: Callable[[], object], device: torch.device) -> str | None
             graph, _ = _capture_one(fn)
             del graph
         return None
-    except Exception as e:  # noqa: BLE001 (recorded)
+    except Exception as e:
         return _one_line(e)
 
 
@@ -321,7 +321,7 @@ def compare_case(
             y = fn()
             outputs[name] = y
             errors[name] = _rel_err(y, ref)
-        except Exception as e:  # noqa: BLE001 (recorded: e.g. a layout this torch refuses)
+        except Exception as e:
             failed[name] = _one_line(e)
     vs_torch = None
     if "labkit" in outputs and "torch_grouped_mm" in outputs:
@@ -382,7 +382,7 @@ def compare_case(
                 inner=timing["inner"],
                 method=how,
             )
-        except Exception as e:  # noqa: BLE001 (recorded; the other cases still run)
+        except Exception as e:
             records += [record(n, method, error=f"timing failed: {_one_line(e)}") for n in names]
             continue
         torch_names = [n for n in names if n in _TORCH_NAMES]
@@ -442,7 +442,7 @@ def capture_check(E: int, M: int, K: int, N: int, seed: int = 0) -> list[dict]:
             torch.cuda.synchronize()
             err = _rel_err(y, ref)
             row.update(recount_max_rel_err=err, recount_correct=err <= TOLERANCE)
-        except Exception as e:  # noqa: BLE001 (the point of the experiment: recorded)
+        except Exception as e:
             row["error"] = _one_line(e)
         rows.append(row)
     return rows
@@ -650,7 +650,7 @@ def tune_case(
             if err:
                 raise RuntimeError(f"capture failed: {err}")
             fns[name] = (cfg, fields)
-        except Exception as e:  # noqa: BLE001 (e.g. out of shared memory on this GPU: recorded)
+        except Exception as e:
             records.append(_blank(dict(fields, error=_one_line(e), max_rel_err=errors.get(name))))
         if bar is not None:
             bar.update()
@@ -667,7 +667,7 @@ def tune_case(
             inner=timing["inner"],
             method="cuda_graph" if cuda else "cpu_clock",
         )
-    except Exception as e:  # noqa: BLE001 (recorded; the other cases still run)
+    except Exception as e:
         return records + [
             _blank(dict(fields, max_rel_err=errors[n], error=f"timing failed: {_one_line(e)}"))
             for n, (_, fields) in fns.items()

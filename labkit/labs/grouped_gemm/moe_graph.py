@@ -132,7 +132,7 @@ def capture_fails_with_host_sync(
     try:
         with torch.cuda.graph(graph):
             moe.forward_backward(layer, x, grad_out)
-    except Exception as e:  # noqa: BLE001 - the failure is the result
+    except Exception as e:
         first = e
         while first.__context__ is not None:  # the capture's exit raises on top of the body's error
             first = first.__context__

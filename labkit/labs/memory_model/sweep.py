@@ -339,7 +339,7 @@ def _on_workers(grid, todo_batches, instances, devices, budget_s, start, out, ba
                 try:
                     for i, rec in zip(batch, fut.result()):
                         out[i] = rec
-                except Exception as e:  # noqa: BLE001 - a dead worker is a result to record, not a crash
+                except Exception as e:
                     for i in batch:
                         out[i] = record(grid[i], skipped=f"worker on {devices[w]} failed: {type(e).__name__}: {e}")
                     pools[w].shutdown(wait=False, cancel_futures=True)

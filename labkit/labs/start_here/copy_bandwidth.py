@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
-from labkit.workbench import bench, tier
 from labkit.kernels import copy
+from labkit.workbench import bench, tier
 
 #: Sizes in bytes for each profile: small under the interpreter, up to 1 GiB on a GPU.
 SIZES = {

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 
 from labkit.kernels import alloc
-from labkit.workbench import bench
 from labkit.kernels import matmul as tmm
+from labkit.workbench import bench
 
 OFFSETS = (0, 2, 16, 64, 128)
 OPERANDS = ("out", "all")  # only the output (a wgrad view) misaligned, or A, B and C

@@ -255,9 +255,9 @@ def sanitizer_trials(trials: int = 5, sleep_ms: float = 25.0, numel: int = 1 << 
     """Run in a child with TORCH_CUDA_SANITIZER=1 (``labkit.workbench.sandbox.run_isolated``): every
     allocator's race, then the missing-wait control. A report is the sanitizer's
     ``CUDASanitizerErrors``; a trial it reports is counted, not hidden, and its message kept."""
-    from torch.cuda._sanitizer import CUDASanitizerErrors
-
     import os
+
+    from torch.cuda._sanitizer import CUDASanitizerErrors
 
     enabled = os.environ.get("TORCH_CUDA_SANITIZER") == "1"
     rows = []

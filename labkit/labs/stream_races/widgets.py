@@ -15,7 +15,8 @@ def race_report(
 ) -> str:
     """Lab 03: the stream race for one allocator and delay, run live (1 GPU) or read from the
     recorded reference, labelled as such."""
-    from labkit.labs.stream_races import plots as stream_plots, race as stream_race
+    from labkit.labs.stream_races import plots as stream_plots
+    from labkit.labs.stream_races import race as stream_race
 
     if live:
         recs = [stream_race.race_trial(allocator, numel=numel, sleep_ms=sleep_ms, trial=t) for t in range(trials)]

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from labkit.kernels.sc.matmul import prepare_b, PreparedB, sc_matmul_prepared, SCConfig
+from labkit.kernels.sc.matmul import PreparedB, SCConfig, prepare_b, sc_matmul_prepared
 from labkit.workbench.bench import Timing
 
 

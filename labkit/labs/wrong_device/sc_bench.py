@@ -15,8 +15,8 @@ import dataclasses
 import torch
 from tqdm.auto import tqdm
 
+from labkit.kernels.sc.matmul import LaunchConfig, launch_config, prepare_b, sc_matmul_prepared, split_k
 from labkit.workbench import bench, tier
-from labkit.kernels.sc.matmul import launch_config, LaunchConfig, prepare_b, sc_matmul_prepared, split_k
 
 # layer: (K, N, chunk_d). gate_up is the fused gate and up projection (N = 2 x 14336); the down
 # projection uses the story's chunked path (chunk_d=128).

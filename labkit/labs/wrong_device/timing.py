@@ -34,7 +34,7 @@ PATTERNS = ("triton_launch", "scratch_current_device", "stream_current_device", 
 TIMING = "cuda_events"  # the value of a record's "timing" field; files without it used the host clock
 
 #: the timer the launch sites report to (None: not timing, launches untouched)
-ACTIVE: "KernelTimer | None" = None
+ACTIVE: KernelTimer | None = None
 
 
 def expected_launch_device(pattern: str, guarded: bool, data_device: int = 1, current_device: int = 0) -> int:

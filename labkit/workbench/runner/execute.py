@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import json
 import os
-import time
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -120,7 +118,7 @@ def _running_cell(nbformat, path: str) -> int | None:
     saved notebook; the cells after it stay "pending"."""
     try:
         nb = nbformat.read(path, as_version=4)
-    except Exception:  # noqa: BLE001 - no saved notebook: the cell is unknown
+    except Exception:
         return None
     started = [
         i
