@@ -25,6 +25,7 @@ from labkit.labs.collectives.messages import close_to_ref as _close
 from labkit.labs.collectives.messages import iters_for as _iters
 from labkit.labs.collectives.messages import message as _message
 from labkit.labs.collectives.rank_timing import median_us as _time
+from labkit.workbench.errors import UsageError
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
 REQUIRED = ("impl", "op", "world_size", "bytes", "dtype", "us", "busbw_GBps", "correct")
@@ -696,35 +697,81 @@ def _progress_main(line: dict) -> None:
     _progress(types.SimpleNamespace(rank=0, world_size=None), line)
 
 
-def benchmark(profile: str) -> list[dict]:
-    """Entry point of ``labkit bench collectives``: the sweep on every GPU of this machine (one
-    world), the host-cost breakdown, the all-gather orders and the ``two_shot_ce`` profile, then the
-    broken variants under load and the unguarded-leaf crash."""
-    import torch
+#: The parts of ``labkit bench collectives``, in the order they run, each a function of the
+#: world size returning its records (every one tagged ``part``). ``PARTS_ENV`` (comma-separated)
+#: runs only some of them; ``RESUME_ENV`` names an earlier file whose records of the parts not run
+#: now are kept (marked ``resumed_from``), so a machine whose 10-minute calls cannot hold the
+#: whole benchmark records it over several calls, each starting from the file the last one wrote.
+PARTS_ENV = "LABKIT_COLLECTIVES_PARTS"
+RESUME_ENV = "LABKIT_COLLECTIVES_RESUME"
 
+
+def _sweep_part(w: int) -> list[dict]:
     from labkit.kernels.comm.ranks import run_ranks
-    from labkit.workbench import gates
 
-    gates.requires(gpus=2, peer_access=True, compiled=True).check()
-    w = torch.cuda.device_count()
-    records = [dict(r, kind=r.get("kind", "sweep")) for r in run_ranks(sweep, w, timeout=900).unwrap()[0]]
-    _progress_main({"phase": "sweep done"})
-    records += host_cost_records(w)
-    _progress_main({"phase": "host cost done"})
-    records += order_and_profile_records(w)
+    return [dict(r, kind=r.get("kind", "sweep")) for r in run_ranks(sweep, w, timeout=900).unwrap()[0]]
+
+
+def _push_part(w: int) -> list[dict]:
     from labkit.labs.collectives import push_bench  # the push one-shot beside the pull one and torch's ops
 
-    records += push_bench.push_records(w)
-    _progress_main({"phase": "push one-shot done"})
+    return push_bench.push_records(w)
+
+
+def _into_part(w: int) -> list[dict]:
     from labkit.labs.collectives import into_bench  # out of place into a symmetric output, at bandwidth sizes
 
-    records += _world_records(
+    return _world_records(
         into_bench.into_series, w, into_bench.KIND, "labkit_into", "all_reduce", timeout=300, rank0_only=True
     )
-    _progress_main({"phase": "into done"})
-    records += _broken_records(w)
-    _progress_main({"phase": "broken variants done"})
-    records.append(_crash_record(w))
+
+
+PARTS = {
+    "sweep": _sweep_part,
+    "host_cost": host_cost_records,
+    "orders": order_and_profile_records,
+    "push": _push_part,
+    "into": _into_part,
+    "broken": _broken_records,
+    "crash": lambda w: [_crash_record(w)],
+}
+
+
+def parts_to_run(value: str | None) -> list[str]:
+    """The parts named in ``value`` (comma-separated; None or empty: all), in ``PARTS`` order."""
+    if not value:
+        return list(PARTS)
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [n for n in names if n not in PARTS]
+    if unknown:
+        raise UsageError(f"{PARTS_ENV}: unknown part(s) {unknown}; the parts are {', '.join(PARTS)}")
+    return [n for n in PARTS if n in names]
+
+
+def benchmark(profile: str) -> list[dict]:
+    """Entry point of ``labkit bench collectives``: the sweep on every GPU of this machine (one
+    world), the host-cost breakdown, the all-gather orders and the ``two_shot_ce`` profile, the push
+    one-shot, the out-of-place series into a symmetric output, then the broken variants under load
+    and the unguarded-leaf crash (``PARTS``; ``PARTS_ENV`` and ``RESUME_ENV`` split it over calls).
+    The crossover records are computed from the sweep records the file holds."""
+    import os
+
+    import torch
+
+    from labkit.workbench import gates, results
+
+    run_now = parts_to_run(os.environ.get(PARTS_ENV))
+    gates.requires(gpus=2, peer_access=True, compiled=True).check()
+    w = torch.cuda.device_count()
+    kept = [r for r in results.resumable(os.environ.get(RESUME_ENV)) if r.get("kind") != "crossover"]
+    kept = [r for r in kept if r.get("part") not in run_now and r.get("world_size") == w]
+    records = []
+    for name in PARTS:
+        if name in run_now:
+            records += [dict(r, part=name) for r in PARTS[name](w)]
+            _progress_main({"phase": f"{name} done"})
+        else:
+            records += [r for r in kept if r.get("part") == name]
     for key in ("us", "graph_us"):
         records.append(
             {
