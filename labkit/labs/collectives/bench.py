@@ -737,6 +737,14 @@ PARTS = {
 }
 
 
+def _mark_resumed(record: dict, commit: str | None) -> dict:
+    """A kept record, its ``resumed_from`` dropped where it names the commit writing the file: a
+    record without it was measured at the file's own ``env.git_commit``."""
+    if record.get("resumed_from") == commit:
+        return {k: v for k, v in record.items() if k != "resumed_from"}
+    return record
+
+
 def parts_to_run(value: str | None) -> list[str]:
     """The parts named in ``value`` (comma-separated; None or empty: all), in ``PARTS`` order."""
     if not value:
@@ -758,13 +766,15 @@ def benchmark(profile: str) -> list[dict]:
 
     import torch
 
-    from labkit.workbench import gates, results
+    from labkit.workbench import env, gates, results
 
     run_now = parts_to_run(os.environ.get(PARTS_ENV))
     gates.requires(gpus=2, peer_access=True, compiled=True).check()
     w = torch.cuda.device_count()
     kept = [r for r in results.resumable(os.environ.get(RESUME_ENV)) if r.get("kind") != "crossover"]
-    kept = [r for r in kept if r.get("part") not in run_now and r.get("world_size") == w]
+    kept = [
+        _mark_resumed(r, env.git_commit()) for r in kept if r.get("part") not in run_now and r.get("world_size") == w
+    ]
     records = []
     for name in PARTS:
         if name in run_now:
