@@ -190,7 +190,7 @@ def plot_copy_bandwidth(records: list[dict], yours: dict, refs: dict):
                         alpha=1 if label == "your run" else 0.7,
                         label=f"{label}: {impl}",
                     )
-        for (label, _, color), peak in zip(sources[1:], peaks):
+        for (_, _, color), peak in zip(sources[1:], peaks):
             if peak:  # the ceiling: a copy cannot beat HBM (GB/s counts read + written bytes)
                 ax.axhline(
                     peak[1] * 1e3,
