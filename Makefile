@@ -3,6 +3,7 @@
 #
 #   make workbook   execute every notebook into runs/<timestamp>_<profile>/   (command 1)
 #   make test       run the test suite                                       (command 2)
+#   make lint       ruff check and ruff format --check: the package, tests, scripts, notebooks
 #   make lab        JupyterLab on notebooks/ (labkit lab; --allow-root added as root)
 #
 # ARGS goes to the command: `make workbook ARGS="--only 00_start_here"`,
@@ -19,13 +20,17 @@ STAMP := $(VENV)/.labkit-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: workbook test lab doctor clean
+.PHONY: workbook test lint lab doctor clean
 
 workbook: $(STAMP)
 	$(BIN)/labkit run $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 lab: $(STAMP)
 	$(BIN)/labkit lab $(ARGS)

@@ -314,13 +314,15 @@ _READ_CONTROLS = r"""el => {
   const out = [], seen = {};
   el.querySelectorAll('.widget-dropdown, .widget-toggle-buttons, .widget-checkbox, .widget-slider, '
                       + '.widget-text, .widget-button').forEach(w => {
-    if (w.classList.contains('widget-toggle-button') || w.closest('.widget-toggle-buttons') && w.classList.contains('widget-button')) return;
+    if (w.classList.contains('widget-toggle-button')
+        || w.closest('.widget-toggle-buttons') && w.classList.contains('widget-button')) return;
     let kind = w.classList.contains('widget-dropdown') ? 'dropdown'
       : w.classList.contains('widget-toggle-buttons') ? 'toggle'
       : w.classList.contains('widget-checkbox') ? 'checkbox'
       : w.classList.contains('widget-slider') ? 'slider'
       : w.classList.contains('widget-text') ? 'text' : 'button';
-    const disabled = !!w.querySelector('[disabled]') || w.hasAttribute('disabled') || w.classList.contains('mod-disabled');
+    const disabled = !!w.querySelector('[disabled]') || w.hasAttribute('disabled')
+      || w.classList.contains('mod-disabled');
     const name = kind === 'button' ? (w.textContent.trim() || w.getAttribute('title') || '') : label(w);
     const index = seen[kind] = (kind in seen) ? seen[kind] + 1 : 0;   // nth of its kind in the panel
     out.push({kind, name, disabled, index});

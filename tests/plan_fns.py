@@ -437,9 +437,9 @@ def choices_agree(ctx) -> dict:
         for label, n, where, kwargs, workspace in cases:
             buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=workspace)
             target = {
-                "out": lambda: torch.empty(n, dtype=dtype, device=ctx.device),
+                "out": lambda n=n: torch.empty(n, dtype=dtype, device=ctx.device),
                 "new": lambda: None,
-                "in_place": lambda: buf.tensor,
+                "in_place": lambda buf=buf: buf.tensor,
             }[where]()
             held = C.all_reduce_plan(buf, target, **kwargs)
             x, xs = _inputs(ctx, n, dtype, 30 + len(found))

@@ -144,7 +144,8 @@ def test_skipped_tests_are_handed_on_by_node_id_or_for_every_parametrisation(tmp
 def test_the_recorder_writes_skips_and_marks_an_empty_parametrisation(tmp_path):
     (tmp_path / "conftest.py").write_text(
         "import importlib.util\n"
-        f"spec = importlib.util.spec_from_file_location('labkit_conftest', {str(Path(__file__).with_name('conftest.py'))!r})\n"
+        "spec = importlib.util.spec_from_file_location("
+        f"'labkit_conftest', {str(Path(__file__).with_name('conftest.py'))!r})\n"
         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
         "pytest_addoption, pytest_configure = m.pytest_addoption, m.pytest_configure\n"
         "pytest_collection_modifyitems = m.pytest_collection_modifyitems\n"

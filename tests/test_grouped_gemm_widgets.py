@@ -13,7 +13,7 @@ from labkit.labs.grouped_gemm import distributions, widgets
 
 def test_changing_experts_or_skew_redraws_the_panel():
     panel = widgets.schedule_explorer(live=False)
-    (experts, skew, tokens), text, figure = panel.children[0].children, panel.children[1], panel.children[2]
+    (experts, skew, _tokens), text, figure = panel.children[0].children, panel.children[1], panel.children[2]
     before, drawn = text.value, figure.value
     experts.value = 64
     after_experts = text.value

@@ -178,7 +178,7 @@ def test_a_written_lab_has_every_part(lab):
     assert missing == [], f"{lab.id} lacks: " + "; ".join(missing)
 
 
-@pytest.mark.parametrize("lab", [l for l in catalogue.LABS if l.status == "draft"], ids=lambda l: l.id)
+@pytest.mark.parametrize("lab", [lab for lab in catalogue.LABS if lab.status == "draft"], ids=lambda lab: lab.id)
 def test_a_draft_lab_has_recorded_its_references(lab):
     """A draft lab (notebook runs, its issue open) may still lack GPU reference data: reported as
     a skip naming the files, never hidden; a ready lab without them fails the test above."""

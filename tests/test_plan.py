@@ -425,8 +425,8 @@ def test_the_eager_series_times_every_path_in_place_and_not(eager_records):
     from labkit.labs.collectives import bench
 
     for records in eager_records:
-        labkit = [r for r in records if r["impl"] == "labkit_all_reduce"]
-        assert {(r["path"], r["in_place"]) for r in labkit} == {
+        labkit_recs = [r for r in records if r["impl"] == "labkit_all_reduce"]
+        assert {(r["path"], r["in_place"]) for r in labkit_recs} == {
             (p, ip) for p in bench.EAGER_PATHS for ip in (False, True)
         }
         for r in records:
@@ -435,11 +435,11 @@ def test_the_eager_series_times_every_path_in_place_and_not(eager_records):
             assert r["us_p25"] <= r["us"] <= r["us_p75"] and r["samples"] == 3 and r["inner"] == 1
             assert r["method"] == ("cpu_clock" if tier.interpreted() else "cuda_events")
             assert r["world_size"] == 2 and r["bytes"] == 1024 * 4 and r["dtype"] == "float32"
-        for r in labkit:
+        for r in labkit_recs:
             assert r["target"] == bench.EAGER_TARGET and r["baseline"] == "torch_stand_in"
             assert r["ratio_p25"] <= r["ratio_to_torch_best"] <= r["ratio_p75"]
             assert r["algorithm"] == ("two_shot" if r["in_place"] else "one_shot")
-        paths = {r["path"]: r["launch_path"] for r in labkit if not r["in_place"]}
+        paths = {r["path"]: r["launch_path"] for r in labkit_recs if not r["in_place"]}
         assert paths["eager_uncached"] == "triton (no plan)"
         if tier.interpreted():
             assert paths["plan"].startswith("triton (Triton interpreter") and paths["plan_cached"] == paths["plan"]

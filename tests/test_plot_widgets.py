@@ -76,7 +76,7 @@ def test_save_shows_the_figure_once_where_nothing_else_would(tmp_path, monkeypat
 
 def test_crash_explorer_runs_the_chosen_experiment():
     panel = widgets.crash_explorer(timeout_s=30)
-    (pick, timeout, button), out = panel.children[0].children, panel.children[1]
+    (pick, _timeout, button), out = panel.children[0].children, panel.children[1]
     pick.value = "Python exception"
     button.click()
     assert "Python exception: exception: builtins.ValueError" in out.value
@@ -86,7 +86,7 @@ def test_crash_explorer_runs_the_chosen_experiment():
 
 def test_copy_explorer_measures_one_size():
     panel = widgets.copy_explorer(default_log2_bytes=12, max_log2_bytes=16)
-    (size, reps, button), out = panel.children[0].children, panel.children[1]
+    (_size, reps, button), out = panel.children[0].children, panel.children[1]
     reps.value = 2
     button.click()
     assert "torch.copy_" in out.value and "triton copy" in out.value and "GB/s" in out.value

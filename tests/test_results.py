@@ -41,7 +41,8 @@ def test_missing_required_field_is_refused(tmp_path):
         ('{"schema": "other/9"}', "schema is 'other/9'"),
         ('{"schema": "labkit.results/1", "lab": "x"}', "missing 'generator'"),
         (
-            '{"schema": "labkit.results/1", "lab": "x", "generator": "g", "env": {}, "required": ["us"], "records": [{}]}',
+            '{"schema": "labkit.results/1", "lab": "x", "generator": "g", "env": {}, '
+            '"required": ["us"], "records": [{}]}',
             "record 0 lacks required fields",
         ),
     ],

@@ -49,7 +49,7 @@ def test_alignment_panel_reports_real_pointers():
 
 def test_race_panel_reads_the_reference_when_not_live():
     panel = widgets.race_explorer(_race_records(), live=False)
-    allocator, (delay, trials, button), out = panel.children[0], panel.children[1].children, panel.children[2]
+    allocator, (delay, _trials, button), out = panel.children[0], panel.children[1].children, panel.children[2]
     assert list(delay.options) == [0.0, 5.0]
     allocator.value, delay.value = "raw", 5.0
     button.click()

@@ -347,9 +347,9 @@ def test_seed_crash_verdict():
         "not reproduced: no illegal memory access in 8 unguarded matrix cell(s); crash search: none recorded yet"
     )
     both = cs.seed_crash_verdict(old + [rec("correct")])
-    assert (
-        both
-        == "not reproduced: no illegal memory access in 1 search configuration(s) (correct) nor in 8 unguarded matrix cell(s)"
+    assert both == (
+        "not reproduced: no illegal memory access in 1 search configuration(s) (correct) "
+        "nor in 8 unguarded matrix cell(s)"
     )
 
 
@@ -401,7 +401,8 @@ def test_graph_error_lines_for_old_and_new_files():
         "peer_access": True,
         "guarded": False,
         "outcome": "exception",
-        "detail": "cuda_error: torch.AcceleratorError: CUDA error: operation failed due to a previous error during capture",
+        "detail": "cuda_error: torch.AcceleratorError: CUDA error: "
+        "operation failed due to a previous error during capture",
     }
     lines = wd.describe_graph_errors([old, dict(old, outcome="correct", guarded=True)])
     assert lines[0].startswith("peer on, unguarded: cuda_error: torch.AcceleratorError") and "predates" in lines[1]

@@ -3,7 +3,8 @@ checks, the benchmark harness and the plots on both tiers.
 
 A copy moves 2 bytes of memory traffic per byte copied (read + write) and does no arithmetic,
 so its ceiling is the device's memory bandwidth (about 4.2 TB/s read+write on an H200 as
-measured here at 1 GiB, 3.0 on an H100; a copy small enough to stay in L2, 16 MiB, reads faster). ``torch.Tensor.copy_`` is the baseline it is compared with.
+measured here at 1 GiB, 3.0 on an H100; a copy small enough to stay in L2, 16 MiB, reads faster).
+``torch.Tensor.copy_`` is the baseline it is compared with.
 """
 
 from __future__ import annotations

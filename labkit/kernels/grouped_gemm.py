@@ -44,7 +44,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Union
 
 import torch
 import triton
@@ -59,7 +58,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: dtypes accepted for a tensor of token counts
 COUNT_DTYPES = (torch.int32, torch.int64)
 
-Splits = Union[Sequence[int], torch.Tensor]
+Splits = Sequence[int] | torch.Tensor
 
 
 @dataclasses.dataclass(frozen=True)

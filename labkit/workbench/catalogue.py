@@ -177,7 +177,7 @@ def get(lab_id: str) -> Lab:
     for lab in LABS:
         if lab.id == lab_id:
             return lab
-    raise UsageError(f"no lab named {lab_id!r}; known: {', '.join(l.id for l in LABS)}")
+    raise UsageError(f"no lab named {lab_id!r}; known: {', '.join(lab.id for lab in LABS)}")
 
 
 def capability(lab: Lab, hw: hardware.Hardware | None = None) -> dict:

@@ -56,5 +56,8 @@ def problem() -> str | None:
             f"triton <= 3.6 (triton-lang/triton#9171): pip install 'numpy<2.4', or a triton with the fix"
         )
     if not bool((x == 1).all()):
-        return f"triton {triton.__version__}'s interpreter ran a grid-stride loop wrong ({int((x != 1).sum())} of 100 elements)"
+        return (
+            f"triton {triton.__version__}'s interpreter ran a grid-stride loop wrong "
+            f"({int((x != 1).sum())} of 100 elements)"
+        )
     return None

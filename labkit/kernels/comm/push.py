@@ -31,7 +31,8 @@ only after its call e + 1 has finished, and that call waited for MY signal of ep
 my program b sends only in my call e + 1, after my call e had finished reading slot s (stream
 order: my call e + 1 starts when my call e has ended). So a peer never overwrites a slot I may
 still read. Nor can a peer be more than one call ahead of me: its call e + 1 cannot finish
-before my signal e + 1. So while I wait for epoch e a flag reads e or e + 1, and two slots suffice. The same argument holds per program because
+before my signal e + 1. So while I wait for epoch e a flag reads e or e + 1, and two slots suffice.
+The same argument holds per program because
 every call uses the same grid and the same element-to-program mapping (fixed when the inbox is
 made, not by the call's size): program b of every rank owns the same elements in every call.
 

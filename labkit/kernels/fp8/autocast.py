@@ -79,7 +79,7 @@ class DeviceAware:
         groups: dict[tuple, list[FP8Meta]] = {}
         for e in entries:
             groups.setdefault((e.meta.device, e.direction, e.meta.amax_history.shape), []).append(e.meta)
-        for (device, direction, _), metas in groups.items():
+        for (_device, direction, _), metas in groups.items():
             with on_device_of(state=metas[0].scale):
                 update_stacked(metas, recipe.fp8_max(direction), recipe)
 

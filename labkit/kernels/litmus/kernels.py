@@ -1,7 +1,8 @@
 """One Triton kernel that runs any litmus test of the catalogue, many instances per launch.
 
 The test arrives as data (``PROGRAM``, a flat constexpr tuple: per thread, two access slots of
-``(kind, loc, value, reg)``, kind -1 for an empty slot), so the kernel cannot disagree with ``labkit.kernels.litmus.catalogue``. Each
+``(kind, loc, value, reg)``, kind -1 for an empty slot), so the kernel cannot disagree with
+``labkit.kernels.litmus.catalogue``. Each
 program (CTA) runs 32-lane groups of instances:
 
 * ``cross_cta``: a program plays one thread role for ``LANES`` instances; which role and which

@@ -6,7 +6,8 @@ simplified model of the PTX memory model, enumerated exhaustively (the tests are
 * semantics, how every access is made (what ``labkit.kernels.litmus.kernels`` emits):
   ``plain`` (``tl.load``/``tl.store``: PTX weak ``ld``/``st``), ``volatile`` (loads
   ``ld.volatile``, which has the memory semantics of ``ld.relaxed.sys`` per the PTX ISA, as
-  LLVM's NVPTX review D50391 quotes it; stores plain: ``tl.store`` has no volatile form), ``relaxed`` (``ld/st.relaxed.<scope>``), ``acq_rel`` (every load
+  LLVM's NVPTX review D50391 quotes it; stores plain: ``tl.store`` has no volatile form),
+  ``relaxed`` (``ld/st.relaxed.<scope>``), ``acq_rel`` (every load
   ``ld.acquire.<scope>``, every store ``st.release.<scope>``), ``fence`` (relaxed accesses with
   ``fence.acq_rel.<scope>`` between a thread's two accesses) and ``fence_sc`` (the same with
   ``fence.sc.<scope>``). ``plain`` and ``volatile`` take no scope (``scope=None``).

@@ -346,8 +346,8 @@ def sweep(
             symm.empty(n, dtype, device=ctx.device),
             torch.empty_like(x),
             x,
-            lambda y: _close(y, ref, w, scale),
-            _torch_eager_ops(ctx, n, dtype, x, lambda y: _close(y, ref, w, scale)),
+            lambda y, ref=ref, scale=scale: _close(y, ref, w, scale),
+            _torch_eager_ops(ctx, n, dtype, x, lambda y, ref=ref, scale=scale: _close(y, ref, w, scale)),
             iters=_iters(nbytes),
             reps=max(reps, 15),
             dtype_name=dtype_name,
@@ -439,28 +439,28 @@ def tune(
         for cfg in configs:
             ops = {
                 "one_shot": (
-                    lambda cfg=cfg: C.all_reduce(buf, out, algorithm="one_shot", config=cfg),
-                    lambda y: _close(y, ref, w, scale),
+                    lambda cfg=cfg, buf=buf, out=out: C.all_reduce(buf, out, algorithm="one_shot", config=cfg),
+                    lambda y, ref=ref, scale=scale: _close(y, ref, w, scale),
                 ),
                 "two_shot": (
-                    lambda cfg=cfg: C.all_reduce(buf, out, algorithm="two_shot", config=cfg),
-                    lambda y: _close(y, ref, w, scale),
+                    lambda cfg=cfg, buf=buf, out=out: C.all_reduce(buf, out, algorithm="two_shot", config=cfg),
+                    lambda y, ref=ref, scale=scale: _close(y, ref, w, scale),
                 ),
                 "two_shot_in_place": (
-                    lambda cfg=cfg: C.all_reduce(buf, buf.tensor, algorithm="two_shot", config=cfg),
-                    lambda y: _close(y, ref, w, scale),
+                    lambda cfg=cfg, buf=buf: C.all_reduce(buf, buf.tensor, algorithm="two_shot", config=cfg),
+                    lambda y, ref=ref, scale=scale: _close(y, ref, w, scale),
                 ),
                 "two_shot_ce_in_place": (
-                    lambda cfg=cfg: C.all_reduce(buf, buf.tensor, algorithm="two_shot_ce", config=cfg),
-                    lambda y: _close(y, ref, w, scale),
+                    lambda cfg=cfg, buf=buf: C.all_reduce(buf, buf.tensor, algorithm="two_shot_ce", config=cfg),
+                    lambda y, ref=ref, scale=scale: _close(y, ref, w, scale),
                 ),
                 "reduce_scatter": (
-                    lambda cfg=cfg: C.reduce_scatter(buf, rs_out, config=cfg),
-                    lambda y: _close(y, ref[mine], w, scale[mine]),
+                    lambda cfg=cfg, buf=buf, rs_out=rs_out: C.reduce_scatter(buf, rs_out, config=cfg),
+                    lambda y, ref=ref, scale=scale, mine=mine: _close(y, ref[mine], w, scale[mine]),
                 ),
                 "all_gather": (
-                    lambda cfg=cfg: C.all_gather(ag_buf, ag_out, config=cfg),
-                    lambda y: torch.equal(y, gathered),
+                    lambda cfg=cfg, ag_buf=ag_buf, ag_out=ag_out: C.all_gather(ag_buf, ag_out, config=cfg),
+                    lambda y, gathered=gathered: torch.equal(y, gathered),
                 ),
             }
             for name, (call, check) in ops.items():
@@ -487,7 +487,7 @@ def tune(
                 records.append(rec)
             bar.update()
         _progress(ctx, {"phase": "tune", "bytes": n * dtype.itemsize, "records": len(records)})
-        del buf, ag_buf
+        del buf, ag_buf, ops, call, check  # the lambdas hold the buffers too
         torch.cuda.synchronize()
         dist.barrier()
     bar.close()

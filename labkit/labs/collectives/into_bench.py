@@ -101,7 +101,7 @@ def into_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
     for nbytes in sizes:
         n, x, ref, scale = lab02.message(ctx, nbytes, dtype, seed=9000 + nbytes % 991)
         iters = lab02.iters_for(nbytes)
-        close = lambda y: lab02.close_to_ref(y, ref, w, scale)  # noqa: E731
+        close = lambda y, ref=ref, scale=scale: lab02.close_to_ref(y, ref, w, scale)  # noqa: E731
         cands = _candidates(ctx, n, dtype, x, close)
         base = {
             "kind": KIND,

@@ -2,7 +2,8 @@
 calls a timing round makes, the check of a result against the fp32 reference, the agreement of
 every rank on a check, the bus-bandwidth factors (nccl-tests' convention), and the two steps
 every comparison of candidates takes: lining the ranks up before a sample, checking every
-candidate once before any is timed, and timing them by graph replay and by eager calls. Used by the sweep (``bench``) and the push and into
+candidate once before any is timed, and timing them by graph replay and by eager calls.
+Used by the sweep (``bench``) and the push and into
 comparisons (``push_bench``, ``into_bench``)."""
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
     for nbytes in sizes:
         n, x, ref, scale = lab02.message(ctx, nbytes, dtype, seed=7000 + nbytes % 997)
         iters = lab02.iters_for(nbytes)
-        close = lambda y: lab02.close_to_ref(y, ref, w, scale)  # noqa: E731
+        close = lambda y, ref=ref, scale=scale: lab02.close_to_ref(y, ref, w, scale)  # noqa: E731
         cands, box, out = _candidates(ctx, n, dtype, x, close)
         base = {"kind": "push", "op": "all_reduce", "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name}
         ok, rows = lab02.check_candidates(cands, base, dev)

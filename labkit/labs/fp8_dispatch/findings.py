@@ -134,7 +134,8 @@ def story_verdict(records) -> str | None:
     parts = ["not reproduced: no mechanism, alone or together, gives an illegal memory access on this stack"]
     if refused:
         parts.append(
-            f"{', '.join(refused)} is stopped by {'; '.join(sorted({refused_by(alone[m]['outcome']) for m in refused}))}. "
+            f"{', '.join(refused)} is stopped by "
+            f"{'; '.join(sorted({refused_by(alone[m]['outcome']) for m in refused}))}. "
             "Hypothesis for the story's crash (TransformerEngine is not on these machines, so it is not "
             "tested): its GEMM hands cuBLAS raw pointers with no such check, so a kernel on one GPU reads "
             "the state on the other, which faults unless peer access between the two is enabled"

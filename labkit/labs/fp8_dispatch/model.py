@@ -209,7 +209,8 @@ def run_case(
     """One cell of the story's matrix: build, dispatch, run ``steps`` forwards, compare with bf16.
 
     placement: "cpu", "one_gpu", "two_gpus" or "other_gpu" (``PLACEMENTS``). mode: "bf16",
-    "fp8_naive", "fp8_device_aware" or one mechanism's name (``naive.MECHANISMS``). recipe: ``DelayedScaling`` keyword arguments.
+    "fp8_naive", "fp8_device_aware" or one mechanism's name (``naive.MECHANISMS``).
+    recipe: ``DelayedScaling`` keyword arguments.
     rel_err_vs_bf16: max |out - ref| / max |ref| at the last step (norm_rel_err_vs_bf16: the
     Frobenius ratio), the worst of out, k and v. forward_ms: median of ``reps`` timed steps (forward
     and scale update; the weights stay cast), None on the CPU. outcome: "ok", "wrong_scale" (an

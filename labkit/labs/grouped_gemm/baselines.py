@@ -36,11 +36,10 @@ torch/_meta_registrations.py of torch 2.13):
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Union
 
 import torch
 
-Counts = Union[Sequence[int], torch.Tensor]
+Counts = Sequence[int] | torch.Tensor
 
 
 def host_sync_loop(x: torch.Tensor, w: torch.Tensor, counts: Counts, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -673,7 +673,7 @@ def tune_case(
             for n, (_, fields) in fns.items()
         ]
     best = min(fns, key=lambda n: cmp.timings[n].median_us)
-    for name, (cfg, fields) in fns.items():
+    for name, (_, fields) in fns.items():
         t = cmp.timings[name]
         ms = t.median_us / 1e3
         r = _paired(cmp, name, chosen_name)

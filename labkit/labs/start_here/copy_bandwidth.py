@@ -39,7 +39,10 @@ def copy_sweep(sizes_bytes: list[int], reps: int = 30, warmup: int = 5, progress
         correct = bool(torch.equal(out, x))
         # Enough back-to-back calls per sample that a sample lasts well past launch overhead.
         inner = max(1, min(100, (1 << 26) // nbytes)) if cuda else 1
-        candidates = {"torch.copy_": lambda: ref_out.copy_(x), "triton copy": lambda: copy(x, out)}
+        candidates = {
+            "torch.copy_": lambda ref_out=ref_out, x=x: ref_out.copy_(x),
+            "triton copy": lambda x=x, out=out: copy(x, out),
+        }
         # On a GPU, time twice: CUDA events around launches from Python (what a caller pays per
         # call, launch overhead included) and CUDA-graph replays (close to the kernels alone).
         for method in ("cuda_events", "cuda_graph") if cuda else ("cpu_clock",):
@@ -64,7 +67,7 @@ def copy_sweep(sizes_bytes: list[int], reps: int = 30, warmup: int = 5, progress
                         "correct": correct if impl == "triton copy" else True,
                     }
                 )
-        del x, ref_out, out
+        del x, ref_out, out, candidates  # the lambdas hold the tensors too
     return records
 
 
@@ -190,7 +193,7 @@ def plot_copy_bandwidth(records: list[dict], yours: dict, refs: dict):
                         alpha=1 if label == "your run" else 0.7,
                         label=f"{label}: {impl}",
                     )
-        for (label, _, color), peak in zip(sources[1:], peaks):
+        for (_, _, color), peak in zip(sources[1:], peaks):
             if peak:  # the ceiling: a copy cannot beat HBM (GB/s counts read + written bytes)
                 ax.axhline(
                     peak[1] * 1e3,

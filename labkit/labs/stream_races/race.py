@@ -181,7 +181,7 @@ def wgrad_trial(
             device,
             torch.bfloat16,
             groups * out_features * in_features,
-            lambda: torch.matmul(dy[0].t(), x[0], out=scratch),
+            lambda scratch=scratch: torch.matmul(dy[0].t(), x[0], out=scratch),
         )
         del scratch
         bulk = alloc.allocate(_style(allocator), [(out_features, in_features)] * groups, torch.bfloat16, device)

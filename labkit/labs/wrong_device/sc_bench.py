@@ -63,10 +63,13 @@ def kernel_vs_bf16(profile: str, reps: int | None = None) -> list[dict]:
     for layer, K, N, chunk_d, M, method in tqdm(jobs, desc="sc kernel vs bf16", unit="shape"):
         x, w, prepared = _operands(K, N, M, chunk_d, dev)
         exact = x.float() @ w.float()
-        rel = lambda out: ((out.float() - exact).norm() / exact.norm()).item()  # noqa: E731
+        rel = lambda out, exact=exact: ((out.float() - exact).norm() / exact.norm()).item()  # noqa: E731
         errors = {"bf16 matmul": rel(x @ w), "sc_matmul": rel(sc_matmul_prepared(x, prepared))}
         cmp = bench.compare(
-            {"bf16 matmul": lambda: x @ w, "sc_matmul": lambda: sc_matmul_prepared(x, prepared)},
+            {
+                "bf16 matmul": lambda x=x, w=w: x @ w,
+                "sc_matmul": lambda x=x, prepared=prepared: sc_matmul_prepared(x, prepared),
+            },
             baseline="bf16 matmul",
             device=dev if cuda else None,
             warmup=3,
@@ -139,12 +142,12 @@ def launch_sweep(profile: str, reps: int | None = None) -> list[dict]:
         C = prepared.sb.shape[1]
         configs = candidate_configs(M, 1, N, K, C)
         ref = sc_matmul_prepared(x, prepared, config=configs["auto"])
-        fns = {"bf16 matmul": lambda: x @ w}
+        fns = {"bf16 matmul": lambda x=x, w=w: x @ w}
         for name, lc in configs.items():
             out = sc_matmul_prepared(x, prepared, config=lc)
             if not torch.equal(out, ref):  # every configuration must give the same bits
                 raise AssertionError(f"{layer} M={M}: config {name} ({lc}) changes the output bits")
-            fns[name] = lambda lc=lc: sc_matmul_prepared(x, prepared, config=lc)
+            fns[name] = lambda lc=lc, x=x, prepared=prepared: sc_matmul_prepared(x, prepared, config=lc)
         cmp = bench.compare(
             fns,
             baseline="bf16 matmul",

@@ -150,7 +150,7 @@ def plot_speed(
                 )
                 floor_labelled = True
     ax.set_yscale("log")
-    ax.set_xticks(np.arange(len(keys)) + width * (len(sources) - 1) / 2, [f"{l}\nM={m}" for l, m in keys])
+    ax.set_xticks(np.arange(len(keys)) + width * (len(sources) - 1) / 2, [f"{layer}\nM={m}" for layer, m in keys])
     ax.set_ylabel(f"sc_matmul time / bf16 matmul time ({method})")
     ax.axhline(1, color="0.5", lw=0.8)
     ax.set_ylim(top=tallest * 30)  # headroom on the log axis: the legend sits above the bars
