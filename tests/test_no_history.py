@@ -10,7 +10,7 @@ Forbidden, each reported as ``file:line`` (a notebook's as ``file:cell N line M`
 
 * ``hex``: a word-bounded hex token of 7-40 characters holding a digit and a letter (a commit id);
   a ``0x`` constant is never one (its ``x`` joins it to the word), nor a longer token (a sha256)
-  or a UUID's first group; data that must carry such a token goes in ``ALLOWED``;
+  or a UUID's group; data that must carry such a token goes in ``ALLOWED``;
 * ``date``: an ISO date, YYYY-MM-DD (a timestamp's date part too);
 * ``used to``: always. Its technical sense ("is used to compute") reads the same as its history
   sense to a matcher; write "serves to", "computes", "is how" instead;
@@ -42,13 +42,19 @@ _MONTH = (
 _ISO = r"(?:19|20)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])(?!\d)"
 _YEAR = r"(?:19\d\d|20[0-3]\d)(?!\d)"
 _DATE = rf"(?:{_ISO}|{_MONTH}\.?\s+(?:\d{{1,2}}(?:st|nd|rd|th)?,?\s+)?{_YEAR}|{_YEAR})"
-_COMMIT = rf"(?:commits?\b|{_HEX}(?![\w-]))"
+_COMMIT = rf"(?:commits?\b|{_HEX}(?!\w))"
 
 #: (rule, pattern), all matched case-insensitively.
 RULES = (
-    # lookbehind: not inside a word (so never the digits of a 0x constant), a version or a
-    # hyphenated id; lookahead: not followed by more of a word or a hyphen (a longer hash, a UUID)
-    ("hex", re.compile(rf"(?<![\w.-])(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f]){_HEX}(?![\w-])", re.I)),
+    # not inside a word (so never the digits of a 0x constant or a longer hash) nor after a dot (a
+    # version's local part); not a UUID's first or last group (8-4-4-4-12 hex digits)
+    (
+        "hex",
+        re.compile(
+            rf"(?<![\w.])(?<![0-9a-f]{{4}}-)(?=[0-9a-f]*\d)(?=[0-9a-f]*[a-f]){_HEX}(?!\w)(?!-[0-9a-f]{{4}}-)",
+            re.I,
+        ),
+    ),
     ("date", re.compile(rf"(?<!\d){_ISO}", re.I)),
     ("used to", re.compile(r"\bused\s+to\b", re.I)),
     (
@@ -81,6 +87,7 @@ FORBIDDEN = [
     ("measured on 2x H200 at d1a81ee: 4.36 us", {"hex", "history"}),
     ("the file at 8179912, all 588 rows", {"history"}),  # an all-digit short id
     ("(a1ce386, then a3af501)", {"hex"}),
+    ("rows from a1ce386-a3af501 and a1ce386..a3af501", {"hex"}),
     ("git_commit f9847f2e5d432779ab2397cd624862a36373dcbe", {"hex"}),
     ("read 2026-11-17", {"date"}),
     ("created 2026-11-26T03:18:10+00:00", {"date"}),
@@ -102,7 +109,7 @@ ALLOWED_LINES = [
     "since 1024 elements fit",
     "MASK = 0x7fffffff  # and 0xdeadbeef01",
     "sha256 0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0",
-    "id 123e4567-e89b-12d3-a456-426614174000",
+    "id 123e4567-e89b-12d3-a456-42661417400f",
     "1234567 and 7777777 and deadbeef and facade",  # digits alone, letters alone: not a hex id
     "torch 2.11.0+cu130, version 0.1.0a1b2c3d",
     "the fp8e4m3 and bf16 formats, e4m3fn, float8e4nv",
