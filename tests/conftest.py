@@ -6,9 +6,9 @@ hardware is missing; pytest prints every skip reason at the end of the run (``-r
 
 ``--labkit-shard K/N`` runs the K-th of N shards (1-based) of the tests selected after ``-m`` and
 ``-k``: a test's shard is the CRC-32 of its node id mod N, so it depends on that test alone (adding
-or removing another test moves no one; a round-robin deal shifted every later test, and shards run
-at two commits missed some tests and ran others twice), and a parametrised group is spread over the
-shards. ``scripts/gpu_tier.sh --shard K/N`` uses it: the whole GPU-tier suite does not fit one
+or removing another test moves no one; a round-robin deal would shift every later test, so shards
+run at two commits would miss some tests and run others twice), and a parametrised group is spread
+over the shards. ``scripts/gpu_tier.sh --shard K/N`` uses it: the whole GPU-tier suite does not fit one
 10-minute call of a GPU machine.
 
 ``--labkit-skips-to FILE`` appends the node id of every skipped test to FILE, and

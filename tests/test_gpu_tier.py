@@ -125,8 +125,8 @@ def test_skipped_tests_are_handed_on_by_node_id_or_for_every_parametrisation(tmp
     assert wanted == {"t.py::a", "t.py::b[*]"}
     assert listed("t.py::a", wanted) and listed("t.py::b[2]", wanted) and listed("t.py::b[4-x]", wanted)
     assert not listed("t.py::a[1]", wanted) and not listed("t.py::c", wanted) and not listed("t.py::bb[2]", wanted)
-    # an empty parametrisation beside others (on 2x H100 at caf6385 four such tests were handed on
-    # as test[True-NOTSET] and then matched nothing: run in neither process)
+    # an empty parametrisation beside others: handed on as test[True-NOTSET], such a test would
+    # match nothing in the second process and run in neither
     from conftest import handed_on, unmatched
 
     assert handed_on("t.py::b[NOTSET]") == "t.py::b[*]" and handed_on("t.py::b[True-NOTSET]") == "t.py::b[True-*]"

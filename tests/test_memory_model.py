@@ -157,8 +157,8 @@ def test_two_gpu_rows_sharing_a_variant_start_the_ranks_once(monkeypatch):
         assert r["batch_rows"] == 2 and r["runs"] == sweep.TWO_RANK_CPU_INSTANCES and r["unwritten"] == 0
         assert sum(r["counts"].values()) == sweep.TWO_RANK_CPU_INSTANCES
         # what the simplified relaxed model allows: on two GPUs plain MP shows its weak outcome
-        # (1,0), as 2x H100 did at caf6385; an emulated world runs on the host's TSO, which keeps
-        # store-store and load-load order, so MP's weak outcome is forbidden there
+        # (1,0) (reference/h200x2/litmus_two_gpus.json); an emulated world runs on the host's TSO,
+        # which keeps store-store and load-load order, so MP's weak outcome is forbidden there
         assert set(r["counts"]) <= set(r["model_outcomes"])
         if tier.interpreted() and r["test"] == "MP":
             assert set(r["counts"]) <= set(r["sc_outcomes"])

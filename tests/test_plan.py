@@ -372,7 +372,7 @@ def test_a_plan_for_one_call_prepares_no_fast_path(monkeypatch):
     assert not launch.fast and launch.fallback_reason == "a plan for one call (not cached)"
 
 
-# ---- the chooser, the plans, the eager call and Graphed agree (issue 18, item 4)
+# ---- the chooser, the plans, the eager call and Graphed agree
 
 
 @pytest.fixture(scope="module")
@@ -412,7 +412,7 @@ def test_graphed_takes_no_arguments_with_a_plan():
         C.graph_target(p, 1)
 
 
-# ---- the sweep's eager series (issue 18, item 4), on the emulated world
+# ---- the sweep's eager series, on the emulated world
 
 
 @pytest.fixture(scope="module")

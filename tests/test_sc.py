@@ -246,8 +246,8 @@ def test_sc_report_and_plots():
     plt.close(fig)
 
 
-# Non-finite inputs. Quantisation used to turn a NaN into some finite level: a silent wrong
-# answer. Now out[i, j] is NaN iff row i of a or column j of b holds a NaN or +-inf, and every
+# Non-finite inputs. A quantisation that turned a NaN into some finite level would give a silent
+# wrong answer. So out[i, j] is NaN iff row i of a or column j of b holds a NaN or +-inf, and every
 # other output is, bit for bit, the product with those entries set to 0 (for per_row, with the
 # whole row / column replaced by anything finite: it has scales of its own).
 

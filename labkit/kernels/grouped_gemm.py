@@ -79,17 +79,16 @@ class GroupedConfig:
 #: Hopper (sm_90) forward/dgrad configurations, by tokens per expert (M / E, known on the host
 #: without reading the counts). Chosen from the sweep labkit.labs.grouped_gemm.bench.tune_benchmark
 #: (18 configurations x the lab's three shapes x two splits), recorded on one H200 in
-#: reference/h200x1/grouped_gemm_tune.json (graph replays, TFLOP/s of the pick vs the old pick;
-#: the file at d1a81ee):
-#: - 2048 tokens per expert (E=8, K=N=4096): 64-row tiles, 4 stages, TMA loads: 660 vs 536
-#:   uniform, 644 vs 530 skewed. Big experts still gain from half-height tiles: twice the tiles
-#:   (1024 for 132 SMs) spread the last wave thinner; TMA frees the warps from address math (+5%).
-#: - 256 tokens per expert (E=64): 128x256, 4 stages, pointer loads: best uniform (565); skewed,
-#:   128x128 with TMA is 3% faster (421 vs 407), within the spread of one split, so kept simple.
-#: - 64 tokens per expert (E=128): 64x128 tiles, 4 warps, two programs per SM: 224 vs 214
-#:   uniform (a 128-row tile would be half padding); skewed, 179 vs 180, and the same tile with
-#:   TMA loads reached 206 (222 uniform): a candidate not yet switched to or retested.
-#: An H100 sweep (13 configurations, pointer loads only) had picked 128x256 s4 / 64x256 s3 before.
+#: reference/h200x1/grouped_gemm_tune.json (graph replays; per record ``tflops``, ``chosen`` on
+#: ``forward_config``'s pick, ``best`` on the fastest of its shape and split):
+#: - 2048 tokens per expert (E=8, K=N=4096): 64-row tiles, 4 stages, TMA loads: the fastest,
+#:   uniform and skewed. Big experts still gain from half-height tiles: twice the tiles (1024 for
+#:   132 SMs) spread the last wave thinner; TMA frees the warps from address math.
+#: - 256 tokens per expert (E=64): 128x256, 4 stages, pointer loads: the fastest uniform; skewed,
+#:   128x128 with TMA is a few percent faster, within the spread of one split, so kept simple.
+#: - 64 tokens per expert (E=128): 64x128 tiles, 4 warps, two programs per SM: the fastest uniform
+#:   (a 128-row tile would be half padding); skewed, the same tile with TMA loads is faster, a
+#:   candidate this table does not use.
 HOPPER_FORWARD = (
     # (tokens per expert at least, config)
     (1024, GroupedConfig(64, 256, 64, 8, 8, 4, 1, True)),

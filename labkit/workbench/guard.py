@@ -1,11 +1,14 @@
 """The device guard every labkit kernel launch runs under.
 
 Triton launches a kernel on ``torch.cuda.current_device()`` and its current stream; it reads
-only the tensors' raw pointers and never looks at their device. With data on cuda:1 and the
-current device cuda:0 (what ``device_map="auto"`` produces) an unguarded launch dereferences
-cuda:1 pointers from a cuda:0 context: an illegal memory access on older stacks, a misleading
-ValueError with peer access off, or a silent, slow, unordered cross-GPU run with peer access on
-(shared/FACTS.md). Plain torch ops never do this: they guard themselves. So do labkit's kernels:
+only the tensors' raw pointers and never looks at their device (triton/runtime/jit.py,
+``JITFunction.run``). With data on cuda:1 and the current device cuda:0 (what
+``device_map="auto"`` produces) an unguarded launch dereferences cuda:1 pointers from a cuda:0
+context: an illegal memory access in the seed story's pull request ("sc/matmul: guard Triton
+launches with the input's CUDA device", 2x RTX Pro 6000), a misleading ValueError with peer access
+off, or a silent, slow, unordered cross-GPU run with peer access on (the last two:
+reference/h200x2/device_guard.json, pattern 'triton_launch'). Plain torch ops never do this: they
+guard themselves. So do labkit's kernels:
 
     with on_device_of(x=x, out=out):   # checks x and out share one device, enters it
         _kernel[grid](x, out, ...)

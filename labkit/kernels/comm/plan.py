@@ -1,12 +1,12 @@
 """Launch plans: a collective's checks, choices and compiled kernel resolved once per buffer, then
 launched for a few microseconds of host work.
 
-Called eagerly, ``collectives.all_reduce(buf)`` used to spend tens of microseconds on the host
-before its kernel started (``labkit.labs.collectives.host_cost`` measures each stage): the
-argument checks, the device guard, choosing the algorithm and launch configuration, and Triton's
-Python launch path (binding the arguments, computing the specialisation key, finding the
-compiled kernel). For a buffer used again and again almost all of that gives the same answer
-every time. A plan computes it once:
+Called eagerly without a plan, a collective spends tens of microseconds on the host before its
+kernel starts (``labkit.labs.collectives.host_cost`` measures each stage): the argument checks,
+the device guard, choosing the algorithm and launch configuration, and Triton's Python launch
+path (binding the arguments, computing the specialisation key, finding the compiled kernel). For
+a buffer used again and again almost all of that gives the same answer every time. A plan
+computes it once:
 
     plan = all_reduce_plan(buf, out)     # every rank: the same plan (same algorithm, grid, config)
     buf.tensor.copy_(x)                  # this rank's input, in stream order

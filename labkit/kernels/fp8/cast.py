@@ -1,11 +1,12 @@
 """Quantise a tensor to FP8 in one pass: its amax and its cast in the same kernel.
 
 Casting with torch ops (``x.abs().amax()``, then ``(x * scale).to(float8)``) reads the input
-twice and writes fp32 intermediates: on a 12000 x 8192 bf16 input that costs about 0.6 ms on an
-H200, most of what an FP8 GEMM saves over bf16 (shared/FACTS.md). Delayed scaling makes one pass
-enough: the scale applied NOW comes from the history (earlier steps), and the amax measured NOW
-only goes into the history. So ``_quantize_kernel`` reads each element once and, in the same
-pass,
+twice and writes fp32 intermediates, several times the bytes of one pass that reads bf16 once and
+writes FP8 once; what the one pass costs beside the GEMM is the gap between impls
+'fp8_quantize_gemm' and 'fp8_gemm' in reference/h200x1/fp8.json, kind 'speed'. Delayed scaling
+makes one pass enough: the scale applied NOW comes from the history (earlier steps), and the amax
+measured NOW only goes into the history. So ``_quantize_kernel`` reads each element once and, in
+the same pass,
 
 * takes the block's max |x| of the UNSCALED input and folds it into the amax slot (row 0 of the
   history) with one atomic max per program;
@@ -16,8 +17,9 @@ Where the final conversion to FP8 happens depends on the tier, behind one conste
 * GPU (``CAST_IN_KERNEL=True``): the kernel converts to ``float8e4nv`` / ``float8e5`` itself and
   writes 1 byte per element (round to nearest even; the clamp before it makes it saturating);
 * Triton interpreter (``CAST_IN_KERNEL=False``): the interpreter's fp32 -> fp8 conversion is
-  wrong (it loses the rounding carry and does not saturate; shared/FACTS.md), so the kernel
-  writes the clamped, scaled fp32 values and torch's ``.to(float8)`` (round to nearest even)
+  wrong: it loses the rounding carry (126.24 -> 64, not 128: triton-lang/triton PR #11897's
+  example; issue #8322 reports its fp16 -> fp8e5 cast differing too) and does not saturate, so the
+  kernel writes the clamped, scaled fp32 values and torch's ``.to(float8)`` (round to nearest even)
   finishes. Same values, one extra torch op, only on the CPU tier.
 
 Program 0 also writes ``scale_inv = 1 / scale`` next to the output: the dequantisation factor

@@ -112,10 +112,10 @@ def _cases(ctx, n: int, dtype, x: torch.Tensor, ref: torch.Tensor, scale: torch.
     return cases
 
 
-#: Issue 18: the ways to call labkit's all-reduce eagerly that the sweep times beside torch's eager
+#: The ways to call labkit's all-reduce eagerly that the sweep times beside torch's eager
 #: symm_mem ops (records of kind "eager", field ``path``).
 EAGER_PATHS = {
-    "eager_uncached": "no plan: checks, choices, guard and Triton's launch on every call (the call before plans)",
+    "eager_uncached": "no plan: checks, choices, guard and Triton's launch on every call",
     "plan_cached": "collectives.all_reduce(buf, out): the plan it keeps on the buffer",
     "plan": "plan() of a plan held by the caller (collectives.all_reduce_plan)",
 }

@@ -1,10 +1,11 @@
-"""Where the host time of one eager collective call goes, and what a plan saves (issue 18).
+"""Where the host time of one eager collective call goes, and what a plan saves.
 
-Called from Python, ``all_reduce(buf, out)`` used to take 27-60 µs per call on 2xH200 where
-torch's symmetric-memory ops take 9-12 µs, although the kernels themselves, replayed from a CUDA
-graph, are as fast. The difference is host work before the kernel starts. ``breakdown`` times each
-stage of that work on its own (``time.perf_counter_ns`` around every repetition, the median of
-many), for three ways to make the same call:
+Called from Python without a plan, ``all_reduce(buf, out)`` takes several times as long per call
+as torch's symmetric-memory ops at small sizes, although the kernels themselves, replayed from a
+CUDA graph, are as fast (reference/h200x2/collectives.json, kind "eager": path "eager_uncached"
+against "torch_eager", field ``us``). The difference is host work before the kernel starts.
+``breakdown`` times each stage of that work on its own (``time.perf_counter_ns`` around every
+repetition, the median of many), for three ways to make the same call:
 
 * ``eager call``: the call without a plan, stage by stage: the argument checks
   (``collectives.check_all_reduce``), the choice of algorithm, launch configuration and grid

@@ -3,23 +3,22 @@
 sizes where bandwidth decides, in one comparison per size. Records of kind "into", written by
 ``labkit bench collectives`` beside its sweep.
 
-The question (issue 18's target): out of place at 256 MiB, can labkit pass 340 GB/s busbw on 2x
-H200? The best kernel that loads the peers' data (one-shot) reached 323-332 GB/s there; the copy engines plus
-pushed stores reached 361 GB/s in place. Per size, every candidate is checked once against the
-sum over ranks (and ``labkit_into`` for its input left unchanged); then all are timed in the
-same interleaved rounds (``labkit.workbench.bench.compare``, CUDA events), twice, as the sweep
+The question: out of place at 256 MiB, can labkit pass 340 GB/s busbw on 2x H200
+(``TARGET_GBPS``)? The best kernel that loads the peers' data (the one-shot) stays below it
+there, and the copy engines plus pushed stores pass it in place (reference/h200x2/collectives.json,
+kind "into", field ``busbw_GBps``). Per size, every candidate is checked once against the sum over
+ranks (and ``labkit_into`` for its input left unchanged); then all are timed in the same
+interleaved rounds (``labkit.workbench.bench.compare``, CUDA events), twice, as the sweep
 times: "graph", the replay of one CUDA graph of ``messages.iters_for(size)`` back-to-back calls
 (what the GPU spends), and "eager", as many calls back to back from Python; medians and
 quartiles per call. Each record carries its busbw and its time over ``labkit_one_shot``'s (the
 best out-of-place kernel in the sweep), paired round by round.
 
-Why back to back and not one call per sample: a first version timed single calls, each sample
-starting at a barrier of the ranks. Recorded on 2x H200 at ab88be9, that put the four candidates
-the sweep also times 66-99 µs above their sweep times at 256 MiB (the one-shot at 899 µs against
-812 µs in the sweep of the same run). A hypothesis, not isolated: a single call carries the
-ranks' arrival skew and the first barrier's wait, which back-to-back calls share out. The ratios
-between candidates stayed within a few percent of the sweep's (labkit_into took 0.95x the
-one-shot's time, quartiles 0.93-0.99); the absolute busbw did not.
+Why back to back and not one call per sample: single calls, each sample starting at a barrier of
+the ranks, put the candidates the sweep also times tens of µs above their sweep times at 256 MiB,
+while the ratios between candidates stay within a few percent of the sweep's. A hypothesis, not
+isolated: a single call carries the ranks' arrival skew and the first barrier's wait, which
+back-to-back calls share out. So the ratios of single calls hold; their absolute busbw does not.
 
 Every candidate reads an input already in a symmetric buffer (the sweep's convention); the
 in-place ones overwrite it with the sum on every call, so they are timed on values that grow
@@ -38,7 +37,7 @@ from labkit.kernels.comm import into, symm
 SIZES = (16 << 20, 64 << 20, 256 << 20)
 KIND = "into"
 BASELINE = "labkit_one_shot"
-#: issue 18's target for out of place at 256 MiB on 2x H200 (GB/s busbw)
+#: the question's target for out of place at 256 MiB on 2x H200 (GB/s busbw)
 TARGET_GBPS = 340.0
 REQUIRED = ("kind", "impl", "bytes", "world_size", "us", "busbw_GBps", "correct")
 
@@ -160,7 +159,7 @@ def _points(records: list[dict], impl: str, timing: str) -> list[tuple[int, dict
 
 def summary(records: list[dict]) -> list[str]:
     """Per timing, one line per candidate: busbw per size (GB/s, median); then whether 256 MiB out
-    of place passed 340 GB/s (issue 18's target), judged on the graph replay where recorded."""
+    of place passed 340 GB/s (``TARGET_GBPS``), judged on the graph replay where recorded."""
     lines = []
     timings = timings_in(records)
     for timing in timings:

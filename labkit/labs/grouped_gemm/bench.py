@@ -536,8 +536,8 @@ def _with_required(record: dict) -> dict:
 
 #: candidate tile grids per profile (every combination, minus those over SMEM_LIMIT)
 TUNE_GRID = {
-    # on one H100 (a probe at 7d67fd8) 8 warps beat 4 at every shape, so the GPU grid keeps 4
-    # warps only for 64-row tiles, where two programs per SM can fit; TMA loads on and off
+    # 8 warps beat 4 at every shape in a probe on one H100 (not kept in reference/), so the GPU
+    # grid keeps 4 warps only for 64-row tiles, where two programs per SM can fit; TMA on and off
     "gpu": {
         "block_m": (64, 128),
         "block_n": (128, 256),

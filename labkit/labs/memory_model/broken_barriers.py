@@ -80,11 +80,11 @@ BUDGET_ENV = "LABKIT_BARRIERS_BUDGET_S"
 RESUME_ENV = "LABKIT_BARRIERS_RESUME"
 PROFILES = {
     # 4 forms x 4 variants x 4 delays = 64 rows in 16 spawns of two ranks (one per form and
-    # variant, every delay in it). Measured on 2x H200 at a1ce386: 44-47 s a spawn, the rows'
-    # trials 0.13-0.72 s of it, most of the rest the host checks with both ranks' threads on every
-    # core; with the cores shared out (run_ranks), 2x H100 at 7a0a232: about 12 s a spawn, so
-    # the 64 rows should fit one call. The copy-engine form was left out to fit two calls at
-    # the old pace; at the new one it would fit, not yet measured.
+    # variant, every delay in it). A spawn's wall time is the sum of its rows' ``wall_s``, of which
+    # the trials take ``seconds`` and the host checks ``check_s`` (reference/h200x2/ and
+    # reference/h100x2/broken_barriers.json): with the cores shared out among the ranks
+    # (run_ranks) the 64 rows fit one call. The copy-engine form is not among them: by those
+    # times it would fit too, but no GPU run has recorded it.
     "gpu": {
         "delays": (0, 100, 1000, 10000),
         "trials": 60,

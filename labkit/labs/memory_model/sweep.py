@@ -14,19 +14,18 @@ Profiles:
   interpreter runs programs one after another, so only sequentially consistent outcomes appear;
   ``litmus_two_gpus`` there runs an emulated world of two processes (the host's x86-TSO model).
 
-**Wall time.** ``litmus_two_gpus`` does not fit one 10-minute call, and ``litmus`` may not. On 2x
-H200 at a3af501 ``litmus``, its rows dealt to both GPUs at once (below), ran 588 rows in 356 s (one
-call; 558 s in two calls on 2x H100 at 8179912), 1.2 s a row of one worker, of which the timed
-launches 0.14 s (the rest, a hypothesis not broken down: compiles, a new kernel per variant and per
-delay, "none" and "memory" sharing one; the layout's permutations; the host histogram).
-``litmus_two_gpus`` runs the seven tests of one semantics, scope and stress in one start of the two
-ranks (``run_rows_two_gpus``: 42 starts, not 294), and the starts and compiles still dominate: on 2x
-H200 4.4-5.1 s a row, of which the kernels' timed launches 0.14-0.18 s, so its 294 rows took about
-23 minutes over four calls (a1ce386, then a3af501). So each call stops starting rows after
-``BUDGET_S`` seconds (environment ``LABKIT_LITMUS_BUDGET_S``, default 480) and records the rest as
-pending; a later call given the earlier file (``LABKIT_LITMUS_RESUME=path/to/litmus.json``) keeps
-its finished rows, each marked ``resumed_from`` with the commit that measured it, and runs the
-pending ones. Repeat until ``pending(records)`` is empty.
+**Wall time.** ``litmus_two_gpus`` does not fit one 10-minute call, and ``litmus`` may not. A
+record's ``wall_s`` is the row's wall time in its worker (a batch's, shared equally) and
+``seconds`` its timed launches (reference/h200x2/litmus.json, reference/h200x2/litmus_two_gpus.json):
+a one-GPU row spends most of its wall time outside the timed launches (a hypothesis not broken
+down: compiles, a new kernel per variant and per delay, "none" and "memory" sharing one; the
+layout's permutations; the host histogram). ``litmus_two_gpus`` runs the seven tests of one
+semantics, scope and stress in one start of the two ranks (``run_rows_two_gpus``: 42 starts, not
+294), and the starts and compiles still dominate, so its 294 rows take several calls. So each call
+stops starting rows after ``BUDGET_S`` seconds (environment ``LABKIT_LITMUS_BUDGET_S``, default
+480) and records the rest as pending; a later call given the earlier file
+(``LABKIT_LITMUS_RESUME=path/to/litmus.json``) keeps its finished rows, each marked
+``resumed_from`` with the commit that measured it, and runs the pending ones. Repeat until ``pending(records)`` is empty.
 
 **Every GPU at once.** The one-GPU rows need one GPU each, so ``labkit bench litmus`` on a machine
 of several GPUs deals them to one worker process per GPU (``devices``; each record's ``device``
