@@ -25,7 +25,8 @@ semantics, scope and stress in one start of the two ranks (``run_rows_two_gpus``
 stops starting rows after ``BUDGET_S`` seconds (environment ``LABKIT_LITMUS_BUDGET_S``, default
 480) and records the rest as pending; a later call given the earlier file
 (``LABKIT_LITMUS_RESUME=path/to/litmus.json``) keeps its finished rows, each marked
-``resumed_from`` with the commit that measured it, and runs the pending ones. Repeat until ``pending(records)`` is empty.
+``resumed_from`` with the commit that measured it, and runs the pending ones. Repeat until
+``pending(records)`` is empty.
 
 **Every GPU at once.** The one-GPU rows need one GPU each, so ``labkit bench litmus`` on a machine
 of several GPUs deals them to one worker process per GPU (``devices``; each record's ``device``
