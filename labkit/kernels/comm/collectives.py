@@ -239,11 +239,14 @@ def choose(nbytes: int, world_size: int, crossovers: dict | None = None) -> str:
 
 
 #: World size -> message size from which the in-place ``auto`` takes ``two_shot_ce`` (when the
-#: buffer has a workspace). Measured on 2xH200 (reference/h200x2/collectives.json, graph replay):
-#: two_shot_ce is 1.8x slower at 4 MiB, 1.2x at 16 MiB, even at 64 MiB and 1.08x faster at
-#: 256 MiB (its barrier kernel and copy launches cost ~16 µs more; the copy engines then move the
-#: first shot faster than SM loads). Other world sizes have no measurement yet: two-shot there.
-CE_FROM_BYTES = {2: 128 << 20}
+#: buffer has a workspace): the geometric middle between the largest sweep size at which
+#: two_shot_ce is slower than the in-place two-shot under graph replay and the next, from which it
+#: is faster at every size (reference/h<gpu>x<W>/collectives.json, kind 'sweep', impls
+#: 'labkit_two_shot_ce_in_place' and 'labkit_two_shot_in_place', field 'graph_us';
+#: tests/test_chooser_tables.py holds each entry against the files). Small messages lose: the
+#: barrier kernel and the copy launches cost more than the copy engines save. A world size without
+#: a recorded sweep takes two-shot.
+CE_FROM_BYTES = {2: 128 << 20, 4: 32 << 20}
 
 
 def choose_in_place(nbytes: int, world_size: int, has_workspace: bool) -> str:
