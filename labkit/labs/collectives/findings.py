@@ -1,0 +1,207 @@
+"""Lab 02's findings in words, rendered from the records they summarise (a recorded reference file
+or this machine's run), so that the notebook's sentences and the data beside them cannot drift.
+
+Each function takes records as ``labkit bench collectives`` (and ``links``, and lab 06's
+``broken_barriers``) write them and returns Markdown; none reads a file itself. Ratios are labkit's
+time over its peer's (below 1: labkit faster); "the best peer" is the fastest of NCCL and PyTorch's
+symmetric-memory ops at that size and timing.
+"""
+
+from __future__ import annotations
+
+from labkit.labs.collectives.plots import chosen_vs_best
+from labkit.workbench.plot import format_bytes
+
+#: the sizes where latency decides (the sweep's small messages) and from where bandwidth does
+SMALL = (4 << 10, 1 << 20)
+LARGE_FROM = 16 << 20
+#: a chosen all-reduce this much slower than the best peer is named as trailing
+TRAILS_ABOVE = 1.05
+#: the eager series' paths (``bench.EAGER_PATHS``) in a few words each
+EAGER_PATH_NAMES = {"eager_uncached": "no plan", "plan_cached": "all_reduce's cached plan", "plan": "a held plan()"}
+#: labkit's out-of-place all-reduce kernels that load their peers' data
+PULL_KERNELS = ("labkit_one_shot", "labkit_two_shot", "labkit_tree")
+
+
+def _sweep(records, w, op="all_reduce"):
+    return [
+        r
+        for r in records
+        if r.get("kind", "sweep") == "sweep" and r.get("op") == op and r.get("world_size") == w and r.get("correct")
+    ]
+
+
+def _at(records, impl, nbytes, key):
+    return next((r.get(key) for r in records if r["impl"] == impl and r["bytes"] == nbytes and r.get(key)), None)
+
+
+def _span(values) -> str:
+    lo, hi = min(values), max(values)
+    return f"x{lo:.2f}" if round(lo, 2) == round(hi, 2) else f"x{lo:.2f}-x{hi:.2f}"
+
+
+def _ratios(rows, key, lo=0, hi=float("inf")):
+    return [
+        (r["bytes"], r["mine"][key] / r["best"][key][key], r["algorithm"], r["best"][key]["impl"])
+        for r in rows
+        if lo <= r["bytes"] <= hi and r["mine"].get(key) and r["best"][key]
+    ]
+
+
+def sweep_in_words(records: list[dict], w: int) -> str:
+    """What a recorded all-reduce sweep at ``w`` ranks says: labkit's chosen all-reduce against the
+    best peer at small sizes (graph replay and back to back), at large sizes, the bandwidth at the
+    largest size, where two-shot overtakes one-shot, and every size where the chosen call trails.
+    "" without sweep records for ``w``."""
+    from labkit.labs.collectives.bench import crossover_bytes
+
+    sw = _sweep(records, w)
+    if not sw:
+        return ""
+    lines = []
+    checked = [r for r in records if r.get("correct") is not False]  # a wrong result has no speed
+    for in_place in (False, True):
+        rows = chosen_vs_best(checked, w, in_place)
+        where = "in place" if in_place else "out of place"
+        small = {key: _ratios(rows, key, *SMALL) for key in ("graph_us", "us")}
+        if small["graph_us"]:
+            faster = sum(v < 1 for _, v, _, _ in small["graph_us"])
+            lines.append(
+                f"- **{where}, {format_bytes(SMALL[0])}-{format_bytes(SMALL[1])}:** labkit's chosen all-reduce takes "
+                f"{_span([v for _, v, _, _ in small['graph_us']])} of the best peer's time under graph replay "
+                f"(faster at {faster} of {len(small['graph_us'])} sizes)"
+                + (f", {_span([v for _, v, _, _ in small['us']])} back to back" if small["us"] else "")
+                + "."
+            )
+        large = _ratios(rows, "graph_us", LARGE_FROM)
+        if large:
+            faster = sum(v <= 1 for _, v, _, _ in large)
+            lines.append(
+                f"- **{where}, {format_bytes(LARGE_FROM)} and up:** as fast as the best peer or faster at {faster} of "
+                f"{len(large)} sizes under graph replay ({_span([v for _, v, _, _ in large])})."
+            )
+        trails = [(b, v, alg, peer) for b, v, alg, peer in _ratios(rows, "graph_us") if v > TRAILS_ABOVE]
+        if trails:
+            named = ", ".join(f"{format_bytes(b)} x{v:.2f} ({alg} against {peer})" for b, v, alg, peer in trails)
+            lines.append(f"- **{where}, where labkit trails** (graph replay, over x{TRAILS_ABOVE}): {named}.")
+        elif rows:
+            lines.append(f"- **{where}:** labkit trails the best peer by more than x{TRAILS_ABOVE} at no size.")
+    big = max(r["bytes"] for r in sw)
+    bw = {impl: _at(sw, impl, big, "graph_busbw_GBps") for impl in {r["impl"] for r in sw}}
+    pulls = {i: bw[i] for i in PULL_KERNELS if bw.get(i)}
+    if pulls:
+        best_pull = max(pulls, key=pulls.get)
+        peers = ", ".join(
+            f"{name} {bw[impl]:.0f}"
+            for impl, name in (
+                ("labkit_two_shot_in_place", "labkit two-shot in place"),
+                ("labkit_two_shot_ce_in_place", "labkit two_shot_ce in place"),
+                ("nccl", "NCCL"),
+                ("torch_two_shot", "torch two_shot"),
+            )
+            if bw.get(impl)
+        )
+        lines.append(
+            f"- **{format_bytes(big)}, busbw under graph replay (GB/s):** labkit's best loading kernel out of place, "
+            f"{best_pull.removeprefix('labkit_')}, {pulls[best_pull]:.0f}; {peers}."
+        )
+    cross = crossover_bytes(records, w, "graph_us")
+    lines.append(
+        "- **one-shot or two-shot:** "
+        + (
+            "one-shot is at least as fast at every size."
+            if cross is None
+            else f"two-shot is faster at every size above {format_bytes(cross)} (graph replay)."
+            if cross
+            else "two-shot is faster at every size."
+        )
+    )
+    return f"**W={w}**\n\n" + "\n".join(lines)
+
+
+def pulls_against_links(records: list[dict], link_records: list[dict], w: int) -> str:
+    """At the largest size both hold: the link's ceiling for SM loads, SM stores and the copy
+    engines (every link busy both ways), beside the busbw of labkit's kernels under graph replay:
+    where the pull kernels stop against what the links carry. "" without both."""
+    from labkit.labs.collectives.links import best_links
+
+    links = [r for r in best_links(link_records or []) if r["direction"] == "both" and r["world_size"] == w]
+    sw = [r for op in ("all_reduce", "reduce_scatter", "all_gather") for r in _sweep(records, w, op)]
+    common = sorted({r["bytes"] for r in links} & {r["bytes"] for r in sw})
+    if not common:
+        return ""
+    big = common[-1]
+    link_gbps = {r["impl"]: r["GBps"] for r in links if r["bytes"] == big}
+    kernels = [
+        (f"{impl.removeprefix('labkit_')} ({op.replace('_', '-')})", _at(ops, impl, big, "graph_busbw_GBps"))
+        for op in ("all_reduce", "reduce_scatter", "all_gather")
+        for ops in [_sweep(records, w, op)]
+        for impl in (
+            PULL_KERNELS + ("labkit_two_shot_in_place", "labkit_two_shot_ce_in_place")
+            if op == "all_reduce"
+            else ("labkit",)
+        )
+    ]
+    kernels = [(name, v) for name, v in kernels if v]
+    return (
+        f"**W={w}, {format_bytes(big)}:** the links carry "
+        + ", ".join(f"{mode} {gbps:.0f}" for mode, gbps in sorted(link_gbps.items(), key=lambda kv: kv[1]))
+        + " GB/s per GPU with every link busy both ways; labkit's kernels reach (busbw, graph replay) "
+        + ", ".join(f"{name} {v:.0f}" for name, v in kernels)
+        + " GB/s."
+    )
+
+
+def eager_in_words(records: list[dict]) -> str:
+    """For each world size of the sweep's eager series: labkit's eager all-reduce on each path over
+    torch's best eager op at the small sizes (paired medians), out of place and in place. "" without
+    eager records."""
+    eager = [r for r in records if r.get("kind") == "eager" and r.get("impl") == "labkit_all_reduce"]
+    lines = []
+    for w in sorted({r["world_size"] for r in eager}):
+        for in_place in (False, True):
+            parts = []
+            for path, what in EAGER_PATH_NAMES.items():
+                vals = [
+                    r["ratio_to_torch_best"]
+                    for r in eager
+                    if r["world_size"] == w
+                    and bool(r.get("in_place")) == in_place
+                    and r.get("path") == path
+                    and SMALL[0] <= r["bytes"] <= SMALL[1]
+                    and r.get("ratio_to_torch_best")
+                ]
+                if vals:
+                    parts.append(f"{what} {_span(vals)}")
+            if parts:
+                lines.append(
+                    f"- **W={w}, {'in place' if in_place else 'out of place'}** "
+                    f"({format_bytes(SMALL[0])}-{format_bytes(SMALL[1])}, over torch's best eager op): "
+                    + "; ".join(parts)
+                )
+    return "\n".join(lines)
+
+
+def slowed_reader_in_words(barrier_records: list[dict], variant: str = "no_end_barrier", min_delay: int = 1000) -> str:
+    """Lab 06's broken barriers: for ``variant`` with a reader slowed inside the kernel by at least
+    ``min_delay`` volatile loads, the wrong results per form (algorithm) as "wrong of trials". ""
+    without such rows."""
+    rows = [
+        r
+        for r in barrier_records
+        if r.get("variant") == variant
+        and r.get("delay", 0) >= min_delay
+        and r.get("wrong_results") is not None
+        and not r.get("skipped")
+    ]
+    if not rows:
+        return ""
+    wrong = [r["wrong_results"] for r in rows]
+    trials = sorted({r["trials"] for r in rows})
+    forms = sorted({r["algorithm"] for r in rows})
+    lo, hi = min(wrong), max(wrong)
+    count = f"{lo}" if lo == hi else f"{lo}-{hi}"
+    return (
+        f"{count} wrong of {'/'.join(map(str, trials))} calls in each of the {len(forms)} forms "
+        f"({', '.join(forms)}) with the reader slowed by {min_delay:,} or more volatile loads"
+    )

@@ -1,0 +1,99 @@
+"""Lab 02's findings in words: each sentence is computed from the records beside it."""
+
+import pytest
+
+import labkit  # noqa: F401  (must precede kernel imports)
+from labkit.kernels.comm import collectives as C
+from labkit.labs.collectives import bench, findings
+from labkit.workbench import results
+
+
+def _sweep(impl, nbytes, graph_us, us=None, w=2, op="all_reduce", busbw=None):
+    return {
+        "kind": "sweep",
+        "impl": impl,
+        "op": op,
+        "world_size": w,
+        "bytes": nbytes,
+        "dtype": "bfloat16",
+        "graph_us": graph_us,
+        "us": us or graph_us * 1.5,
+        "graph_busbw_GBps": busbw,
+        "correct": True,
+    }
+
+
+def test_sweep_in_words_counts_and_names_what_trails():
+    small, big = 4 << 10, 256 << 20
+    recs = [
+        _sweep("labkit_one_shot", small, 10.0),
+        _sweep("labkit_two_shot", small, 12.0),
+        _sweep("torch_one_shot", small, 8.0),
+        _sweep("nccl", small, 20.0),
+        _sweep("labkit_one_shot", big, 900.0, busbw=300.0),
+        _sweep("labkit_two_shot", big, 800.0, busbw=330.0),
+        _sweep("torch_two_shot", big, 820.0, busbw=320.0),
+        _sweep("nccl", big, 850.0, busbw=310.0),
+    ]
+    text = findings.sweep_in_words(recs, 2)
+    assert text.startswith("**W=2**")
+    assert "x1.25 of the best peer's time under graph replay (faster at 0 of 1 sizes)" in text
+    assert "4 KiB x1.25 (one_shot against torch_one_shot)" in text
+    # the chooser's own tables pick the call (read from the recorded sweeps), not these records
+    if C.choose(big, 2) == "one_shot":
+        assert "as fast as the best peer or faster at 0 of 1 sizes" in text
+        assert "256 MiB x1.10 (one_shot against torch_two_shot)" in text
+    else:
+        assert "as fast as the best peer or faster at 1 of 1 sizes" in text
+    assert "two_shot, 330" in text and "NCCL 310" in text
+    assert "two-shot is faster at every size above 4 KiB" in text
+    assert findings.sweep_in_words(recs, 4) == ""
+
+
+def test_wrong_or_unchecked_points_are_left_out():
+    recs = [_sweep("labkit_one_shot", 4096, 1.0), _sweep("torch_one_shot", 4096, 8.0)]
+    recs[0]["correct"] = False  # a wrong result is no speed
+    assert "labkit trails" not in findings.sweep_in_words(recs, 2)
+    assert "chosen all-reduce takes" not in findings.sweep_in_words(recs, 2)
+
+
+def test_eager_in_words_per_path():
+    recs = [
+        {
+            "kind": "eager",
+            "impl": "labkit_all_reduce",
+            "world_size": 2,
+            "in_place": False,
+            "path": path,
+            "bytes": b,
+            "ratio_to_torch_best": v,
+        }
+        for path, vals in (("eager_uncached", (4.0, 5.0)), ("plan_cached", (1.3, 1.2)), ("plan", (0.9, 0.9)))
+        for b, v in zip((4 << 10, 1 << 20), vals)
+    ]
+    recs.append(dict(recs[0], bytes=16 << 20, ratio_to_torch_best=99.0))  # outside the small sizes
+    text = findings.eager_in_words(recs)
+    assert "no plan x4.00-x5.00" in text and "cached plan x1.20-x1.30" in text and "held plan() x0.90" in text
+    assert "99" not in text
+
+
+def test_slowed_reader_counts():
+    rows = [
+        {"algorithm": a, "variant": "no_end_barrier", "delay": d, "trials": 60, "wrong_results": n}
+        for a, d, n in (("one_shot", 1000, 58), ("two_shot", 10000, 60), ("one_shot", 100, 3))
+    ]
+    assert findings.slowed_reader_in_words(rows).startswith("58-60 wrong of 60 calls in each of the 2 forms")
+    assert findings.slowed_reader_in_words(rows, variant="relaxed") == ""
+
+
+@pytest.mark.parametrize("machine", sorted(results.load_references("collectives")))
+def test_every_recorded_sweep_renders(machine):
+    rs = results.load_references("collectives")[machine]
+    links = results.load_references("links").get(machine)
+    for w in sorted({r["world_size"] for r in rs.records if r.get("kind", "sweep") == "sweep"}):
+        text = findings.sweep_in_words(rs.records, w)
+        assert f"**W={w}**" in text and "one-shot or two-shot" in text
+        cross = bench.crossover_bytes(rs.records, w, "graph_us")
+        assert (cross is None) == ("one-shot is at least as fast at every size" in text)
+        if links:
+            assert "the links carry" in findings.pulls_against_links(rs.records, links.records, w)
