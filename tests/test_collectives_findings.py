@@ -97,3 +97,28 @@ def test_every_recorded_sweep_renders(machine):
         assert (cross is None) == ("one-shot is at least as fast at every size" in text)
         if links:
             assert "the links carry" in findings.pulls_against_links(rs.records, links.records, w)
+
+
+def test_talk_questions_from_records():
+    recs = [
+        _sweep("labkit_one_shot", 4096, 10.0, w=4),
+        _sweep("labkit_two_shot", 4096, 8.0, w=4),
+        _sweep("labkit_tree", 4096, 12.0, w=4),
+        {
+            "kind": "gather_order",
+            "order": "naive",
+            "world_size": 4,
+            "shard_bytes": 1 << 20,
+            "us": 22.0,
+            "ratio_to_rotated": 1.17,
+            "ratio_p25": 1.13,
+            "ratio_p75": 1.18,
+        },
+        {"kind": "crash", "world_size": 4, "statuses": ["aborted", "illegal_memory_access"]},
+    ]
+    text = findings.talk_questions(recs, 4)
+    assert "x1.17 (1.13-1.18) at 1 MiB per rank" in text
+    assert "Where one-shot gives way to two-shot** (graph replay): two-shot is faster at every size." in text
+    assert "x1.50 of labkit's faster of one-shot and two-shot" in text
+    assert "illegal_memory_access" in text
+    assert findings.talk_questions(recs, 2) == ""

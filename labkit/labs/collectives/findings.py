@@ -205,3 +205,64 @@ def slowed_reader_in_words(barrier_records: list[dict], variant: str = "no_end_b
         f"{count} wrong of {'/'.join(map(str, trials))} calls in each of the {len(forms)} forms "
         f"({', '.join(forms)}) with the reader slowed by {min_delay:,} or more volatile loads"
     )
+
+
+def talk_questions(records: list[dict], w: int) -> str:
+    """The seed talk's questions about more than two GPUs, answered from one machine's records at
+    ``w`` ranks: does the all-gather that reads GPU 0 first on every rank lose to the rotated
+    order; from which size does two-shot beat one-shot; how does the double binary tree compare
+    with labkit's best all-reduce, and how does its unguarded leaf end. "" without sweep records."""
+    from labkit.labs.collectives import gather_order
+    from labkit.labs.collectives.bench import crossover_bytes
+
+    sw = _sweep(records, w)
+    if not sw:
+        return ""
+    lines = []
+    naive = sorted(
+        (r["shard_bytes"], r)
+        for r in gather_order.order_records(records)
+        if r.get("order") == "naive" and r.get("world_size") == w and r.get("ratio_to_rotated")
+    )
+    lines.append(
+        "- **The all-gather that reads GPU 0 first on every rank** (its time over the rotated order's, "
+        "graph replay, median and quartiles of paired rounds): "
+        + (
+            ", ".join(
+                f"x{r['ratio_to_rotated']:.2f} ({r['ratio_p25']:.2f}-{r['ratio_p75']:.2f}) "
+                f"at {format_bytes(b)} per rank"
+                for b, r in naive
+            )
+            if naive
+            else "not recorded at this W."
+        )
+    )
+    cross = crossover_bytes(records, w, "graph_us")
+    lines.append(
+        "- **Where one-shot gives way to two-shot** (graph replay): "
+        + (
+            "nowhere: one-shot is at least as fast at every size."
+            if cross is None
+            else f"two-shot is faster at every size above {format_bytes(cross)}."
+            if cross
+            else "two-shot is faster at every size."
+        )
+    )
+    ratios = []
+    for b in sorted({r["bytes"] for r in sw}):
+        tree = _at(sw, "labkit_tree", b, "graph_us")
+        best = [v for v in (_at(sw, i, b, "graph_us") for i in ("labkit_one_shot", "labkit_two_shot")) if v]
+        if tree and best:
+            ratios.append(tree / min(best))
+    crash = next((r for r in records if r.get("kind") == "crash" and r.get("world_size") == w), None)
+    if ratios:
+        lines.append(
+            f"- **The double binary tree:** {_span(ratios)} of labkit's faster of one-shot and two-shot across "
+            f"the sweep's {len(ratios)} sizes (graph replay)"
+            + (
+                f"; its leaf that reads a child it does not have ended the ranks as {crash['statuses']}."
+                if crash and crash.get("statuses")
+                else "."
+            )
+        )
+    return f"**W={w}**\n\n" + "\n".join(lines)
