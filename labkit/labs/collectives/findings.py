@@ -266,3 +266,24 @@ def talk_questions(records: list[dict], w: int) -> str:
             )
         )
     return f"**W={w}**\n\n" + "\n".join(lines)
+
+
+def sweep_crossover_rows(records: list[dict]) -> list[dict]:
+    """labkit's one-shot and two-shot all-reduce of a sweep, every world size it holds, as rows
+    ``plots.plot_tuned_crossover`` draws (its "best" time is the sweep's graph replay): the crossover
+    the chooser reads off the recorded sweeps (``collectives.measured_crossovers``)."""
+    return [
+        {
+            "op": "all_reduce",
+            "impl": r["impl"],
+            "world_size": r["world_size"],
+            "bytes": r["bytes"],
+            "best": {"us": r["graph_us"]},
+        }
+        for r in records
+        if r.get("kind", "sweep") == "sweep"
+        and r.get("op") == "all_reduce"
+        and r.get("impl") in ("labkit_one_shot", "labkit_two_shot")
+        and r.get("graph_us")
+        and r.get("correct")
+    ]
