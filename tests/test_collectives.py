@@ -695,23 +695,24 @@ def _eager(world=2):
                         us=us + in_place,
                         us_p25=us - 1,
                         us_p75=us + 2,
-                        target=1.2,
                         ratio_to_torch_best=(us + in_place) / min(torch_us),
                     )
                 )
     return out
 
 
-def test_eager_plot_draws_every_path_beside_torch_and_the_target():
+def test_eager_plot_draws_every_path_beside_torch_and_no_target():
     from labkit.labs.collectives import plots
 
     for in_place in (False, True):
         plt, fig, ax = _axes()
         assert plots.plot_eager(_eager() + _sweep(), ax, "t", in_place=in_place) == 5
-        lines = {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
-        assert "target: 1.2x torch's best eager op" in lines
-        assert list(lines["target: 1.2x torch's best eager op"].get_ydata()) == pytest.approx([1.2 * 8, 1.2 * 12])
         labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert not any("target" in lb for lb in labels) and "target" not in ax.get_title()
+        # what is drawn: the five series (errorbars), the small messages shaded and labelled so
+        assert len(ax.containers) == 5 and not [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+        assert "small messages" in labels
+        assert "small messages shaded (4 KiB..1 MiB)" in ax.get_title()
         assert [lb for lb in labels if lb.startswith("labkit")] == [
             "labkit, no plan (every call checks, chooses, Triton launch)",
             "labkit all_reduce(...), its cached plan",
@@ -802,13 +803,13 @@ def test_old_sweep_files_still_plot_and_say_they_lack_the_eager_series():
         plots.plot_latency(recs, ax, "t")
         assert len(ax.get_lines()) == len(plots._series(old, "all_reduce", "us"))
         plt.close(fig)
-    assert bench.eager_target_verdicts(old) == []
+    assert bench.eager_verdicts(old) == []
     plt, fig, ax = _axes()
     assert plots.plot_eager(old, ax, "old") == 0
     plt.close(fig)
-    assert bench.eager_target_verdicts(new)[1] == (
+    assert bench.eager_verdicts(new)[1] == (
         "W=2, plan_cached, out of place: x0.92..x1.38 of torch's best eager op (paired medians) at 4 KiB..1 MiB; "
-        "within x1.2 at 1 of 2 sizes"
+        "faster than torch's best at 1 of 2 sizes"
     )
 
 
@@ -821,9 +822,12 @@ def test_the_recorded_eager_series_has_a_verdict_per_path_and_form():
     refs = results.load_references("collectives")
     if "h200x2" not in refs or not any(r.get("kind") == "eager" for r in refs["h200x2"].records):
         pytest.skip("reference/h200x2/collectives.json has no eager series")
-    verdicts = bench.eager_target_verdicts(refs["h200x2"].records)
+    verdicts = bench.eager_verdicts(refs["h200x2"].records)
     assert len(verdicts) == 2 * len(bench.EAGER_PATHS)
-    assert all(v.startswith("W=2, ") and "of torch's best eager op" in v and "within x1.2 at" in v for v in verdicts)
+    assert all(
+        v.startswith("W=2, ") and "of torch's best eager op" in v and "faster than torch's best at" in v
+        for v in verdicts
+    )
     plt, fig, ax = _axes()
     assert plots.plot_eager(refs["h200x2"].records, ax, "h200x2") > 0
     plt.close(fig)

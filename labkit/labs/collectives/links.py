@@ -1,10 +1,10 @@
 """The links themselves: how many GB/s one GPU moves to and from a peer's memory over NVLink,
 by SM loads, by SM stores, and by ``cudaMemcpyAsync`` (``labkit bench links``).
 
-Why it is in the lab: at 256 MiB labkit's all-reduce moves about 330 GB/s per GPU over the
-links, short of the issue's 340 and far from NV18's 450 GB/s per direction on paper. Is that
-the kernels or the links? Here each rank copies N bytes between its local memory and the next
-rank's symmetric buffer, nothing else:
+Why it is in the lab: at 256 MiB labkit's all-reduce moves well short of NV18's 450 GB/s per
+direction on paper over the links (reference/<machine>/collectives.json, field ``busbw_GBps``).
+Is that the kernels or the links? Here each rank copies N bytes between its local memory and the
+next rank's symmetric buffer, nothing else:
 
 * ``sm_read``:  local <- peer, a Triton kernel whose loads cross the link (how labkit's
   kernels, and the pull half of every two-shot, move data);

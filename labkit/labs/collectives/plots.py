@@ -181,10 +181,10 @@ def plot_eager(records: list[dict], ax, title: str, in_place: bool = False) -> i
     """µs per call against message size: labkit's all-reduce called eagerly on each path (no plan,
     the cached plan of ``all_reduce``, a held ``plan()``), out of place or in place, beside both of
     torch's eager symm_mem ops; each point the median, its bar the quartiles (records of kind
-    "eager": every candidate timed in the same interleaved rounds). The target is drawn:
-    ``bench.EAGER_TARGET`` x torch's best eager op at each size, over ``bench.EAGER_TARGET_BYTES``
-    (shaded). Returns the number of series drawn; without eager records, says so on the axes."""
-    from labkit.labs.collectives.bench import EAGER_TARGET, EAGER_TARGET_BYTES
+    "eager": every candidate timed in the same interleaved rounds). The small messages that
+    ``bench.eager_verdicts`` summarises (``bench.EAGER_SMALL_BYTES``) are lightly shaded. Returns
+    the number of series drawn; without eager records, says so on the axes."""
+    from labkit.labs.collectives.bench import EAGER_SMALL_BYTES
 
     recs = eager_records(records)
     worlds = sorted({r["world_size"] for r in recs})
@@ -225,27 +225,13 @@ def plot_eager(records: list[dict], ax, title: str, in_place: bool = False) -> i
             label=label,
         )
         drawn += 1
-    best = {}
-    for r in recs:
-        if r["impl"].startswith("torch_"):
-            best[r["bytes"]] = min(best.get(r["bytes"], float("inf")), r["us"])
-    lo, hi = EAGER_TARGET_BYTES
-    if best:
-        xs = sorted(best)
-        ax.plot(
-            xs,
-            [EAGER_TARGET * best[b] for b in xs],
-            color="tab:green",
-            lw=2,
-            alpha=0.7,
-            label=f"target: {EAGER_TARGET}x torch's best eager op",
-        )
-        ax.axvspan(lo / 1.2, hi * 1.2, color="tab:green", alpha=0.07, lw=0)
-    else:
+    lo, hi = EAGER_SMALL_BYTES
+    ax.axvspan(lo / 1.2, hi * 1.2, color="0.5", alpha=0.07, lw=0, label="small messages")
+    if not any(r["impl"].startswith("torch_") for r in recs):
         ax.text(
             0.99,
             0.01,
-            "no torch eager op in these records: no target drawn",
+            "no torch eager op in these records",
             transform=ax.transAxes,
             ha="right",
             va="bottom",
@@ -264,7 +250,7 @@ def plot_eager(records: list[dict], ax, title: str, in_place: bool = False) -> i
     ax.set_ylabel("µs per call, called from Python (median, quartiles)")
     ax.set_title(
         f"{title}, W={'/'.join(map(str, worlds))}\nall_reduce, labkit {'in place' if in_place else 'out of place'}"
-        f"; target shaded at {format_bytes(lo)}..{format_bytes(hi)}",
+        f"; small messages shaded ({format_bytes(lo)}..{format_bytes(hi)})",
         fontsize=9,
     )
     ax.grid(alpha=0.3, which="both")
