@@ -16,12 +16,12 @@ times: "graph", the replay of one CUDA graph of ``messages.iters_for(size)`` bac
 quartiles per call. Each record carries its busbw and its time over ``labkit_one_shot``'s (the
 best out-of-place kernel in the sweep), paired round by round.
 
-Why back to back and not one call per sample: single calls, each sample starting at a barrier of
-the ranks, put the candidates the sweep also times well above their sweep times at 256 MiB (the
-first version of this benchmark, ab88be9), while the ratios between candidates stayed near the
-sweep's. A hypothesis, not
-isolated: a single call carries the ranks' arrival skew and the first barrier's wait, which
-back-to-back calls share out. So the ratios of single calls hold; their absolute busbw does not.
+Why back to back and not one call per sample: timed as single calls, each sample starting at a
+barrier of the ranks, the candidates the sweep also times come out well above their sweep times
+at 256 MiB, while the ratios between candidates stay near the sweep's (``summary`` names a file
+timed that way). A hypothesis, not isolated: a single call carries the ranks' arrival skew and
+the first barrier's wait, which back-to-back calls share out. So the ratios of single calls hold;
+their absolute busbw does not.
 
 Every candidate reads an input already in a symmetric buffer (the sweep's convention); the
 in-place ones overwrite it with the sum on every call, so they are timed on values that grow
