@@ -86,7 +86,7 @@ LABS: tuple[Lab, ...] = (
         "2 to 8 with peer access",
         "every algorithm on an emulated world of 2-4 ranks (processes over shared memory) against an "
         "fp64 sum; the broken variants, the crash and the hang; the recorded sweeps",
-        "draft",
+        "ready",
         4,
         ("collectives", "collectives_tune", "links"),
         (
