@@ -62,22 +62,22 @@ def test_all_parts_tagged_in_order(fake_bench):
 def test_resume_keeps_other_parts_and_marks_their_commit(fake_bench, tmp_path, monkeypatch):
     first_parts = "sweep,host_cost"
     monkeypatch.setenv(bench.PARTS_ENV, first_parts)
-    first = _write(tmp_path, bench.benchmark("gpu"), "aaa1111", monkeypatch)
+    first = _write(tmp_path, bench.benchmark("gpu"), "commit-a", monkeypatch)
     # the next call, at another commit, runs the rest and keeps the first call's records
     monkeypatch.setenv(bench.PARTS_ENV, "host_cost,orders,push,into,broken,crash")
     monkeypatch.setenv(bench.RESUME_ENV, str(first))
-    monkeypatch.setenv("LABKIT_GIT_COMMIT", "bbb2222")
+    monkeypatch.setenv("LABKIT_GIT_COMMIT", "commit-b")
     records = [r for r in bench.benchmark("gpu") if r["kind"] != "crossover"]
     assert [r["part"] for r in records] == list(bench.PARTS)
     by_part = {r["part"]: r for r in records}
-    assert by_part["sweep"]["resumed_from"] == "aaa1111"  # kept from the first call
+    assert by_part["sweep"]["resumed_from"] == "commit-a"  # kept from the first call
     assert "resumed_from" not in by_part["host_cost"]  # run again now: the newer measurement wins
     assert "resumed_from" not in by_part["crash"]
 
 
 def test_resume_at_the_same_commit_leaves_no_mark(fake_bench, tmp_path, monkeypatch):
     monkeypatch.setenv(bench.PARTS_ENV, "sweep")
-    first = _write(tmp_path, bench.benchmark("gpu"), "ccc3333", monkeypatch)
+    first = _write(tmp_path, bench.benchmark("gpu"), "commit-c", monkeypatch)
     monkeypatch.setenv(bench.PARTS_ENV, "broken")
     monkeypatch.setenv(bench.RESUME_ENV, str(first))
     records = bench.benchmark("gpu")
@@ -87,7 +87,7 @@ def test_resume_at_the_same_commit_leaves_no_mark(fake_bench, tmp_path, monkeypa
 
 def test_resume_ignores_another_world_size(fake_bench, tmp_path, monkeypatch):
     monkeypatch.setenv(bench.PARTS_ENV, "sweep")
-    first = _write(tmp_path, bench.benchmark("gpu"), "ddd4444", monkeypatch)
+    first = _write(tmp_path, bench.benchmark("gpu"), "commit-d", monkeypatch)
     monkeypatch.setattr("torch.cuda.device_count", lambda: 4)
     monkeypatch.setenv(bench.PARTS_ENV, "broken")
     monkeypatch.setenv(bench.RESUME_ENV, str(first))
