@@ -7,7 +7,7 @@ a cycle. Every import counts, module-level or inside a function, and so does a s
 module (``"labkit.labs.x:fn"`` targets for the sandbox or the rank launcher): the only strings
 allowed to cross are the ``labkit bench`` registry's.
 
-Then every lab marked ready or draft has everything "Adding a lab" in the README lists.
+Then every lab marked ready or draft has everything docs/adding-a-lab.md lists.
 """
 
 import ast

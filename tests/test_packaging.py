@@ -1,5 +1,6 @@
-"""The project's own promises: environment.yml == pyproject.toml, the README's table and
-commands match the code, and every notebook is a lab of the catalogue."""
+"""The project's own promises: environment.yml == pyproject.toml, the lab tables of the README
+and docs/labs.md and the README's commands match the code, the public API in docs/api.md
+imports, and every notebook is a lab of the catalogue."""
 
 import re
 import tomllib
@@ -43,6 +44,41 @@ def test_readme_lab_table_is_the_catalogue():
     assert catalogue.markdown_table() in (ROOT / "README.md").read_text()
 
 
+def test_docs_lab_table_is_the_catalogue():
+    assert catalogue.markdown_table(wide=True) in (ROOT / "docs" / "labs.md").read_text()
+
+
+def _slug(heading: str) -> str:
+    """A Markdown heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_doc_links_resolve():
+    """Every relative link in README.md and docs/*.md names an existing file (and heading)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            if not file.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and file.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", file.read_text(), re.M)
+                if anchor not in {_slug(h) for h in headings}:
+                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
+
+
+def test_readme_opens_with_the_two_commands():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines: detail goes to docs/"
+    head = "\n".join(lines[:25])
+    assert "make workbook" in head and "make test" in head
+
+
 def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
@@ -73,10 +109,10 @@ def _resolve(dotted: str):
     return obj
 
 
-def test_readme_public_api_names_exist():
-    """Every name in the README's Public API table imports (module moves update the README)."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Public API", 1)[1].split("\n## ", 1)[0]
+def test_public_api_names_exist():
+    """Every name in the Public API table of docs/api.md imports (module moves update the page)."""
+    page = (ROOT / "docs" / "api.md").read_text()
+    section = page.split("# Public API", 1)[1].split("\n## ", 1)[0]
     checked = []
     for cell in re.findall(r"^\| `([^|]+?)` \|", section, re.M):
         for entry in re.findall(r"`?([\w.]+)(?:\([^`]*?\))?`?", cell.replace("`, `", " / ")):

@@ -1,9 +1,10 @@
 """The map of the workbook: every lab, the bug it teaches, the seed story, and what it needs.
 
-This catalogue is the single source for the README's lab table (``labkit labs --markdown``,
-checked by a test), for ``labkit doctor``'s "what can each lab do here", and for the start-here
-notebook. A lab whose notebook is not written yet is listed with ``status="planned"``; one whose
-notebook runs but whose issue is still open (parts or reference data missing) is ``"draft"``.
+This catalogue is the single source for the README's lab table (``labkit labs --markdown``) and
+the wide one in docs/labs.md (``labkit labs --markdown --wide``), both checked by a test, for
+``labkit doctor``'s "what can each lab do here", and for the start-here notebook. A lab whose
+notebook is not written yet is listed with ``status="planned"``; one whose notebook runs but
+whose issue is still open (parts or reference data missing) is ``"draft"``.
 """
 
 from __future__ import annotations
@@ -196,14 +197,21 @@ def capability(lab: Lab, hw: hardware.Hardware | None = None) -> dict:
     return {"lab": lab.id, "can": can, "detail": detail, "skipped": skipped}
 
 
-def markdown_table() -> str:
-    """The README's lab table."""
-    rows = ["| notebook | the bug | seed story | GPUs | CPU tier shows | status |", "|---|---|---|---|---|---|"]
+def markdown_table(wide: bool = False) -> str:
+    """The README's lab table: notebook, bug, GPUs, status. ``wide`` adds the seed story and what
+    the CPU tier shows (the table in docs/labs.md)."""
+    columns = ("notebook", "the bug", "seed story", "GPUs", "CPU tier shows", "status")
+    if not wide:
+        columns = ("notebook", "the bug", "GPUs", "status")
+    rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for lab in LABS:
-        status = lab.status  # a status word only: issue numbers stay in the catalogue
-        rows.append(
-            f"| `{lab.notebook}` | {lab.bug} | `{lab.seed}` | {lab.gpus} | {lab.cpu_tier} | {status} |"
-            if lab.seed.endswith(".txt")
-            else f"| `{lab.notebook}` | {lab.bug} | {lab.seed} | {lab.gpus} | {lab.cpu_tier} | {status} |"
-        )
+        cell = {
+            "notebook": f"`{lab.notebook}`",
+            "the bug": lab.bug,
+            "seed story": f"`{lab.seed}`" if lab.seed.endswith(".txt") else lab.seed,
+            "GPUs": lab.gpus,
+            "CPU tier shows": lab.cpu_tier,
+            "status": lab.status,  # a status word only: issue numbers stay in the catalogue
+        }
+        rows.append("| " + " | ".join(cell[c] for c in columns) + " |")
     return "\n".join(rows)

@@ -79,6 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--out", metavar="DIR", help="folder instead of the default")
     lb = sub.add_parser("labs", help="the map of labs")
     lb.add_argument("--markdown", action="store_true", help="print the README's lab table")
+    lb.add_argument("--wide", action="store_true", help="with --markdown: the table of docs/labs.md")
     sub.add_parser(
         "lab",
         help="start JupyterLab on notebooks/ (adds --allow-root as root); "
@@ -154,7 +155,7 @@ def _dispatch(args) -> int:
         from labkit.workbench import catalogue
 
         if args.markdown:
-            print(catalogue.markdown_table())
+            print(catalogue.markdown_table(wide=args.wide))
         else:
             for lab in catalogue.LABS:
                 print(f"{lab.id:<18} {lab.status:<8} {lab.title}")

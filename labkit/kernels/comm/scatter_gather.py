@@ -74,9 +74,9 @@ def all_gather_kernel(
     for k in tl.static_range(WORLD):
         # rank r starts with its own shard, then r+1, ...: at any moment every GPU is read by
         # one peer. In the order 0, 1, ... all W ranks would read GPU 0 first, GPU 1 next: one
-        # GPU's links busy, the others idle. Measured on 4 H200 at 256 MiB: 177 GB/s busbw in
-        # that order (the best of 36 launches, reference/h200x4/collectives_tune.json), 306 GB/s
-        # in this one (README, lab 02).
+        # GPU's links busy, the others idle. On 4 H200 the naive order is the slower at every size
+        # measured, most at the largest (reference/h200x4/collectives.json, kind "gather_order",
+        # field ratio_to_rotated).
         if ROTATE:
             s = (rank + k) % WORLD
         else:  # the naive order: at step k every rank reads rank k's shard, all at once
