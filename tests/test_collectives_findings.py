@@ -57,26 +57,6 @@ def test_wrong_or_unchecked_points_are_left_out():
     assert "chosen all-reduce takes" not in findings.sweep_in_words(recs, 2)
 
 
-def test_eager_in_words_per_path():
-    recs = [
-        {
-            "kind": "eager",
-            "impl": "labkit_all_reduce",
-            "world_size": 2,
-            "in_place": False,
-            "path": path,
-            "bytes": b,
-            "ratio_to_torch_best": v,
-        }
-        for path, vals in (("eager_uncached", (4.0, 5.0)), ("plan_cached", (1.3, 1.2)), ("plan", (0.9, 0.9)))
-        for b, v in zip((4 << 10, 1 << 20), vals)
-    ]
-    recs.append(dict(recs[0], bytes=16 << 20, ratio_to_torch_best=99.0))  # outside the small sizes
-    text = findings.eager_in_words(recs)
-    assert "no plan x4.00-x5.00" in text and "cached plan x1.20-x1.30" in text and "held plan() x0.90" in text
-    assert "99" not in text
-
-
 def test_slowed_reader_counts():
     rows = [
         {"algorithm": a, "variant": "no_end_barrier", "delay": d, "trials": 60, "wrong_results": n}

@@ -17,8 +17,6 @@ SMALL = (4 << 10, 1 << 20)
 LARGE_FROM = 16 << 20
 #: a chosen all-reduce this much slower than the best peer is named as trailing
 TRAILS_ABOVE = 1.05
-#: the eager series' paths (``bench.EAGER_PATHS``) in a few words each
-EAGER_PATH_NAMES = {"eager_uncached": "no plan", "plan_cached": "all_reduce's cached plan", "plan": "a held plan()"}
 #: labkit's out-of-place all-reduce kernels that load their peers' data
 PULL_KERNELS = ("labkit_one_shot", "labkit_two_shot", "labkit_tree")
 
@@ -150,36 +148,6 @@ def pulls_against_links(records: list[dict], link_records: list[dict], w: int) -
         + ", ".join(f"{name} {v:.0f}" for name, v in kernels)
         + " GB/s."
     )
-
-
-def eager_in_words(records: list[dict]) -> str:
-    """For each world size of the sweep's eager series: labkit's eager all-reduce on each path over
-    torch's best eager op at the small sizes (paired medians), out of place and in place. "" without
-    eager records."""
-    eager = [r for r in records if r.get("kind") == "eager" and r.get("impl") == "labkit_all_reduce"]
-    lines = []
-    for w in sorted({r["world_size"] for r in eager}):
-        for in_place in (False, True):
-            parts = []
-            for path, what in EAGER_PATH_NAMES.items():
-                vals = [
-                    r["ratio_to_torch_best"]
-                    for r in eager
-                    if r["world_size"] == w
-                    and bool(r.get("in_place")) == in_place
-                    and r.get("path") == path
-                    and SMALL[0] <= r["bytes"] <= SMALL[1]
-                    and r.get("ratio_to_torch_best")
-                ]
-                if vals:
-                    parts.append(f"{what} {_span(vals)}")
-            if parts:
-                lines.append(
-                    f"- **W={w}, {'in place' if in_place else 'out of place'}** "
-                    f"({format_bytes(SMALL[0])}-{format_bytes(SMALL[1])}, over torch's best eager op): "
-                    + "; ".join(parts)
-                )
-    return "\n".join(lines)
 
 
 def slowed_reader_in_words(barrier_records: list[dict], variant: str = "no_end_barrier", min_delay: int = 1000) -> str:
