@@ -202,7 +202,7 @@ def talk_questions(records: list[dict], w: int) -> str:
                 for b, r in naive
             )
             if naive
-            else "not recorded at this W."
+            else "not in these records at this W."
         )
     )
     cross = crossover_bytes(records, w, "graph_us")
