@@ -149,9 +149,18 @@ def test_bias_grad_sums_rows_per_expert():
     torch.testing.assert_close(db, torch.tensor([[2.0, 4.0], [0.0, 0.0], [28.0, 32.0]], device=DEV))
 
 
-def test_a_wrong_device_count_never_reads_out_of_bounds():
+def test_a_wrong_device_count_never_reads_out_of_bounds(monkeypatch):
     """Counts summing past M are clamped on the device: the rows that exist are computed, the
-    excess is ignored. (With check_splits=True the same call is an error.)"""
+    excess is ignored. (With check_splits=True the same call is an error.) On the CPU tier counts
+    on x's device are CPU counts, which are always checked: the unchecked path of a CUDA tensor
+    is taken there by letting ``device_counts`` skip its check unless ``check``."""
+    if DEV.type == "cpu":
+        checked = gg.device_counts
+
+        def unchecked(name, m_splits, E, M, device, *, check=False):
+            return checked(name, m_splits, E, M, device, check=True) if check else m_splits
+
+        monkeypatch.setattr(gg, "device_counts", unchecked)
     x = torch.randn(10, 8, device=DEV)
     w = torch.randn(2, 8, 4, device=DEV)
     too_many = torch.tensor([6, 1000], device=DEV)
@@ -214,6 +223,24 @@ def test_bad_input_names_the_argument(call, match, monkeypatch):
     w = torch.randn(2, 8, 6, device=DEV)
     with pytest.raises((TypeError, ValueError), match=match):
         call(x, w)
+
+
+@pytest.mark.parametrize(
+    "splits, match", [([3, 3, 3], "counts sum to 9, but x has M = 10"), ([12, -2, 0], "count of expert 1 is negative")]
+)
+@pytest.mark.parametrize("api", ["grouped_mm", "grouped_mm_wgrad", "GroupedLinear"])
+def test_a_cpu_tensor_of_counts_is_checked_on_every_tier(api, splits, match):
+    """A CPU m_splits costs no sync to read, so it is checked in full on every tier, also where x
+    is on the CPU (the CPU tier), where it once counted as a device tensor and went unchecked."""
+    x = torch.randn(10, 8, device=DEV)
+    m_splits = torch.tensor(splits)  # on the CPU
+    calls = {
+        "grouped_mm": lambda: gg.grouped_mm(x, torch.randn(3, 8, 4, device=DEV), m_splits),
+        "grouped_mm_wgrad": lambda: gg.grouped_mm_wgrad(x, torch.randn(10, 4, device=DEV), m_splits),
+        "GroupedLinear": lambda: GroupedLinear(3, 8, 4, device=DEV)(x, m_splits),
+    }
+    with pytest.raises(ValueError, match=f"m_splits: {match}"):
+        calls[api]()
 
 
 @pytest.mark.gpu

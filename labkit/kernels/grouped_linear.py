@@ -86,7 +86,9 @@ class GroupedLinear(nn.Module):
     num_experts, in_features, out_features: E, K, N. bias: one [out_features] bias per expert.
     fuse_wgrad_accumulation: keep fp32 ``weight.main_grad`` [E, K, N] and write dW there (backward
     returns no ``weight.grad``). forward(x, m_splits, wgrad_accumulation_mask=None):
-    x [M, K], m_splits E counts summing to M (a CUDA tensor on x's device: no host sync)."""
+    x [M, K], m_splits E counts summing to M: a list or CPU tensor is checked in full (an error
+    naming m_splits), a CUDA tensor on x's device only for dtype and shape (no host sync; its
+    values are clamped on the device, as ``grouped_mm`` documents)."""
 
     def __init__(
         self,
