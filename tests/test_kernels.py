@@ -93,6 +93,16 @@ def test_mixed_devices_are_named():
         common_device(a=None)
 
 
+@pytest.mark.parametrize("value", [[1, 2], 3.0, "cuda:0", torch.device("cpu")])
+def test_the_guard_names_an_argument_that_is_not_a_tensor(value):
+    with pytest.raises(
+        TypeError, match=f"common_device: y: expected a torch.Tensor or None, got {type(value).__name__}"
+    ):
+        on_device_of(x=torch.empty(2), y=value)
+    with pytest.raises(TypeError, match="common_device: x: expected a torch.Tensor or None"):
+        common_device(x=value)
+
+
 def test_guard_on_cpu_is_a_no_op():
     with on_device_of(x=torch.empty(1)) as dev:
         assert dev == torch.device("cpu")
