@@ -223,3 +223,21 @@ def test_launch_blocking_reports_fault_at_the_launch():
     assert res.status == "illegal_memory_access", res.summary()
     # no synchronize is called on this path, so the error must come from the launch line itself
     assert "_store_at_kernel[(1,)]" in res.traceback, res.traceback
+
+
+# --- what the doc of bad inputs found (sandbox rows) -----------------------------------------
+
+FNS = {"PYTHONPATH": str(Path(__file__).parent)}  # tests/sandbox_fns.py
+
+
+def test_an_unpicklable_return_value_is_not_reported_as_a_raise():
+    res = run_isolated("sandbox_fns:returns_a_lock", env=FNS)
+    assert res.status == "exception" and res.error_type == "labkit.workbench.sandbox.ResultNotPicklable"
+    assert "returned normally, but its return value" in res.message and "_thread.lock" in res.message
+    assert "returned normally" in res.summary()
+
+
+@pytest.mark.parametrize("timeout", [True, False, "10", None, -1.0, float("nan")])
+def test_timeout_must_be_a_positive_number_not_a_bool(timeout):
+    with pytest.raises(SandboxError, match="timeout"):
+        run_isolated(os.getpid, timeout=timeout)

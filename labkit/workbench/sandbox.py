@@ -17,6 +17,7 @@ way). Being in its own session, the child would outlive a parent stopped by SIGT
 a batch scheduler, ``kill``): a notebook that ``labkit run`` was executing went on running on the
 GPUs, unseen, beside the next job. So while it waits, the parent turns SIGTERM into
 ``SystemExit`` (from the main thread), which kills the child's group before the parent leaves.
+
 Outcomes, in the order they are decided:
 
 =======================  ===========================================================
@@ -26,7 +27,9 @@ ok                       the function returned; ``value`` holds its return value
 timeout                  no result within ``timeout`` seconds (a hang); group killed
 illegal_memory_access    CUDA reported an illegal memory access (exception or log)
 cuda_error               another CUDA / cuBLAS / NCCL error
-exception                a Python exception (``error_type``, ``message``, ``traceback``)
+exception                a Python exception (``error_type``, ``message``, ``traceback``); a
+                         return value pickle cannot send back is one too, with error_type
+                         ``labkit.workbench.sandbox.ResultNotPicklable`` ("returned normally, but")
 signal                   killed by a signal (``signal``: SIGSEGV, SIGABRT, ...)
 exit                     exited with a non-zero code and no result
 =======================  ===========================================================
@@ -68,6 +71,11 @@ _TAIL = 20_000  # characters of the child's stdout/stderr kept in the result
 
 class SandboxError(ValueError):
     """The call cannot be sent to a child process (not importable, not picklable, bad timeout)."""
+
+
+class ResultNotPicklable(Exception):
+    """The function returned, but its return value cannot be pickled back to the parent (the
+    ``error_type`` the child reports, ``labkit.workbench.sandbox.ResultNotPicklable``)."""
 
 
 @dataclasses.dataclass
@@ -185,11 +193,12 @@ def run_isolated(
 
     fn:      a module-level function (or "module:function"); arguments and the return value
              travel by pickle.
-    timeout: seconds before the child (and its process group) is killed and "timeout" returned.
+    timeout: seconds (an int or float > 0, not a bool) before the child (and its process group)
+             is killed and "timeout" returned.
     env:     extra environment variables for the child (e.g. {"CUDA_LAUNCH_BLOCKING": "1"});
              labkit's multicast-off variables are always set.
     """
-    if not (isinstance(timeout, (int, float)) and timeout > 0):
+    if isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and timeout > 0):
         raise SandboxError(f"timeout={timeout!r}: expected a positive number of seconds")
     module, qualname = _target(fn)
     child_env = dict(os.environ)
@@ -295,6 +304,12 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _exception_payload(kind: type | None, message: str, text: str) -> dict:
+    """The child's report of an exception being handled now (kind None: ResultNotPicklable)."""
+    name = f"{kind.__module__}.{kind.__qualname__}" if kind else "labkit.workbench.sandbox.ResultNotPicklable"
+    return {"status": "exception", "type": name, "message": message, "repr": text, "traceback": traceback.format_exc()}
+
+
 def _child_main(call_file: str, result_file: str) -> None:
     """Entry point of the child: import, call, pickle the outcome, and leave without teardown."""
     faulthandler.enable()  # a segfault prints the Python stack to stderr, which the parent keeps
@@ -305,18 +320,22 @@ def _child_main(call_file: str, result_file: str) -> None:
         for part in call["qualname"].split("."):
             obj = getattr(obj, part)
         payload = {"status": "ok", "value": obj(*call["args"], **call["kwargs"])}
-        blob = pickle.dumps(payload)
     except BaseException as e:
-        payload = {
-            "status": "exception",
-            "type": f"{type(e).__module__}.{type(e).__qualname__}",
-            "message": str(e),
-            "traceback": traceback.format_exc(),
-        }
-        try:
-            blob = pickle.dumps(payload)
-        except Exception:
-            blob = pickle.dumps({**payload, "message": repr(e)})
+        payload = _exception_payload(type(e), str(e), repr(e))
+    try:
+        blob = pickle.dumps(payload)
+    except Exception as e:
+        if payload["status"] == "ok":  # the function returned: say so, not as if it had raised
+            value = payload["value"]
+            message = (
+                f"{call['module']}.{call['qualname']} returned normally, but its return value (a "
+                f"{type(value).__module__}.{type(value).__qualname__}) cannot be pickled to send back: "
+                f"{type(e).__name__}: {e}"
+            )
+            payload = _exception_payload(None, message, message)
+        else:  # an exception whose message holds something unpicklable
+            payload = {**payload, "message": payload["repr"]}
+        blob = pickle.dumps(payload)
     with open(result_file + ".tmp", "wb") as f:
         f.write(blob)
     os.replace(result_file + ".tmp", result_file)
