@@ -241,3 +241,44 @@ def test_an_unpicklable_return_value_is_not_reported_as_a_raise():
 def test_timeout_must_be_a_positive_number_not_a_bool(timeout):
     with pytest.raises(SandboxError, match="timeout"):
         run_isolated(os.getpid, timeout=timeout)
+
+
+def _wait_dead(pid: int, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("fn", ["start_detached_and_return", "start_daemon_and_return"])
+def test_what_the_child_started_dies_when_it_returns(tmp_path, fn):
+    """A process started in a session of its own (or daemonised, re-parented away) by a function
+    that then returned normally must not outlive the call."""
+    pid_file = tmp_path / "pid"
+    res = run_isolated(f"sandbox_fns:{fn}", str(pid_file), timeout=60, env=FNS)
+    assert res.ok, res.summary() + res.stderr[-2000:]
+    assert _wait_dead(res.value), f"{fn}: process {res.value} outlived the call"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_parent_killed_by_sigkill_takes_its_child_and_grandchild_along(tmp_path):
+    """SIGKILL of the caller (`labkit run`) runs no handler; the child and what it started in a
+    session of its own (the notebook's kernel) must still die."""
+    pid_file = tmp_path / "pid"
+    code = (
+        "from labkit.workbench.sandbox import run_isolated\n"
+        f"run_isolated('sandbox_fns:start_detached_and_hang', {str(pid_file)!r}, timeout=300, env={FNS!r})\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pid_file.exists(), "the grandchild never started"
+    grandchild = int(pid_file.read_text())
+    kids = [k for k in sandbox._descendants(parent.pid) if _alive(k)]
+    parent.kill()
+    parent.wait()
+    assert _wait_dead(grandchild), "the grandchild outlived its SIGKILLed caller"
+    for k in kids:
+        assert _wait_dead(k), f"process {k} below the caller outlived it"

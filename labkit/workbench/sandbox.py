@@ -18,6 +18,15 @@ a batch scheduler, ``kill``): a notebook that ``labkit run`` was executing went 
 GPUs, unseen, beside the next job. So while it waits, the parent turns SIGTERM into
 ``SystemExit`` (from the main thread), which kills the child's group before the parent leaves.
 
+Nothing the child started outlives the call, however the call ends (Linux, where /proc is read):
+the child's environment carries a variable unique to the call, ``LABKIT_SANDBOX_<token>=1``,
+which every process below it inherits (a Jupyter kernel too), even one that left the child's
+session or was re-parented away (a daemon). A small watchdog process (``python -I -S``, in a
+session of its own) waits on a pipe from the parent; when the pipe closes, because the call
+returned or because the parent died (SIGKILL of ``labkit run`` runs no handler), it kills every
+process whose environment holds that variable. Not covered: a process that clears its
+environment when it starts (``env -i``), or one of another user.
+
 Outcomes, in the order they are decided:
 
 =======================  ===========================================================
@@ -43,6 +52,7 @@ import importlib
 import os
 import pickle
 import re
+import secrets
 import signal as _signal
 import subprocess
 import sys
@@ -76,6 +86,34 @@ class SandboxError(ValueError):
 class ResultNotPicklable(Exception):
     """The function returned, but its return value cannot be pickled back to the parent (the
     ``error_type`` the child reports, ``labkit.workbench.sandbox.ResultNotPicklable``)."""
+
+
+#: prefix of the variable that marks every process below one call's child (see the docstring)
+TOKEN_PREFIX = "LABKIT_SANDBOX_"
+#: the watchdog: waits for EOF on stdin, then kills every process whose environment holds the
+#: variable named by argv[1] (three passes, for processes started during the first)
+_WATCHDOG = r"""
+import os, signal, sys
+sys.stdin.buffer.read()
+mark, me = sys.argv[1].encode() + b"=", os.getpid()
+for _ in range(3):
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != me:
+            try:
+                with open("/proc/" + name + "/environ", "rb") as f:
+                    if any(v.startswith(mark) for v in f.read().split(b"\0")):
+                        found.append(int(name))
+            except OSError:
+                pass
+    if not found:
+        break
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+"""
 
 
 @dataclasses.dataclass
@@ -197,6 +235,7 @@ def run_isolated(
              is killed and "timeout" returned.
     env:     extra environment variables for the child (e.g. {"CUDA_LAUNCH_BLOCKING": "1"});
              labkit's multicast-off variables are always set.
+    Every process the child started is killed when the call ends (see the module docstring).
     """
     if isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and timeout > 0):
         raise SandboxError(f"timeout={timeout!r}: expected a positive number of seconds")
@@ -207,6 +246,8 @@ def run_isolated(
     root = str(Path(labkit.__file__).resolve().parent.parent)
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH")) if p)
     child_env["PYTHONUNBUFFERED"] = "1"
+    token = f"{TOKEN_PREFIX}{secrets.token_hex(8)}"
+    child_env[token] = "1"
     with tempfile.TemporaryDirectory(prefix="labkit-sandbox-") as tmp:
         call_file, result_file = os.path.join(tmp, "call.pkl"), os.path.join(tmp, "result.pkl")
         try:
@@ -216,6 +257,7 @@ def run_isolated(
             raise SandboxError(f"arguments of {module}.{qualname} cannot be pickled: {e}") from None
         out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         start = time.monotonic()
+        watchdog = _start_watchdog(token)
         with open(out_path, "w") as out_f, open(err_path, "w") as err_f:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "labkit.workbench.sandbox", call_file, result_file],
@@ -234,6 +276,7 @@ def run_isolated(
                 timed_out = True
             finally:
                 _kill_group(proc)  # also reaps ranks or kernels the child left behind
+                _stop_watchdog(watchdog)  # and what left the tree: daemons, re-parented orphans
                 if previous is not None:
                     _signal.signal(_signal.SIGTERM, previous)
         seconds = time.monotonic() - start
@@ -252,6 +295,35 @@ def run_isolated(
         stderr = Path(err_path).read_text(errors="replace")[-_TAIL:]
     fields = classify(proc.returncode, payload, stderr, timed_out)
     return SandboxResult(returncode=proc.returncode, seconds=seconds, stdout=stdout, stderr=stderr, **fields)
+
+
+def _start_watchdog(token: str) -> subprocess.Popen | None:
+    """The watchdog of one call (see the module docstring), or None without /proc. Its stdin is
+    a pipe only this process holds: closing it, or this process dying, sets it off."""
+    if not os.path.exists("/proc/self/environ"):
+        return None
+    env = {k: v for k, v in os.environ.items() if not k.startswith(TOKEN_PREFIX)}
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _WATCHDOG, token],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,  # a Ctrl+C or group kill of the caller does not stop it first
+        close_fds=True,
+    )
+
+
+def _stop_watchdog(watchdog: subprocess.Popen | None) -> None:
+    """Set the watchdog off (the call is over) and wait for its sweep."""
+    if watchdog is None:
+        return
+    try:
+        watchdog.stdin.close()
+        watchdog.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        watchdog.kill()
+        watchdog.wait()
 
 
 def _exit_on_sigterm():
