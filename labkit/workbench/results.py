@@ -198,9 +198,17 @@ def output_dir(name: str | None = None) -> Path:
 
 
 def new_run_dir(profile: str, base: str | os.PathLike | None = None, now: _dt.datetime | None = None) -> Path:
-    """A fresh ``<base>/<UTC timestamp>_<profile>/`` folder; never one that exists already."""
+    """A fresh ``<base>/<UTC timestamp>_<profile>/`` folder; never one that exists already.
+
+    A base that is a file, or that cannot be made or written, is a ResultsError whose message
+    starts with the base (``{base}: is a file, not a folder``)."""
     base = Path(base) if base else RUNS_DIR
-    base.mkdir(parents=True, exist_ok=True)
+    if base.exists() and not base.is_dir():
+        raise ResultsError(f"{base}: is a file, not a folder")
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ResultsError(f"{base}: cannot make it: {e.strerror or e}") from None
     now = now or _dt.datetime.now(_dt.UTC)
     stem = f"{now:%Y-%m-%dT%H-%M-%SZ}_{profile}"
     for n in range(1000):
@@ -210,4 +218,6 @@ def new_run_dir(profile: str, base: str | os.PathLike | None = None, now: _dt.da
             return path
         except FileExistsError:
             continue
-    raise ResultsError(f"could not make a new run folder under {base}")
+        except OSError as e:
+            raise ResultsError(f"{base}: cannot make a run folder in it: {e.strerror or e}") from None
+    raise ResultsError(f"{base}: could not make a new run folder in it (1000 names taken)")

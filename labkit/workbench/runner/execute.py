@@ -218,7 +218,10 @@ def run(
 ) -> RunReport:
     """Validate, then execute the selected notebooks into a new run folder; see ``labkit run -h``."""
     profile, jobs = plan(only, profile, params_file, sets, notebooks_dir, profiles_file, timeout_s)
-    run_dir = results.new_run_dir(profile, runs_dir)
+    try:
+        run_dir = results.new_run_dir(profile, runs_dir)
+    except results.ResultsError as e:
+        raise RunError(f"--runs-dir {e}") from None
     tier_env = kernel_env(profile)
     report = RunReport(run_dir, profile, [])
     bar = tqdm(jobs, desc="notebooks", unit="nb", disable=not progress)

@@ -24,6 +24,9 @@ def _read_yaml(path: Path, what: str):
         return yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise RunError(f"{what}: no file at {path}") from None
+    except (OSError, UnicodeDecodeError) as e:  # a folder, no permission, not text, ...
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise RunError(f"{what}: cannot read {path}: {reason}") from None
     except yaml.YAMLError as e:
         raise RunError(f"{what}: {path} is not valid YAML: {e}") from None
 
