@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from labkit.workbench import gates, hardware, results, sandbox
 from labkit.workbench.runner import notebooks as nbs
-from labkit.workbench.runner import profiles
+from labkit.workbench.runner import profiles, schema
 from labkit.workbench.runner.notebooks import RunError
 
 #: Seconds beyond a notebook's timeout for its kernel to start and shut down.
@@ -200,7 +200,8 @@ def plan(
         except RunError as e:
             raise RunError(f"notebook {name}: {e}") from None
         params = overrides.get(name, {})
-        nbs.validate(name, params, declared)
+        nbs.validate(name, params, declared)  # names and types, from the parameters cell
+        schema.check(name, params)  # values, from the notebook's schema
         entry = (prof.get("notebooks") or {}).get(name, {})
         t = timeout_s or entry.get("timeout_s") or prof["timeout_s"]
         jobs.append((name, found[name], params, float(t), nbs.requirements(nb, name)))
