@@ -332,3 +332,10 @@ def test_hopper_configs_at_lab_shapes(E, M, K, N):
     w = torch.randn(E, K, N, device="cuda", dtype=torch.bfloat16, generator=g)
     out = gg.grouped_mm(x, w, torch.tensor(splits, device="cuda"))
     assert rel_err(out, loop_reference(x, w, splits)) < TOL[torch.bfloat16]
+
+
+def test_grouped_linear_names_in_features_for_a_wrong_width():
+    """The caller passed only x: the error names x and in_features, not w."""
+    layer = GroupedLinear(3, 16, 8, device=DEV)
+    with pytest.raises(ValueError, match=r"x: expected \[M, in_features\] = \[M, 16\], got shape \(10, 12\)"):
+        layer(torch.randn(10, 12, device=DEV), [3, 3, 4])

@@ -125,6 +125,8 @@ class GroupedLinear(nn.Module):
         self, x: torch.Tensor, m_splits: Splits, wgrad_accumulation_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         check_tensor("x", x, dtypes=(self.weight.dtype,), ndim=2, contiguous=False)
+        if x.shape[1] != self.in_features:
+            raise ValueError(f"x: expected [M, in_features] = [M, {self.in_features}], got shape {tuple(x.shape)}")
         counts = device_counts("m_splits", m_splits, self.num_experts, x.shape[0], self.weight.device)
         if wgrad_accumulation_mask is not None and not self.fuse_wgrad_accumulation:
             raise ValueError("wgrad_accumulation_mask: only meaningful with fuse_wgrad_accumulation=True")
