@@ -339,3 +339,14 @@ def test_grouped_linear_names_in_features_for_a_wrong_width():
     layer = GroupedLinear(3, 16, 8, device=DEV)
     with pytest.raises(ValueError, match=r"x: expected \[M, in_features\] = \[M, 16\], got shape \(10, 12\)"):
         layer(torch.randn(10, 12, device=DEV), [3, 3, 4])
+
+
+def test_fused_accumulation_without_its_buffer_names_main_grad():
+    layer = GroupedLinear(3, 16, 8, fuse_wgrad_accumulation=True, device=DEV)
+    x = torch.randn(10, 16, device=DEV)
+    del layer.weight.main_grad
+    with pytest.raises(ValueError, match=r"weight.main_grad: fuse_wgrad_accumulation=True needs .* got none"):
+        layer(x, [3, 3, 4])
+    layer.weight.main_grad = torch.zeros(3, 16, 8, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match=r"weight.main_grad: .*got bfloat16 \(3, 16, 8\)"):
+        layer(x, [3, 3, 4])

@@ -130,7 +130,27 @@ class GroupedLinear(nn.Module):
         counts = device_counts("m_splits", m_splits, self.num_experts, x.shape[0], self.weight.device)
         if wgrad_accumulation_mask is not None and not self.fuse_wgrad_accumulation:
             raise ValueError("wgrad_accumulation_mask: only meaningful with fuse_wgrad_accumulation=True")
-        main_grad = self.weight.main_grad if self.fuse_wgrad_accumulation else None
+        main_grad = None
+        if self.fuse_wgrad_accumulation:  # O(1) checks: backward writes into this buffer
+            main_grad = getattr(self.weight, "main_grad", None)
+            w = self.weight
+            if not (
+                isinstance(main_grad, torch.Tensor)
+                and main_grad.dtype == torch.float32
+                and main_grad.shape == w.shape
+                and main_grad.device == w.device
+            ):
+                got = (
+                    f"{str(main_grad.dtype).replace('torch.', '')} {tuple(main_grad.shape)} on {main_grad.device}"
+                    if isinstance(main_grad, torch.Tensor)
+                    else "none"
+                    if main_grad is None
+                    else type(main_grad).__name__
+                )
+                raise ValueError(
+                    f"weight.main_grad: fuse_wgrad_accumulation=True needs an fp32 tensor of the weight's shape "
+                    f"{tuple(w.shape)} on {w.device}; got {got}"
+                )
         return GroupedLinearFunction.apply(x, counts, self.weight, self.bias, main_grad, wgrad_accumulation_mask)
 
     def extra_repr(self) -> str:
