@@ -47,3 +47,17 @@ def test_runs_dir_without_permission(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     _one_line(_cli("run", "--only", "00_start_here", "--runs-dir", str(locked / "runs")), "--runs-dir")
+
+
+def test_yaml_errors_are_one_line(tmp_path):
+    """PyYAML's messages span several lines (a caret under the spot); the CLI promises one."""
+    from labkit.workbench.runner import RunError, profiles
+
+    with pytest.raises(RunError) as e:
+        profiles.parse_set("00_start_here.REPS=[1")
+    assert "\n" not in str(e.value) and "line 1, column" in str(e.value)
+    bad = tmp_path / "p.yml"
+    bad.write_text("x: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(RunError) as e:
+        profiles.read_params_file(bad)
+    assert "\n" not in str(e.value) and "could not determine a constructor" in str(e.value)

@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return _dispatch(args)
-    except UsageError as e:
-        print(f"labkit {args.command}: error: {e}", file=sys.stderr)
+    except UsageError as e:  # one line, as promised, whatever the message holds
+        print(f"labkit {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
 
