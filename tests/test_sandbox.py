@@ -277,8 +277,19 @@ def test_a_parent_killed_by_sigkill_takes_its_child_and_grandchild_along(tmp_pat
     assert pid_file.exists(), "the grandchild never started"
     grandchild = int(pid_file.read_text())
     kids = [k for k in sandbox._descendants(parent.pid) if _alive(k)]
+    folders = {
+        Path(a).parent
+        for k in kids
+        for a in Path(f"/proc/{k}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        if a.endswith("call.pkl")
+    }
+    assert len(folders) == 1, folders  # the call's temporary folder (call and result pickles)
     parent.kill()
     parent.wait()
     assert _wait_dead(grandchild), "the grandchild outlived its SIGKILLed caller"
     for k in kids:
         assert _wait_dead(k), f"process {k} below the caller outlived it"
+    deadline = time.monotonic() + 10
+    while any(f.exists() for f in folders) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(f.exists() for f in folders), f"{folders} left behind"

@@ -24,7 +24,8 @@ which every process below it inherits (a Jupyter kernel too), even one that left
 session or was re-parented away (a daemon). A small watchdog process (``python -I -S``, in a
 session of its own) waits on a pipe from the parent; when the pipe closes, because the call
 returned or because the parent died (SIGKILL of ``labkit run`` runs no handler), it kills every
-process whose environment holds that variable. Not covered: a process that clears its
+process whose environment holds that variable (and, if the parent died, removes the call's
+``labkit-sandbox-*`` temporary folder). Not covered: a process that clears its
 environment when it starts (``env -i``), or one of another user.
 
 Outcomes, in the order they are decided:
@@ -91,9 +92,11 @@ class ResultNotPicklable(Exception):
 #: prefix of the variable that marks every process below one call's child (see the docstring)
 TOKEN_PREFIX = "LABKIT_SANDBOX_"
 #: the watchdog: waits for EOF on stdin, then kills every process whose environment holds the
-#: variable named by argv[1] (three passes, for processes started during the first)
+#: variable named by argv[1] (three passes, for processes started during the first); if its
+#: parent (argv[3]) is gone, it also removes the call's temporary folder (argv[2]), which the
+#: parent's own cleanup would have removed
 _WATCHDOG = r"""
-import os, signal, sys
+import os, shutil, signal, sys
 sys.stdin.buffer.read()
 mark, me = sys.argv[1].encode() + b"=", os.getpid()
 for _ in range(3):
@@ -113,6 +116,13 @@ for _ in range(3):
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+parent = int(sys.argv[3])
+try:  # a dying parent closes its files before its children are re-parented: look at its state too
+    gone = os.getppid() != parent or open(f"/proc/{parent}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
+except OSError:
+    gone = True
+if gone and os.path.basename(sys.argv[2]).startswith("labkit-sandbox-"):
+    shutil.rmtree(sys.argv[2], ignore_errors=True)
 """
 
 
@@ -257,7 +267,7 @@ def run_isolated(
             raise SandboxError(f"arguments of {module}.{qualname} cannot be pickled: {e}") from None
         out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         start = time.monotonic()
-        watchdog = _start_watchdog(token)
+        watchdog = _start_watchdog(token, tmp)
         with open(out_path, "w") as out_f, open(err_path, "w") as err_f:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "labkit.workbench.sandbox", call_file, result_file],
@@ -297,14 +307,15 @@ def run_isolated(
     return SandboxResult(returncode=proc.returncode, seconds=seconds, stdout=stdout, stderr=stderr, **fields)
 
 
-def _start_watchdog(token: str) -> subprocess.Popen | None:
+def _start_watchdog(token: str, folder: str) -> subprocess.Popen | None:
     """The watchdog of one call (see the module docstring), or None without /proc. Its stdin is
-    a pipe only this process holds: closing it, or this process dying, sets it off."""
+    a pipe only this process holds: closing it, or this process dying, sets it off. ``folder``:
+    the call's temporary folder, removed by the watchdog only if this process died first."""
     if not os.path.exists("/proc/self/environ"):
         return None
     env = {k: v for k, v in os.environ.items() if not k.startswith(TOKEN_PREFIX)}
     return subprocess.Popen(
-        [sys.executable, "-I", "-S", "-c", _WATCHDOG, token],
+        [sys.executable, "-I", "-S", "-c", _WATCHDOG, token, folder, str(os.getpid())],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
