@@ -41,3 +41,32 @@ def start_detached_and_hang(pid_file: str) -> None:
     """Start a process in a session of its own, write its pid, then hang."""
     start_detached_and_return(pid_file)
     time.sleep(300)
+
+
+def returns_a_lambda():
+    return lambda: 1
+
+
+class BadExc(Exception):
+    """An exception holding something pickle cannot send back."""
+
+    def __init__(self, msg):
+        super().__init__(msg)
+        self.lock = threading.Lock()
+
+
+def raises_with_a_lock():
+    raise BadExc("x")
+
+
+def _explode():
+    raise RuntimeError("unpickled in the parent")
+
+
+class _ExplodesInParent:
+    def __reduce__(self):
+        return (_explode, ())
+
+
+def returns_what_the_parent_cannot_unpickle():
+    return _ExplodesInParent()
