@@ -253,3 +253,14 @@ def test_record_stream_is_a_no_op_on_raw_pieces_only():
         torch.cuda.synchronize()
         assert held == expect_held, f"{style}: block held back = {held}, expected {expect_held}"
         del fresh
+
+
+@pytest.mark.parametrize("fn", [alloc.allocate_raw, alloc.allocate_views])
+def test_a_block_that_cannot_be_allocated_names_shapes_and_bytes(fn):
+    from labkit.workbench.errors import UsageError
+
+    """(2**60,) float32 gave the allocator's own error, naming the request only by its bytes."""
+    with pytest.raises(
+        UsageError, match=r"shapes: the pieces need 4611686018427387904 bytes .* could not be allocated"
+    ):
+        fn([(2**60,)], torch.float32, "cpu")

@@ -67,6 +67,35 @@ def test_labkit_lab_leaves_the_folder_to_the_reader():
         ), given
 
 
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--port", "8899"],  # the value after a space, not an `=`: a port, not a folder
+        ["--port", "8899", "--no-browser"],
+        ["--no-browser", "--port", "8899", "--IdentityProvider.token", "abc"],
+        ["--ip", "0.0.0.0", "--ServerApp.port", "8899", "--debug"],
+        ["--log-level", "DEBUG", "-y"],
+    ],
+)
+def test_labkit_lab_serves_the_workbook_when_option_values_follow_a_space(given):
+    argv = lab_argv(given, euid=1000)
+    assert f"--ServerApp.root_dir={nbs.NOTEBOOKS_DIR}" in argv and argv[-len(given) :] == given
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["--no-browser", "elsewhere/"],
+        ["--port", "8899", "elsewhere/"],
+        ["--ServerApp.root_dir", "/x"],
+        ["--debug", "x.ipynb"],
+    ],
+)
+def test_labkit_lab_takes_a_folder_after_flags_and_option_values(given):
+    """A bare argument after a flag (no value) or after an option's value names what to serve."""
+    assert not any(a.startswith("--ServerApp.root_dir=") for a in lab_argv(given, euid=1000)), given
+
+
 def test_make_lab_runs_labkit_lab_with_its_arguments():
     """`make lab ARGS=...` is `labkit lab ...`: the entry point the browser test starts."""
     out = subprocess.run(

@@ -141,3 +141,57 @@ def test_quantize_runs_on_its_inputs_device():
     assert torch.cuda.current_device() == 0
     assert results[1][2] == torch.device("cuda:1")
     assert torch.equal(results[0][0], results[1][0]) and results[0][1] == results[1][1]
+
+
+def _with_nonfinite(shape, dtype, g, kinds=("nan", "inf", "-inf")):
+    """Fresh random x with NaN / +inf / -inf at random distinct positions; returns x (on DEV)."""
+    x = torch.randn(shape, generator=g) * 3
+    flat = x.view(-1)
+    where = torch.randperm(flat.numel(), generator=g)[: len(kinds)]
+    for i, kind in zip(where.tolist(), kinds):
+        flat[i] = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}[kind]
+    return x.to(dtype).to(DEV)
+
+
+@pytest.mark.parametrize("fp8_dtype", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kinds", [("nan",), ("inf", "-inf"), ("nan", "inf", "-inf")])
+def test_nan_and_inf_propagate_as_the_reference(fp8_dtype, dtype, kinds):
+    """NaN stays NaN (data and amax), +-inf saturates to +-fp8_max with amax inf: exactly as
+    ``quantize_reference`` (torch's clamp keeps NaN, and its fp8 cast keeps NaN)."""
+    g = torch.Generator().manual_seed(torch.seed() % 2**31)
+    x = _with_nonfinite((3, 20000), dtype, g, kinds)  # several blocks and programs
+    scale = float(torch.empty(()).uniform_(0.5, 40.0, generator=g))
+    _, s, amax = _slots(scale)
+    q = quantize(x, s, amax, fp8_dtype)
+    data, ref_amax, _ = quantize_reference(x, s, fp8_dtype)
+    got, want = q.data.float().cpu(), data.float().cpu()
+    assert torch.equal(got.isnan(), want.isnan()) and want.isnan().sum() == kinds.count("nan")
+    keep = ~want.isnan()
+    assert torch.equal(_bits(q.data).cpu()[keep], _bits(data).cpu()[keep])
+    if "nan" in kinds:
+        assert ref_amax.isnan() and amax.isnan().item()
+    else:
+        assert ref_amax.item() == amax.item() == float("inf")
+
+
+def test_nan_from_inf_times_a_zero_scale_is_kept():
+    """scale 0: finite values cast to 0, inf * 0 = NaN (as the reference); amax still sees inf."""
+    x = torch.tensor([1.0, float("inf"), -2.0], device=DEV)
+    _, s, amax = _slots(0.0)
+    q = quantize(x, s, amax)
+    data, _, _ = quantize_reference(x, s)
+    assert torch.equal(q.data.float().cpu().isnan(), data.float().cpu().isnan())
+    assert q.data.float().cpu().isnan().tolist() == [False, True, False]
+    assert amax.item() == float("inf")
+
+
+def test_a_nan_amax_in_the_history_keeps_the_scale():
+    """The recipe's non-finite rule: a NaN amax recorded by a cast keeps the previous scale."""
+    recipe = DelayedScaling(amax_history_len=4)
+    meta = FP8Meta.create(1, 4, DEV)
+    meta.scale.fill_(2.0)
+    quantize(torch.tensor([1.0, float("nan")], device=DEV), meta.scale[0:1], meta.amax_history[0, 0:1])
+    assert meta.amax_history[0, 0].isnan().item()
+    meta.update_(448.0, recipe)
+    assert meta.scale.item() == 2.0 and meta.amax_history[-1, 0].isnan().item()

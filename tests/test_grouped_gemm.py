@@ -149,9 +149,18 @@ def test_bias_grad_sums_rows_per_expert():
     torch.testing.assert_close(db, torch.tensor([[2.0, 4.0], [0.0, 0.0], [28.0, 32.0]], device=DEV))
 
 
-def test_a_wrong_device_count_never_reads_out_of_bounds():
+def test_a_wrong_device_count_never_reads_out_of_bounds(monkeypatch):
     """Counts summing past M are clamped on the device: the rows that exist are computed, the
-    excess is ignored. (With check_splits=True the same call is an error.)"""
+    excess is ignored. (With check_splits=True the same call is an error.) On the CPU tier counts
+    on x's device are CPU counts, which are always checked: the unchecked path of a CUDA tensor
+    is taken there by letting ``device_counts`` skip its check unless ``check``."""
+    if DEV.type == "cpu":
+        checked = gg.device_counts
+
+        def unchecked(name, m_splits, E, M, device, *, check=False):
+            return checked(name, m_splits, E, M, device, check=True) if check else m_splits
+
+        monkeypatch.setattr(gg, "device_counts", unchecked)
     x = torch.randn(10, 8, device=DEV)
     w = torch.randn(2, 8, 4, device=DEV)
     too_many = torch.tensor([6, 1000], device=DEV)
@@ -214,6 +223,24 @@ def test_bad_input_names_the_argument(call, match, monkeypatch):
     w = torch.randn(2, 8, 6, device=DEV)
     with pytest.raises((TypeError, ValueError), match=match):
         call(x, w)
+
+
+@pytest.mark.parametrize(
+    "splits, match", [([3, 3, 3], "counts sum to 9, but x has M = 10"), ([12, -2, 0], "count of expert 1 is negative")]
+)
+@pytest.mark.parametrize("api", ["grouped_mm", "grouped_mm_wgrad", "GroupedLinear"])
+def test_a_cpu_tensor_of_counts_is_checked_on_every_tier(api, splits, match):
+    """A CPU m_splits costs no sync to read, so it is checked in full on every tier, also where x
+    is on the CPU (the CPU tier), where it once counted as a device tensor and went unchecked."""
+    x = torch.randn(10, 8, device=DEV)
+    m_splits = torch.tensor(splits)  # on the CPU
+    calls = {
+        "grouped_mm": lambda: gg.grouped_mm(x, torch.randn(3, 8, 4, device=DEV), m_splits),
+        "grouped_mm_wgrad": lambda: gg.grouped_mm_wgrad(x, torch.randn(10, 4, device=DEV), m_splits),
+        "GroupedLinear": lambda: GroupedLinear(3, 8, 4, device=DEV)(x, m_splits),
+    }
+    with pytest.raises(ValueError, match=f"m_splits: {match}"):
+        calls[api]()
 
 
 @pytest.mark.gpu
@@ -305,3 +332,21 @@ def test_hopper_configs_at_lab_shapes(E, M, K, N):
     w = torch.randn(E, K, N, device="cuda", dtype=torch.bfloat16, generator=g)
     out = gg.grouped_mm(x, w, torch.tensor(splits, device="cuda"))
     assert rel_err(out, loop_reference(x, w, splits)) < TOL[torch.bfloat16]
+
+
+def test_grouped_linear_names_in_features_for_a_wrong_width():
+    """The caller passed only x: the error names x and in_features, not w."""
+    layer = GroupedLinear(3, 16, 8, device=DEV)
+    with pytest.raises(ValueError, match=r"x: expected \[M, in_features\] = \[M, 16\], got shape \(10, 12\)"):
+        layer(torch.randn(10, 12, device=DEV), [3, 3, 4])
+
+
+def test_fused_accumulation_without_its_buffer_names_main_grad():
+    layer = GroupedLinear(3, 16, 8, fuse_wgrad_accumulation=True, device=DEV)
+    x = torch.randn(10, 16, device=DEV)
+    del layer.weight.main_grad
+    with pytest.raises(ValueError, match=r"weight.main_grad: fuse_wgrad_accumulation=True needs .* got none"):
+        layer(x, [3, 3, 4])
+    layer.weight.main_grad = torch.zeros(3, 16, 8, dtype=torch.bfloat16, device=DEV)
+    with pytest.raises(ValueError, match=r"weight.main_grad: .*got bfloat16 \(3, 16, 8\)"):
+        layer(x, [3, 3, 4])

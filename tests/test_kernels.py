@@ -63,6 +63,27 @@ def test_copy_refuses_bad_input(make, exc, match):
         make()
 
 
+@pytest.mark.parametrize("shift", [1, -1, 1000])
+def test_copy_refuses_an_out_that_partly_overlaps_src(shift):
+    """torch's copy_ refuses a partial overlap; the kernel would read elements it already wrote."""
+    n = 100_000
+    buf = torch.randn(n + abs(shift), device=DEV)
+    src = buf[max(0, -shift) : max(0, -shift) + n]
+    out = buf[max(0, shift) : max(0, shift) + n]
+    before = buf.clone()
+    with pytest.raises(ValueError, match="out: overlaps src in memory"):
+        copy(src, out)
+    assert torch.equal(buf, before)  # refused before anything was written
+
+
+def test_copy_into_itself_is_the_identity():
+    """out the very memory of src (same start, same layout): every element is read before it is
+    written, so the copy is exact, as torch's ``x.copy_(x)``."""
+    x = torch.randn(70_000, device=DEV)
+    want = x.clone()
+    assert copy(x, x) is x and torch.equal(x, want)
+
+
 def test_mixed_devices_are_named():
     cpu, meta = torch.empty(2), torch.empty(2, device="meta")
     with pytest.raises(ValueError, match="tensors must share one device: src on cpu, out on meta"):
@@ -70,6 +91,16 @@ def test_mixed_devices_are_named():
     assert common_device(a=cpu, b=None) == torch.device("cpu")
     with pytest.raises(ValueError, match="no tensors"):
         common_device(a=None)
+
+
+@pytest.mark.parametrize("value", [[1, 2], 3.0, "cuda:0", torch.device("cpu")])
+def test_the_guard_names_an_argument_that_is_not_a_tensor(value):
+    with pytest.raises(
+        TypeError, match=f"common_device: y: expected a torch.Tensor or None, got {type(value).__name__}"
+    ):
+        on_device_of(x=torch.empty(2), y=value)
+    with pytest.raises(TypeError, match="common_device: x: expected a torch.Tensor or None"):
+        common_device(x=value)
 
 
 def test_guard_on_cpu_is_a_no_op():

@@ -558,3 +558,43 @@ def test_no_guaranteed_forbidden_outcome_across_two_gpus(sem, scope):
 def test_the_package_exports_its_api():
     assert set(litmus.__all__) >= {"run_litmus", "outcomes", "verdict", "Stress", "allocate", "Classified"}
     assert litmus.classify is C  # the module, not hidden by its function
+
+
+def _refuse_allocations(monkeypatch):
+    """torch.zeros raises as the allocator does when memory runs out: nothing is allocated."""
+
+    def refuse(*shape, **kw):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
+
+    monkeypatch.setattr(torch, "zeros", refuse)
+
+
+@pytest.mark.parametrize("instances", [10**12, 10**9])
+def test_instances_past_the_int32_offsets_are_refused_naming_instances(instances):
+    """Slot offsets and register indices are int32 in the kernel: more instances than they can
+    address would wrap (a silent wrong answer); the error names instances, before any allocation."""
+    with pytest.raises(UsageError, match=f"instances: {instances} is more than .* at most {(2**31 - 1) // 8}"):
+        run_litmus("MP", instances=instances)
+    with pytest.raises(UsageError, match=f"capacity: {instances} is more than"):
+        allocate(instances)
+
+
+def test_the_int32_bound_is_exact_and_follows_the_stride(monkeypatch):
+    _refuse_allocations(monkeypatch)  # the bound itself is checked without allocating
+    for stride, most in ((4, (2**31 - 1) // 8), (16, (2**31 - 1) // 32)):
+        with pytest.raises(UsageError, match=f"instances: {most + 1} is more than .*stride {stride}.* at most {most}"):
+            run_litmus("MP", instances=most + 1, stride=stride)
+        with pytest.raises(UsageError, match=f"instances: {most} instances need .* could not be allocated"):
+            run_litmus("MP", instances=most, stride=stride)
+
+
+def test_buffers_that_cannot_be_allocated_are_named(monkeypatch):
+    """Below the int32 bound the buffers may still not fit the memory: the error names instances
+    (or allocate's capacity) and the bytes asked for, not only the allocator's message."""
+    _refuse_allocations(monkeypatch)
+    with pytest.raises(
+        UsageError, match=r"instances: 5000 instances need \d+ bytes of buffers .*could not be allocated"
+    ):
+        run_litmus("MP", instances=5000)
+    with pytest.raises(UsageError, match="capacity: 5000 instances need"):
+        allocate(5000)

@@ -96,3 +96,24 @@ def test_output_dir_follows_the_runner(monkeypatch, tmp_path):
     monkeypatch.setattr(results, "RUNS_DIR", tmp_path / "runs")  # never write into the checkout
     assert results.output_dir("lab") == tmp_path / "runs" / "interactive" / "lab"
     assert (tmp_path / "runs" / "interactive" / "lab").is_dir()
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_get_the_users_default_mode(tmp_path, umask, mode):
+    """summary.json and the run's index were written 0600 (mkstemp's mode), unreadable by the
+    group a run folder is shared with; a new file gets what open() would give: 0666 & ~umask."""
+    old = os.umask(umask)
+    try:
+        p = results.atomic_write_text(tmp_path / "index.md", "x\n")
+        j = results.atomic_write_json(tmp_path / "summary.json", {"a": 1})
+    finally:
+        os.umask(old)
+    assert oct(p.stat().st_mode & 0o777) == oct(mode) and oct(j.stat().st_mode & 0o777) == oct(mode)
+
+
+def test_rewriting_a_file_keeps_its_mode(tmp_path):
+    p = tmp_path / "index.md"
+    p.write_text("old\n")
+    p.chmod(0o640)
+    results.atomic_write_text(p, "new\n")
+    assert p.read_text() == "new\n" and oct(p.stat().st_mode & 0o777) == oct(0o640)

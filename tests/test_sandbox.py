@@ -223,3 +223,73 @@ def test_launch_blocking_reports_fault_at_the_launch():
     assert res.status == "illegal_memory_access", res.summary()
     # no synchronize is called on this path, so the error must come from the launch line itself
     assert "_store_at_kernel[(1,)]" in res.traceback, res.traceback
+
+
+# --- what the doc of bad inputs found (sandbox rows) -----------------------------------------
+
+FNS = {"PYTHONPATH": str(Path(__file__).parent)}  # tests/sandbox_fns.py
+
+
+def test_an_unpicklable_return_value_is_not_reported_as_a_raise():
+    res = run_isolated("sandbox_fns:returns_a_lock", env=FNS)
+    assert res.status == "exception" and res.error_type == "labkit.workbench.sandbox.ResultNotPicklable"
+    assert "returned normally, but its return value" in res.message and "_thread.lock" in res.message
+    assert "returned normally" in res.summary()
+
+
+@pytest.mark.parametrize("timeout", [True, False, "10", None, -1.0, float("nan")])
+def test_timeout_must_be_a_positive_number_not_a_bool(timeout):
+    with pytest.raises(SandboxError, match="timeout"):
+        run_isolated(os.getpid, timeout=timeout)
+
+
+def _wait_dead(pid: int, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _alive(pid)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("fn", ["start_detached_and_return", "start_daemon_and_return"])
+def test_what_the_child_started_dies_when_it_returns(tmp_path, fn):
+    """A process started in a session of its own (or daemonised, re-parented away) by a function
+    that then returned normally must not outlive the call."""
+    pid_file = tmp_path / "pid"
+    res = run_isolated(f"sandbox_fns:{fn}", str(pid_file), timeout=60, env=FNS)
+    assert res.ok, res.summary() + res.stderr[-2000:]
+    assert _wait_dead(res.value), f"{fn}: process {res.value} outlived the call"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_parent_killed_by_sigkill_takes_its_child_and_grandchild_along(tmp_path):
+    """SIGKILL of the caller (`labkit run`) runs no handler; the child and what it started in a
+    session of its own (the notebook's kernel) must still die."""
+    pid_file = tmp_path / "pid"
+    code = (
+        "from labkit.workbench.sandbox import run_isolated\n"
+        f"run_isolated('sandbox_fns:start_detached_and_hang', {str(pid_file)!r}, timeout=300, env={FNS!r})\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert pid_file.exists(), "the grandchild never started"
+    grandchild = int(pid_file.read_text())
+    kids = [k for k in sandbox._descendants(parent.pid) if _alive(k)]
+    folders = {
+        Path(a).parent
+        for k in kids
+        for a in Path(f"/proc/{k}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        if a.endswith("call.pkl")
+    }
+    assert len(folders) == 1, folders  # the call's temporary folder (call and result pickles)
+    parent.kill()
+    parent.wait()
+    assert _wait_dead(grandchild), "the grandchild outlived its SIGKILLed caller"
+    for k in kids:
+        assert _wait_dead(k), f"process {k} below the caller outlived it"
+    deadline = time.monotonic() + 10
+    while any(f.exists() for f in folders) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(f.exists() for f in folders), f"{folders} left behind"

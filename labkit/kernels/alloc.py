@@ -135,11 +135,18 @@ def _block(total: int, device: torch.device) -> tuple[torch.Tensor, int]:
     """A byte tensor holding ``total`` bytes from a 256-byte aligned start; returns (tensor, start).
     CUDA blocks are always 256-byte aligned (cudaMalloc and the caching allocator round to 512);
     the CPU allocator promises only 64, so on the CPU the block is over-allocated and the start
-    moved up, which keeps every offset meaning the same on both tiers."""
-    if device.type == "cuda":
-        backing = torch.empty(total, dtype=torch.uint8, device=device)
-        return backing, 0
-    backing = torch.empty(total + ALLOCATOR_ALIGNMENT, dtype=torch.uint8, device=device)
+    moved up, which keeps every offset meaning the same on both tiers. A block the device cannot
+    hold is a UsageError naming ``shapes`` and the bytes they need."""
+    try:
+        if device.type == "cuda":
+            backing = torch.empty(total, dtype=torch.uint8, device=device)
+            return backing, 0
+        backing = torch.empty(total + ALLOCATOR_ALIGNMENT, dtype=torch.uint8, device=device)
+    except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        raise UsageError(
+            f"shapes: the pieces need {total} bytes in one block on {device}, which could not be allocated "
+            f"({str(e).splitlines()[0][:200]})"
+        ) from None
     return backing, (-backing.data_ptr()) % ALLOCATOR_ALIGNMENT
 
 

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+# _overlaps lives in matmul.py for now (it is being moved to a shared module by another change)
+from labkit.kernels.matmul import _overlaps
 from labkit.workbench import tier
 from labkit.workbench.checks import check_tensor
 from labkit.workbench.guard import common_device, on_device_of
@@ -38,20 +40,27 @@ def copy(src: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Copy ``src`` into ``out`` (made if None) with a Triton kernel; returns ``out``.
 
     src: contiguous tensor of a supported dtype, on a CUDA device (or the CPU under the
-         interpreter). out: same shape, dtype and device, contiguous.
+         interpreter). out: same shape, dtype and device, contiguous; either the very memory of
+         src (``copy(x, x)``: the identity) or memory disjoint from it. An out that partly
+         overlaps src is refused (as torch's ``copy_`` does): the kernel would read elements it
+         has already overwritten. Checked on the host in O(1) (pointers and sizes); the values
+         are not looked at (NaN and inf are copied bit for bit).
     """
     check_tensor("src", src, dtypes=SUPPORTED_DTYPES)
     if out is None:
         out = torch.empty_like(src)  # on src's device, whatever the current device is
     elif isinstance(out, torch.Tensor):
-        common_device(
-            src=src, out=out
-        )  # mixed devices first: the most telling message  # on src's device, whatever the current device is
+        common_device(src=src, out=out)  # mixed devices first: the most telling message
     check_tensor("out", out, dtypes=SUPPORTED_DTYPES)
     if out.dtype != src.dtype:
         raise TypeError(f"out: dtype {out.dtype} differs from src dtype {src.dtype}")
     if out.shape != src.shape:
         raise ValueError(f"out: shape {tuple(out.shape)} differs from src shape {tuple(src.shape)}")
+    if out.data_ptr() != src.data_ptr() and _overlaps(out, src):
+        raise ValueError(
+            f"out: overlaps src in memory (out starts {out.data_ptr() - src.data_ptr():+d} bytes from src); "
+            "the kernel would read elements it has already overwritten: pass disjoint memory, or src itself"
+        )
     n = src.numel()
     if n == 0:
         return out

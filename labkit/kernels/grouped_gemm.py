@@ -355,9 +355,10 @@ def grouped_mm(
     x: [M, K]; rows grouped by expert (expert 0's m_splits[0] rows, then expert 1's, ...).
     w: [E, K, N], x's dtype (bfloat16, float16 or float32), any strides (``w.transpose(1, 2)``
        of a [E, N, K] weight works without a copy: that is dgrad).
-    m_splits: tokens per expert, E non-negative integers summing to M: a list, a CPU tensor
-       (checked here) or a CUDA tensor on x's device (int32/int64; never read by the host, so
-       nothing synchronises and the call can be captured in a CUDA graph).
+    m_splits: tokens per expert, E non-negative integers summing to M: a list or a CPU tensor
+       (checked here in full, on every tier) or a CUDA tensor on x's device (int32/int64; only
+       its dtype and shape are checked: never read by the host, so nothing synchronises and the
+       call can be captured in a CUDA graph; a wrong count is clamped on the device, see above).
     bias: optional [E, N], x's dtype. out: optional [M, N], x's dtype, column stride 1.
     check_splits: also check a CUDA ``m_splits`` (non-negative, summing to M): this syncs.
     Accumulates in fp32. Returns ``out``.
@@ -518,8 +519,10 @@ def device_counts(
     """``m_splits`` as an int32/int64 tensor of E counts on ``device``, for the kernels to read.
 
     A list or a CPU tensor is checked here in full (integers, E of them, none negative, summing
-    to M). A tensor already on ``device`` is checked for dtype, shape and device only, unless
-    ``check`` (which reads it back: a sync)."""
+    to M), whatever ``device`` is: reading CPU counts costs no sync, so a CPU tensor is checked
+    on the CPU tier too, where x is on the CPU. A CUDA tensor on ``device`` is checked for
+    dtype, shape and device only (O(1) on the host, no sync; the kernels clamp its values so a
+    wrong count cannot read out of bounds), unless ``check`` (which reads it back: a sync)."""
     if isinstance(m_splits, torch.Tensor):
         if m_splits.dtype not in COUNT_DTYPES:
             raise TypeError(
@@ -527,16 +530,19 @@ def device_counts(
             )
         if m_splits.dim() != 1 or m_splits.shape[0] != E:
             raise ValueError(f"{name}: expected {E} counts (one per expert of w), got shape {tuple(m_splits.shape)}")
-        if m_splits.device == device:
-            if check:
-                _check_values(name, m_splits.tolist(), M)
-            return m_splits if m_splits.is_contiguous() else m_splits.contiguous()
-        if m_splits.device.type != "cpu":
+        if m_splits.device.type == "cpu":  # the host reads it without a sync: always checked
+            _check_values(name, m_splits.tolist(), M)
+            if m_splits.device == device:
+                return m_splits if m_splits.is_contiguous() else m_splits.contiguous()
+            return m_splits.to(device=device, dtype=torch.int32)
+        if m_splits.device != device:
             raise ValueError(
                 f"{name}: is on {m_splits.device}, x is on {device}: pass the counts on "
                 f"x's device (or on the CPU, or as a list)"
             )
-        values = m_splits.tolist()
+        if check:
+            _check_values(name, m_splits.tolist(), M)
+        return m_splits if m_splits.is_contiguous() else m_splits.contiguous()
     elif isinstance(m_splits, (list, tuple)):
         values = list(m_splits)
         bad = [v for v in values if isinstance(v, bool) or not isinstance(v, int)]

@@ -86,7 +86,9 @@ class GroupedLinear(nn.Module):
     num_experts, in_features, out_features: E, K, N. bias: one [out_features] bias per expert.
     fuse_wgrad_accumulation: keep fp32 ``weight.main_grad`` [E, K, N] and write dW there (backward
     returns no ``weight.grad``). forward(x, m_splits, wgrad_accumulation_mask=None):
-    x [M, K], m_splits E counts summing to M (a CUDA tensor on x's device: no host sync)."""
+    x [M, K], m_splits E counts summing to M: a list or CPU tensor is checked in full (an error
+    naming m_splits), a CUDA tensor on x's device only for dtype and shape (no host sync; its
+    values are clamped on the device, as ``grouped_mm`` documents)."""
 
     def __init__(
         self,
@@ -123,10 +125,32 @@ class GroupedLinear(nn.Module):
         self, x: torch.Tensor, m_splits: Splits, wgrad_accumulation_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
         check_tensor("x", x, dtypes=(self.weight.dtype,), ndim=2, contiguous=False)
+        if x.shape[1] != self.in_features:
+            raise ValueError(f"x: expected [M, in_features] = [M, {self.in_features}], got shape {tuple(x.shape)}")
         counts = device_counts("m_splits", m_splits, self.num_experts, x.shape[0], self.weight.device)
         if wgrad_accumulation_mask is not None and not self.fuse_wgrad_accumulation:
             raise ValueError("wgrad_accumulation_mask: only meaningful with fuse_wgrad_accumulation=True")
-        main_grad = self.weight.main_grad if self.fuse_wgrad_accumulation else None
+        main_grad = None
+        if self.fuse_wgrad_accumulation:  # O(1) checks: backward writes into this buffer
+            main_grad = getattr(self.weight, "main_grad", None)
+            w = self.weight
+            if not (
+                isinstance(main_grad, torch.Tensor)
+                and main_grad.dtype == torch.float32
+                and main_grad.shape == w.shape
+                and main_grad.device == w.device
+            ):
+                got = (
+                    f"{str(main_grad.dtype).replace('torch.', '')} {tuple(main_grad.shape)} on {main_grad.device}"
+                    if isinstance(main_grad, torch.Tensor)
+                    else "none"
+                    if main_grad is None
+                    else type(main_grad).__name__
+                )
+                raise ValueError(
+                    f"weight.main_grad: fuse_wgrad_accumulation=True needs an fp32 tensor of the weight's shape "
+                    f"{tuple(w.shape)} on {w.device}; got {got}"
+                )
         return GroupedLinearFunction.apply(x, counts, self.weight, self.bias, main_grad, wgrad_accumulation_mask)
 
     def extra_repr(self) -> str:

@@ -21,12 +21,41 @@ EPILOG = """examples:
 
 #: Options of ``jupyter lab`` that choose the folder it serves; given one, ``labkit lab`` adds none.
 _ROOT_OPTIONS = ("root_dir", "notebook_dir", "notebook-dir", "preferred_dir")
+#: ``jupyter lab``'s options that take NO value (jupyter_server's and jupyterlab's flags, and
+#: traitlets' own): after any other ``--option`` without ``=`` the next argument is its value
+#: (``--port 8899``), not a folder to serve.
+_JUPYTER_FLAGS = frozenset(
+    (
+        "allow-root autoreload collaborative core-mode custom-css debug dev-mode expose-app-in-browser "
+        "extensions-in-dev-mode generate-config no-browser no-script script show-config show-config-json "
+        "skip-dev-build splice-source watch y help help-all version"
+    ).split()
+)
+
+
+def names_root(extra: list[str]) -> bool:
+    """Whether ``jupyter lab EXTRA...`` is told what to serve: a root_dir-like option, or a bare
+    argument (a folder or file) that is not the value of the option before it."""
+    value_next = False
+    for a in extra:
+        if value_next:  # the value of the option before (``--port 8899``)
+            value_next = False
+            continue
+        if any(o in a for o in _ROOT_OPTIONS):
+            return True
+        if a.startswith("-"):
+            name = a.lstrip("-")
+            value_next = "=" not in name and name not in _JUPYTER_FLAGS
+            continue
+        return True
+    return False
 
 
 def lab_argv(extra: list[str], euid: int | None = None) -> list[str]:
     """The command ``labkit lab EXTRA...`` runs: JupyterLab from this Python on the workbook.
 
-    It serves notebooks/ unless ``extra`` names a folder (a path, or a root_dir/notebook_dir option).
+    It serves notebooks/ unless ``extra`` names a folder (a path, or a root_dir/notebook_dir option;
+    an option's value counts as one whether given with ``=`` or after a space: ``--port 8899``).
     As root (the usual user in containers on GPU clouds) it adds ``--allow-root``: without it
     jupyter exits at once with "Running as root is not recommended". ``extra`` comes last, so a
     reader's options (port, token, ip, --no-browser, ...) are passed through as given."""
@@ -36,8 +65,7 @@ def lab_argv(extra: list[str], euid: int | None = None) -> list[str]:
     argv = [sys.executable, "-m", "jupyterlab"]
     if euid == 0 and "--allow-root" not in extra:
         argv.append("--allow-root")
-    names_root = any(not a.startswith("-") or any(o in a for o in _ROOT_OPTIONS) for a in extra)
-    if not names_root:
+    if not names_root(extra):
         argv.append(f"--ServerApp.root_dir={NOTEBOOKS_DIR}")
     return argv + list(extra)
 
@@ -104,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return _dispatch(args)
-    except UsageError as e:
-        print(f"labkit {args.command}: error: {e}", file=sys.stderr)
+    except UsageError as e:  # one line, as promised, whatever the message holds
+        print(f"labkit {args.command}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
 

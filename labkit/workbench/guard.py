@@ -24,11 +24,16 @@ import torch
 def common_device(**tensors) -> torch.device:
     """The one device all given tensors live on; a ValueError naming each one otherwise.
 
-    ``None`` values are ignored (optional outputs). At least one tensor must be given.
+    ``None`` values are ignored (optional outputs). At least one tensor must be given; anything
+    else than a tensor or None is a TypeError naming it (one isinstance per argument: this runs on
+    every launch).
     """
     given = {name: t for name, t in tensors.items() if t is not None}
     if not given:
         raise ValueError("common_device: no tensors given")
+    for name, t in given.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"common_device: {name}: expected a torch.Tensor or None, got {type(t).__name__} {t!r:.60}")
     devices = {name: t.device for name, t in given.items()}
     if len(set(devices.values())) > 1:
         listing = ", ".join(f"{name} on {dev}" for name, dev in devices.items())

@@ -22,6 +22,7 @@ import dataclasses
 import datetime as _dt
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,15 +42,37 @@ class ResultsError(UsageError):
     """A results file is missing, malformed, or a record lacks a required field."""
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it where /proc says it (Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)  # elsewhere: set and put back (not thread-safe, but brief)
+    os.umask(old)
+    return old
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write text so that readers see the old file or the whole new one, never a part."""
+    """Write text so that readers see the old file or the whole new one, never a part.
+
+    The file gets the mode a plain ``open(path, "w")`` gives it: an existing file keeps its
+    mode, a new one gets 0666 & ~umask (mkstemp's temporary file is 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        mode = 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
+            if hasattr(os, "fchmod"):  # POSIX
+                os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -198,9 +221,17 @@ def output_dir(name: str | None = None) -> Path:
 
 
 def new_run_dir(profile: str, base: str | os.PathLike | None = None, now: _dt.datetime | None = None) -> Path:
-    """A fresh ``<base>/<UTC timestamp>_<profile>/`` folder; never one that exists already."""
+    """A fresh ``<base>/<UTC timestamp>_<profile>/`` folder; never one that exists already.
+
+    A base that is a file, or that cannot be made or written, is a ResultsError whose message
+    starts with the base (``{base}: is a file, not a folder``)."""
     base = Path(base) if base else RUNS_DIR
-    base.mkdir(parents=True, exist_ok=True)
+    if base.exists() and not base.is_dir():
+        raise ResultsError(f"{base}: is a file, not a folder")
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ResultsError(f"{base}: cannot make it: {e.strerror or e}") from None
     now = now or _dt.datetime.now(_dt.UTC)
     stem = f"{now:%Y-%m-%dT%H-%M-%SZ}_{profile}"
     for n in range(1000):
@@ -210,4 +241,6 @@ def new_run_dir(profile: str, base: str | os.PathLike | None = None, now: _dt.da
             return path
         except FileExistsError:
             continue
-    raise ResultsError(f"could not make a new run folder under {base}")
+        except OSError as e:
+            raise ResultsError(f"{base}: cannot make a run folder in it: {e.strerror or e}") from None
+    raise ResultsError(f"{base}: could not make a new run folder in it (1000 names taken)")

@@ -17,6 +17,17 @@ way). Being in its own session, the child would outlive a parent stopped by SIGT
 a batch scheduler, ``kill``): a notebook that ``labkit run`` was executing went on running on the
 GPUs, unseen, beside the next job. So while it waits, the parent turns SIGTERM into
 ``SystemExit`` (from the main thread), which kills the child's group before the parent leaves.
+
+Nothing the child started outlives the call, however the call ends (Linux, where /proc is read):
+the child's environment carries a variable unique to the call, ``LABKIT_SANDBOX_<token>=1``,
+which every process below it inherits (a Jupyter kernel too), even one that left the child's
+session or was re-parented away (a daemon). A small watchdog process (``python -I -S``, in a
+session of its own) waits on a pipe from the parent; when the pipe closes, because the call
+returned or because the parent died (SIGKILL of ``labkit run`` runs no handler), it kills every
+process whose environment holds that variable (and, if the parent died, removes the call's
+``labkit-sandbox-*`` temporary folder). Not covered: a process that clears its
+environment when it starts (``env -i``), or one of another user.
+
 Outcomes, in the order they are decided:
 
 =======================  ===========================================================
@@ -26,7 +37,9 @@ ok                       the function returned; ``value`` holds its return value
 timeout                  no result within ``timeout`` seconds (a hang); group killed
 illegal_memory_access    CUDA reported an illegal memory access (exception or log)
 cuda_error               another CUDA / cuBLAS / NCCL error
-exception                a Python exception (``error_type``, ``message``, ``traceback``)
+exception                a Python exception (``error_type``, ``message``, ``traceback``); a
+                         return value pickle cannot send back is one too, with error_type
+                         ``labkit.workbench.sandbox.ResultNotPicklable`` ("returned normally, but")
 signal                   killed by a signal (``signal``: SIGSEGV, SIGABRT, ...)
 exit                     exited with a non-zero code and no result
 =======================  ===========================================================
@@ -40,6 +53,7 @@ import importlib
 import os
 import pickle
 import re
+import secrets
 import signal as _signal
 import subprocess
 import sys
@@ -68,6 +82,48 @@ _TAIL = 20_000  # characters of the child's stdout/stderr kept in the result
 
 class SandboxError(ValueError):
     """The call cannot be sent to a child process (not importable, not picklable, bad timeout)."""
+
+
+class ResultNotPicklable(Exception):
+    """The function returned, but its return value cannot be pickled back to the parent (the
+    ``error_type`` the child reports, ``labkit.workbench.sandbox.ResultNotPicklable``)."""
+
+
+#: prefix of the variable that marks every process below one call's child (see the docstring)
+TOKEN_PREFIX = "LABKIT_SANDBOX_"
+#: the watchdog: waits for EOF on stdin, then kills every process whose environment holds the
+#: variable named by argv[1] (three passes, for processes started during the first); if its
+#: parent (argv[3]) is gone, it also removes the call's temporary folder (argv[2]), which the
+#: parent's own cleanup would have removed
+_WATCHDOG = r"""
+import os, shutil, signal, sys
+sys.stdin.buffer.read()
+mark, me = sys.argv[1].encode() + b"=", os.getpid()
+for _ in range(3):
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != me:
+            try:
+                with open("/proc/" + name + "/environ", "rb") as f:
+                    if any(v.startswith(mark) for v in f.read().split(b"\0")):
+                        found.append(int(name))
+            except OSError:
+                pass
+    if not found:
+        break
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+parent = int(sys.argv[3])
+try:  # a dying parent closes its files before its children are re-parented: look at its state too
+    gone = os.getppid() != parent or open(f"/proc/{parent}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
+except OSError:
+    gone = True
+if gone and os.path.basename(sys.argv[2]).startswith("labkit-sandbox-"):
+    shutil.rmtree(sys.argv[2], ignore_errors=True)
+"""
 
 
 @dataclasses.dataclass
@@ -185,11 +241,13 @@ def run_isolated(
 
     fn:      a module-level function (or "module:function"); arguments and the return value
              travel by pickle.
-    timeout: seconds before the child (and its process group) is killed and "timeout" returned.
+    timeout: seconds (an int or float > 0, not a bool) before the child (and its process group)
+             is killed and "timeout" returned.
     env:     extra environment variables for the child (e.g. {"CUDA_LAUNCH_BLOCKING": "1"});
              labkit's multicast-off variables are always set.
+    Every process the child started is killed when the call ends (see the module docstring).
     """
-    if not (isinstance(timeout, (int, float)) and timeout > 0):
+    if isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and timeout > 0):
         raise SandboxError(f"timeout={timeout!r}: expected a positive number of seconds")
     module, qualname = _target(fn)
     child_env = dict(os.environ)
@@ -198,6 +256,8 @@ def run_isolated(
     root = str(Path(labkit.__file__).resolve().parent.parent)
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH")) if p)
     child_env["PYTHONUNBUFFERED"] = "1"
+    token = f"{TOKEN_PREFIX}{secrets.token_hex(8)}"
+    child_env[token] = "1"
     with tempfile.TemporaryDirectory(prefix="labkit-sandbox-") as tmp:
         call_file, result_file = os.path.join(tmp, "call.pkl"), os.path.join(tmp, "result.pkl")
         try:
@@ -207,6 +267,7 @@ def run_isolated(
             raise SandboxError(f"arguments of {module}.{qualname} cannot be pickled: {e}") from None
         out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         start = time.monotonic()
+        watchdog = _start_watchdog(token, tmp)
         with open(out_path, "w") as out_f, open(err_path, "w") as err_f:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "labkit.workbench.sandbox", call_file, result_file],
@@ -225,6 +286,7 @@ def run_isolated(
                 timed_out = True
             finally:
                 _kill_group(proc)  # also reaps ranks or kernels the child left behind
+                _stop_watchdog(watchdog)  # and what left the tree: daemons, re-parented orphans
                 if previous is not None:
                     _signal.signal(_signal.SIGTERM, previous)
         seconds = time.monotonic() - start
@@ -243,6 +305,36 @@ def run_isolated(
         stderr = Path(err_path).read_text(errors="replace")[-_TAIL:]
     fields = classify(proc.returncode, payload, stderr, timed_out)
     return SandboxResult(returncode=proc.returncode, seconds=seconds, stdout=stdout, stderr=stderr, **fields)
+
+
+def _start_watchdog(token: str, folder: str) -> subprocess.Popen | None:
+    """The watchdog of one call (see the module docstring), or None without /proc. Its stdin is
+    a pipe only this process holds: closing it, or this process dying, sets it off. ``folder``:
+    the call's temporary folder, removed by the watchdog only if this process died first."""
+    if not os.path.exists("/proc/self/environ"):
+        return None
+    env = {k: v for k, v in os.environ.items() if not k.startswith(TOKEN_PREFIX)}
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _WATCHDOG, token, folder, str(os.getpid())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,  # a Ctrl+C or group kill of the caller does not stop it first
+        close_fds=True,
+    )
+
+
+def _stop_watchdog(watchdog: subprocess.Popen | None) -> None:
+    """Set the watchdog off (the call is over) and wait for its sweep."""
+    if watchdog is None:
+        return
+    try:
+        watchdog.stdin.close()
+        watchdog.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        watchdog.kill()
+        watchdog.wait()
 
 
 def _exit_on_sigterm():
@@ -295,6 +387,12 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _exception_payload(kind: type | None, message: str, text: str) -> dict:
+    """The child's report of an exception being handled now (kind None: ResultNotPicklable)."""
+    name = f"{kind.__module__}.{kind.__qualname__}" if kind else "labkit.workbench.sandbox.ResultNotPicklable"
+    return {"status": "exception", "type": name, "message": message, "repr": text, "traceback": traceback.format_exc()}
+
+
 def _child_main(call_file: str, result_file: str) -> None:
     """Entry point of the child: import, call, pickle the outcome, and leave without teardown."""
     faulthandler.enable()  # a segfault prints the Python stack to stderr, which the parent keeps
@@ -305,18 +403,22 @@ def _child_main(call_file: str, result_file: str) -> None:
         for part in call["qualname"].split("."):
             obj = getattr(obj, part)
         payload = {"status": "ok", "value": obj(*call["args"], **call["kwargs"])}
-        blob = pickle.dumps(payload)
     except BaseException as e:
-        payload = {
-            "status": "exception",
-            "type": f"{type(e).__module__}.{type(e).__qualname__}",
-            "message": str(e),
-            "traceback": traceback.format_exc(),
-        }
-        try:
-            blob = pickle.dumps(payload)
-        except Exception:
-            blob = pickle.dumps({**payload, "message": repr(e)})
+        payload = _exception_payload(type(e), str(e), repr(e))
+    try:
+        blob = pickle.dumps(payload)
+    except Exception as e:
+        if payload["status"] == "ok":  # the function returned: say so, not as if it had raised
+            value = payload["value"]
+            message = (
+                f"{call['module']}.{call['qualname']} returned normally, but its return value (a "
+                f"{type(value).__module__}.{type(value).__qualname__}) cannot be pickled to send back: "
+                f"{type(e).__name__}: {e}"
+            )
+            payload = _exception_payload(None, message, message)
+        else:  # an exception whose message holds something unpicklable
+            payload = {**payload, "message": payload["repr"]}
+        blob = pickle.dumps(payload)
     with open(result_file + ".tmp", "wb") as f:
         f.write(blob)
     os.replace(result_file + ".tmp", result_file)

@@ -12,6 +12,13 @@ the same pass,
   history) with one atomic max per program;
 * writes ``clamp(x * scale, -fp8_max, fp8_max)`` (saturation, as TransformerEngine's casts do).
 
+Non-finite input behaves as ``quantize_reference`` (torch): +-inf saturates to +-fp8_max and
+makes the amax inf; NaN stays NaN in the data (and ``inf * 0`` with a zero scale is NaN) and
+makes the amax NaN. The max is taken on the bits of |x| as int32 (non-negative floats order as
+their bits; NaN above inf), so no float max can drop a NaN; the recipe then keeps the previous
+scale while an inf or NaN amax is in the history (``recipe.scale_from_amax``). The slot's
+earlier value takes part in the max like any other (a NaN there stays, unless its sign bit is set).
+
 Where the final conversion to FP8 happens depends on the tier, behind one constexpr:
 
 * GPU (``CAST_IN_KERNEL=True``): the kernel converts to ``float8e4nv`` / ``float8e5`` itself and
@@ -93,17 +100,23 @@ def _quantize_kernel(
     first = pid * blocks_per_program
     if INT64:
         first = first.to(tl.int64)
-    running_max = tl.zeros((BLOCK,), dtype=tl.float32)
+    # max |x| on the BITS of |x| (sign bit cleared), as int32: for non-negative floats the integer
+    # order is the float order, +inf above every finite value and NaN above +inf, so a NaN wins
+    # the max (as torch's amax) where a float max (maxnumf) or Triton's float atomic_max (no
+    # branch takes a NaN in older versions) would drop it
+    running_max = tl.zeros((BLOCK,), dtype=tl.int32)
     for b in range(blocks_per_program):
         offs = (first + b) * BLOCK + lanes
         mask = offs < n
         x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        running_max = tl.maximum(running_max, tl.abs(x))
-        y = tl.minimum(tl.maximum(x * scale, -FP8_MAX), FP8_MAX)
+        running_max = tl.maximum(running_max, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+        # clamp keeping NaN (torch's clamp does; the default maxnumf/minnumf turn it into -FP8_MAX)
+        y = tl.maximum(x * scale, -FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
+        y = tl.minimum(y, FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
         if CAST_IN_KERNEL:
             y = y.to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + offs, y, mask=mask)
-    tl.atomic_max(amax_ptr, tl.max(running_max, axis=0))
+    tl.atomic_max(amax_ptr.to(tl.pointer_type(tl.int32)), tl.max(running_max, axis=0))
     if pid == 0:  # an IEEE division, as torch.reciprocal (the plain `/` may be approximate on GPUs)
         tl.store(scale_inv_ptr + lanes * 0, tl.math.div_rn(tl.full((BLOCK,), 1.0, tl.float32), scale), mask=lanes == 0)
 
@@ -175,8 +188,11 @@ def quantize(
 
     x: contiguous bf16/fp16/fp32, not empty. scale: one fp32 element, read on the device (no
     host sync). amax: one fp32 element, raised to max(amax, max |x|) in place (row 0 of a history:
-    ``meta.amax_history[0, i:i + 1]``). All on one device; the launch runs on it, whatever the
-    current device. Returns ``Quantized(data, scale_inv)`` with ``scale_inv = 1 / scale``."""
+    ``meta.amax_history[0, i:i + 1]``); NaN anywhere in x makes it NaN, inf inf. All on one
+    device; the launch runs on it, whatever the current device. Returns ``Quantized(data,
+    scale_inv)`` with ``scale_inv = 1 / scale``; NaN in x stays NaN in data, +-inf saturates to
+    +-fp8_max (as ``quantize_reference``). Checked: types, dtypes, shapes, devices (on the host,
+    O(1)); not checked: the values of scale and amax (on the device; read there, no sync)."""
     for name, t in (("x", x), ("scale", scale), ("amax", amax)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")

@@ -80,20 +80,46 @@ class LitmusBuffers:
         return (self.scratch.numel() - 1) // 32
 
 
-def allocate(capacity: int, stride: int = 4, device=None, stress_lines: int = 64) -> LitmusBuffers:
-    """Buffers for up to ``capacity`` instances on ``device`` (default: the tier's device)."""
-    _check_count("capacity", capacity)
+def max_instances(stride: int) -> int:
+    """The most instances one run addresses: the kernel's slot offsets (instance * 2 * stride
+    words) and register indices (instance * MAX_REGS) are int32."""
+    return (2**31 - 1) // max(2 * stride, MAX_REGS)
+
+
+def _check_fits(name: str, count: int, stride: int) -> None:
+    most = max_instances(stride)
+    if count > most:
+        raise UsageError(
+            f"{name}: {count} is more than one run can address with stride {stride} (the kernel's "
+            f"offsets are int32): at most {most}; split the instances over several runs"
+        )
+
+
+def allocate(capacity: int, stride: int = 4, device=None, stress_lines: int = 64, *, _name="capacity") -> LitmusBuffers:
+    """Buffers for up to ``capacity`` instances on ``device`` (default: the tier's device).
+
+    capacity: 1 to ``max_instances(stride)`` (the kernel's offsets are int32). Buffers that do not
+    fit the device's memory are a UsageError naming capacity and the bytes asked for."""
+    _check_count(_name, capacity)
     _check_count("stride", stride)
     _check_count("stress_lines", stress_lines)
+    _check_fits(_name, capacity, stride)
     dev = checks.check_device("device", device if device is not None else tier.kernel_device())
-    return LitmusBuffers(
-        torch.zeros(capacity * 2 * stride, dtype=torch.int32, device=dev),
-        torch.full((capacity, MAX_REGS), kernels.UNWRITTEN, dtype=torch.int32, device=dev),
-        torch.zeros(2, dtype=torch.int32, device=dev),
-        torch.zeros(stress_lines * 32 + 1, dtype=torch.int32, device=dev),
-        capacity,
-        stride,
-    )
+    try:
+        return LitmusBuffers(
+            torch.zeros(capacity * 2 * stride, dtype=torch.int32, device=dev),
+            torch.full((capacity, MAX_REGS), kernels.UNWRITTEN, dtype=torch.int32, device=dev),
+            torch.zeros(2, dtype=torch.int32, device=dev),
+            torch.zeros(stress_lines * 32 + 1, dtype=torch.int32, device=dev),
+            capacity,
+            stride,
+        )
+    except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        need = 4 * (capacity * (2 * stride + MAX_REGS) + 2 + stress_lines * 32 + 1)
+        raise UsageError(
+            f"{_name}: {capacity} instances need {need} bytes of buffers on {dev}, which could not be "
+            f"allocated ({str(e).splitlines()[0][:200]}); pass fewer"
+        ) from None
 
 
 @dataclasses.dataclass
@@ -353,6 +379,8 @@ def _checked(semantics, scope, placement, instances, seed, stress, programs_per_
     returns (stress, lanes) with their defaults filled in (the stride's depends on the caller's buffers)."""
     model.check_variant(semantics, scope, placement)
     _check_count("instances", instances)
+    if stride is None or isinstance(stride, int):  # a bad stride is named below
+        _check_fits("instances", instances, stride or 4)
     _check_count("seed", seed, low=0)
     if stride is not None:
         _check_count("stride", stride)
@@ -420,7 +448,7 @@ def run_litmus(
             [t], semantics, scope, instances, stress, seed, stride, lanes, timeout, programs_per_launch, keep_records
         )[0]
     if buffers is None:
-        buffers = allocate(instances, stride, device, stress_lines=stress.lines)
+        buffers = allocate(instances, stride, device, stress_lines=stress.lines, _name="instances")
     elif not isinstance(buffers, LitmusBuffers):
         raise UsageError(f"buffers: expected LitmusBuffers from allocate(), got {type(buffers).__name__}")
     if instances > buffers.capacity:

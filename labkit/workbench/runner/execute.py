@@ -8,15 +8,17 @@ timeout and one that kills its kernel is reported; neither stops the others.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import html
 import os
+import sys
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from labkit.workbench import gates, hardware, results, sandbox
 from labkit.workbench.runner import notebooks as nbs
-from labkit.workbench.runner import profiles
+from labkit.workbench.runner import profiles, schema
 from labkit.workbench.runner.notebooks import RunError
 
 #: Seconds beyond a notebook's timeout for its kernel to start and shut down.
@@ -198,7 +200,8 @@ def plan(
         except RunError as e:
             raise RunError(f"notebook {name}: {e}") from None
         params = overrides.get(name, {})
-        nbs.validate(name, params, declared)
+        nbs.validate(name, params, declared)  # names and types, from the parameters cell
+        schema.check(name, params)  # values, from the notebook's schema
         entry = (prof.get("notebooks") or {}).get(name, {})
         t = timeout_s or entry.get("timeout_s") or prof["timeout_s"]
         jobs.append((name, found[name], params, float(t), nbs.requirements(nb, name)))
@@ -218,9 +221,37 @@ def run(
 ) -> RunReport:
     """Validate, then execute the selected notebooks into a new run folder; see ``labkit run -h``."""
     profile, jobs = plan(only, profile, params_file, sets, notebooks_dir, profiles_file, timeout_s)
-    run_dir = results.new_run_dir(profile, runs_dir)
+    try:
+        run_dir = results.new_run_dir(profile, runs_dir)
+    except results.ResultsError as e:
+        raise RunError(f"--runs-dir {e}") from None
     tier_env = kernel_env(profile)
     report = RunReport(run_dir, profile, [])
+    # Until the summary is written the folder says it is incomplete: a run killed outright
+    # (SIGKILL runs no handler) leaves running.json and an index marked INCOMPLETE behind.
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    marker = {"pid": os.getpid(), "started": started, "profile": profile, "notebooks": [j[0] for j in jobs]}
+    results.atomic_write_json(run_dir / RUNNING, {**marker, "argv": sys.argv})
+    write_index(report, RUNNING_NOTE.format(**marker))
+    try:
+        _run_jobs(report, jobs, tier_env, progress, RUNNING_NOTE.format(**marker))
+    except BaseException as e:  # KeyboardInterrupt, SIGTERM's SystemExit, a bug: say so, then go on
+        write_summary(report, stopped_by=f"{type(e).__name__}: {e}")
+        raise
+    write_summary(report)
+    return report
+
+
+#: the marker a run folder holds while its run has not ended (removed with the summary)
+RUNNING = "running.json"
+RUNNING_NOTE = (
+    "INCOMPLETE: this run (pid {pid}, started {started}) has not written its summary: it is still "
+    "running, or it was stopped before its end"
+)
+
+
+def _run_jobs(report: RunReport, jobs: list, tier_env: dict, progress: bool, note: str) -> None:
+    run_dir = report.run_dir
     bar = tqdm(jobs, desc="notebooks", unit="nb", disable=not progress)
     for name, path, params, timeout, needs in bar:
         bar.set_postfix_str(name)
@@ -229,6 +260,7 @@ def run(
         gate = gates.requires(**needs)
         if not gate.ok:
             report.results.append(NotebookResult(name, "skipped", gate.reason, parameters=params))
+            write_index(report, note)
             continue
         output = out_dir / f"{name}.ipynb"
         # timeout bounds the whole notebook; papermill gets it per cell too, so a single hung
@@ -265,21 +297,34 @@ def run(
                 sorted(str(p.relative_to(run_dir)) for p in out_dir.glob("*.png")),
             )
         )
-    write_summary(report)
-    return report
+        write_index(report, note)
 
 
-def write_summary(report: RunReport) -> None:
-    """summary.json, index.md and index.html in the run folder."""
+def write_summary(report: RunReport, stopped_by: str | None = None) -> None:
+    """summary.json, index.md and index.html in the run folder; then running.json goes.
+
+    stopped_by: the run ended early (what stopped it): the summary says ``complete: false``
+    and the index is marked INCOMPLETE."""
     doc = {
         "profile": report.profile,
         "run_dir": str(report.run_dir),
+        "complete": stopped_by is None,
+        "stopped_by": stopped_by,
         "results": [dataclasses.asdict(r) for r in report.results],
     }
     results.atomic_write_json(report.run_dir / "summary.json", doc)
+    write_index(report, None if stopped_by is None else f"INCOMPLETE: the run was stopped ({stopped_by})")
+    (report.run_dir / RUNNING).unlink(missing_ok=True)
+
+
+def write_index(report: RunReport, incomplete: str | None = None) -> None:
+    """index.md and index.html: the results so far; ``incomplete`` is a banner saying why the
+    list may be partial (None once the run has ended normally)."""
+    banner = [f"**{incomplete}**", ""] if incomplete else []
     md = [
         f"# labkit run: {report.run_dir.name}",
         "",
+        *banner,
         f"Profile `{report.profile}`.",
         "",
         "| notebook | outcome | seconds | figures |",
@@ -301,7 +346,9 @@ def write_summary(report: RunReport) -> None:
         )
     page = (
         f"<!doctype html><meta charset='utf-8'><title>labkit run {report.run_dir.name}</title>"
-        f"<h1>labkit run {html.escape(report.run_dir.name)}</h1><p>Profile <code>{report.profile}</code>.</p>"
+        f"<h1>labkit run {html.escape(report.run_dir.name)}</h1>"
+        + (f"<p style='background:#ffebee'><b>{html.escape(incomplete)}</b></p>" if incomplete else "")
+        + f"<p>Profile <code>{report.profile}</code>.</p>"
         "<table border='1' cellpadding='4' style='border-collapse:collapse'>"
         "<tr><th>notebook</th><th>outcome</th><th>seconds</th><th>figures</th></tr>" + "".join(rows) + "</table>\n"
     )

@@ -24,8 +24,23 @@ def _read_yaml(path: Path, what: str):
         return yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise RunError(f"{what}: no file at {path}") from None
+    except (OSError, UnicodeDecodeError) as e:  # a folder, no permission, not text, ...
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise RunError(f"{what}: cannot read {path}: {reason}") from None
     except yaml.YAMLError as e:
-        raise RunError(f"{what}: {path} is not valid YAML: {e}") from None
+        raise RunError(f"{what}: {path} is not valid YAML: {yaml_problem(e)}") from None
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: what is wrong and where (PyYAML's own text spans several lines,
+    with a caret under the spot; the CLI promises one line)."""
+    problem = getattr(e, "problem", None)
+    if not problem:
+        return " ".join(str(e).split())
+    context = getattr(e, "context", None)
+    mark = getattr(e, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return f"{context + ': ' if context else ''}{problem}{where}"
 
 
 def load(path: str | Path | None = None) -> dict:
@@ -62,5 +77,5 @@ def parse_set(item: str) -> tuple[str, str, object]:
     try:
         value = yaml.safe_load(raw)
     except yaml.YAMLError as e:
-        raise RunError(f"--set {item!r}: value does not parse: {e}") from None
+        raise RunError(f"--set {item!r}: value does not parse: {yaml_problem(e)}") from None
     return notebook, name, value

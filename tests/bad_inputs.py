@@ -1,0 +1,1266 @@
+"""The bad inputs of /work/shared/bad-inputs.md (Part 1: kernels, fp8, alloc, guard, litmus,
+sandbox, CLI), as data: one ``Case`` per row, with the verdict labkit must give now.
+
+* ``Error(exc, pattern)``: the call raises ``exc`` with a message matching ``pattern`` (which
+  names the argument);
+* ``Right(check)``: the call returns, and ``check(value)`` holds (the right answer, or an honest
+  NaN);
+* ``Exit(code, pattern)``: a ``labkit`` command line returns ``code`` and prints one line on
+  stderr matching ``pattern``, no traceback.
+
+``tests/test_bad_inputs.py`` runs every case. Inputs are fresh random tensors on the tier's
+kernel device (the CPU under the interpreter). Rows whose verdict depends on the machine (no CUDA
+GPU, the interpreter) carry a skip mark for the other machines. Not here: Part 2 (collectives,
+another change's scope) and row 178 (it executes a notebook).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import os
+import re
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import labkit  # noqa: F401  (picks the tier before the kernels are imported)
+from labkit.kernels import alloc, copy, grouped_mm, grouped_mm_wgrad, sc_matmul, triton_matmul
+from labkit.kernels.fp8 import DelayedScaling, FP8Linear, fp8_autocast, fp8_gemm, quantize
+from labkit.kernels.fp8.recipe import FP8Meta
+from labkit.kernels.grouped_linear import GroupedLinear
+from labkit.kernels.litmus.run import run_litmus
+from labkit.workbench import tier
+from labkit.workbench.errors import UsageError
+from labkit.workbench.guard import common_device, on_device_of
+from labkit.workbench.sandbox import SandboxError, run_isolated
+
+DEV = tier.kernel_device()
+HERE = Path(__file__).resolve().parent
+FNS = {"PYTHONPATH": str(HERE)}  # tests/sandbox_fns.py for the sandbox rows
+nan, inf = float("nan"), float("inf")
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the row is about a machine without CUDA")
+INTERPRETED = pytest.mark.skipif(not tier.interpreted(), reason="the row is about the Triton interpreter")
+LINUX = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+
+
+# --- verdicts ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Error:
+    exc: type
+    pattern: str
+
+    def check(self, call: Callable) -> None:
+        with pytest.raises(self.exc, match=self.pattern):
+            call()
+
+
+@dataclasses.dataclass
+class Right:
+    holds: Callable[[object], bool]
+
+    def check(self, call: Callable) -> None:
+        value = call()
+        assert self.holds(value), f"wrong answer: {value!r:.500}"
+
+
+@dataclasses.dataclass
+class Exit:
+    code: int
+    pattern: str
+
+    def check(self, call: Callable) -> None:
+        code, err = call()
+        assert code == self.code, (code, err[-2000:])
+        if self.pattern:
+            lines = err.strip().splitlines()
+            assert len(lines) == 1 and re.search(self.pattern, lines[0]), err[-2000:]
+        assert "Traceback" not in err
+
+
+@dataclasses.dataclass
+class Case:
+    row: int
+    what: str
+    call: Callable
+    verdict: Error | Right | Exit
+    marks: tuple = ()
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def rnd(*shape, dtype=torch.float32):
+    return torch.randn(*shape).to(dtype).to(DEV)
+
+
+def same_nonfinite(got, want) -> bool:
+    g, w = got.double().cpu(), want.double().cpu()
+    return all(torch.equal(f(g), f(w)) for f in (torch.isnan, torch.isposinf, torch.isneginf))
+
+
+def close(got, want, rtol) -> bool:
+    g, w = got.double().cpu(), want.double().cpu()
+    return bool(((g - w).abs().max() <= rtol * w.abs().max().clamp_min(1e-30)).item())
+
+
+def loop(x, w, splits):
+    rows, out = 0, []
+    for e, m in enumerate(splits):
+        out.append(x[rows : rows + m].double() @ w[e].double())
+        rows += m
+    return torch.cat(out) if out else torch.empty(0, w.shape[2], dtype=torch.float64)
+
+
+def slot(scale=1.0):
+    meta = FP8Meta.create(1, 4, DEV)
+    meta.scale.fill_(scale)
+    return meta, meta.scale[0:1], meta.amax_history[0, 0:1]
+
+
+def _copy_overlap():
+    buf = rnd(100_001)
+    return copy(buf[0:100_000], buf[1:100_001])
+
+
+def _copy_nonfinite():
+    x = torch.tensor([1.0, nan, inf, -inf, 2.0], device=DEV)
+    return torch.equal(copy(x).view(torch.int32), x.view(torch.int32))
+
+
+def _matmul_nonfinite():
+    a, b = rnd(32, 16), rnd(16, 24)
+    a[1, 3], b[5, 2] = nan, inf
+    return same_nonfinite(triton_matmul(a, b), a.double() @ b.double())
+
+
+def _matmul_fp16_overflow():
+    a = torch.full((4, 2), 6e4, dtype=torch.float16, device=DEV)
+    b = torch.full((2, 8), 6e4, dtype=torch.float16, device=DEV)
+    return triton_matmul(a, b).isinf().all().item()
+
+
+def _sc_nonfinite():
+    a, b = rnd(8, 16), rnd(16, 16)
+    a[1, 3], b[5, 2] = nan, inf
+    out = sc_matmul(a, b).cpu()
+    want = torch.zeros(8, 16, dtype=torch.bool)
+    want[1, :], want[:, 2] = True, True
+    return torch.equal(out.isnan(), want)
+
+
+def _sc_err(a, b, rtol):
+    ref = a.double() @ b.double()
+    return close(sc_matmul(a, b), ref, rtol)
+
+
+def _grouped_nan_row():
+    x, w = rnd(10, 16), rnd(3, 16, 8)
+    x[4, 0] = nan
+    return same_nonfinite(grouped_mm(x, w, [3, 3, 4]), loop(x, w, [3, 3, 4]))
+
+
+def _grouped_layouts():
+    x = rnd(16, 10).t()  # non-contiguous [10, 16]
+    w = rnd(3, 8, 16).transpose(1, 2)  # the dgrad layout [3, 16, 8]
+    return close(grouped_mm(x, w, [3, 3, 4]), loop(x, w, [3, 3, 4]), 1e-4)
+
+
+def _grouped_empty():
+    a = grouped_mm(torch.empty(0, 16, device=DEV), rnd(3, 16, 8), [0, 0, 0])
+    b = grouped_mm(torch.empty(0, 16, device=DEV), rnd(0, 16, 8), [])
+    return a.shape == (0, 8) and b.shape == (0, 8)
+
+
+def _grouped_linear_nan_backward():
+    layer = GroupedLinear(3, 16, 8, device=DEV)
+    x = rnd(10, 16)
+    x[0, 0] = nan
+    layer(x, [3, 3, 4]).sum().backward()
+    return [bool(layer.weight.grad[e].isfinite().all()) for e in range(3)] == [False, True, True]
+
+
+def _quantize(x, scale=1.0):
+    _, s, amax = slot(scale)
+    q = quantize(x, s, amax)
+    return q, amax
+
+
+def _quantize_nan():
+    x = rnd(16)
+    x[3] = nan
+    q, amax = _quantize(x)
+    return q.data.float()[3].isnan().item() and q.data.float().isnan().sum().item() == 1 and amax.isnan().item()
+
+
+def _quantize_inf():
+    x = rnd(16)
+    x[0] = inf
+    q, amax = _quantize(x)
+    return q.data.float()[0].item() == 448.0 and amax.item() == inf
+
+
+def _scale_zero_then_gemm():
+    q, _ = _quantize(rnd(16, 16), 0.0)
+    return fp8_gemm(q, q).isnan().any().item()
+
+
+def _scale_nan():
+    q, _ = _quantize(rnd(16), nan)
+    return q.data.float().isnan().all().item() and q.scale_inv.isnan().item()
+
+
+def _scale_negative():
+    x = rnd(16)
+    q, _ = _quantize(x, -1.0)
+    return close(q.dequantize(), x, 0.07)
+
+
+def _fp8_gemm_odd_shapes():
+    a, b = rnd(10, 24), rnd(12, 24)
+    qa, _ = _quantize(a)
+    qb, _ = _quantize(b)
+    return close(fp8_gemm(qa, qb, out_dtype=torch.float32), a.double() @ b.double().T, 0.1)
+
+
+def _fp8_linear(in_f=16, out_f=16, hist=16):
+    return FP8Linear(in_f, out_f, recipe=DelayedScaling(amax_history_len=hist), device=DEV)
+
+
+def _fp8_linear_odd():
+    lin = _fp8_linear(10, 6)
+    x = rnd(3, 10)
+    with fp8_autocast():
+        y = lin(x)
+    return close(y, x.double() @ lin.weight.double().T, 0.1)
+
+
+def _fp8_nan_step():
+    lin = _fp8_linear(16, 16, 4)
+    recipe = DelayedScaling(amax_history_len=4)
+    with fp8_autocast(recipe=recipe):
+        lin(rnd(4, 16))
+    scales = lin.fp8_forward_scale.clone()
+    x = rnd(4, 16)
+    x[0, 0] = nan
+    with fp8_autocast(recipe=recipe):
+        y = lin(x)
+    rows = y.isnan().any(1).cpu().tolist() == [True, False, False, False]
+    kept = torch.equal(lin.fp8_forward_scale, scales) and lin.fp8_forward_amax_history.isnan().any().item()
+    x2 = rnd(4, 16)
+    with fp8_autocast(recipe=recipe):
+        y2 = lin(x2)
+    return rows and kept and close(y2, x2.double() @ lin.weight.double().T, 0.1)
+
+
+def _fp8_inf_step():
+    lin = _fp8_linear(16, 16, 4)
+    recipe = DelayedScaling(amax_history_len=4)
+    x = rnd(4, 16)
+    x[0, 0] = inf
+    with fp8_autocast(recipe=recipe):
+        y = lin(x)
+    scale_kept = lin.fp8_forward_scale[0].item() == 1.0  # amax inf: the previous scale (1) stays
+    return y.isfinite().all().item() and scale_kept
+
+
+def _fp8_first_step_clamps():
+    lin = _fp8_linear(16, 16, 4)
+    recipe = DelayedScaling(amax_history_len=4)
+    with fp8_autocast(recipe=recipe):
+        lin(1e6 * rnd(4, 16))
+    x2 = 1e6 * rnd(4, 16)
+    with fp8_autocast(recipe=recipe):
+        y2 = lin(x2)
+    return close(y2, x2.double() @ lin.weight.double().T, 0.1)
+
+
+def _nested_autocast():
+    ctx = fp8_autocast()
+    with ctx, ctx:
+        pass
+
+
+def _history_mismatch():
+    lin = _fp8_linear(16, 16, 16)
+    with fp8_autocast(recipe=DelayedScaling(amax_history_len=4)):
+        lin(rnd(4, 16))
+
+
+def _history_replaced():
+    lin = _fp8_linear(16, 16, 16)
+    lin.fp8_forward_amax_history = torch.zeros(16, device=DEV)
+    with fp8_autocast():
+        lin(rnd(4, 16))
+
+
+def _keep_one_piece():
+    bulk = alloc.allocate_raw([(4,), (4,)], torch.float32, "cpu")
+    piece = bulk.tensors[1]
+    del bulk
+    other = torch.zeros(64)
+    piece.copy_(torch.arange(4.0))
+    return torch.equal(piece, torch.arange(4.0)) and other.abs().sum().item() == 0
+
+
+def _in_main():
+    def f():
+        return 1
+
+    f.__module__, f.__qualname__ = "__main__", "f"
+    return run_isolated(f)
+
+
+def _grandchild_dies():
+    pid_file = _scratch("pid")
+    res = run_isolated("sandbox_fns:start_detached_and_return", pid_file, timeout=60, env=FNS)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{res.value}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return res.ok
+        if state == "Z":
+            return res.ok
+        time.sleep(0.1)
+    return False
+
+
+def status(res, **want):
+    return all(getattr(res, k) == v for k, v in want.items())
+
+
+def cli(*argv):
+    """``labkit ARGV`` in this process: (exit status, stderr). A notebook is never executed: the
+    sandbox is replaced by a stand-in that fails the case if it is reached."""
+    from labkit.workbench import cli as cli_mod
+    from labkit.workbench.runner import execute
+
+    def refuse(*a, **k):
+        raise AssertionError("this bad input reached the execution of a notebook")
+
+    err = io.StringIO()
+    saved = execute.sandbox.run_isolated
+    execute.sandbox.run_isolated = refuse
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                code = cli_mod.main(list(argv))
+            except SystemExit as e:
+                code = e.code
+    finally:
+        execute.sandbox.run_isolated = saved
+    return code, err.getvalue()
+
+
+#: scratch files of the CLI and sandbox rows, removed when the test process exits
+SCRATCH = tempfile.TemporaryDirectory(prefix="labkit-bad-inputs-")
+
+
+def _scratch(name: str, text: str | None = None, folder: bool = False) -> str:
+    path = Path(tempfile.mkdtemp(dir=SCRATCH.name)) / name
+    if folder:
+        path.mkdir()
+    elif text is not None:
+        path.write_text(text)
+    return str(path)
+
+
+def _lab_argv_port_space():
+    from labkit.workbench.cli import lab_argv
+
+    return any(a.startswith("--ServerApp.root_dir=") for a in lab_argv(["--port", "8899"], euid=1000))
+
+
+# --- the rows ---------------------------------------------------------------------------------
+
+E, R, X = Error, Right, Exit
+T, V, U = TypeError, ValueError, UsageError
+
+CASES: list[Case] = [
+    # copy
+    Case(1, "copy: src with NaN/+inf/-inf", _copy_nonfinite, R(bool)),
+    Case(2, "copy: src float64", lambda: copy(rnd(4).double()), E(T, "src: dtype float64 is not supported")),
+    Case(3, "copy: src bool", lambda: copy(rnd(4) > 0), E(T, "src: dtype bool is not supported")),
+    Case(4, "copy: src transposed", lambda: copy(rnd(8, 4).t()), E(V, "src: expected a contiguous tensor")),
+    Case(5, "copy: out transposed", lambda: copy(rnd(4, 8), rnd(8, 4).t()), E(V, "out: expected a contiguous tensor")),
+    Case(6, "copy: empty src", lambda: (copy(rnd(0)).shape, copy(rnd(3, 0)).shape), R(lambda v: v == ((0,), (3, 0)))),
+    Case(7, "copy: src a list", lambda: copy([1, 2]), E(T, "src: expected a torch.Tensor, got list")),
+    Case(8, "copy: out (9,) for (8,)", lambda: copy(rnd(8), rnd(9)), E(V, r"out: shape \(9,\) differs from src shape")),
+    Case(9, "copy: out int32", lambda: copy(rnd(8), rnd(8).int()), E(T, "out: dtype torch.int32 differs")),
+    Case(10, "copy: out partly overlaps src", _copy_overlap, E(V, "out: overlaps src in memory")),
+    Case(11, "copy: src on meta", lambda: copy(torch.empty(4, device="meta")), E(V, "src: is on meta")),
+    Case(
+        12,
+        "copy: out on meta",
+        lambda: copy(rnd(4), torch.empty(4, device="meta")),
+        E(V, r"tensors must share one device: src on \S+, out on meta"),
+    ),
+    # triton_matmul
+    Case(13, "matmul: NaN row, inf column", _matmul_nonfinite, R(bool)),
+    Case(
+        14, "matmul: K mismatch", lambda: triton_matmul(rnd(4, 16), rnd(17, 8)), E(V, "a, b: inner dimensions differ")
+    ),
+    Case(15, "matmul: int32", lambda: triton_matmul(rnd(4, 4).int(), rnd(4, 4).int()), E(T, "a: dtype int32")),
+    Case(
+        16,
+        "matmul: fp16 @ fp32",
+        lambda: triton_matmul(rnd(4, 4).half(), rnd(4, 4)),
+        E(T, "b: dtype float32 differs from a's dtype float16"),
+    ),
+    Case(
+        17,
+        "matmul: a 1-D",
+        lambda: triton_matmul(rnd(16), rnd(16, 8)),
+        E(V, r"a: expected a 2-D tensor, got shape \(16,\)"),
+    ),
+    Case(18, "matmul: a 3-D", lambda: triton_matmul(rnd(2, 4, 16), rnd(16, 8)), E(V, r"a: expected a 2-D tensor")),
+    Case(
+        19,
+        "matmul: transposed a, stride-0 b",
+        lambda: (lambda a, b: close(triton_matmul(a, b), a.double() @ b.double(), 1e-2))(
+            rnd(16, 40).t(), rnd(16, 1).expand(16, 24)
+        ),
+        R(bool),
+    ),
+    Case(
+        20, "matmul: K=0", lambda: triton_matmul(rnd(4, 0), rnd(0, 8)), R(lambda v: v.shape == (4, 8) and not v.any())
+    ),
+    Case(21, "matmul: M=0", lambda: triton_matmul(rnd(0, 16), rnd(16, 8)), R(lambda v: v.shape == (0, 8))),
+    Case(
+        22,
+        "matmul: out is a",
+        lambda: (lambda a: triton_matmul(a, rnd(8, 8), out=a))(rnd(8, 8)),
+        E(V, "out: overlaps a"),
+    ),
+    Case(
+        23,
+        "matmul: out wrong shape",
+        lambda: triton_matmul(rnd(4, 8), rnd(8, 8), out=rnd(8, 4)),
+        E(V, r"out: shape \(8, 4\)"),
+    ),
+    Case(
+        24, "matmul: float64", lambda: triton_matmul(rnd(4, 4).double(), rnd(4, 4).double()), E(T, "a: dtype float64")
+    ),
+    Case(
+        25,
+        "matmul: a numpy",
+        lambda: triton_matmul(np.ones((4, 4)), rnd(4, 4)),
+        E(T, "a: expected a torch.Tensor, got ndarray"),
+    ),
+    Case(26, "matmul: fp16 products past fp16's range", _matmul_fp16_overflow, R(bool)),
+    # sc_matmul
+    Case(27, "sc_matmul: NaN in a, inf in b", _sc_nonfinite, R(bool)),
+    Case(
+        28,
+        "sc_matmul: sc_prec=9",
+        lambda: sc_matmul(rnd(4, 16), rnd(16, 8), sc_prec=9),
+        E(V, "sc_prec: expected an int"),
+    ),
+    Case(
+        29,
+        "sc_matmul: sc_prec=True",
+        lambda: sc_matmul(rnd(4, 16), rnd(16, 8), sc_prec=True),
+        E(V, "sc_prec: .*got True"),
+    ),
+    Case(
+        30,
+        "sc_matmul: stoc_len=3",
+        lambda: sc_matmul(rnd(4, 16), rnd(16, 8), stoc_len=3),
+        E(V, "stoc_len: expected a power of two"),
+    ),
+    Case(31, "sc_matmul: K mismatch", lambda: sc_matmul(rnd(4, 16), rnd(17, 8)), E(V, "a, b: K mismatch")),
+    Case(32, "sc_matmul: int32", lambda: sc_matmul(rnd(4, 16).int(), rnd(16, 8).int()), E(T, "a: dtype int32")),
+    Case(33, "sc_matmul: M=0", lambda: sc_matmul(rnd(0, 16), rnd(16, 8)), R(lambda v: v.shape == (0, 8))),
+    Case(34, "sc_matmul: K=0", lambda: sc_matmul(rnd(4, 0), rnd(0, 8)), R(lambda v: v.shape == (4, 8) and not v.any())),
+    Case(
+        35,
+        "sc_matmul: per_head on 2-D",
+        lambda: sc_matmul(rnd(4, 16), rnd(16, 8), granularity="per_head"),
+        E(V, "granularity='per_head' needs 3-D inputs"),
+    ),
+    Case(
+        36,
+        "sc_matmul: head counts differ",
+        lambda: sc_matmul(rnd(2, 4, 16), rnd(3, 16, 8)),
+        E(V, "a, b: head counts differ: 2 and 3"),
+    ),
+    Case(
+        37,
+        "sc_matmul: chunk_d=-4",
+        lambda: sc_matmul(rnd(4, 16), rnd(16, 8), chunk_d=-4),
+        E(V, "chunk_d: expected an int >= 0"),
+    ),
+    Case(
+        38,
+        "sc_matmul: a_seq='random'",
+        lambda: sc_matmul(rnd(4, 16), rnd(16, 8), a_seq="random"),
+        E(V, "a_seq: 'random' is not one of"),
+    ),
+    Case(
+        39, "sc_matmul: subnormal a", lambda: _sc_err(torch.full((4, 16), 1e-40, device=DEV), rnd(16, 8), 0.3), R(bool)
+    ),
+    Case(
+        40,
+        "sc_matmul: 3e38 @ 1e-38",
+        lambda: _sc_err(torch.full((4, 16), 3e38, device=DEV), torch.full((16, 8), 1e-38, device=DEV), 1e-3),
+        R(bool),
+    ),
+    Case(41, "sc_matmul: a transposed", lambda: _sc_err(rnd(16, 8).t(), rnd(16, 16), 0.3), R(bool)),
+    # grouped_mm
+    Case(
+        42,
+        "grouped_mm: list sums to 9 of 10",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 16, 8), [3, 3, 3]),
+        E(V, "m_splits: counts sum to 9, but x has M = 10"),
+    ),
+    Case(
+        43,
+        "grouped_mm: list with -2",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 16, 8), [12, -2, 0]),
+        E(V, "m_splits: count of expert 1 is negative"),
+    ),
+    Case(
+        44,
+        "grouped_mm: 2 counts for 3",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 16, 8), [5, 5]),
+        E(V, "m_splits: expected 3 counts"),
+    ),
+    Case(
+        45,
+        "grouped_mm: float tensor",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 16, 8), torch.tensor([3.0, 3.0, 4.0])),
+        E(T, "m_splits: dtype float32 is not an integer"),
+    ),
+    Case(
+        46,
+        "grouped_mm: list of floats",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 16, 8), [3.0, 3.0, 4.0]),
+        E(T, "m_splits: expected integer counts, got float"),
+    ),
+    Case(
+        47,
+        "grouped_mm: a bool count",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 16, 8), [True, 4, 5]),
+        E(T, "m_splits: expected integer counts, got bool"),
+    ),
+    Case(
+        48,
+        "grouped_mm: int8 tensor",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 16, 8), torch.tensor([3, 3, 4], dtype=torch.int8)),
+        E(T, "m_splits: dtype int8"),
+    ),
+    Case(
+        49,
+        "grouped_mm: 2-D tensor",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 16, 8), torch.tensor([[3, 3, 4]])),
+        E(V, r"m_splits: expected 3 counts .*shape \(1, 3\)"),
+    ),
+    Case(
+        50,
+        "grouped_mm: numpy counts",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 16, 8), np.array([3, 3, 4])),
+        E(T, "m_splits: expected a list of ints or an integer tensor, got ndarray"),
+    ),
+    Case(
+        51,
+        "grouped_mm: counts on meta",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 16, 8), torch.tensor([3, 3, 4], device="meta")),
+        E(V, "m_splits: is on meta, x is on"),
+    ),
+    Case(
+        52,
+        "grouped_mm: CPU tensor sums to 9 of 10",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 16, 8), torch.tensor([3, 3, 3])),
+        E(V, "m_splits: counts sum to 9, but x has M = 10"),
+    ),
+    Case(
+        53,
+        "grouped_mm: CPU tensor with -2",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 16, 8), torch.tensor([12, -2, 0])),
+        E(V, "m_splits: count of expert 1 is negative"),
+    ),
+    Case(
+        54,
+        "grouped_mm: check_splits=True",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 16, 8), torch.tensor([3, 3, 3]), check_splits=True),
+        E(V, "m_splits: counts sum to 9"),
+    ),
+    Case(
+        55,
+        "grouped_mm: bf16 x, fp32 w",
+        lambda: grouped_mm(rnd(10, 16, dtype=torch.bfloat16), rnd(3, 16, 8), [3, 3, 4]),
+        E(T, "w: dtype float32 differs from x's dtype bfloat16"),
+    ),
+    Case(
+        56,
+        "grouped_mm: w K=15",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 15, 8), [3, 3, 4]),
+        E(V, r"w: shape \(3, 15, 8\) is not \[E, K, N\] with K = 16"),
+    ),
+    Case(57, "grouped_mm: NaN in row 4", _grouped_nan_row, R(bool)),
+    Case(58, "grouped_mm: M=0, and E=0", _grouped_empty, R(bool)),
+    Case(
+        59,
+        "grouped_mm: bias [N]",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 16, 8), [3, 3, 4], bias=rnd(8)),
+        E(V, "bias: expected a 2-D tensor"),
+    ),
+    Case(
+        60,
+        "grouped_mm: out column stride 2",
+        lambda: grouped_mm(rnd(10, 16), rnd(3, 16, 8), [3, 3, 4], out=rnd(10, 16)[:, ::2]),
+        E(V, "out: needs column stride 1"),
+    ),
+    Case(61, "grouped_mm: transposed x and w", _grouped_layouts, R(bool)),
+    # grouped_mm_wgrad
+    Case(
+        62,
+        "wgrad: list sums to 9 of 10",
+        lambda: grouped_mm_wgrad(rnd(10, 16), rnd(10, 8), [3, 3, 3]),
+        E(V, "m_splits: counts sum to 9"),
+    ),
+    Case(
+        63,
+        "wgrad: accumulate without out",
+        lambda: grouped_mm_wgrad(rnd(10, 16), rnd(10, 8), [3, 3, 4], accumulate=True),
+        E(V, "out: accumulating needs"),
+    ),
+    Case(
+        64,
+        "wgrad: accumulate='yes'",
+        lambda: grouped_mm_wgrad(rnd(10, 16), rnd(10, 8), [3, 3, 4], accumulate="yes"),
+        E(T, "accumulate: expected a bool or a bool tensor, got str"),
+    ),
+    Case(
+        65,
+        "wgrad: 2 flags for 3 experts",
+        lambda: grouped_mm_wgrad(
+            rnd(10, 16),
+            rnd(10, 8),
+            [3, 3, 4],
+            out=rnd(3, 16, 8),
+            accumulate=torch.ones(2, dtype=torch.bool, device=DEV),
+        ),
+        E(V, "accumulate: has 2 flags for 3 experts"),
+    ),
+    Case(
+        66,
+        "wgrad: float mask",
+        lambda: grouped_mm_wgrad(rnd(10, 16), rnd(10, 8), [3, 3, 4], out=rnd(3, 16, 8), accumulate=rnd(3)),
+        E(T, "accumulate: dtype float32 is not supported"),
+    ),
+    Case(
+        67,
+        "wgrad: dy 9 rows",
+        lambda: grouped_mm_wgrad(rnd(10, 16), rnd(9, 8), [3, 3, 4]),
+        E(V, "dy: has 9 rows, x has 10"),
+    ),
+    Case(
+        68,
+        "wgrad: 2-D counts",
+        lambda: grouped_mm_wgrad(rnd(10, 16), rnd(10, 8), torch.tensor([[3, 3, 4]])),
+        E(T, r"m_splits: expected a list of ints or a 1-D integer tensor, got Tensor of shape \(1, 3\)"),
+    ),
+    Case(
+        69, "wgrad: counts a str", lambda: grouped_mm_wgrad(rnd(10, 16), rnd(10, 8), "334"), E(T, "m_splits: .*got str")
+    ),
+    Case(
+        70,
+        "wgrad: CPU tensor sums to 9 of 10",
+        lambda: grouped_mm_wgrad(rnd(10, 16), rnd(10, 8), torch.tensor([3, 3, 3])),
+        E(V, "m_splits: counts sum to 9"),
+    ),
+    Case(
+        71,
+        "wgrad: out float16",
+        lambda: grouped_mm_wgrad(rnd(10, 16), rnd(10, 8), [3, 3, 4], out=rnd(3, 16, 8).half()),
+        E(T, "out: dtype float16; expected one of float32"),
+    ),
+    # GroupedLinear
+    Case(
+        72,
+        "GroupedLinear(0, 16, 8)",
+        lambda: GroupedLinear(0, 16, 8),
+        E(V, "num_experts: expected a positive int, got 0"),
+    ),
+    Case(
+        73,
+        "GroupedLinear(2, 16.0, 8)",
+        lambda: GroupedLinear(2, 16.0, 8),
+        E(V, "in_features: expected a positive int, got 16.0"),
+    ),
+    Case(
+        74,
+        "GroupedLinear: x of 12 features for 16",
+        lambda: GroupedLinear(3, 16, 8, device=DEV)(rnd(10, 12), [3, 3, 4]),
+        E(V, r"x: expected \[M, in_features\] = \[M, 16\]"),
+    ),
+    Case(
+        75,
+        "GroupedLinear: bf16 x on an fp32 module",
+        lambda: GroupedLinear(3, 16, 8, device=DEV)(rnd(10, 16, dtype=torch.bfloat16), [3, 3, 4]),
+        E(T, "x: dtype bfloat16 is not supported"),
+    ),
+    Case(
+        76,
+        "GroupedLinear: counts sum to 9 of 10",
+        lambda: GroupedLinear(3, 16, 8, device=DEV)(rnd(10, 16), [3, 3, 3]),
+        E(V, "m_splits: counts sum to 9"),
+    ),
+    Case(
+        77,
+        "GroupedLinear: mask without fused accumulation",
+        lambda: GroupedLinear(3, 16, 8, device=DEV)(
+            rnd(10, 16), [3, 3, 4], torch.ones(3, dtype=torch.bool, device=DEV)
+        ),
+        E(V, "wgrad_accumulation_mask: only meaningful"),
+    ),
+    Case(
+        78,
+        "GroupedLinear: fused, main_grad deleted",
+        lambda: (lambda m: (delattr(m.weight, "main_grad"), m(rnd(10, 16), [3, 3, 4])))(
+            GroupedLinear(3, 16, 8, fuse_wgrad_accumulation=True, device=DEV)
+        ),
+        E(V, "weight.main_grad: fuse_wgrad_accumulation=True needs"),
+    ),
+    Case(79, "GroupedLinear: NaN in expert 0's row, backward", _grouped_linear_nan_backward, R(bool)),
+    # fp8 recipe
+    Case(
+        80,
+        "DelayedScaling fp8_format='E4M3X'",
+        lambda: DelayedScaling(fp8_format="E4M3X"),
+        E(V, "fp8_format: 'E4M3X' is not one of"),
+    ),
+    Case(
+        81,
+        "DelayedScaling amax_history_len=0",
+        lambda: DelayedScaling(amax_history_len=0),
+        E(V, "amax_history_len: expected an int >= 1, got 0"),
+    ),
+    Case(
+        82,
+        "DelayedScaling amax_history_len=True",
+        lambda: DelayedScaling(amax_history_len=True),
+        E(V, "amax_history_len: .*got True"),
+    ),
+    Case(
+        83,
+        "DelayedScaling amax_compute_algo='mean'",
+        lambda: DelayedScaling(amax_compute_algo="mean"),
+        E(V, "amax_compute_algo: 'mean'"),
+    ),
+    Case(
+        84,
+        "DelayedScaling margin=nan",
+        lambda: DelayedScaling(margin=nan),
+        E(V, "margin: expected a finite number >= 0"),
+    ),
+    Case(
+        84, "DelayedScaling margin=-1", lambda: DelayedScaling(margin=-1), E(V, "margin: expected a finite number >= 0")
+    ),
+    Case(
+        85,
+        "DelayedScaling fp8_format='hybrid'",
+        lambda: DelayedScaling(fp8_format="hybrid"),
+        E(V, "fp8_format: 'hybrid'"),
+    ),
+    # fp8 quantize
+    Case(86, "quantize: NaN in x", _quantize_nan, R(bool)),
+    Case(87, "quantize: +inf in x", _quantize_inf, R(bool)),
+    Case(
+        88,
+        "quantize: scale of 2",
+        lambda: quantize(rnd(8), rnd(2), slot()[2]),
+        E(V, "scale: expected one fp32 element"),
+    ),
+    Case(
+        89, "quantize: amax of 4", lambda: quantize(rnd(8), slot()[1], rnd(4)), E(V, "amax: expected one fp32 element")
+    ),
+    Case(
+        90,
+        "quantize: amax float16",
+        lambda: quantize(rnd(8), slot()[1], rnd(1).half()),
+        E(T, "amax: dtype float16 is not supported"),
+    ),
+    Case(91, "quantize: x empty", lambda: quantize(rnd(0), *slot()[1:]), E(V, "x: expected a non-empty tensor")),
+    Case(
+        92,
+        "quantize: fp8_dtype float16",
+        lambda: quantize(rnd(8), *slot()[1:], torch.float16),
+        E(T, "fp8_dtype: expected one of"),
+    ),
+    Case(93, "quantize: x int32", lambda: quantize(rnd(8).int(), *slot()[1:]), E(T, "x: dtype int32 is not supported")),
+    Case(
+        94,
+        "quantize: x transposed",
+        lambda: quantize(rnd(8, 16).t(), *slot()[1:]),
+        E(V, "x: expected a contiguous tensor"),
+    ),
+    Case(95, "quantize: scale 0, then fp8_gemm", _scale_zero_then_gemm, R(bool)),
+    Case(96, "quantize: scale NaN", _scale_nan, R(bool)),
+    Case(97, "quantize: scale -1", _scale_negative, R(bool)),
+    # fp8_gemm
+    Case(
+        98,
+        "fp8_gemm: a plain tensor",
+        lambda: fp8_gemm(rnd(16, 16), _quantize(rnd(16, 16))[0]),
+        E(T, "a: expected a Quantized"),
+    ),
+    Case(
+        99,
+        "fp8_gemm: inner dims differ",
+        lambda: fp8_gemm(_quantize(rnd(16, 32))[0], _quantize(rnd(16, 48))[0]),
+        E(V, "a, b: inner dimensions differ"),
+    ),
+    Case(
+        100,
+        "fp8_gemm: backend='cublas'",
+        lambda: fp8_gemm(_quantize(rnd(16, 16))[0], _quantize(rnd(16, 16))[0], backend="cublas"),
+        E(V, "backend: 'cublas' is not one of"),
+    ),
+    Case(
+        101,
+        "fp8_gemm: scaled_mm with 10x24",
+        lambda: fp8_gemm(_quantize(rnd(10, 24))[0], _quantize(rnd(12, 24))[0], backend="scaled_mm"),
+        E(V, "a: the FP8 GEMM .* multiple of 16"),
+    ),
+    Case(102, "fp8_gemm: 10x24 on the CPU (emulated)", _fp8_gemm_odd_shapes, R(bool), (NO_CUDA,)),
+    Case(
+        103,
+        "fp8_gemm: out_dtype int32",
+        lambda: fp8_gemm(_quantize(rnd(16, 16))[0], _quantize(rnd(16, 16))[0], out_dtype=torch.int32),
+        E(T, "out_dtype: expected one of"),
+    ),
+    # FP8Linear and fp8_autocast
+    Case(104, "FP8Linear(0, 16)", lambda: FP8Linear(0, 16), E(V, "in_features: expected a positive int, got 0")),
+    Case(
+        105,
+        "FP8Linear recipe='HYBRID'",
+        lambda: FP8Linear(16, 16, recipe="HYBRID"),
+        E(T, "recipe: expected a DelayedScaling, got str"),
+    ),
+    Case(
+        106,
+        "FP8Linear backend='fast'",
+        lambda: FP8Linear(16, 16, backend="fast"),
+        E(V, "backend: 'fast' is not one of"),
+    ),
+    Case(
+        107,
+        "FP8Linear: x [4, 12] for 16",
+        lambda: (lambda m: [m(rnd(4, 12)) for _ in fp8_autocast_once()])(_fp8_linear()),
+        E(V, r"x: expected a non-empty tensor of shape \[\.\.\., 16\]"),
+    ),
+    Case(108, "FP8Linear: 10 -> 6 on the CPU (emulated)", _fp8_linear_odd, R(bool), (NO_CUDA,)),
+    Case(109, "FP8Linear: a NaN step, then a clean one", _fp8_nan_step, R(bool)),
+    Case(110, "FP8Linear: an inf step", _fp8_inf_step, R(bool)),
+    Case(111, "FP8Linear: 1e6 * x in the first step", _fp8_first_step_clamps, R(bool)),
+    Case(
+        112,
+        "fp8_autocast recipe='HYBRID'",
+        lambda: fp8_autocast(recipe="HYBRID"),
+        E(T, "recipe: expected a labkit.kernels.fp8.DelayedScaling"),
+    ),
+    Case(113, "fp8_autocast mode='fastest'", lambda: fp8_autocast(mode="fastest"), E(V, "mode: expected one of")),
+    Case(
+        114,
+        "fp8_autocast enabled='yes'",
+        lambda: fp8_autocast(enabled="yes"),
+        E(T, "enabled: expected a bool, got str"),
+    ),
+    Case(115, "fp8_autocast entered twice", _nested_autocast, E(RuntimeError, "already entered")),
+    Case(116, "FP8Linear history 16, recipe 4", _history_mismatch, E(V, "recipe: amax_history_len=4 but")),
+    Case(
+        117,
+        "FP8Meta shapes [2], [2], [16, 3]",
+        lambda: FP8Meta(torch.ones(2), torch.ones(2), torch.zeros(16, 3)),
+        E(V, r"amax_history: expected scale \[n\]"),
+    ),
+    Case(
+        118,
+        "FP8Meta amax_history float16",
+        lambda: FP8Meta(torch.ones(2), torch.ones(2), torch.zeros(16, 2, dtype=torch.float16)),
+        E(T, "amax_history: expected an fp32 tensor"),
+    ),
+    Case(
+        119,
+        "FP8Linear: history buffer replaced by [16]",
+        _history_replaced,
+        E(V, r"amax_history: expected scale \[n\]"),
+    ),
+    # alloc
+    Case(
+        120,
+        "allocate_raw alignment=3",
+        lambda: alloc.allocate_raw([(4,)], torch.float32, "cpu", alignment=3),
+        E(V, "alignment: must be a power of two, got 3"),
+    ),
+    Case(
+        121,
+        "allocate_raw shape (-4,)",
+        lambda: alloc.allocate_raw([(-4,)], torch.float32, "cpu"),
+        E(V, r"shapes\[0\]: negative dimension"),
+    ),
+    Case(
+        122,
+        "allocate_views shape (0, 4)",
+        lambda: alloc.allocate_views([(0, 4)], torch.float32, "cpu"),
+        E(V, r"shapes\[0\]: zero-size request"),
+    ),
+    Case(
+        123,
+        "allocate_raw device 'cuda:7'",
+        lambda: alloc.allocate_raw([(4,)], torch.float32, "cuda:7"),
+        E(U, "device: 'cuda:7' asked for a CUDA device"),
+        (pytest.mark.skipif(torch.cuda.device_count() > 7, reason="this machine has a cuda:7"),),
+    ),
+    Case(
+        124,
+        "allocate_views shapes=(4, 4)",
+        lambda: alloc.allocate_views((4, 4), torch.float32, "cpu"),
+        E(T, "shapes: expected a list of shapes, got one shape"),
+    ),
+    Case(
+        125,
+        "allocate_raw mixed dtypes",
+        lambda: alloc.allocate_raw([(4,), (4,)], [torch.float32, torch.float16], "cpu"),
+        E(T, "dtypes: mixed dtypes"),
+    ),
+    Case(
+        126,
+        "allocate style='pooled'",
+        lambda: alloc.allocate("pooled", [(4,)], torch.float32, "cpu"),
+        E(U, "style: 'pooled' is not one of"),
+    ),
+    Case(
+        127,
+        "allocate_views (2**60,) float32",
+        lambda: alloc.allocate_views([(2**60,)], torch.float32, "cpu"),
+        E(U, "shapes: the pieces need .* bytes"),
+    ),
+    Case(
+        128,
+        "allocate_raw shape (4.0,)",
+        lambda: alloc.allocate_raw([(4.0,)], torch.float32, "cpu"),
+        E(T, r"shapes\[0\]: dimensions must be ints"),
+    ),
+    Case(
+        129,
+        "allocate_raw device=True",
+        lambda: alloc.allocate_raw([(4,)], torch.float32, True),
+        E(T, "device: expected a device"),
+    ),
+    Case(130, "allocate_raw: keep one piece only", _keep_one_piece, R(bool)),
+    # guard
+    Case(131, "on_device_of()", lambda: on_device_of(), E(V, "common_device: no tensors given")),
+    Case(
+        132,
+        "on_device_of(x on the kernel device, y on meta)",
+        lambda: on_device_of(x=rnd(2), y=torch.empty(2, device="meta")),
+        E(V, r"tensors must share one device: x on \S+, y on meta"),
+    ),
+    Case(
+        133,
+        "on_device_of(x=[1, 2])",
+        lambda: on_device_of(x=[1, 2]),
+        E(T, "common_device: x: expected a torch.Tensor or None, got list"),
+    ),
+    Case(134, "on_device_of(tensor) positional", lambda: on_device_of(rnd(2)), E(T, "takes 1 positional argument")),
+    Case(135, "common_device(x=None)", lambda: common_device(x=None), E(V, "common_device: no tensors given")),
+    # litmus
+    Case(136, "run_litmus test='XYZ'", lambda: run_litmus("XYZ"), E(U, "test: 'XYZ' is not a litmus test")),
+    Case(137, "run_litmus test=None", lambda: run_litmus(None), E(U, "test: None is not a litmus test")),
+    Case(
+        138,
+        "run_litmus semantics='strong'",
+        lambda: run_litmus("MP", "strong"),
+        E(U, "semantics: 'strong' is not one of"),
+    ),
+    Case(
+        139,
+        "run_litmus acq_rel under the interpreter",
+        lambda: run_litmus("MP", "acq_rel", "gpu"),
+        E(U, "semantics='acq_rel' needs a compiled GPU"),
+        (INTERPRETED,),
+    ),
+    Case(
+        140,
+        "run_litmus plain with scope='gpu'",
+        lambda: run_litmus("MP", "plain", "gpu"),
+        E(U, "scope: 'gpu' given, but 'plain'"),
+    ),
+    Case(
+        141, "run_litmus scope='warp'", lambda: run_litmus("MP", "acq_rel", "warp"), E(U, "scope: 'warp' is not one of")
+    ),
+    Case(
+        142,
+        "run_litmus placement='same_warp'",
+        lambda: run_litmus("MP", placement="same_warp"),
+        E(U, "placement: 'same_warp' is not one of"),
+    ),
+    Case(
+        143,
+        "run_litmus instances=0",
+        lambda: run_litmus("MP", instances=0),
+        E(U, "instances: expected an int >= 1, got 0"),
+    ),
+    Case(
+        144,
+        "run_litmus instances=-5",
+        lambda: run_litmus("MP", instances=-5),
+        E(U, "instances: expected an int >= 1, got -5"),
+    ),
+    Case(
+        145,
+        "run_litmus instances=100.0",
+        lambda: run_litmus("MP", instances=100.0),
+        E(U, "instances: expected an int >= 1, got 100.0"),
+    ),
+    Case(
+        146,
+        "run_litmus instances=10**12",
+        lambda: run_litmus("MP", instances=10**12),
+        E(U, "instances: 1000000000000 is more than"),
+    ),
+    Case(
+        147,
+        "run_litmus instances=10**9",
+        lambda: run_litmus("MP", instances=10**9),
+        E(U, "instances: 1000000000 is more than"),
+    ),
+    Case(
+        148,
+        "run_litmus stress a dict",
+        lambda: run_litmus("MP", stress={"programs": 2}),
+        E(U, "stress: expected a labkit.kernels.litmus.Stress, got dict"),
+    ),
+    Case(149, "run_litmus seed=-1", lambda: run_litmus("MP", seed=-1), E(U, "seed: expected an int >= 0")),
+    Case(
+        150,
+        "run_litmus device='cuda:0' without CUDA",
+        lambda: run_litmus("MP", device="cuda:0"),
+        E(U, "device: 'cuda:0' asked for a CUDA device"),
+        (NO_CUDA,),
+    ),
+    # sandbox
+    Case(
+        151,
+        "run_isolated: a segfault",
+        lambda: run_isolated("ctypes:string_at", 0),
+        R(lambda r: status(r, status="signal", signal="SIGSEGV")),
+    ),
+    Case(
+        152,
+        "run_isolated: a hang, timeout=2",
+        lambda: run_isolated("time:sleep", 10_000, timeout=2),
+        R(lambda r: status(r, status="timeout")),
+    ),
+    Case(
+        153,
+        "run_isolated: raises KeyError",
+        lambda: run_isolated("operator:getitem", {}, "planted"),
+        R(lambda r: status(r, status="exception", error_type="builtins.KeyError")),
+    ),
+    Case(
+        154,
+        "run_isolated: returns a Lock",
+        lambda: run_isolated("sandbox_fns:returns_a_lock", env=FNS),
+        R(lambda r: r.error_type == "labkit.workbench.sandbox.ResultNotPicklable" and "returned normally" in r.message),
+    ),
+    Case(
+        155,
+        "run_isolated: returns a lambda",
+        lambda: run_isolated("sandbox_fns:returns_a_lambda", env=FNS),
+        R(lambda r: r.error_type == "labkit.workbench.sandbox.ResultNotPicklable" and "returned normally" in r.message),
+    ),
+    Case(
+        156,
+        "run_isolated: os._exit(3)",
+        lambda: run_isolated("os:_exit", 3),
+        R(lambda r: status(r, status="exit", returncode=3)),
+    ),
+    Case(
+        157,
+        "run_isolated: raises an exception holding a Lock",
+        lambda: run_isolated("sandbox_fns:raises_with_a_lock", env=FNS),
+        R(lambda r: status(r, status="exception", error_type="sandbox_fns.BadExc")),
+    ),
+    Case(
+        158,
+        "run_isolated: a result that fails to unpickle in the parent",
+        lambda: run_isolated("sandbox_fns:returns_what_the_parent_cannot_unpickle", env=FNS),
+        R(lambda r: r.status == "exception" and "could not read the child's result" in r.message),
+    ),
+    Case(159, "run_isolated: fn defined in __main__", _in_main, E(SandboxError, "defined in __main__")),
+    Case(
+        160,
+        "run_isolated timeout=0",
+        lambda: run_isolated(os.getpid, timeout=0),
+        E(SandboxError, "timeout=0: expected a positive number"),
+    ),
+    Case(
+        160,
+        "run_isolated timeout=nan",
+        lambda: run_isolated(os.getpid, timeout=nan),
+        E(SandboxError, "timeout=nan: expected a positive number"),
+    ),
+    Case(
+        161,
+        "run_isolated timeout=True",
+        lambda: run_isolated(os.getpid, timeout=True),
+        E(SandboxError, "timeout=True: expected a positive number"),
+    ),
+    Case(
+        162,
+        "run_isolated 'no_such_module:f'",
+        lambda: run_isolated("no_such_module:f"),
+        R(lambda r: r.status == "exception" and "ModuleNotFoundError" in r.error_type),
+    ),
+    Case(
+        163,
+        "run_isolated: an argument that cannot be pickled",
+        lambda: run_isolated(os.getpid, threading.Lock()),
+        E(SandboxError, "cannot be pickled"),
+    ),
+    Case(164, "run_isolated: a grandchild in its own session, then return", _grandchild_dies, R(bool), (LINUX,)),
+    # CLI (in this process; nothing reaches a notebook's execution)
+    Case(165, "labkit --help", lambda: cli("--help"), X(0, "")),
+    Case(166, "labkit (no subcommand)", lambda: cli(), X(2, "")),
+    Case(167, "labkit frobnicate", lambda: cli("frobnicate"), X(2, "")),
+    Case(168, "labkit doctor --bogus", lambda: cli("doctor", "--bogus"), X(2, "")),
+    Case(169, "labkit run --profile nope", lambda: cli("run", "--profile", "nope"), X(2, "--profile 'nope'")),
+    Case(
+        170,
+        "labkit run --profile gpu without a GPU",
+        lambda: cli("run", "--profile", "gpu"),
+        X(2, "--profile gpu needs a CUDA GPU"),
+        (NO_CUDA,),
+    ),
+    Case(
+        171,
+        "labkit run --only nonexistent",
+        lambda: cli("run", "--only", "nonexistent"),
+        X(2, "unknown notebook 'nonexistent'"),
+    ),
+    Case(
+        172, "labkit bench nonexistent", lambda: cli("bench", "nonexistent"), X(2, "no benchmark for lab 'nonexistent'")
+    ),
+    Case(
+        173,
+        "labkit bench workbench --profile nope",
+        lambda: cli("bench", "workbench", "--profile", "nope"),
+        X(2, "--profile 'nope'"),
+    ),
+    Case(
+        174,
+        "--set REPS=ten",
+        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--set", "00_start_here.REPS=ten"),
+        X(2, "parameter REPS expects int"),
+    ),
+    Case(
+        175,
+        "--set NOPE=1",
+        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--set", "00_start_here.NOPE=1"),
+        X(2, "has no parameter 'NOPE'"),
+    ),
+    Case(
+        176,
+        "--set REPS=1 (no notebook)",
+        lambda: cli("run", "--profile", "cpu", "--set", "REPS=1"),
+        X(2, "expected NOTEBOOK.NAME=VALUE"),
+    ),
+    Case(
+        177,
+        "--set REPS=[1 (bad YAML)",
+        lambda: cli("run", "--profile", "cpu", "--set", "00_start_here.REPS=[1"),
+        X(2, "value does not parse"),
+    ),
+    Case(
+        179,
+        "--params a missing file",
+        lambda: cli("run", "--profile", "cpu", "--params", "/nonexistent/p.yml"),
+        X(2, "--params: no file at"),
+    ),
+    Case(
+        180,
+        "--params a YAML list",
+        lambda: cli("run", "--profile", "cpu", "--params", _scratch("p.yml", "- a\n- b\n")),
+        X(2, "must map notebook names"),
+    ),
+    Case(
+        181,
+        "--params !!python/object/apply",
+        lambda: cli(
+            "run", "--profile", "cpu", "--params", _scratch("p.yml", "x: !!python/object/apply:os.system ['true']\n")
+        ),
+        X(2, "is not valid YAML"),
+    ),
+    Case(
+        182,
+        "--params a folder",
+        lambda: cli("run", "--profile", "cpu", "--params", _scratch("d", folder=True)),
+        X(2, "--params: cannot read"),
+    ),
+    Case(
+        183,
+        "--timeout -5",
+        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--timeout", "-5"),
+        X(2, "--timeout"),
+    ),
+    Case(
+        183,
+        "--timeout nan",
+        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--timeout", "nan"),
+        X(2, "--timeout"),
+    ),
+    Case(
+        184,
+        "--runs-dir a file",
+        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--runs-dir", _scratch("f", "x")),
+        X(2, "--runs-dir .*: is a file, not a folder"),
+    ),
+    Case(
+        185,
+        "--runs-dir that cannot be made",
+        lambda: cli(
+            "run", "--profile", "cpu", "--only", "00_start_here", "--runs-dir", _scratch("f", "x") + "/under/it"
+        ),
+        X(2, "--runs-dir .*: cannot make it"),
+    ),
+    Case(186, "labkit lab --port 8899 (a space)", _lab_argv_port_space, R(bool)),
+    Case(
+        187,
+        "--set PROFILE=banana",
+        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--set", "00_start_here.PROFILE=banana"),
+        X(2, "parameter PROFILE: 'banana' is not one of"),
+    ),
+    Case(
+        188,
+        "--set REPS=-1",
+        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--set", "00_start_here.REPS=-1"),
+        X(2, "parameter REPS: expected an int >= 0"),
+    ),
+    Case(
+        189,
+        "--set HANG_TIMEOUT_S=-1",
+        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--set", "00_start_here.HANG_TIMEOUT_S=-1"),
+        X(2, "parameter HANG_TIMEOUT_S: expected a finite number > 0"),
+    ),
+]
+
+
+def fp8_autocast_once():
+    """Iterate once inside an entered fp8_autocast (for lambdas)."""
+    with fp8_autocast():
+        yield None

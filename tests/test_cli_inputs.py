@@ -1,0 +1,63 @@
+"""``labkit run`` refuses bad files and folders in one line with exit status 2, before any
+notebook runs (labkit/workbench/cli.py's promise). No notebook is executed here: every case
+fails while the run is being planned or its folder made."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "labkit", *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def _one_line(p, message):
+    assert p.returncode == 2, (p.returncode, p.stderr[-3000:])
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], p.stderr[-3000:]
+    assert "Traceback" not in p.stderr
+
+
+def test_params_that_is_a_folder(tmp_path):
+    _one_line(_cli("run", "--only", "00_start_here", "--params", str(tmp_path)), f"--params: cannot read {tmp_path}")
+
+
+def test_runs_dir_that_is_a_file(tmp_path):
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    _one_line(_cli("run", "--only", "00_start_here", "--runs-dir", str(f)), f"--runs-dir {f}: is a file, not a folder")
+    assert f.read_text() == "x"
+
+
+def test_runs_dir_that_cannot_be_made(tmp_path):
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    where = f / "under" / "a file"
+    _one_line(_cli("run", "--only", "00_start_here", "--runs-dir", str(where)), f"--runs-dir {where}: cannot make it")
+
+
+@pytest.mark.skipif(
+    not hasattr(__import__("os"), "geteuid") or __import__("os").geteuid() == 0, reason="root writes anywhere"
+)
+def test_runs_dir_without_permission(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    _one_line(_cli("run", "--only", "00_start_here", "--runs-dir", str(locked / "runs")), "--runs-dir")
+
+
+def test_yaml_errors_are_one_line(tmp_path):
+    """PyYAML's messages span several lines (a caret under the spot); the CLI promises one."""
+    from labkit.workbench.runner import RunError, profiles
+
+    with pytest.raises(RunError) as e:
+        profiles.parse_set("00_start_here.REPS=[1")
+    assert "\n" not in str(e.value) and "line 1, column" in str(e.value)
+    bad = tmp_path / "p.yml"
+    bad.write_text("x: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(RunError) as e:
+        profiles.read_params_file(bad)
+    assert "\n" not in str(e.value) and "could not determine a constructor" in str(e.value)

@@ -1,0 +1,56 @@
+"""Notebook parameters are checked by VALUE before any cell runs, from one schema per notebook
+(``labkit.workbench.runner.schema``), with an error naming the notebook and the parameter.
+
+`--set 00_start_here.PROFILE=banana` ran 11 cells for 25 s and died with ``KeyError: 'banana'``;
+`HANG_TIMEOUT_S=-1` died in cell 14 as run_isolated's ``timeout``. No notebook is executed here:
+``plan`` only reads them."""
+
+import pytest
+
+from labkit.workbench.runner import RunError, profiles, schema
+from labkit.workbench.runner import notebooks as nbs
+from labkit.workbench.runner.execute import plan
+
+
+@pytest.mark.parametrize(
+    "setting, match",
+    [
+        ("00_start_here.PROFILE=banana", "parameter PROFILE: 'banana' is not one of 'auto', 'cpu', 'gpu'"),
+        ("00_start_here.REPS=-1", "parameter REPS: expected an int >= 0"),
+        ("00_start_here.HANG_TIMEOUT_S=-1", "parameter HANG_TIMEOUT_S: expected a finite number > 0"),
+        ("00_start_here.HANG_TIMEOUT_S=.nan", "parameter HANG_TIMEOUT_S: expected a finite number > 0"),
+        ("00_start_here.COPY_SIZES_BYTES=[1024, 0]", r"parameter COPY_SIZES_BYTES: item 1: expected an int >= 1"),
+        ("04_grouped_gemm.CHECK_TOKENS=20", "parameter CHECK_TOKENS: expected an int >= 38"),
+        ("02_collectives.WORLD_SIZES=[1, 2]", r"parameter WORLD_SIZES: item 0: expected an int >= 2"),
+        ("02_collectives.BROKEN_LOAD=heavy", "parameter BROKEN_LOAD: 'heavy' is not one of 'late', 'gemm'"),
+        ("06_memory_model.LIVE_TESTS=[MP, XYZ]", "parameter LIVE_TESTS: item 1: 'XYZ' is not one of"),
+        ("06_memory_model.LIVE_INSTANCES=1000000000", "parameter LIVE_INSTANCES: expected an int from 1 to"),
+        ("05_fp8_dispatch.SIZE=-0.5", "parameter SIZE: expected a finite number >= 0"),
+    ],
+)
+def test_a_bad_value_is_refused_before_anything_runs(setting, match):
+    notebook = setting.split(".", 1)[0]
+    with pytest.raises(RunError, match=f"notebook {notebook}: {match}"):
+        plan(only=[notebook], profile="cpu", sets=[setting])
+
+
+def test_the_schema_names_only_parameters_that_exist():
+    found = nbs.discover()
+    assert set(schema.SCHEMAS) == set(found), "one schema per notebook"
+    for name, rules in schema.SCHEMAS.items():
+        declared = nbs.parameters(found[name])
+        assert set(rules) <= set(declared), (name, set(rules) - set(declared))
+
+
+def test_every_default_and_profile_value_passes():
+    found = nbs.discover()
+    for name, path in found.items():
+        schema.check(name, {p.name: p.default for p in nbs.parameters(path).values()})
+    for prof in profiles.load().values():
+        for name, entry in (prof.get("notebooks") or {}).items():
+            schema.check(name, entry.get("parameters") or {})
+
+
+def test_good_values_pass():
+    _, jobs = plan(only=["00_start_here"], profile="cpu", sets=["00_start_here.PROFILE=gpu", "00_start_here.REPS=3"])
+    assert jobs[0][2]["PROFILE"] == "gpu"
