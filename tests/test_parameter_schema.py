@@ -1,9 +1,10 @@
 """Notebook parameters are checked by VALUE before any cell runs, from one schema per notebook
 (``labkit.workbench.runner.schema``), with an error naming the notebook and the parameter.
 
-`--set 00_start_here.PROFILE=banana` ran 11 cells for 25 s and died with ``KeyError: 'banana'``;
-`HANG_TIMEOUT_S=-1` died in cell 14 as run_isolated's ``timeout``. No notebook is executed here:
-``plan`` only reads them."""
+Without the check, `--set 00_start_here.PROFILE=banana` runs cells for seconds and dies with
+``KeyError: 'banana'``, and `HANG_TIMEOUT_S=-1` dies as run_isolated's ``timeout``. No notebook
+is executed here: ``plan`` only reads them. Each lab keeps its rules in
+``labkit.labs.<lab>.parameters``."""
 
 import pytest
 
@@ -36,8 +37,8 @@ def test_a_bad_value_is_refused_before_anything_runs(setting, match):
 
 def test_the_schema_names_only_parameters_that_exist():
     found = nbs.discover()
-    assert set(schema.SCHEMAS) == set(found), "one schema per notebook"
-    for name, rules in schema.SCHEMAS.items():
+    assert set(schema.schemas()) == set(found), "one schema per notebook"
+    for name, rules in schema.schemas().items():
         declared = nbs.parameters(found[name])
         assert set(rules) <= set(declared), (name, set(rules) - set(declared))
 

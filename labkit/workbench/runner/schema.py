@@ -2,11 +2,12 @@
 
 A notebook's ``parameters`` cell declares each name, its default and so its type; ``labkit run``
 refuses unknown names and wrong types from it (``notebooks.validate``). The VALUES are checked
-here: ``--set 00_start_here.PROFILE=banana`` used to run 11 cells for 25 s and die with
-``KeyError: 'banana'``, and ``HANG_TIMEOUT_S=-1`` died as ``run_isolated``'s ``timeout``, naming
-neither the parameter nor the notebook.
+here, before any cell runs: without them ``--set 00_start_here.PROFILE=banana`` would run cells
+for seconds and die with ``KeyError: 'banana'``, and ``HANG_TIMEOUT_S=-1`` as ``run_isolated``'s
+``timeout``, naming neither the parameter nor the notebook.
 
-``SCHEMAS[notebook][NAME]`` is a rule; ``check(notebook, params)`` applies them and raises a
+Each lab keeps its notebook's rules beside its story code (``labkit.labs.<lab>.parameters``,
+built from the rules here); ``schema_of(notebook)`` finds them and ``check(notebook, params)`` applies them and raises a
 ``RunError`` naming the notebook, the parameter and what it expected. A test keeps the schemas
 in step with the notebooks: every rule names a parameter of its notebook, and every default and
 every value in ``profiles.yml`` passes. A name without a rule is checked for its type only.
@@ -93,36 +94,6 @@ def _text(v) -> str:
     return "" if isinstance(v, str) and v else f"expected a non-empty string, got {v!r}"
 
 
-def _litmus_tests() -> tuple:
-    from labkit.kernels.litmus import catalogue
-
-    return tuple(catalogue.TESTS)
-
-
-def _litmus_semantics() -> tuple:
-    from labkit.kernels.litmus import model
-
-    return model.SEMANTICS
-
-
-def _litmus_most() -> int:
-    from labkit.kernels.litmus.run import max_instances
-
-    return max_instances(4)
-
-
-def _all_reduce_forms() -> tuple:
-    from labkit.labs.memory_model.broken_barriers import FORMS
-
-    return FORMS
-
-
-def _stresses() -> tuple:
-    from labkit.labs.memory_model.sweep import STRESSES
-
-    return tuple(STRESSES)
-
-
 COMMON: dict[str, Rule] = {
     "PROFILE": one_of("auto", "cpu", "gpu"),
     "REFERENCE_MACHINES": list_of(_text),
@@ -130,72 +101,34 @@ COMMON: dict[str, Rule] = {
 TRIALS = at_least(1)  # a check or measurement over 0 trials would show nothing, silently
 SECONDS = number(0, strict=True)
 
-SCHEMAS: dict[str, dict[str, Rule]] = {
-    "00_start_here": {
-        **COMMON,
-        "COPY_SIZES_BYTES": list_of(at_least(1)),
-        "REPS": at_least(0),  # 0: the profile's default
-        "HANG_TIMEOUT_S": SECONDS,
-    },
-    "01_wrong_device": {
-        **COMMON,
-        "MATRIX_BYTES": optional(at_least(1)),
-        "CELL_TIMEOUT_S": SECONDS,
-        "EXACTNESS_TRIALS": TRIALS,
-        "MODEL_LAYERS": at_least(1),
-        "NEW_TOKENS": at_least(1),
-    },
-    "02_collectives": {
-        **COMMON,
-        "WORLD_SIZES": list_of(at_least(2)),  # symmetric memory needs two ranks or more
-        "CHECK_ELEMENTS": at_least(1),
-        "BROKEN_TRIALS": TRIALS,
-        "BROKEN_ELEMENTS": at_least(1),
-        "LATE_US": number(0),
-        "BROKEN_LOAD": one_of("late", "gemm"),
-    },
-    "03_stream_races": {
-        **COMMON,
-        "RACE_TRIALS": TRIALS,
-        "RACE_SLEEPS_MS": list_of(number(0), non_empty=True),
-        "RACE_NUMEL": optional(at_least(1)),
-        "WGRAD_TRIALS": TRIALS,
-        "SANITIZER_TRIALS": TRIALS,
-        "GEMM_SIZE": at_least(1),
-        "ALLOC_GROUPS": at_least(1),
-    },
-    "04_grouped_gemm": {
-        **COMMON,
-        "CHECK_TRIALS": TRIALS,
-        "CHECK_TOKENS": at_least(38),  # the fixed split [7, 0, 31, CHECK_TOKENS - 38]
-        "CHECK_K": at_least(1),
-        "CHECK_N": at_least(1),
-    },
-    "05_fp8_dispatch": {
-        **COMMON,
-        "SIZE": number(0),  # 0: the profile's
-        "STEPS": at_least(1),
-        "CELL_TIMEOUT_S": SECONDS,
-        "DRIFT_STEPS": at_least(1),
-    },
-    "06_memory_model": {
-        **COMMON,
-        "LIVE_INSTANCES": int_range(1, _litmus_most),
-        "LIVE_TESTS": list_of(one_of(values=_litmus_tests), non_empty=True),
-        "LIVE_STRESS": one_of(values=_stresses),
-        "BROKEN_TRIALS": TRIALS,
-        "BROKEN_DELAYS": list_of(at_least(0), non_empty=True),
-        "BROKEN_FORMS": list_of(one_of(values=_all_reduce_forms), non_empty=True),
-        "TWO_GPU_SEMANTICS": list_of(one_of(values=_litmus_semantics), non_empty=True),
-    },
-}
+
+def schema_of(notebook: str) -> dict[str, Rule]:
+    """The rules for ``notebook``'s parameters: ``COMMON`` and its lab's own
+    (``labkit.labs.<lab>.parameters.PARAMETERS``, found through the catalogue by name, as the
+    benchmark registry finds a lab's benchmark: the workbench imports no lab). A notebook the
+    catalogue does not know (a reader's own, a test's fixture) gets ``COMMON``."""
+    import importlib
+
+    from labkit.workbench import catalogue
+
+    lab = next((lab for lab in catalogue.LABS if lab.id == notebook), None)
+    if lab is None:
+        return COMMON
+    return {**COMMON, **importlib.import_module(f"{lab.package}.parameters").PARAMETERS}
+
+
+def schemas() -> dict[str, dict[str, Rule]]:
+    """``schema_of`` for every notebook of the catalogue."""
+    from labkit.workbench import catalogue
+
+    return {lab.id: schema_of(lab.id) for lab in catalogue.LABS}
 
 
 def check(notebook: str, params: dict) -> None:
     """Raise RunError naming the first parameter of ``params`` its notebook's schema refuses.
     A notebook without a schema (a reader's own, a test's fixture) gets the common rules only
     for the names it has."""
-    rules = SCHEMAS.get(notebook, COMMON)
+    rules = schema_of(notebook)
     for name, value in params.items():
         rule = rules.get(name)
         bad = rule(value) if rule else ""
@@ -203,4 +136,4 @@ def check(notebook: str, params: dict) -> None:
             raise RunError(f"notebook {notebook}: parameter {name}: {bad}")
 
 
-__all__ = ["SCHEMAS", "COMMON", "check"]
+__all__ = ["COMMON", "SECONDS", "TRIALS", "check", "schema_of", "schemas"]
