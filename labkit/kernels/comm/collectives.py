@@ -22,6 +22,7 @@ import triton
 from labkit.kernels.comm import one_shot, plan, scatter_gather, tree, two_shot
 from labkit.kernels.comm.signals import SEM_ACQ_REL, SEM_GPU_SCOPE, SEM_RELAXED, barrier_kernel
 from labkit.kernels.comm.symm import WORKSPACE_UNIT, SymmBuffer, check_buffer
+from labkit.kernels.launch_helpers import overlaps
 from labkit.workbench import tier
 from labkit.workbench.errors import UsageError
 from labkit.workbench.guard import on_device_of
@@ -161,12 +162,6 @@ def _sem_end(variant: str, algorithm: str) -> tuple[int, bool, bool]:
     return (sem, variant != "no_end_barrier", variant != "unguarded_leaf")
 
 
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two contiguous tensors share any byte."""
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
-
-
 def _is_in_place(out, buf: SymmBuffer) -> bool:
     """``out`` is this rank's symmetric buffer itself (same memory, shape and dtype)."""
     x = buf.tensor
@@ -198,7 +193,7 @@ def _out(name: str, out, shape: tuple, like: torch.Tensor, buf: SymmBuffer) -> t
     if not out.is_contiguous():
         raise ValueError(f"{name}: must be contiguous")
     for r, peer in enumerate(buf.peers):
-        if _overlaps(out, peer):
+        if overlaps(out, peer):
             whose = "this rank's" if r == buf.rank else f"rank {r}'s"
             raise ValueError(
                 f"{name}: shares memory with {whose} symmetric buffer, which the kernel reads while "
