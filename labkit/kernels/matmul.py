@@ -52,7 +52,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ALIGNMENT = 256
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class MatmulConfig:
     """Tile sizes and launch options of one kernel launch."""
 

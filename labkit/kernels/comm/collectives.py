@@ -55,7 +55,7 @@ DEFAULT_CROSSOVER_BYTES = {2: ALWAYS}
 DEFAULT_CROSSOVER_ABOVE_2 = 256 << 10
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchConfig:
     """How a collective's kernel is launched on GPUs (the interpreter ignores it: there, a step
     costs about a millisecond whatever its size, so it takes 4096-element steps).
