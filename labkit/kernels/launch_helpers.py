@@ -32,14 +32,15 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
     Addresses are compared, not storages: two tensors over the same memory through different
     storages (a peer's mapped buffer, memory wrapped from a raw pointer) overlap too."""
-    if a.numel() == 0 or b.numel() == 0:
+    na, nb = a.numel(), b.numel()
+    if not na or not nb:
         return False
     a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + _span_bytes(b) and b0 < a0 + _span_bytes(a)
+    a1 = a0 + (na * a.element_size() if a.is_contiguous() else _strided_span(a))
+    b1 = b0 + (nb * b.element_size() if b.is_contiguous() else _strided_span(b))
+    return a0 < b1 and b0 < a1
 
 
-def _span_bytes(t: torch.Tensor) -> int:
-    """Bytes from the first element of a non-empty tensor to the end of its last."""
-    if t.is_contiguous():
-        return t.numel() * t.element_size()
+def _strided_span(t: torch.Tensor) -> int:
+    """Bytes from the first element of a non-empty strided view to the end of its last."""
     return (sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())) + 1) * t.element_size()
