@@ -455,10 +455,17 @@ def choices_agree(ctx) -> dict:
                 kwargs.get("config"),
             )
             cached = buf._plans[key]
-            b, o, in_place = C.check_all_reduce(buf, target, kwargs.get("algorithm", "auto"))
-            alg, steps = C.choose_all_reduce(b, in_place, **kwargs)
+            checked = C.check_all_reduce(buf, target, kwargs.get("algorithm", "auto"))
+            in_place = checked.in_place
+            choice = C.choose_all_reduce(checked.buf, in_place, **kwargs)
+            alg = choice.algorithm
             uncached = P.CollectivePlan(
-                "all_reduce", b, steps, algorithm=alg, in_place=in_place, out_shape=tuple(b.tensor.shape)
+                "all_reduce",
+                checked.buf,
+                choice.steps,
+                algorithm=alg,
+                in_place=in_place,
+                out_shape=tuple(checked.buf.tensor.shape),
             )
             _, graphed = C.graph_target(C.all_reduce, buf, target, **kwargs)
             nbytes = n * dtype.itemsize

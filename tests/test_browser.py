@@ -28,7 +28,7 @@ from labkit.workbench import gates, results
 from labkit.workbench.cli import lab_argv
 from labkit.workbench.runner import notebooks as nbs
 from labkit.workbench.runner import profiles
-from labkit.workbench.runner.execute import kernel_env, plan, prepare
+from labkit.workbench.runner.execute import kernel_env, prepare, resolve_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "browser"
@@ -208,7 +208,7 @@ def lab(tmp_path_factory):
 def _run_in_browser(
     lab, path: Path, name: str, folder: str, profiles_file=None, notebooks_dir=None, capsys=None, panel_timeout_s=300.0
 ) -> jb.NotebookCheck:
-    _, jobs = plan(only=[name], profile=PROFILE, notebooks_dir=notebooks_dir, profiles_file=profiles_file)
+    _, jobs = resolve_jobs(only=[name], profile=PROFILE, notebooks_dir=notebooks_dir, profiles_file=profiles_file)
     ((_, src, params, timeout, needs),) = jobs
     gate = gates.requires(**needs)
     if not gate.ok:

@@ -220,9 +220,9 @@ def test_chooser_uses_crossovers():
     from labkit.workbench.errors import UsageError
 
     with pytest.raises(UsageError, match="variant"):
-        C._sem_end("bogus", "one_shot")
+        C._barrier_semantics("bogus", "one_shot")
     with pytest.raises(UsageError, match="only for algorithm='tree'"):
-        C._sem_end("unguarded_leaf", "two_shot")
+        C._barrier_semantics("unguarded_leaf", "two_shot")
 
 
 def test_gpu_code_uses_the_atomics_the_docs_promise():

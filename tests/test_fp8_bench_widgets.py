@@ -1,7 +1,7 @@
 """labkit.labs.fp8_dispatch: the benchmark (``labkit bench fp8``), its plots and the panel.
 
 CPU tier: ``benchmark("cpu")`` records carry the registry's required fields with sane values, the
-GPU profile's plan (which cells, which ones skipped on a machine without enough GPUs, with the
+GPU profile's matrix cells (which ones, which ones skipped on a machine without enough GPUs, with the
 reason), the speed comparison's code at tiny shapes (interpreter, emulated GEMM), the input drifts
 of ``run_case``, every figure drawn from those records (Agg), and the panel: changing a control
 reruns and changes the verdict and the figure. GPU: the speed comparison at a small shape, and the
@@ -70,8 +70,8 @@ def test_cpu_benchmark_records_carry_required_and_sane_values(cpu_records):
         assert math.isclose(r["scale"], 448.0 / seen, rel_tol=1e-6), r
 
 
-def test_gpu_plan_skips_what_the_machine_cannot_run_with_the_reason():
-    cells = bench.plan("gpu", 1)
+def test_gpu_matrix_cells_skip_what_the_machine_cannot_run_with_the_reason():
+    cells = bench.matrix_cells("gpu", 1)
     runnable = [c for c in cells if not c["skip"]]
     assert {(c["placement"], c["kind"]) for c in runnable} == {("one_gpu", "matrix")}
     assert [c["mode"] for c in runnable] == list(model.MODES)
@@ -80,11 +80,11 @@ def test_gpu_plan_skips_what_the_machine_cannot_run_with_the_reason():
     blocking = [c for c in cells if c["kind"] == "launch_blocking"]
     assert [c["mode"] for c in blocking] == ["fp8_naive", *naive.MECHANISMS]
     assert all(c["env"] == {"CUDA_LAUNCH_BLOCKING": "1"} and c["placement"] == "two_gpus" for c in blocking)
-    assert not any(c["skip"] for c in bench.plan("gpu", 2))
+    assert not any(c["skip"] for c in bench.matrix_cells("gpu", 2))
     row = bench._skipped(skipped[0], 1.0, 3)
     assert set(bench.REQUIRED) <= set(row) and row["outcome"].startswith("skipped: needs 2 CUDA GPUs")
     with pytest.raises(ValueError, match="profile: 'tpu' is not one of"):
-        bench.plan("tpu", 0)
+        bench.matrix_cells("tpu", 0)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
@@ -361,7 +361,7 @@ def test_speed_comparison_on_a_gpu():
 def test_two_gpu_cells_run_contained_and_flatten():
     cells = [
         c
-        for c in bench.plan("gpu", 2)
+        for c in bench.matrix_cells("gpu", 2)
         if c["placement"] == "two_gpus" and c["mode"] in ("fp8_device_aware", "fp8_naive")
     ]
     for cell in cells:

@@ -106,7 +106,7 @@ def test_split_gpus_runs_one_pytest_per_gpu_then_their_skips_on_every_gpu(tmp_pa
 def test_the_split_deals_each_test_of_a_shard_to_exactly_one_gpu():
     """Shard K of N dealt again over G GPUs is shard K + N i of N G for GPU i: together the GPUs'
     shards are the shard."""
-    from conftest import shard_of
+    from sharding import shard_of
 
     items = [f"tests/test_{i % 7}.py::test_{i}" for i in range(230)]
     for n, g in ((3, 2), (4, 2), (1, 2), (2, 4)):
@@ -117,7 +117,7 @@ def test_the_split_deals_each_test_of_a_shard_to_exactly_one_gpu():
 
 
 def test_skipped_tests_are_handed_on_by_node_id_or_for_every_parametrisation(tmp_path):
-    from conftest import listed, read_nodeids
+    from sharding import listed, read_nodeids
 
     path = tmp_path / "ids"
     path.write_text("t.py::a\nt.py::b[*]\n\n")
@@ -127,7 +127,7 @@ def test_skipped_tests_are_handed_on_by_node_id_or_for_every_parametrisation(tmp
     assert not listed("t.py::a[1]", wanted) and not listed("t.py::c", wanted) and not listed("t.py::bb[2]", wanted)
     # an empty parametrisation beside others: handed on as test[True-NOTSET], such a test would
     # match nothing in the second process and run in neither
-    from conftest import handed_on, unmatched
+    from sharding import handed_on, unmatched
 
     assert handed_on("t.py::b[NOTSET]") == "t.py::b[*]" and handed_on("t.py::b[True-NOTSET]") == "t.py::b[True-*]"
     assert handed_on("t.py::b[NOTSET-x]") == "t.py::b[*-x]" and handed_on("t.py::b[2]") == "t.py::b[2]"
@@ -143,12 +143,7 @@ def test_skipped_tests_are_handed_on_by_node_id_or_for_every_parametrisation(tmp
 
 def test_the_recorder_writes_skips_and_marks_an_empty_parametrisation(tmp_path):
     (tmp_path / "conftest.py").write_text(
-        "import importlib.util\n"
-        "spec = importlib.util.spec_from_file_location("
-        f"'labkit_conftest', {str(Path(__file__).with_name('conftest.py'))!r})\n"
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-        "pytest_addoption, pytest_configure = m.pytest_addoption, m.pytest_configure\n"
-        "pytest_collection_modifyitems = m.pytest_collection_modifyitems\n"
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\npytest_plugins = ['sharding']\n"
     )
     (tmp_path / "test_some.py").write_text(
         "import os, pytest\n"
@@ -194,7 +189,7 @@ def test_the_recorder_writes_skips_and_marks_an_empty_parametrisation(tmp_path):
 
 
 def test_shards_deal_every_test_to_exactly_one_shard():
-    from conftest import parse_shard, shard_of
+    from sharding import parse_shard, shard_of
 
     items = [f"tests/test_a.py::test_{i}[p{i % 3}]" for i in range(600)]
     shards = [shard_of(items, k, 3, str) for k in (1, 2, 3)]

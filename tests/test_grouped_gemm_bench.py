@@ -240,7 +240,7 @@ def test_benchmark_refuses_an_unknown_profile():
 
 
 def test_forced_config_is_used_and_put_back():
-    cfg = gg.GroupedConfig(16, 32, 32, 4, 4, 1)
+    cfg = gg.GroupedConfig(block_m=16, block_n=32, block_k=32, group_m=4, num_warps=4, num_stages=1)
     original = gg.forward_config
     with bench.forced_config(cfg):
         assert gg.forward_config(100, 4, DEV) == cfg
@@ -261,7 +261,9 @@ def test_candidate_configs_drop_what_shared_memory_cannot_hold():
     big = dict(bench.TUNE_GRID["gpu"], block_k=(64, 128))
     kept = bench.candidate_configs(big)
     assert len(kept) < 32 and all(bench.smem_bytes(c) <= bench.SMEM_LIMIT for c in kept)
-    chosen = gg.GroupedConfig(256, 256, 128, 8, 8, 4)  # over the limit, still measured when chosen
+    chosen = gg.GroupedConfig(
+        block_m=256, block_n=256, block_k=128, group_m=8, num_warps=8, num_stages=4
+    )  # over the limit, still measured when chosen
     assert bench.candidate_configs(big, chosen)[0] == chosen
     with pytest.raises(ValueError, match="grid"):
         bench.candidate_configs({"block_m": (64,)})

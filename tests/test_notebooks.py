@@ -11,7 +11,7 @@ from nbformat.warnings import MissingIDFieldWarning
 
 from labkit.workbench.runner import notebooks as nbs
 from labkit.workbench.runner import profiles, run
-from labkit.workbench.runner.execute import _execute, plan
+from labkit.workbench.runner.execute import _execute, resolve_jobs
 
 NOTEBOOKS = nbs.discover()
 
@@ -65,7 +65,7 @@ def test_runner_prepares_every_notebook_without_missing_id_warning(tmp_path):
     parameter injection and write) under the cpu profile's parameters, with the warning an error."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", MissingIDFieldWarning)
-        _, jobs = plan(profile="cpu")
+        _, jobs = resolve_jobs(profile="cpu")
         for name, path, params, timeout, _needs in jobs:
             out = tmp_path / f"{name}.ipynb"
             assert _execute(str(path), str(out), params, str(path.parent), timeout, prepare_only=True) == {

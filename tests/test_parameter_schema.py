@@ -3,14 +3,14 @@
 
 Without the check, `--set 00_start_here.PROFILE=banana` runs cells for seconds and dies with
 ``KeyError: 'banana'``, and `HANG_TIMEOUT_S=-1` dies as run_isolated's ``timeout``. No notebook
-is executed here: ``plan`` only reads them. Each lab keeps its rules in
+is executed here: ``resolve_jobs`` only reads them. Each lab keeps its rules in
 ``labkit.labs.<lab>.parameters``."""
 
 import pytest
 
 from labkit.workbench.runner import RunError, profiles, schema
 from labkit.workbench.runner import notebooks as nbs
-from labkit.workbench.runner.execute import plan
+from labkit.workbench.runner.execute import resolve_jobs
 
 
 @pytest.mark.parametrize(
@@ -32,7 +32,7 @@ from labkit.workbench.runner.execute import plan
 def test_a_bad_value_is_refused_before_anything_runs(setting, match):
     notebook = setting.split(".", 1)[0]
     with pytest.raises(RunError, match=f"notebook {notebook}: {match}"):
-        plan(only=[notebook], profile="cpu", sets=[setting])
+        resolve_jobs(only=[notebook], profile="cpu", sets=[setting])
 
 
 def test_the_schema_names_only_parameters_that_exist():
@@ -53,5 +53,7 @@ def test_every_default_and_profile_value_passes():
 
 
 def test_good_values_pass():
-    _, jobs = plan(only=["00_start_here"], profile="cpu", sets=["00_start_here.PROFILE=gpu", "00_start_here.REPS=3"])
+    _, jobs = resolve_jobs(
+        only=["00_start_here"], profile="cpu", sets=["00_start_here.PROFILE=gpu", "00_start_here.REPS=3"]
+    )
     assert jobs[0][2]["PROFILE"] == "gpu"

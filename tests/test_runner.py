@@ -11,7 +11,7 @@ from helpers import fixture_workbook, make_notebook
 from labkit.workbench import results
 from labkit.workbench.runner import RunError, profiles, run
 from labkit.workbench.runner import notebooks as nbs
-from labkit.workbench.runner.execute import plan
+from labkit.workbench.runner.execute import resolve_jobs
 
 pytestmark = pytest.mark.notebook
 
@@ -38,7 +38,7 @@ def test_untagged_parameters_cell_is_refused(tmp_path):
 def test_unknown_notebook_is_refused(workbook):
     folder, prof = workbook
     with pytest.raises(RunError, match="unknown notebook 'nope'; known: dies, fails, needs_4_gpus, ok, sleeps"):
-        plan(only=["nope"], profile="cpu", notebooks_dir=folder, profiles_file=prof)
+        resolve_jobs(only=["nope"], profile="cpu", notebooks_dir=folder, profiles_file=prof)
 
 
 def test_unknown_parameter_is_refused_naming_what_exists(workbook):
@@ -46,7 +46,7 @@ def test_unknown_parameter_is_refused_naming_what_exists(workbook):
     with pytest.raises(
         RunError, match=r"notebook ok has no parameter 'M'; its parameters cell defines: N, NAME, SCALE, FLAG"
     ):
-        plan(only=["ok"], profile="cpu", sets=["ok.M=1"], notebooks_dir=folder, profiles_file=prof)
+        resolve_jobs(only=["ok"], profile="cpu", sets=["ok.M=1"], notebooks_dir=folder, profiles_file=prof)
 
 
 @pytest.mark.parametrize(
@@ -61,12 +61,12 @@ def test_unknown_parameter_is_refused_naming_what_exists(workbook):
 def test_wrong_value_type_is_refused(workbook, assignment, expected):
     folder, prof = workbook
     with pytest.raises(RunError, match=expected):
-        plan(only=["ok"], profile="cpu", sets=[assignment], notebooks_dir=folder, profiles_file=prof)
+        resolve_jobs(only=["ok"], profile="cpu", sets=[assignment], notebooks_dir=folder, profiles_file=prof)
 
 
 def test_int_is_accepted_for_float(workbook):
     folder, prof = workbook
-    _, jobs = plan(only=["ok"], profile="cpu", sets=["ok.SCALE=2"], notebooks_dir=folder, profiles_file=prof)
+    _, jobs = resolve_jobs(only=["ok"], profile="cpu", sets=["ok.SCALE=2"], notebooks_dir=folder, profiles_file=prof)
     assert jobs[0][2] == {"N": 7, "SCALE": 2}
 
 
@@ -75,14 +75,14 @@ def test_params_file_for_unknown_notebook_is_refused(workbook, tmp_path):
     f = tmp_path / "mine.yml"
     f.write_text("typo_notebook:\n  N: 1\n")
     with pytest.raises(RunError, match="unknown notebook 'typo_notebook'"):
-        plan(profile="cpu", params_file=f, notebooks_dir=folder, profiles_file=prof)
+        resolve_jobs(profile="cpu", params_file=f, notebooks_dir=folder, profiles_file=prof)
 
 
 def test_profile_file_with_unknown_parameter_is_refused(workbook):
     folder, prof = workbook
     prof.write_text("cpu:\n  timeout_s: 10\n  notebooks:\n    ok:\n      parameters: {NOPE: 1}\n")
     with pytest.raises(RunError, match="has no parameter 'NOPE'"):
-        plan(only=["ok"], profile="cpu", notebooks_dir=folder, profiles_file=prof)
+        resolve_jobs(only=["ok"], profile="cpu", notebooks_dir=folder, profiles_file=prof)
 
 
 @pytest.mark.parametrize("item", ["N=1", "ok.N", "=1"])
@@ -94,7 +94,7 @@ def test_malformed_set_is_refused(item):
 def test_unknown_profile_is_refused(workbook):
     folder, prof = workbook
     with pytest.raises(RunError, match="--profile 'fast'"):
-        plan(profile="fast", notebooks_dir=folder, profiles_file=prof)
+        resolve_jobs(profile="fast", notebooks_dir=folder, profiles_file=prof)
 
 
 def test_gpu_profile_refused_without_gpu(workbook):
@@ -104,7 +104,7 @@ def test_gpu_profile_refused_without_gpu(workbook):
         pytest.skip("this machine has a GPU, so --profile gpu is allowed here")
     folder, prof = workbook
     with pytest.raises(RunError, match="--profile gpu needs a CUDA GPU"):
-        plan(profile="gpu", notebooks_dir=folder, profiles_file=prof)
+        resolve_jobs(profile="gpu", notebooks_dir=folder, profiles_file=prof)
 
 
 def test_run_executes_reports_and_never_overwrites(workbook, tmp_path):
@@ -221,14 +221,14 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, message):
 def test_params_file_errors_name_the_file(tmp_path, workbook):
     folder, prof = workbook
     with pytest.raises(RunError, match="--params: no file at"):
-        plan(profile="cpu", params_file=tmp_path / "missing.yml", notebooks_dir=folder, profiles_file=prof)
+        resolve_jobs(profile="cpu", params_file=tmp_path / "missing.yml", notebooks_dir=folder, profiles_file=prof)
     bad = tmp_path / "bad.yml"
     bad.write_text("ok: [unclosed\n")
     with pytest.raises(RunError, match="--params: .*bad.yml is not valid YAML"):
-        plan(profile="cpu", params_file=bad, notebooks_dir=folder, profiles_file=prof)
+        resolve_jobs(profile="cpu", params_file=bad, notebooks_dir=folder, profiles_file=prof)
     bad.write_text("- just\n- a list\n")
     with pytest.raises(RunError, match="must map notebook names"):
-        plan(profile="cpu", params_file=bad, notebooks_dir=folder, profiles_file=prof)
+        resolve_jobs(profile="cpu", params_file=bad, notebooks_dir=folder, profiles_file=prof)
 
 
 def test_whole_notebook_limit_stops_many_short_cells(tmp_path, monkeypatch):
@@ -266,4 +266,4 @@ def test_bad_requires_metadata_is_refused(tmp_path):
     prof = folder / "profiles.yml"
     prof.write_text("cpu:\n  timeout_s: 300\n")
     with pytest.raises(RunError, match="notebook odd: metadata.labkit.requires must be a mapping with keys from gpus"):
-        plan(profile="cpu", notebooks_dir=folder, profiles_file=prof)
+        resolve_jobs(profile="cpu", notebooks_dir=folder, profiles_file=prof)

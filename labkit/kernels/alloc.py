@@ -98,14 +98,14 @@ def _check_alignment(alignment, itemsize: int, name: str = "alignment") -> int:
     return alignment
 
 
-def plan_offsets(shapes, dtypes, alignment: int | None) -> tuple[list[int], int]:
+def layout(shapes, dtypes, alignment: int | None) -> tuple[list[int], int]:
     """Byte offsets of each piece and the total size: pieces back to back, each offset rounded up
     to ``alignment`` bytes (None: packed, i.e. aligned to the element size only)."""
     shapes, dtype = _normalise_request(shapes, dtypes)
-    return _plan(shapes, dtype, alignment)
+    return _layout(shapes, dtype, alignment)
 
 
-def _plan(shapes: list[tuple[int, ...]], dtype: torch.dtype, alignment: int | None) -> tuple[list[int], int]:
+def _layout(shapes: list[tuple[int, ...]], dtype: torch.dtype, alignment: int | None) -> tuple[list[int], int]:
     itemsize = dtype.itemsize
     align = itemsize if alignment is None else _check_alignment(alignment, itemsize)
     offsets, cursor = [], 0
@@ -161,7 +161,7 @@ def allocate_raw(shapes, dtypes, device, alignment: int = ALLOCATOR_ALIGNMENT) -
     """
     device = check_device("device", device)  # before torch.empty: a clear error, not torch's assert
     shapes, dtype = _normalise_request(shapes, dtypes)
-    offsets, total = _plan(shapes, dtype, alignment)
+    offsets, total = _layout(shapes, dtype, alignment)
     backing, start = _block(total, device)
     tensors = []
     for shape, off in zip(shapes, offsets):
@@ -185,7 +185,7 @@ def allocate_views(shapes, dtypes, device, alignment: int | None = None) -> Bulk
     """
     device = check_device("device", device)  # before torch.empty: a clear error, not torch's assert
     shapes, dtype = _normalise_request(shapes, dtypes)
-    offsets, total = _plan(shapes, dtype, alignment)
+    offsets, total = _layout(shapes, dtype, alignment)
     isz = dtype.itemsize
     backing, start = _block(total, device)
     flat = backing[start : start + total].view(dtype)

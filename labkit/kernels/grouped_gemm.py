@@ -61,7 +61,7 @@ COUNT_DTYPES = (torch.int32, torch.int64)
 Splits = Sequence[int] | torch.Tensor
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class GroupedConfig:
     """Tile sizes and launch options of one launch. BLOCK_M runs along the ragged rows (forward)
     or along K (wgrad); BLOCK_K is the step of the reduction loop."""
@@ -91,19 +91,19 @@ class GroupedConfig:
 #:   candidate this table does not use.
 HOPPER_FORWARD = (
     # (tokens per expert at least, config)
-    (1024, GroupedConfig(64, 256, 64, 8, 8, 4, 1, True)),
-    (128, GroupedConfig(128, 256, 64, 8, 8, 4)),
-    (0, GroupedConfig(64, 128, 64, 8, 4, 4, 2)),
+    (1024, GroupedConfig(block_m=64, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=4, tma=True)),
+    (128, GroupedConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=4)),
+    (0, GroupedConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4, programs_per_sm=2)),
 )
 #: fp32 inputs on any GPU (tf32 or ieee dots): half the bytes per stage of the 2-byte configs.
-FP32 = GroupedConfig(64, 128, 32, 8, 4, 3)
+FP32 = GroupedConfig(block_m=64, block_n=128, block_k=32, group_m=8, num_warps=4, num_stages=3)
 #: Other GPUs: a safe middle (less shared memory than Hopper's 228 KB per SM).
-GENERIC_FORWARD = GroupedConfig(128, 128, 32, 8, 4, 3)
+GENERIC_FORWARD = GroupedConfig(block_m=128, block_n=128, block_k=32, group_m=8, num_warps=4, num_stages=3)
 #: wgrad: output tiles of [BLOCK_M along K, BLOCK_N along N], reduction steps of BLOCK_K rows.
-HOPPER_WGRAD = GroupedConfig(128, 128, 64, 8, 8, 3)
-GENERIC_WGRAD = GroupedConfig(64, 64, 32, 8, 4, 3)
+HOPPER_WGRAD = GroupedConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
+GENERIC_WGRAD = GroupedConfig(block_m=64, block_n=64, block_k=32, group_m=8, num_warps=4, num_stages=3)
 #: Under the interpreter: large tiles, few programs (each costs about 1 ms per tile op).
-INTERPRETER = GroupedConfig(32, 32, 32, 4, 4, 1)
+INTERPRETER = GroupedConfig(block_m=32, block_n=32, block_k=32, group_m=4, num_warps=4, num_stages=1)
 INTERPRETER_PROGRAMS = 4
 
 

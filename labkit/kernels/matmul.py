@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.kernels.launch_helpers import dtype_name, fp32_input_precision, needs_int64
+from labkit.kernels.launch_helpers import dtype_name, fp32_input_precision, needs_int64, overlaps
 from labkit.workbench import tier
 from labkit.workbench.checks import check_tensor
 from labkit.workbench.guard import common_device, on_device_of
@@ -52,7 +52,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ALIGNMENT = 256
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class MatmulConfig:
     """Tile sizes and launch options of one kernel launch."""
 
@@ -173,7 +173,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) ->
         if tuple(out.shape) != (M, N):
             raise ValueError(f"out: shape {tuple(out.shape)} is not (M, N) = {(M, N)}")
         for name, t in (("a", a), ("b", b)):
-            if _overlaps(out, t):
+            if overlaps(out, t):
                 raise ValueError(f"out: overlaps {name} in memory; the kernel would overwrite its own input")
     if M == 0 or N == 0:
         return out
@@ -220,19 +220,6 @@ def _launch(
             num_stages=cfg.num_stages,
         )
     return out
-
-
-def _overlaps(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """Whether the byte ranges spanned by x and y intersect (conservative for strided views)."""
-    if x.numel() == 0 or y.numel() == 0 or x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr():
-        return False
-
-    def span(t: torch.Tensor) -> tuple[int, int]:
-        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
-        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
-
-    (x0, x1), (y0, y1) = span(x), span(y)
-    return x0 < y1 and y0 < x1
 
 
 def misaligned(

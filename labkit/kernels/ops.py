@@ -99,7 +99,19 @@ def _sc_matmul_fake(
     a, b, sc_prec=8, stoc_len=256, granularity="per_row", chunk_d=0, a_seq="bitrev", b_seq="counter_alt", halve=False
 ):
     # the eager call's checks, on shapes and dtypes only: a bad call fails while tracing
-    _sc._check_inputs(a, b, _sc.SCConfig(sc_prec, stoc_len, granularity, chunk_d, a_seq, b_seq, halve))
+    _sc._check_inputs(
+        a,
+        b,
+        _sc.SCConfig(
+            sc_prec=sc_prec,
+            stoc_len=stoc_len,
+            granularity=granularity,
+            chunk_d=chunk_d,
+            a_seq=a_seq,
+            b_seq=b_seq,
+            halve=halve,
+        ),
+    )
     return a.new_empty(tuple(a.shape[:-1]) + (b.shape[-1],))
 
 

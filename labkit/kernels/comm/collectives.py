@@ -22,6 +22,7 @@ import triton
 from labkit.kernels.comm import one_shot, plan, scatter_gather, tree, two_shot
 from labkit.kernels.comm.signals import SEM_ACQ_REL, SEM_GPU_SCOPE, SEM_RELAXED, barrier_kernel
 from labkit.kernels.comm.symm import WORKSPACE_UNIT, SymmBuffer, check_buffer
+from labkit.kernels.launch_helpers import overlaps
 from labkit.workbench import tier
 from labkit.workbench.errors import UsageError
 from labkit.workbench.guard import on_device_of
@@ -54,7 +55,7 @@ DEFAULT_CROSSOVER_BYTES = {2: ALWAYS}
 DEFAULT_CROSSOVER_ABOVE_2 = 256 << 10
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchConfig:
     """How a collective's kernel is launched on GPUs (the interpreter ignores it: there, a step
     costs about a millisecond whatever its size, so it takes 4096-element steps).
@@ -152,19 +153,33 @@ def _programs(steps: int, buf: SymmBuffer, blocks: int | None, config: LaunchCon
     return p
 
 
-def _sem_end(variant: str, algorithm: str) -> tuple[int, bool, bool]:
+@dataclass(frozen=True, slots=True)
+class BarrierSemantics:
+    """What a variant (``VARIANTS``) makes of the kernels' barriers: their constexprs."""
+
+    sem: int  # SEM: the barrier atomics' order and scope (signals.SEM_ACQ_REL, SEM_RELAXED, SEM_GPU_SCOPE)
+    end_barrier: bool  # END_BARRIER: the kernels end with a barrier (False: "no_end_barrier")
+    guard_leaf: bool  # GUARD_LEAF: the tree waits for a child before reading it (False: "unguarded_leaf")
+
+
+#: variant -> its ``BarrierSemantics``, made once: looked up when a plan (or a ``barrier``) is made
+_BARRIER_SEMANTICS = {
+    variant: BarrierSemantics(
+        sem={"relaxed": SEM_RELAXED, "gpu_scope": SEM_GPU_SCOPE}.get(variant, SEM_ACQ_REL),
+        end_barrier=variant != "no_end_barrier",
+        guard_leaf=variant != "unguarded_leaf",
+    )
+    for variant in VARIANTS
+}
+
+
+def _barrier_semantics(variant: str, algorithm: str) -> BarrierSemantics:
+    """The barriers of ``variant``, checked: a variant ``algorithm`` has (errors name the argument)."""
     if variant not in VARIANTS:
         raise UsageError(f"variant: {variant!r} is not one of {list(VARIANTS)}")
     if variant == "unguarded_leaf" and algorithm != "tree":
         raise UsageError("variant 'unguarded_leaf' exists only for algorithm='tree'")
-    sem = {"relaxed": SEM_RELAXED, "gpu_scope": SEM_GPU_SCOPE}.get(variant, SEM_ACQ_REL)
-    return (sem, variant != "no_end_barrier", variant != "unguarded_leaf")
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether two contiguous tensors share any byte."""
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+    return _BARRIER_SEMANTICS[variant]
 
 
 def _is_in_place(out, buf: SymmBuffer) -> bool:
@@ -198,7 +213,7 @@ def _out(name: str, out, shape: tuple, like: torch.Tensor, buf: SymmBuffer) -> t
     if not out.is_contiguous():
         raise ValueError(f"{name}: must be contiguous")
     for r, peer in enumerate(buf.peers):
-        if _overlaps(out, peer):
+        if overlaps(out, peer):
             whose = "this rank's" if r == buf.rank else f"rank {r}'s"
             raise ValueError(
                 f"{name}: shares memory with {whose} symmetric buffer, which the kernel reads while "
@@ -286,19 +301,33 @@ def all_reduce(
     and launch. A kept plan holds the algorithm "auto" resolved to when it was made: changing the
     chooser's tables afterwards (``CE_FROM_BYTES``, the crossovers) reaches a buffer's new plans,
     not the ones it keeps (``buf._plans.clear()`` drops those)."""
+    key = None
     if type(buf) is SymmBuffer and plan.CACHE_PLANS and (out is None or isinstance(out, torch.Tensor)):
         key = ("all_reduce", plan.out_key(out), algorithm, blocks, variant, config)
-        return plan.call_cached(
-            buf,
-            key,
-            lambda fast=True: make_all_reduce_plan(buf, out, algorithm, blocks, variant, config, keep=False, fast=fast),
-            out,
-        )
-    return make_all_reduce_plan(buf, out, algorithm, blocks, variant, config, keep=False, fast=False).launch(out)
+        try:
+            kept = plan.kept(buf, key)
+        except TypeError:  # an unhashable argument: a plan for this call alone, whose checks name it
+            key = None
+        else:
+            if kept is not None:
+                return kept.launch(out)
+    made = make_all_reduce_plan(buf, out, algorithm, blocks, variant, config, keep=False, fast=key is not None)
+    if key is not None:
+        plan.keep(buf, key, made)
+    return made.launch(out)
 
 
-def check_all_reduce(buf, out, algorithm: str) -> tuple[SymmBuffer, torch.Tensor | None, bool]:
-    """The argument checks of ``all_reduce``: (buf, out or None, in place?). Errors name the argument."""
+@dataclass(frozen=True, slots=True)
+class CheckedAllReduce:
+    """``all_reduce``'s arguments after ``check_all_reduce``."""
+
+    buf: SymmBuffer  # the symmetric buffer, checked
+    out: torch.Tensor | None  # the output: checked, or None (a new tensor per launch), or buf.tensor in place
+    in_place: bool  # out is buf.tensor: the sum replaces the input
+
+
+def check_all_reduce(buf, out, algorithm: str) -> CheckedAllReduce:
+    """The argument checks of ``all_reduce``. Errors name the argument."""
     buf = check_buffer("buf", buf)
     x = buf.tensor
     in_place = _is_in_place(out, buf)
@@ -319,7 +348,26 @@ def check_all_reduce(buf, out, algorithm: str) -> tuple[SymmBuffer, torch.Tensor
         if algorithm == "two_shot_ce":
             raise UsageError("algorithm 'two_shot_ce' works in place only: pass out=buf.tensor")
         out = _out("out", out, tuple(x.shape), x, buf)
-    return buf, out, in_place
+    return CheckedAllReduce(buf, out, in_place)
+
+
+@dataclass(frozen=True, slots=True)
+class CommonLaunch:
+    """What every all-reduce launch on a buffer decides alike (``launch_common``)."""
+
+    barriers: BarrierSemantics  # the variant's barriers
+    config: LaunchConfig  # the launch configuration (``default_config`` where the caller gave none)
+    block: int  # elements per program step (``config.block`` for the buffer's dtype)
+    constexprs: dict  # what every kernel takes: WORLD, MAX_BLOCKS, BLOCK, SEM, END_BARRIER and num_warps
+
+
+@dataclass(frozen=True, slots=True)
+class AllReduceChoice:
+    """``all_reduce``'s choices for a checked buffer (``choose_all_reduce``)."""
+
+    algorithm: str  # what runs ("auto" resolved)
+    launch: CommonLaunch  # its barriers, launch configuration, block and constexprs
+    steps: tuple  # the launches in order: plan.KernelLaunch (grid, arguments, output as OUT), plan.CopySteps
 
 
 def choose_all_reduce(
@@ -329,10 +377,9 @@ def choose_all_reduce(
     blocks: int | None = None,
     variant: str = "correct",
     config: LaunchConfig | None = None,
-) -> tuple[str, tuple]:
-    """The choices of ``all_reduce`` for a checked buffer: (algorithm, launch steps): the
-    algorithm ("auto" resolved), its launch configuration and grid, and every kernel argument,
-    the output marked ``plan.OUT``."""
+) -> AllReduceChoice:
+    """The choices of ``all_reduce`` for a checked buffer: the algorithm ("auto" resolved), its
+    launch configuration and grid, and every kernel argument, the output marked ``plan.OUT``."""
     x = buf.tensor
     n = x.numel()
     if algorithm == "auto":
@@ -343,13 +390,18 @@ def choose_all_reduce(
         )
     if algorithm not in ALGORITHMS + IN_PLACE_ALGORITHMS:
         raise UsageError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS + IN_PLACE_ALGORITHMS} or 'auto'")
-    sem, guard_leaf, config, block, common = launch_common(buf, variant, algorithm, config)
+    launch = launch_common(buf, variant, algorithm, config)
+    config, block, constexprs = launch.config, launch.block, launch.constexprs
     dev, OUT = x.device, plan.OUT
     if algorithm == "one_shot":
         p = _programs(triton.cdiv(n, block), buf, blocks, config)
         steps = (
             plan.KernelLaunch(
-                one_shot.one_shot_all_reduce_kernel, (p,), (buf.data_ptrs, buf.pad_ptrs, OUT, n, buf.rank), common, dev
+                one_shot.one_shot_all_reduce_kernel,
+                (p,),
+                (buf.data_ptrs, buf.pad_ptrs, OUT, n, buf.rank),
+                constexprs,
+                dev,
             ),
         )
     elif algorithm == "two_shot":
@@ -358,44 +410,43 @@ def choose_all_reduce(
         kernel = two_shot.two_shot_all_reduce_in_place_kernel if in_place else two_shot.two_shot_all_reduce_kernel
         steps = (
             plan.KernelLaunch(
-                kernel, (p,), (buf.data_ptrs, buf.pad_ptrs, OUT, n, shard // block, buf.rank), common, dev
+                kernel, (p,), (buf.data_ptrs, buf.pad_ptrs, OUT, n, shard // block, buf.rank), constexprs, dev
             ),
         )
     elif algorithm == "two_shot_ce":
-        steps = _two_shot_ce(buf, n, sem, blocks, config, block, common)
+        steps = _two_shot_ce(buf, n, launch, blocks)
     else:
         half = triton.cdiv(triton.cdiv(n, 2), block) * block
         p = _programs(2 * triton.cdiv(half, block), buf, blocks, config, even=True)
-        links = tree.tree_links(buf.rank, buf.world_size)
+        links = tree.tree_links(buf.rank, buf.world_size)  # the kernel's six link arguments, in order
         steps = (
             plan.KernelLaunch(
                 tree.tree_all_reduce_kernel,
                 (p,),
                 (buf.data_ptrs, buf.pad_ptrs, OUT, n, half, buf.rank, *links),
-                dict(common, GUARD_LEAF=guard_leaf),
+                dict(constexprs, GUARD_LEAF=launch.barriers.guard_leaf),
                 dev,
             ),
         )
-    return algorithm, steps
+    return AllReduceChoice(algorithm, launch, steps)
 
 
-def launch_common(buf: SymmBuffer, variant: str, algorithm: str, config: LaunchConfig | None) -> tuple:
-    """What every all-reduce launch on ``buf`` decides alike: (sem, guard_leaf, config, block, the
-    constexprs every kernel takes), from the variant and the launch configuration (default: for
-    the buffer's size)."""
+def launch_common(buf: SymmBuffer, variant: str, algorithm: str, config: LaunchConfig | None) -> CommonLaunch:
+    """What every all-reduce launch on ``buf`` decides alike, from the variant and the launch
+    configuration (default: for the buffer's size)."""
     x = buf.tensor
-    sem, end, guard_leaf = _sem_end(variant, algorithm)
+    barriers = _barrier_semantics(variant, algorithm)
     config = _config(config, x.numel() * x.element_size(), buf.world_size, x.device)
     block = config.block(x.element_size())
-    common = {
+    constexprs = {
         "WORLD": buf.world_size,
         "MAX_BLOCKS": buf.max_blocks,
         "BLOCK": block,
-        "SEM": sem,
-        "END_BARRIER": end,
+        "SEM": barriers.sem,
+        "END_BARRIER": barriers.end_barrier,
         "num_warps": config.num_warps,
     }
-    return sem, guard_leaf, config, block, common
+    return CommonLaunch(barriers, config, block, constexprs)
 
 
 def make_all_reduce_plan(
@@ -411,31 +462,22 @@ def make_all_reduce_plan(
     """``check_all_reduce`` then ``choose_all_reduce``, as a plan (``all_reduce_plan``).
     keep=False: a plan for the buffer's own cache (holds the buffer weakly, and not ``out``);
     fast=False: a plan launched once, which prepares no compiled-launcher path."""
-    buf, out, in_place = check_all_reduce(buf, out, algorithm)
-    algorithm, steps = choose_all_reduce(buf, in_place, algorithm, blocks, variant, config)
+    checked = check_all_reduce(buf, out, algorithm)
+    choice = choose_all_reduce(checked.buf, checked.in_place, algorithm, blocks, variant, config)
     return plan.CollectivePlan(
         "all_reduce",
-        buf,
-        steps,
-        algorithm=algorithm,
-        in_place=in_place,
-        out_shape=tuple(buf.tensor.shape),
-        out=out if keep else None,
+        checked.buf,
+        choice.steps,
+        algorithm=choice.algorithm,
+        in_place=checked.in_place,
+        out_shape=tuple(checked.buf.tensor.shape),
+        out=checked.out if keep else None,
         keep_buffer=keep,
         fast=fast,
     )
 
 
-def _two_shot_ce(
-    buf: SymmBuffer,
-    n: int,
-    sem: int,
-    blocks,
-    config: LaunchConfig,
-    block: int,
-    common: dict,
-    out_ptrs: torch.Tensor | None = None,
-) -> tuple:
+def _two_shot_ce(buf: SymmBuffer, n: int, launch: CommonLaunch, blocks, out_ptrs: torch.Tensor | None = None) -> tuple:
     """In-place two-shot whose first shot is done by ``cudaMemcpyAsync`` (``Tensor.copy_``
     between this rank's buffer and a peer's workspace: the copy engines, which ``labkit bench
     links`` measured moving more GB/s over NVLink than SM loads or stores). The steps:
@@ -451,7 +493,11 @@ def _two_shot_ce(
     flat = buf.tensor.view(-1)
     dev = buf.tensor.device
     barrier = plan.KernelLaunch(
-        barrier_kernel, (1,), (buf.pad_ptrs, r), {"WORLD": w, "MAX_BLOCKS": buf.max_blocks, "SEM": sem}, dev
+        barrier_kernel,
+        (1,),
+        (buf.pad_ptrs, r),
+        {"WORLD": w, "MAX_BLOCKS": buf.max_blocks, "SEM": launch.barriers.sem},
+        dev,
     )
     copies = []
     for k in range(1, w):  # each rank starts at a different peer, as the kernels do
@@ -459,7 +505,7 @@ def _two_shot_ce(
         length = max(0, min(shard, n - s * shard))
         if length:
             copies.append((ws.peers[s][r * shard : r * shard + length], flat[s * shard : s * shard + length]))
-    p = _programs(triton.cdiv(shard, block), buf, blocks, config)
+    p = _programs(triton.cdiv(shard, launch.block), buf, blocks, launch.config)
     reduce = plan.KernelLaunch(
         two_shot.two_shot_ce_kernel,
         (p,),
@@ -473,7 +519,7 @@ def _two_shot_ce(
             shard // WORKSPACE_UNIT,
             r,
         ),
-        dict(common, UNIT=WORKSPACE_UNIT),
+        dict(launch.constexprs, UNIT=WORKSPACE_UNIT),
         dev,
     )
     return barrier, plan.CopySteps(copies), reduce
@@ -485,7 +531,7 @@ def _shard_steps(kernel, buf: SymmBuffer, shard: int, blocks, variant: str, conf
     (the reduce-scatter input, the all-gather output). ``extra``: more constexprs (the all-gather's
     naive order); none for the defaults, so their launch is what it always was."""
     x = buf.tensor
-    sem, end, _ = _sem_end(variant, "shards")
+    barriers = _barrier_semantics(variant, "shards")
     config = _config(config, shard * buf.world_size * x.element_size(), buf.world_size, x.device)
     block = config.block(x.element_size())
     p = _programs(triton.cdiv(shard, block), buf, blocks, config)
@@ -498,8 +544,8 @@ def _shard_steps(kernel, buf: SymmBuffer, shard: int, blocks, variant: str, conf
                 "WORLD": buf.world_size,
                 "MAX_BLOCKS": buf.max_blocks,
                 "BLOCK": block,
-                "SEM": sem,
-                "END_BARRIER": end,
+                "SEM": barriers.sem,
+                "END_BARRIER": barriers.end_barrier,
                 "num_warps": config.num_warps,
                 **(extra or {}),
             },
@@ -538,21 +584,33 @@ def all_gather(
 
 def _shards_call(op: str, buf, out, blocks, variant, config, order: str = "rotated") -> torch.Tensor:
     """``op`` through the plan kept on the buffer (or a throw-away plan when plans are off)."""
+    key = None
     if type(buf) is SymmBuffer and plan.CACHE_PLANS and (out is None or isinstance(out, torch.Tensor)):
         key = (op, plan.out_key(out), blocks, variant, config, order)
-        return plan.call_cached(
-            buf,
-            key,
-            lambda fast=True: make_shards_plan(
-                op, buf, out, blocks, variant, config, keep=False, fast=fast, order=order
-            ),
-            out,
-        )
-    return make_shards_plan(op, buf, out, blocks, variant, config, keep=False, fast=False, order=order).launch(out)
+        try:
+            kept = plan.kept(buf, key)
+        except TypeError:  # an unhashable argument: a plan for this call alone, whose checks name it
+            key = None
+        else:
+            if kept is not None:
+                return kept.launch(out)
+    made = make_shards_plan(op, buf, out, blocks, variant, config, keep=False, fast=key is not None, order=order)
+    if key is not None:
+        plan.keep(buf, key, made)
+    return made.launch(out)
 
 
-def check_shards(op: str, buf, out) -> tuple[SymmBuffer, torch.Tensor | None, tuple]:
-    """The argument checks of ``reduce_scatter`` / ``all_gather``: (buf, out or None, out shape)."""
+@dataclass(frozen=True, slots=True)
+class CheckedShards:
+    """``reduce_scatter``'s or ``all_gather``'s arguments after ``check_shards``."""
+
+    buf: SymmBuffer  # the symmetric buffer, checked
+    out: torch.Tensor | None  # the output, checked, or None (a new tensor per launch)
+    out_shape: tuple  # the output's shape: one shard (reduce-scatter), or W of them (all-gather)
+
+
+def check_shards(op: str, buf, out) -> CheckedShards:
+    """The argument checks of ``reduce_scatter`` / ``all_gather``. Errors name the argument."""
     buf = check_buffer("buf", buf)
     x = buf.tensor
     w = buf.world_size
@@ -565,7 +623,7 @@ def check_shards(op: str, buf, out) -> tuple[SymmBuffer, torch.Tensor | None, tu
         shape = (x.shape[0] // w,) + tuple(x.shape[1:])
     else:
         shape = (x.shape[0] * w,) + tuple(x.shape[1:])
-    return buf, _out("out", out, shape, x, buf), shape
+    return CheckedShards(buf, _out("out", out, shape, x, buf), shape)
 
 
 def make_shards_plan(
@@ -590,7 +648,8 @@ def make_shards_plan(
         raise UsageError(
             f"order: {order!r} exists only for the all-gather; the reduce-scatter reads every peer at once"
         )
-    buf, out, shape = check_shards(op, buf, out)
+    checked = check_shards(op, buf, out)
+    buf = checked.buf
     x = buf.tensor
     if op == "reduce_scatter":
         steps = _shard_steps(
@@ -612,8 +671,8 @@ def make_shards_plan(
         steps,
         algorithm="direct",
         in_place=False,
-        out_shape=shape,
-        out=out if keep else None,
+        out_shape=checked.out_shape,
+        out=checked.out if keep else None,
         keep_buffer=keep,
         fast=fast,
     )
@@ -663,10 +722,10 @@ def all_gather_plan(
 def barrier(buf: SymmBuffer, blocks: int = 1, variant: str = "correct") -> None:
     """Only the block barrier, ``blocks`` programs: tests check it leaves every pad at zero."""
     buf = check_buffer("buf", buf)
-    sem, _, _ = _sem_end(variant, "barrier")
+    barriers = _barrier_semantics(variant, "barrier")
     p = _programs(blocks, buf, blocks, DEFAULT_CONFIG)
     with on_device_of(buf=buf.tensor):
-        barrier_kernel[(p,)](buf.pad_ptrs, buf.rank, WORLD=buf.world_size, MAX_BLOCKS=buf.max_blocks, SEM=sem)
+        barrier_kernel[(p,)](buf.pad_ptrs, buf.rank, WORLD=buf.world_size, MAX_BLOCKS=buf.max_blocks, SEM=barriers.sem)
 
 
 def graph_target(collective, *args, **kwargs) -> tuple:

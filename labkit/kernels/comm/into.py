@@ -98,8 +98,8 @@ def into_steps(
     must make them with the same ``blocks`` and ``config``. fast: the kernels launch through
     Triton's compiled launcher after their first launch (``plan.KernelLaunch``), for steps kept
     and launched again."""
-    sem, _, config, block, common = C.launch_common(buf, "correct", "two_shot_ce", config)
-    steps = C._two_shot_ce(buf, buf.tensor.numel(), sem, blocks, config, block, common, out_ptrs=out.data_ptrs)
+    launch = C.launch_common(buf, "correct", "two_shot_ce", config)
+    steps = C._two_shot_ce(buf, buf.tensor.numel(), launch, blocks, out_ptrs=out.data_ptrs)
     for s in steps:
         if hasattr(s, "armable"):
             s.armable = fast  # launched once: no compiled-launcher fast path to prepare

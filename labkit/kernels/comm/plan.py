@@ -13,7 +13,7 @@ computes it once:
     y = plan()                           # = all_reduce(buf, out), same barrier semantics
 
 and ``collectives.all_reduce`` / ``reduce_scatter`` / ``all_gather`` keep plans of their own
-on the buffer (``call_cached``), so a plain call gets most of the saving too.
+on the buffer (``kept``, ``keep``), so a plain call gets most of the saving too.
 
 What a plan fixes when it is made (the full checks of the eager call run then, and only then):
 the buffer, the output's shape, dtype and device, in place or not, the algorithm, the launch
@@ -365,19 +365,21 @@ def out_key(out) -> tuple | None:
     return (out.data_ptr(), out.shape, out.stride(), out.dtype, out.device)
 
 
-def call_cached(buf, key: tuple, make, out):
-    """Launch the plan cached on ``buf`` under ``key`` into ``out``; ``make()`` builds it (the
-    eager call's full checks; ``make(fast=False)`` for a plan used once) when there is none, or when
-    the one there went stale. ``key`` holds every argument of the call but the buffer, and
-    ``out_key(out)``."""
+def kept(buf, key: tuple) -> CollectivePlan | None:
+    """The plan kept on ``buf`` under ``key``, or None when there is none or the one there went
+    stale (then the caller makes one with the eager call's full checks and ``keep``s it). ``key``
+    holds every argument of the call but the buffer, and ``out_key(out)``; a TypeError says one of
+    them is unhashable (then the caller makes a plan for that call alone, whose checks name it)."""
+    p = buf._plans.get(key)
+    if p is not None and p.stale() is None:
+        return p
+    return None
+
+
+def keep(buf, key: tuple, p: CollectivePlan) -> None:
+    """Keep ``p`` on ``buf`` under ``key`` (replacing a stale one), the oldest dropped beyond
+    ``MAX_PLANS``."""
     plans = buf._plans
-    try:
-        p = plans.get(key)
-    except TypeError:  # an unhashable argument: make() runs the check that names it
-        return make(fast=False).launch(out)
-    if p is None or p.stale() is not None:
-        p = make()
-        if len(plans) >= MAX_PLANS and key not in plans:
-            del plans[next(iter(plans))]
-        plans[key] = p
-    return p.launch(out)
+    if len(plans) >= MAX_PLANS and key not in plans:
+        del plans[next(iter(plans))]
+    plans[key] = p

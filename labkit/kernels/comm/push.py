@@ -57,8 +57,8 @@ import triton
 import triton.language as tl
 
 from labkit.kernels.comm import symm
-from labkit.kernels.comm.collectives import _overlaps
 from labkit.kernels.comm.signals import pad_slot, slow_down
+from labkit.kernels.launch_helpers import overlaps
 from labkit.workbench import tier
 from labkit.workbench.guard import on_device_of
 
@@ -279,7 +279,7 @@ def _check(x, box: Inbox, out) -> torch.Tensor:
             f"{'a contiguous' if out.is_contiguous() else 'a non-contiguous'} {out.dtype} tensor of "
             f"shape {tuple(out.shape)} on {out.device}"
         )
-    if out.data_ptr() != x.data_ptr() and _overlaps(out, x):
+    if out.data_ptr() != x.data_ptr() and overlaps(out, x):
         raise ValueError("out: overlaps x without being x (in place means out is x)")
     _outside_inboxes("out", out, box)
     return out
@@ -289,7 +289,7 @@ def _outside_inboxes(name: str, t: torch.Tensor, box: Inbox) -> None:
     """Peers store into every rank's inbox while this rank reads ``x`` and writes ``out``: neither
     may live inside one."""
     for r, peer in enumerate(box.buf.peers):
-        if _overlaps(t, peer):
+        if overlaps(t, peer):
             whose = "this rank's" if r == box.buf.rank else f"rank {r}'s"
             raise ValueError(
                 f"{name}: shares memory with {whose} inbox, which the peers write during the call; "

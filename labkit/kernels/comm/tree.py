@@ -20,6 +20,8 @@ tree all-reduce written by hand segfaults (an illegal memory access on a GPU); w
 way the story's did is not known.
 """
 
+from typing import NamedTuple
+
 import triton
 import triton.language as tl
 
@@ -27,8 +29,20 @@ from labkit.kernels.comm.one_shot import peer_ptr
 from labkit.kernels.comm.signals import block_barrier, pad_slot, send, slow_down, wait
 
 
-def tree_links(rank: int, world: int) -> tuple[int, int, int, int, int, int]:
-    """(parent, child0, child1) of ``rank`` in tree A, then in tree B; -1 where there is none."""
+class TreeLinks(NamedTuple):
+    """A rank's neighbours in both trees, -1 where there is none: ``tree_all_reduce_kernel``'s
+    link arguments, in its order (a tuple, so that a launch passes them as ``*links``)."""
+
+    a_parent: int
+    a_child0: int
+    a_child1: int
+    b_parent: int
+    b_child0: int
+    b_child1: int
+
+
+def tree_links(rank: int, world: int) -> TreeLinks:
+    """The parent and children of ``rank`` in tree A, then in tree B; -1 where there is none."""
 
     def heap(node):
         parent = (node - 1) // 2 if node > 0 else -1
@@ -37,7 +51,7 @@ def tree_links(rank: int, world: int) -> tuple[int, int, int, int, int, int]:
 
     a = heap(rank)
     b = [(world - 1 - x) if x >= 0 else -1 for x in heap(world - 1 - rank)]
-    return tuple(a + b)
+    return TreeLinks(*a, *b)
 
 
 @triton.jit

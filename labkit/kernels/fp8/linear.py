@@ -34,8 +34,9 @@ from labkit.kernels.fp8.recipe import DelayedScaling, FP8Meta
 
 
 @dataclasses.dataclass
-class _Plan:
-    """What backward needs besides tensors: the state, the recipe, the policy and the cast weight."""
+class _FP8Call:
+    """One FP8 call's settings, what backward needs besides tensors: the state, the recipe, the policy
+    and the cast weight."""
 
     module: FP8Linear
     fwd_meta: FP8Meta
@@ -48,29 +49,29 @@ class _Plan:
 
 class _FP8LinearFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, plan: _Plan):
+    def forward(ctx, x, weight, bias, call: _FP8Call):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).contiguous()
-        x8 = plan.policy.quantize(x2, plan.fwd_meta, 0, plan.recipe.fwd_dtype)
-        y = fp8_gemm(x8, plan.weight_fp8, out_dtype=x.dtype, backend=plan.backend, a_name="x", b_name="weight")
+        x8 = call.policy.quantize(x2, call.fwd_meta, 0, call.recipe.fwd_dtype)
+        y = fp8_gemm(x8, call.weight_fp8, out_dtype=x.dtype, backend=call.backend, a_name="x", b_name="weight")
         if bias is not None:
             y = y + bias
-        ctx.plan, ctx.x8, ctx.has_bias, ctx.x_dtype = plan, x8, bias is not None, x.dtype
+        ctx.call, ctx.x8, ctx.has_bias, ctx.x_dtype = call, x8, bias is not None, x.dtype
         return y.reshape(*shape[:-1], y.shape[-1])
 
     @staticmethod
     def backward(ctx, dy):
-        plan = ctx.plan
+        call = ctx.call
         shape = dy.shape
         dy2 = dy.reshape(-1, shape[-1]).contiguous()
-        dy8 = plan.policy.quantize(dy2, plan.bwd_meta, 0, plan.recipe.bwd_dtype)
+        dy8 = call.policy.quantize(dy2, call.bwd_meta, 0, call.recipe.bwd_dtype)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             dx = fp8_gemm(
                 dy8,
-                plan.module.transposed_weight(plan.weight_fp8),
+                call.module.transposed_weight(call.weight_fp8),
                 out_dtype=ctx.x_dtype,
-                backend=plan.backend,
+                backend=call.backend,
                 a_name="grad_output",
                 b_name="weight",
             )
@@ -79,13 +80,13 @@ class _FP8LinearFunction(torch.autograd.Function):
             dw = fp8_gemm(
                 dy8.t(),
                 ctx.x8.t(),
-                out_dtype=plan.module.weight.dtype,
-                backend=plan.backend,
+                out_dtype=call.module.weight.dtype,
+                backend=call.backend,
                 a_name="grad_output",
                 b_name="x",
             )
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy2.sum(0).to(plan.module.bias.dtype)
+            db = dy2.sum(0).to(call.module.bias.dtype)
         return dx, dw, db, None
 
 
@@ -219,8 +220,8 @@ def fp8_linear(x: torch.Tensor, module: FP8Linear, ctx: _autocast.fp8_autocast |
     ctx.register(module, "forward", fwd)
     ctx.register(module, "backward", bwd)
     w8 = module.cast_weight(policy, fwd, recipe)
-    plan = _Plan(module, fwd, bwd, recipe, policy, w8, module.backend)
-    return _FP8LinearFunction.apply(x, module.weight, module.bias, plan)
+    call = _FP8Call(module, fwd, bwd, recipe, policy, w8, module.backend)
+    return _FP8LinearFunction.apply(x, module.weight, module.bias, call)
 
 
 __all__ = ["FP8Linear", "fp8_linear"]

@@ -52,7 +52,7 @@ GRANULARITIES = ("per_tensor", "per_row", "per_head")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SCConfig:
     sc_prec: int = 8
     stoc_len: int = 256
@@ -193,7 +193,7 @@ def prepare_b(b: torch.Tensor, **options) -> PreparedB:
     return PreparedB(qb, sb, cfg, b.dim() == 2)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class LaunchConfig:
     """How sc_kernel is launched. Chosen from the shapes alone (never from the GPU), so the same
     inputs take the same path, and give the same bits, on any GPU."""
@@ -362,7 +362,15 @@ def sc_matmul(
 
     Runs on the device of a and b (never the current device), under labkit's device guard.
     """
-    cfg = SCConfig(sc_prec, stoc_len, granularity, chunk_d, a_seq, b_seq, halve)
+    cfg = SCConfig(
+        sc_prec=sc_prec,
+        stoc_len=stoc_len,
+        granularity=granularity,
+        chunk_d=chunk_d,
+        a_seq=a_seq,
+        b_seq=b_seq,
+        halve=halve,
+    )
     _check_inputs(a, b, cfg)
     return sc_matmul_prepared(a, prepare_b(b, **dataclasses.asdict(cfg)))
 

@@ -419,7 +419,7 @@ def tune(
     w, dev = ctx.world_size, ctx.device
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     configs = [
-        C.LaunchConfig(v, nw, max(1, round(p * sms)))
+        C.LaunchConfig(vectors=v, num_warps=nw, programs=max(1, round(p * sms)))
         for v, nw, p in itertools.product(grid["vectors"], grid["num_warps"], grid["programs_per_sm"])
     ]
     most = max(c.programs for c in configs)

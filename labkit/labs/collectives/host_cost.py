@@ -97,12 +97,14 @@ def eager_uncached(buf, out: torch.Tensor | None = None, algorithm: str = "auto"
     argument checks, the choices (algorithm, launch, grid), the device guard and Triton's own launch
     path (``kernel[grid](...)``). The breakdown's "eager call" and the sweep's ``eager_uncached``
     series; the same checks and choices as a plan's, so the same kernels with the same launch."""
-    b, o, ip = C.check_all_reduce(buf, out, algorithm)
-    _, st = C.choose_all_reduce(b, ip, algorithm)
-    x = b.tensor
+    checked = C.check_all_reduce(buf, out, algorithm)
+    choice = C.choose_all_reduce(checked.buf, checked.in_place, algorithm)
+    x, o = checked.buf.tensor, checked.out
     with on_device_of(buf=x, out=o):
-        target = x if ip else (o if o is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device))
-        _triton_launches(st, target)
+        target = (
+            x if checked.in_place else (o if o is not None else torch.empty(x.shape, dtype=x.dtype, device=x.device))
+        )
+        _triton_launches(choice.steps, target)
     return target
 
 
@@ -140,9 +142,10 @@ def breakdown(
 
     # the host-only stages: nothing launched, nothing to line up
     checks = _median_us(lambda: C.check_all_reduce(buf, out, algorithm), reps)
-    buf, checked_out, in_place = C.check_all_reduce(buf, out, algorithm)
+    checked = C.check_all_reduce(buf, out, algorithm)
+    buf, checked_out, in_place = checked.buf, checked.out, checked.in_place
     config = _median_us(lambda: C.choose_all_reduce(buf, in_place, algorithm), reps)
-    chosen, steps = C.choose_all_reduce(buf, in_place, algorithm)
+    choice = C.choose_all_reduce(buf, in_place, algorithm)
 
     def enter_leave():
         with on_device_of(buf=x, out=checked_out):
@@ -164,7 +167,7 @@ def breakdown(
 
     held = C.all_reduce_plan(buf, out, algorithm=algorithm)
     for _ in range(warmup):  # compiles, arms the fast path, fills the buffer's plan cache
-        _triton_launches(steps, target)
+        _triton_launches(choice.steps, target)
         C.all_reduce(buf, out, algorithm=algorithm)
         held()
     key = ("all_reduce", P.out_key(out), algorithm, None, "correct", None)
@@ -196,7 +199,7 @@ def breakdown(
                 return _median_us(fn, launch_reps)
         return _median_us(fn, launch_reps)
 
-    launch = timed(lambda: _triton_launches(steps, target), guarded=True)
+    launch = timed(lambda: _triton_launches(choice.steps, target), guarded=True)
     plan_launch = timed(lambda: [s(target) for s in held.steps], guarded=True)
     eager_whole = timed(lambda: eager_uncached(buf, out, algorithm))
     cached_whole = timed(lambda: C.all_reduce(buf, out, algorithm=algorithm))
@@ -206,7 +209,7 @@ def breakdown(
 
     base = {
         "op": "all_reduce",
-        "algorithm": chosen,
+        "algorithm": choice.algorithm,
         "bytes": nbytes,
         "dtype": str(x.dtype).replace("torch.", ""),
         "world_size": buf.world_size,

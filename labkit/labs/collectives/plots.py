@@ -96,7 +96,7 @@ def plot_data_movement(ax, algorithm: str, world: int = 4) -> None:
         text = "in place: cudaMemcpyAsync does shot one, a kernel reduces locally and pushes"
     elif algorithm == "tree":
         for r in range(world):
-            parent = tree_links(r, world)[0]
+            parent = tree_links(r, world).a_parent
             if parent >= 0:
                 ax.annotate(
                     "",

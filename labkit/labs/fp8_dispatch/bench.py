@@ -98,7 +98,7 @@ def reported_at(rec: dict | None = None, traceback: str | None = None) -> str | 
     return site
 
 
-def plan(profile: str, gpu_count: int) -> list[dict]:
+def matrix_cells(profile: str, gpu_count: int) -> list[dict]:
     """The cells a profile runs on a machine with ``gpu_count`` GPUs: dicts with kind,
     placement, mode, env and ``skip`` (None, or the one-line reason the cell cannot run here)."""
     _profile(profile)
@@ -354,7 +354,7 @@ def benchmark(
     speed: bool = True,
     timeout: float = CELL_TIMEOUT_S,
 ) -> list[dict]:
-    """Entry point of ``labkit bench fp8``: every cell of the profile's plan, its meta records,
+    """Entry point of ``labkit bench fp8``: every cell of the profile's matrix, its meta records,
     and (profile "gpu", ``speed``) the FP8 vs bf16 GEMM comparison. size, steps: override the
     profile's (the notebook's parameters)."""
     from tqdm.auto import tqdm
@@ -368,7 +368,7 @@ def benchmark(
         if not gate.ok:
             raise HardwareUnavailable(f"labkit bench fp8 --profile gpu: {gate.reason} (the cpu profile runs anywhere)")
         gpus = torch.cuda.device_count()
-    cells = plan(profile, gpus)
+    cells = matrix_cells(profile, gpus)
     records = [tool_record()] if profile == "gpu" else []
     for cell in tqdm(cells, desc="FP8 matrix", unit="cell", disable=not progress):
         if cell["skip"]:
@@ -396,7 +396,7 @@ def summary(records: list[dict]) -> str:
 __all__ = [
     "REQUIRED",
     "KINDS",
-    "plan",
+    "matrix_cells",
     "run_cell",
     "meta_records",
     "speed_case",

@@ -576,10 +576,17 @@ def candidate_configs(grid: dict, chosen: gg.GroupedConfig | None = None) -> lis
     missing = [k for k in keys if k not in grid]
     if missing:
         raise ValueError(f"grid: lacks {missing}")
-    configs = [gg.GroupedConfig(*values) for values in itertools.product(*(grid[k] for k in keys))]
+    configs = [gg.GroupedConfig(**dict(zip(keys, values))) for values in itertools.product(*(grid[k] for k in keys))]
     configs = [c for c in configs if smem_bytes(c) <= SMEM_LIMIT]
     if grid is TUNE_GRID["gpu"]:  # two programs per SM where two fit (64-row tiles, 4 warps)
-        configs += [gg.GroupedConfig(64, 128, 64, 8, 4, 4, 2), gg.GroupedConfig(64, 128, 64, 8, 4, 4, 2, True)]
+        configs += [
+            gg.GroupedConfig(
+                block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4, programs_per_sm=2
+            ),
+            gg.GroupedConfig(
+                block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4, programs_per_sm=2, tma=True
+            ),
+        ]
     if chosen is not None and chosen not in configs:
         configs.insert(0, chosen)
     return configs

@@ -39,7 +39,7 @@ _RELEASED_LINE = "labkit: bytes of cuda:1 returned to CUDA by empty_cache: "
 REUSED_VALUE = 7.0  # what the tensor that takes a freed block holds: the kernel would then write 8
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Config:
     peer: str  # "torch": copies both ways (as accelerate's hooks); "0->1" / "1->0": CuPy, one way
     free: str | None  # None, "reuse" or "release": what happens to x's block before the kernel reads it
@@ -52,21 +52,33 @@ class Config:
 
 
 CONFIGS = {
-    "peer 0->1 only": Config("0->1", None, (), "cuda:0 may access cuda:1's memory; cuda:1 may not access cuda:0's"),
+    "peer 0->1 only": Config(
+        peer="0->1", free=None, what="cuda:0 may access cuda:1's memory; cuda:1 may not access cuda:0's"
+    ),
     "peer 1->0 only": Config(
-        "1->0", None, (), "cuda:1 may access cuda:0's memory; the kernel's cuda:0 may not access cuda:1's"
+        peer="1->0", free=None, what="cuda:1 may access cuda:0's memory; the kernel's cuda:0 may not access cuda:1's"
     ),
     "freed and reused": Config(
-        "torch", "reuse", (), "x freed while the queued kernel has not read it; a new tensor on cuda:1 takes its block"
+        peer="torch",
+        free="reuse",
+        what="x freed while the queued kernel has not read it; a new tensor on cuda:1 takes its block",
     ),
     "freed and released": Config(
-        "torch", "release", (), "x freed and returned to CUDA (empty_cache) before the queued kernel reads it"
+        peer="torch",
+        free="release",
+        what="x freed and returned to CUDA (empty_cache) before the queued kernel reads it",
     ),
     "expandable segments": Config(
-        "torch", None, tuple(_EXPANDABLE.items()), "expandable segments, peer access from PyTorch's copies"
+        peer="torch",
+        free=None,
+        env=tuple(_EXPANDABLE.items()),
+        what="expandable segments, peer access from PyTorch's copies",
     ),
     "expandable segments, peer via CuPy": Config(
-        "0->1", None, tuple(_EXPANDABLE.items()), "expandable segments, peer access 0->1 enabled outside PyTorch"
+        peer="0->1",
+        free=None,
+        env=tuple(_EXPANDABLE.items()),
+        what="expandable segments, peer access 0->1 enabled outside PyTorch",
     ),
 }
 

@@ -23,7 +23,7 @@ from labkit.kernels.sc.matmul import PreparedB, SCConfig, prepare_b, sc_matmul_p
 from labkit.workbench.bench import Timing
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DecoderConfig:
     hidden: int = 4096
     intermediate: int = 14336

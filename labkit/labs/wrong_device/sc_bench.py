@@ -108,7 +108,9 @@ def candidate_configs(M: int, H: int, N: int, K: int, C: int) -> dict[str, Launc
     else:
         for bm, bn, bk in [(4, 128, 8), (8, 128, 4), (2, 256, 8), (4, 256, 4), (16, 64, 4), (8, 64, 8)]:
             for gather in (0, 1):
-                out[f"g{gather} m{bm} n{bn} k{bk} s1 w4"] = LaunchConfig(gather, bm, bn, bk, splits=1)
+                out[f"g{gather} m{bm} n{bn} k{bk} s1 w4"] = LaunchConfig(
+                    gather=gather, block_m=bm, block_n=bn, block_k=bk, splits=1
+                )
     return out
 
 

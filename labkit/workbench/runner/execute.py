@@ -142,7 +142,7 @@ def kernel_env(profile: str) -> dict[str, str]:
 def prepare(input_path: str | os.PathLike, output_path: str | os.PathLike, parameters: dict) -> None:
     """Write a copy of a notebook with ``parameters`` injected, as ``labkit run`` does before it
     executes one (papermill's own injection: an ``injected-parameters`` cell after the
-    ``parameters`` cell), without starting a kernel. Validate the names first (:func:`plan`)."""
+    ``parameters`` cell), without starting a kernel. Validate the names first (:func:`resolve_jobs`)."""
     input_path = Path(input_path)
     outcome = _execute(str(input_path), str(output_path), parameters, str(input_path.parent), 1, prepare_only=True)
     if outcome["status"] != "ran":
@@ -160,7 +160,7 @@ def choose_profile(profile: str) -> str:
     return profile
 
 
-def plan(
+def resolve_jobs(
     only=None, profile="auto", params_file=None, sets=(), notebooks_dir=None, profiles_file=None, timeout_s=None
 ) -> tuple[str, list[tuple[str, Path, dict, float, dict]]]:
     """Resolve and validate everything before running anything.
@@ -220,7 +220,7 @@ def run(
     progress=True,
 ) -> RunReport:
     """Validate, then execute the selected notebooks into a new run folder; see ``labkit run -h``."""
-    profile, jobs = plan(only, profile, params_file, sets, notebooks_dir, profiles_file, timeout_s)
+    profile, jobs = resolve_jobs(only, profile, params_file, sets, notebooks_dir, profiles_file, timeout_s)
     try:
         run_dir = results.new_run_dir(profile, runs_dir)
     except results.ResultsError as e:
