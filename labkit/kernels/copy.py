@@ -13,8 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-# _overlaps lives in matmul.py for now (it is being moved to a shared module by another change)
-from labkit.kernels.matmul import _overlaps
+from labkit.kernels.launch_helpers import overlaps
 from labkit.workbench import tier
 from labkit.workbench.checks import check_tensor
 from labkit.workbench.guard import common_device, on_device_of
@@ -56,7 +55,7 @@ def copy(src: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         raise TypeError(f"out: dtype {out.dtype} differs from src dtype {src.dtype}")
     if out.shape != src.shape:
         raise ValueError(f"out: shape {tuple(out.shape)} differs from src shape {tuple(src.shape)}")
-    if out.data_ptr() != src.data_ptr() and _overlaps(out, src):
+    if out.data_ptr() != src.data_ptr() and overlaps(out, src):
         raise ValueError(
             f"out: overlaps src in memory (out starts {out.data_ptr() - src.data_ptr():+d} bytes from src); "
             "the kernel would read elements it has already overwritten: pass disjoint memory, or src itself"
