@@ -245,19 +245,20 @@ def _fp8_linear_odd():
     return close(y, x.double() @ lin.weight.double().T, 0.1)
 
 
+# every dimension a multiple of 16: on a GPU FP8Linear runs torch._scaled_mm, which needs it
 def _fp8_nan_step():
     lin = _fp8_linear(16, 16, 4)
     recipe = DelayedScaling(amax_history_len=4)
     with fp8_autocast(recipe=recipe):
-        lin(rnd(4, 16))
+        lin(rnd(16, 16))
     scales = lin.fp8_forward_scale.clone()
-    x = rnd(4, 16)
+    x = rnd(16, 16)
     x[0, 0] = nan
     with fp8_autocast(recipe=recipe):
         y = lin(x)
-    rows = y.isnan().any(1).cpu().tolist() == [True, False, False, False]
+    rows = y.isnan().any(1).cpu().tolist() == [True] + [False] * 15
     kept = torch.equal(lin.fp8_forward_scale, scales) and lin.fp8_forward_amax_history.isnan().any().item()
-    x2 = rnd(4, 16)
+    x2 = rnd(16, 16)
     with fp8_autocast(recipe=recipe):
         y2 = lin(x2)
     return rows and kept and close(y2, x2.double() @ lin.weight.double().T, 0.1)
@@ -266,7 +267,7 @@ def _fp8_nan_step():
 def _fp8_inf_step():
     lin = _fp8_linear(16, 16, 4)
     recipe = DelayedScaling(amax_history_len=4)
-    x = rnd(4, 16)
+    x = rnd(16, 16)
     x[0, 0] = inf
     with fp8_autocast(recipe=recipe):
         y = lin(x)
@@ -278,8 +279,8 @@ def _fp8_first_step_clamps():
     lin = _fp8_linear(16, 16, 4)
     recipe = DelayedScaling(amax_history_len=4)
     with fp8_autocast(recipe=recipe):
-        lin(1e6 * rnd(4, 16))
-    x2 = 1e6 * rnd(4, 16)
+        lin(1e6 * rnd(16, 16))
+    x2 = 1e6 * rnd(16, 16)
     with fp8_autocast(recipe=recipe):
         y2 = lin(x2)
     return close(y2, x2.double() @ lin.weight.double().T, 0.1)

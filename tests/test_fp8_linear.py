@@ -295,13 +295,14 @@ def test_a_nan_row_gives_a_nan_row_and_the_history_keeps_the_scale():
     """A NaN in x: the output row is NaN as nn.Linear's, the other rows finite; the amax history
     records NaN, so the update keeps the previous scale; the next clean step is finite and within
     the usual bound of the fp64 reference."""
+    # every dimension a multiple of 16: on a GPU the layer runs torch._scaled_mm
     lin = _layer(K=32, N=16, recipe=DelayedScaling(amax_history_len=4))
     g = torch.Generator().manual_seed(torch.seed() % 2**31)
     with fp8_autocast(recipe=DelayedScaling(amax_history_len=4)):  # a first clean step sets the scales
-        lin(torch.randn(8, 32, generator=g).to(torch.bfloat16).to(DEV))
+        lin(torch.randn(16, 32, generator=g).to(torch.bfloat16).to(DEV))
     scales = lin.fp8_forward_scale.clone()
-    x = torch.randn(8, 32, generator=g).to(torch.bfloat16)
-    row = int(torch.randint(0, 8, (1,), generator=g))
+    x = torch.randn(16, 32, generator=g).to(torch.bfloat16)
+    row = int(torch.randint(0, 16, (1,), generator=g))
     x[row, int(torch.randint(0, 32, (1,), generator=g))] = float("nan")
     x = x.to(DEV)
     with fp8_autocast(recipe=DelayedScaling(amax_history_len=4)):
@@ -311,7 +312,7 @@ def test_a_nan_row_gives_a_nan_row_and_the_history_keeps_the_scale():
     assert y[row].isnan().all() and y.isnan().sum() == y.shape[1]
     assert lin.fp8_forward_amax_history[-1, 0].isnan().item()  # the input's amax: NaN
     assert torch.equal(lin.fp8_forward_scale, scales)  # non-finite amax: scale kept
-    x2 = torch.randn(8, 32, generator=g).to(torch.bfloat16).to(DEV)
+    x2 = torch.randn(16, 32, generator=g).to(torch.bfloat16).to(DEV)
     with fp8_autocast(recipe=DelayedScaling(amax_history_len=4)):
         y2 = lin(x2)
     ref = x2.double() @ lin.weight.double().T
