@@ -7,7 +7,7 @@
 * ``output_dir``: a notebook output folder of the test's own.
 
 The options that split a run over several pytest processes (``--labkit-shard``,
-``--labkit-skips-to``, ``--labkit-nodeids``: ``scripts/gpu_tier.sh``) are the plugin
+``--labkit-skips-to``, ``--labkit-nodeids``: ``labkit gpu-tier``) are the plugin
 ``sharding.py`` beside this file."""
 
 import pytest

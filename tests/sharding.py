@@ -1,15 +1,15 @@
 """labkit's test-sharding plugin (loaded by ``conftest.py``: ``pytest_plugins = ["sharding"]``): the
 options that split one test run over several pytest processes, for the GPU tier
-(``scripts/gpu_tier.sh``), whose whole suite does not fit one 10-minute call of a GPU machine.
+(``labkit gpu-tier``), whose whole suite does not fit one 10-minute call of a GPU machine.
 
 ``--labkit-shard K/N`` runs the K-th of N shards (1-based) of the tests selected after ``-m`` and
 ``-k``: a test's shard is the CRC-32 of its node id mod N, so it depends on that test alone (adding
 or removing another test moves no one; a round-robin deal shifted every later test, and shards run
 at two commits missed some tests and ran others twice), and a parametrised group is spread over the
-shards. ``scripts/gpu_tier.sh --shard K/N`` uses it.
+shards. ``labkit gpu-tier --shard K/N`` uses it.
 
 ``--labkit-skips-to FILE`` appends the node id of every skipped test to FILE, and
-``--labkit-nodeids FILE`` runs only the tests whose node ids FILE lists. ``gpu_tier.sh
+``--labkit-nodeids FILE`` runs only the tests whose node ids FILE lists. ``labkit gpu-tier
 --split-gpus G`` uses them: one pytest per GPU at once, each seeing one GPU, then the tests they
 skipped (those needing more GPUs among them) in one pytest seeing every GPU. A listed id that the
 second pytest does not collect stops it with an error naming the id: it would otherwise run in
@@ -65,7 +65,7 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def shard_index(nodeid: str, n: int) -> int:
     """The shard (1..n) of the test ``nodeid``: its CRC-32 mod n, the same in every process and on
-    every machine. Shard K of N is then shards K, K + N, ... of N G: ``gpu_tier.sh --split-gpus G``
+    every machine. Shard K of N is then shards K, K + N, ... of N G: ``labkit gpu-tier --split-gpus G``
     deals a shard over its GPUs so."""
     return zlib.crc32(nodeid.encode()) % n + 1
 

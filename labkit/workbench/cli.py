@@ -1,4 +1,4 @@
-"""The ``labkit`` command: doctor, run, bench, labs, lab.
+"""The ``labkit`` command: doctor, run, bench, gpu-tier, labs, lab.
 
 Errors in what was asked (unknown notebook, unknown parameter, wrong value type, ...) print
 one line, ``labkit <command>: error: ...``, and exit with status 2; never a traceback.
@@ -16,6 +16,7 @@ EPILOG = """examples:
   labkit run --only 00_start_here --set 00_start_here.REPS=10
   labkit run --profile cpu --params my_overrides.yml
   labkit bench workbench --reference          # GPU tier: write reference/<machine>/workbench.json
+  labkit gpu-tier --out gpu-tier-out --part tests --shard 1/4 --split-gpus 2   # the GPU tier, in parts
   labkit labs --markdown
   labkit lab --port=8899 --no-browser         # JupyterLab on notebooks/ (what `make lab` runs)"""
 
@@ -105,6 +106,15 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--profile", default="auto", help="auto, cpu or gpu (sizes)")
     b.add_argument("--reference", action="store_true", help="write as reference/<machine>/<lab>.json")
     b.add_argument("--out", metavar="DIR", help="folder instead of the default")
+    from labkit.workbench import gpu_tier
+
+    g = sub.add_parser(
+        "gpu-tier",
+        help="the GPU tier: tests, notebooks and reference benchmarks at full size, in parts (gpu_tier.json)",
+        description=gpu_tier.description(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    gpu_tier.add_arguments(g)
     lb = sub.add_parser("labs", help="the map of labs")
     lb.add_argument("--markdown", action="store_true", help="print the README's lab table")
     lb.add_argument("--wide", action="store_true", help="with --markdown: the table of docs/labs.md")
@@ -179,6 +189,13 @@ def _dispatch(args) -> int:
             return 0
         print(f"wrote {path}")
         return 0
+    if args.command == "gpu-tier":
+        from labkit.workbench import gpu_tier
+
+        if args.list_parts:
+            print("\n".join(gpu_tier.parts()))
+            return 0
+        return gpu_tier.run(gpu_tier.options(args))
     if args.command == "labs":
         from labkit.workbench import catalogue
 
