@@ -310,11 +310,11 @@ def all_reduce(
             key = None
         else:
             if kept is not None:
-                return kept.launch(out)
+                return kept._launch(out)
     made = make_all_reduce_plan(buf, out, algorithm, blocks, variant, config, keep=False, fast=key is not None)
     if key is not None:
         plan.keep(buf, key, made)
-    return made.launch(out)
+    return made._launch(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -472,6 +472,7 @@ def make_all_reduce_plan(
         in_place=checked.in_place,
         out_shape=tuple(checked.buf.tensor.shape),
         out=checked.out if keep else None,
+        checked_out=checked.out,
         keep_buffer=keep,
         fast=fast,
     )
@@ -593,11 +594,11 @@ def _shards_call(op: str, buf, out, blocks, variant, config, order: str = "rotat
             key = None
         else:
             if kept is not None:
-                return kept.launch(out)
+                return kept._launch(out)
     made = make_shards_plan(op, buf, out, blocks, variant, config, keep=False, fast=key is not None, order=order)
     if key is not None:
         plan.keep(buf, key, made)
-    return made.launch(out)
+    return made._launch(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -673,6 +674,7 @@ def make_shards_plan(
         in_place=False,
         out_shape=checked.out_shape,
         out=checked.out if keep else None,
+        checked_out=checked.out,
         keep_buffer=keep,
         fast=fast,
     )

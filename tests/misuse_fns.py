@@ -1,0 +1,71 @@
+"""Rank functions for tests/test_collectives_misuse.py: the collectives' misuse of Part 2 of the
+bad-input report, each tried on every rank of an emulated world (every rank imports its function
+by name, so they live in a module: see tests/rank_fns.py). Each returns a dict of named outcomes."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _error(fn) -> str:
+    """What ``fn`` raised (type and message), or "no error". Any exception: what a call that should
+    have been refused raised instead is reported, not propagated."""
+    try:
+        fn()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def _sync(ctx):
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+
+
+def plan_launch_other_outs(ctx, n: int = 4096) -> dict:
+    """``plan.launch(out)`` with outs the plan was not made for, on every rank in the same order:
+    each is refused, naming ``out``, and the memory around a too-small view is untouched."""
+    from labkit.kernels.comm import collectives as C
+    from labkit.kernels.comm import symm
+    from labkit.labs.collectives import experiments
+
+    dev, w = ctx.device, ctx.world_size
+    buf = symm.empty(n, torch.float32, device=dev, scratch_dir=ctx.scratch_dir)
+    x, xs = experiments.rank_inputs(ctx, n, torch.float32, 7)
+    buf.tensor.copy_(x)
+    out = torch.empty(n, device=dev)
+    p = C.all_reduce_plan(buf, out, algorithm="one_shot")
+    fresh = C.all_reduce_plan(buf, algorithm="one_shot")  # out=None: a new tensor per call
+    in_place = C.all_reduce_plan(buf, buf.tensor)
+    guard = torch.full((2 * n,), -7.0, device=dev)
+    elsewhere = torch.device("meta") if dev.type == "cpu" else torch.device("cpu")
+    found = {
+        "smaller out": _error(lambda: p.launch(guard[:16])),
+        "larger out": _error(lambda: p.launch(guard)),
+        "same numel, other shape": _error(lambda: p.launch(guard[:n].view(64, n // 64))),
+        "other dtype": _error(lambda: p.launch(torch.empty(n, dtype=torch.bfloat16, device=dev))),
+        "non-contiguous out": _error(lambda: p.launch(guard[::2])),
+        "other device": _error(lambda: p.launch(torch.empty(n, device=elsewhere))),
+        "not a tensor": _error(lambda: p.launch([0.0] * n)),
+        "out in a peer's buffer": _error(lambda: p.launch(buf.peers[(ctx.rank + 1) % w])),
+        "new-tensor plan, smaller out": _error(lambda: fresh.launch(guard[:16])),
+        "in-place plan, another out": _error(lambda: in_place.launch(out)),
+    }
+    found["guard untouched"] = bool((guard == -7.0).all())
+    # a held plan's out re-strided in place (same address and shape): refused by the plan's call
+    big = torch.full((2 * n,), -7.0, device=dev)
+    held = C.all_reduce_plan(buf, big[:n], algorithm="one_shot")
+    held.out.set_(big.untyped_storage(), 0, (n,), (2,))
+    found["held plan, out re-strided"] = _error(held)
+    found["re-strided guard untouched"] = bool((big[1::2] == -7.0).all())
+    # what a plan was made for still launches, and an out of the same kind at another address too
+    other = torch.empty(n, device=dev)
+    found["own out"] = p.launch(out) is out and experiments.close_to_sum(out, xs, torch.float32, w)
+    found["another good out"] = p.launch(other) is other and experiments.close_to_sum(other, xs, torch.float32, w)
+    found["new tensor"] = experiments.close_to_sum(fresh.launch(), xs, torch.float32, w)
+    found["eager, cached"] = all(
+        experiments.close_to_sum(C.all_reduce(buf, out, algorithm="one_shot"), xs, torch.float32, w) for _ in range(2)
+    )
+    _sync(ctx)
+    ctx.barrier()
+    return found
