@@ -7,11 +7,11 @@ from __future__ import annotations
 import torch
 
 
-def _error(fn) -> str:
-    """What ``fn`` raised (type and message), or "no error". Any exception: what a call that should
-    have been refused raised instead is reported, not propagated."""
+def _error(fn, *args, **kwargs) -> str:
+    """What ``fn(*args, **kwargs)`` raised (type and message), or "no error". Any exception: what a
+    call that should have been refused raised instead is reported, not propagated."""
     try:
-        fn()
+        fn(*args, **kwargs)
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return "no error"
@@ -66,6 +66,84 @@ def plan_launch_other_outs(ctx, n: int = 4096) -> dict:
     found["eager, cached"] = all(
         experiments.close_to_sum(C.all_reduce(buf, out, algorithm="one_shot"), xs, torch.float32, w) for _ in range(2)
     )
+    _sync(ctx)
+    ctx.barrier()
+    return found
+
+
+def ranks_disagree(ctx, n: int = 4096) -> dict:
+    """Calls whose arguments differ by rank, one after another on every rank: each must raise the
+    same UsageError on every rank (the plan's agreement check) instead of hanging; after each, the
+    same call on every rank still sums right. Every case takes buffers of its own, on which no
+    rank has called anything yet: the check runs where a buffer meets a set of arguments for the
+    first time on every rank (a rank reusing arguments its buffer already agreed on skips it; see
+    ``labkit.kernels.comm.plan.agree``). Also counts the exchanges: one per new set of arguments
+    on a buffer, none per call."""
+    from labkit.kernels.comm import collectives as C
+    from labkit.kernels.comm import symm
+    from labkit.labs.collectives import experiments
+
+    dev, r, w = ctx.device, ctx.rank, ctx.world_size
+
+    def mk(size=n, dtype=torch.float32):
+        return symm.empty(size, dtype, device=dev, scratch_dir=ctx.scratch_dir)
+
+    def pair(second=None):
+        """(this case's buffer, the one rank 1 takes instead: another allocation)"""
+        first = mk()
+        return first, (mk() if second is None else second())
+
+    x, xs = experiments.rank_inputs(ctx, n, torch.float32, 5)
+    cases = {
+        "algorithm": lambda b: C.all_reduce(b, algorithm=("one_shot", "two_shot")[r % 2]),
+        "blocks": lambda b: C.all_reduce(b, algorithm="one_shot", blocks=1 + r % 2),
+        "config": lambda b: C.all_reduce(b, algorithm="one_shot", config=C.LaunchConfig(num_warps=4 << r % 2)),
+        "variant": lambda b: C.all_reduce(b, algorithm="one_shot", variant=("correct", "relaxed")[r % 2]),
+        "in place or not": lambda b: C.all_reduce(b, b.tensor if r == 0 else None, algorithm="two_shot"),
+        "held plan, algorithm": lambda b: C.all_reduce_plan(b, algorithm=("tree", "one_shot")[r % 2]),
+        "reduce_scatter blocks": lambda b: C.reduce_scatter(b, blocks=1 + r % 2),
+        "all_gather order": lambda b: C.all_gather(b, order=("rotated", "naive")[r % 2]),
+        "all_gather blocks": lambda b: C.all_gather_plan(b, blocks=1 + r % 2),
+    }
+    found = {}
+    for name, call in cases.items():
+        b = mk()
+        found[name] = _error(call, b)
+        b.tensor.copy_(x)
+        found[name + ", then agreeing"] = experiments.close_to_sum(
+            C.all_reduce(b, algorithm="one_shot"), xs, torch.float32, w
+        )
+    for name, other in (
+        ("another buffer", None),
+        ("another size", lambda: mk(n // 2)),
+        ("another dtype", lambda: mk(n, torch.bfloat16)),
+    ):
+        bufs = pair(other)
+        found[name] = _error(C.all_reduce, bufs[r % 2], algorithm="one_shot")
+        bufs[0].tensor.copy_(x)
+        found[name + ", then agreeing"] = experiments.close_to_sum(
+            C.all_reduce(bufs[0], algorithm="one_shot"), xs, torch.float32, w
+        )
+
+    # the exchange runs once per new set of arguments on a buffer: not per call, nor per plan
+    exchanges = []
+    real = symm.gather
+    symm.gather = lambda mine: exchanges.append(mine) or real(mine)
+    try:
+        fresh = mk()
+        made = len(exchanges)  # the allocation's own check
+        for _ in range(3):
+            fresh.tensor.copy_(x)
+            C.all_reduce(fresh, torch.empty(n, device=dev), algorithm="two_shot")  # a new out: a new plan
+        p = C.all_reduce_plan(fresh, torch.empty(n, device=dev), algorithm="two_shot")
+        for _ in range(3):
+            p()
+        found["exchanges, one set of arguments"] = len(exchanges) - made
+        C.all_reduce(fresh, algorithm="one_shot")
+        C.all_reduce(fresh, algorithm="one_shot")
+        found["exchanges, a second set"] = len(exchanges) - made
+    finally:
+        symm.gather = real
     _sync(ctx)
     ctx.barrier()
     return found

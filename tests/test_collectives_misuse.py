@@ -52,3 +52,53 @@ def test_plan_launch_still_takes_the_outs_it_can(other_outs):
     for rank, found in enumerate(other_outs):
         for k in ("own out", "another good out", "new tensor", "eager, cached"):
             assert found[k] is True, (rank, k, found)
+
+
+@pytest.fixture(scope="module")
+def disagreements():
+    skip_without_a_world()
+    return run_ranks(misuse_fns.ranks_disagree, 2, timeout=300).unwrap()
+
+
+@pytest.mark.parametrize(
+    "case, op, pattern",
+    [
+        ("algorithm", "all_reduce", r"algorithm \(rank 0: 'one_shot', rank 1: 'two_shot'\)"),
+        ("blocks", "all_reduce", r"blocks \(rank 0: 1, rank 1: 2\)"),
+        (
+            "config",
+            "all_reduce",
+            r"config \(rank 0: LaunchConfig\(.*num_warps=4.*\), rank 1: LaunchConfig\(.*num_warps=8.*\)\)",
+        ),
+        ("variant", "all_reduce", r"variant \(rank 0: 'correct', rank 1: 'relaxed'\)"),
+        ("in place or not", "all_reduce", r"out \(rank 0: buf\.tensor \(in place\), rank 1: a separate tensor\)"),
+        (
+            "another buffer",
+            "all_reduce",
+            r"buf \(rank 0: allocation #\d+, \(4096,\) float32, rank 1: allocation #\d+, \(4096,\) float32\)",
+        ),
+        ("another size", "all_reduce", r"buf \(rank 0: .*\(4096,\) float32, rank 1: .*\(2048,\) float32\)"),
+        ("another dtype", "all_reduce", r"buf \(rank 0: .*\(4096,\) float32, rank 1: .*\(4096,\) bfloat16\)"),
+        ("held plan, algorithm", "all_reduce", r"algorithm \(rank 0: 'tree', rank 1: 'one_shot'\)"),
+        ("reduce_scatter blocks", "reduce_scatter", r"blocks \(rank 0: 1, rank 1: 2\)"),
+        ("all_gather order", "all_gather", r"order \(rank 0: 'rotated', rank 1: 'naive'\)"),
+        ("all_gather blocks", "all_gather", r"blocks \(rank 0: 1, rank 1: 2\)"),
+    ],
+)
+def test_ranks_that_disagree_get_an_error_naming_the_argument(disagreements, case, op, pattern):
+    """Part 2: ``algorithm="one_shot"`` on rank 0 and ``"two_shot"`` on rank 1 (or blocks 1 and 2)
+    hung rank 1 until run_ranks' timeout. Now every rank raises, naming what differs."""
+    for rank, found in enumerate(disagreements):
+        assert re.match(rf"UsageError: {op}: the ranks disagree on {pattern}; every rank must", found[case]), (
+            rank,
+            found[case],
+        )
+        assert found[case + ", then agreeing"] is True, (rank, case)
+
+
+def test_the_ranks_exchange_once_per_new_set_of_arguments(disagreements):
+    """Not per call, not per plan: three eager calls into new outs and a held plan of the same
+    arguments, called three times, exchange once; a second set of arguments once more."""
+    for found in disagreements:
+        assert found["exchanges, one set of arguments"] == 1
+        assert found["exchanges, a second set"] == 2

@@ -58,11 +58,16 @@ class SymmBuffer:
     #: a second symmetric allocation (``empty(..., workspace=True)``) where peers deposit
     #: shards for this rank: W slots of ``workspace_shard`` elements (``two_shot_ce``)
     workspace: SymmBuffer | None = None
+    #: this process's count of ``empty`` calls when it made the buffer: the same number names the
+    #: same allocation on every rank, since ``empty`` is collective
+    serial: int = 0
     #: launch plans of the collectives called on this buffer (``labkit.kernels.comm.plan``):
     #: kept on the buffer so that they live and die with it, never serving another allocation
     _plans: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
     #: the launches of ``into.all_reduce_into`` from this buffer, per output buffer (weakly held)
     _into: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+    #: what the ranks have agreed to launch on this buffer (``labkit.kernels.comm.plan.agree``)
+    _agreed: set = dataclasses.field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self):
         # where the allocation is: the pointer tables were made from it, and the kernels read
@@ -98,10 +103,36 @@ def _world() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def gather(mine) -> list:
+    """Every rank's ``mine`` (a small picklable object), in rank order, on every rank: one
+    ``all_gather_object`` over the default process group (gloo on the emulated world, NCCL on
+    GPUs). Collective: every rank calls it, or the callers wait for the others (until the process
+    group's timeout)."""
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return everyone
+
+
+def agree(what: str, mine: dict, contract: str) -> None:
+    """Every rank's ``mine`` (name -> a comparable value) exchanged (``gather``, collective); when
+    they differ, the same UsageError on every rank, starting with ``what``, naming each name that
+    differs with every rank's value, then ``contract``. Names whose key starts with "=" are
+    derived (what the arguments resolved to): reported only when no other name differs."""
+    everyone = gather(mine)
+    differ = [k for k in mine if any(o.get(k) != mine[k] for o in everyone)]
+    if not differ:
+        return
+    given = [k for k in differ if not k.startswith("=")]
+    listing = "; ".join(
+        f"{k.lstrip('=')} ({', '.join(f'rank {r}: {o.get(k)}' for r, o in enumerate(everyone))})"
+        for k in (given or differ)
+    )
+    raise UsageError(f"{what}: the ranks disagree on {listing}; {contract}")
+
+
 def _check_same_everywhere(shape: tuple, dtype: torch.dtype, max_blocks: int, world: int) -> None:
     mine = (tuple(shape), str(dtype).replace("torch.", ""), max_blocks)
-    everyone = [None] * world
-    dist.all_gather_object(everyone, mine)
+    everyone = gather(mine)
     if any(o != everyone[0] for o in everyone):
         listing = ", ".join(f"rank {r}: shape {o[0]} {o[1]} max_blocks {o[2]}" for r, o in enumerate(everyone))
         raise ValueError(
@@ -173,7 +204,9 @@ def empty(
             raise RuntimeError(f"rank {r}'s symmetric buffer is not {ALIGNMENT}-byte aligned")
     data_ptrs = torch.tensor([p.data_ptr() for p in peers], dtype=torch.int64, device=device)
     pad_ptrs = torch.tensor([q.data_ptr() for q in pads], dtype=torch.int64, device=device)
-    buf = SymmBuffer(peers[rank], peers, data_ptrs, pads, pad_ptrs, rank, world, max_blocks, emulated, keep)
+    buf = SymmBuffer(
+        peers[rank], peers, data_ptrs, pads, pad_ptrs, rank, world, max_blocks, emulated, keep, serial=_sequence
+    )
     if workspace:
         buf.workspace = empty(world * buf.workspace_shard, dtype, device=device, max_blocks=1, scratch_dir=scratch_dir)
     return buf
