@@ -147,3 +147,28 @@ def ranks_disagree(ctx, n: int = 4096) -> dict:
     _sync(ctx)
     ctx.barrier()
     return found
+
+
+def push_counts_differ(ctx, capacity: int = 256) -> dict:
+    """``push.all_reduce`` after two good calls, with ``capacity`` elements on rank 0 and half as
+    many on rank 1: what each rank got (an error, or its result's distinct values past the
+    shorter count)."""
+    from labkit.kernels.comm import push
+
+    dev, r = ctx.device, ctx.rank
+    box = push.inbox(capacity, torch.float32, device=dev, scratch_dir=ctx.scratch_dir)
+    for c in (1, 2):  # two good calls: rank r pushes 10 c (r + 1) everywhere
+        push.all_reduce(torch.full((capacity,), 10.0 * c * (r + 1), device=dev), box)
+    n = capacity if r == 0 else capacity // 2
+    found = {"n": n}
+    try:
+        y = push.all_reduce(torch.full((n,), float(r + 1), device=dev), box)
+    except Exception as e:
+        found["error"] = f"{type(e).__name__}: {e}"
+    else:
+        found["error"] = "no error"
+        found["head"] = sorted(set(y[: capacity // 2].tolist()))
+        found["tail"] = sorted(set(y[capacity // 2 :].tolist()))
+    _sync(ctx)
+    ctx.barrier()
+    return found
