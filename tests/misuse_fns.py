@@ -172,3 +172,80 @@ def push_counts_differ(ctx, capacity: int = 256) -> dict:
     _sync(ctx)
     ctx.barrier()
     return found
+
+
+def planted_scratch(ctx, n: int = 64) -> dict:
+    """``symm.empty`` in a scratch folder where rank 0 has planted, under the names an allocation
+    might take, symlinks to a file of its own (``victim.txt``) and non-zero "signal pads" (stale
+    files of a crashed run): the allocations must work, touch neither, and leave no file behind.
+    Also records the names the allocations created (``os.open`` watched) and tries an allocation
+    whose random token is forced to one whose names are taken (a symlink planted there)."""
+    import glob
+    import os
+    import re
+
+    from labkit.kernels.comm import collectives as C
+    from labkit.kernels.comm import symm
+
+    r = ctx.rank
+    folder = os.path.join(ctx.scratch_dir, "planted")
+    victim = os.path.join(ctx.scratch_dir, "victim.txt")
+    if r == 0:
+        os.mkdir(folder)
+        with open(victim, "w") as f:
+            f.write("precious")
+        for seq in range(1, 6):  # the names of this process's first allocations, any scheme
+            for rank in range(ctx.world_size):
+                for prefix in ("symm", "labkit-symm-"):
+                    os.symlink(victim, os.path.join(folder, f"{prefix}{seq}-data-rank{rank}"))
+                    with open(os.path.join(folder, f"{prefix}{seq}-pad-rank{rank}"), "wb") as f:
+                        f.write(b"\x01" * 4096)  # a pad with every slot signalled
+    ctx.barrier()
+    planted = {p: os.path.islink(p) or open(p, "rb").read() for p in sorted(glob.glob(os.path.join(folder, "*")))}
+
+    created = []
+    real_open = os.open
+
+    def watching(path, flags, *args, **kwargs):
+        if flags & os.O_CREAT:
+            created.append((os.path.basename(path), flags))
+        return real_open(path, flags, *args, **kwargs)
+
+    os.open = watching
+    try:
+        buf = symm.empty(n, torch.float32, device=ctx.device, scratch_dir=folder)
+        again = symm.empty(n, torch.float32, device=ctx.device, scratch_dir=folder)
+    finally:
+        os.open = real_open
+    buf.tensor.fill_(float(r + 1))
+    found = {"sum": C.all_reduce(buf, algorithm="one_shot").unique().tolist()}
+    _sync(ctx)
+    ctx.barrier()
+    found["victim"] = open(victim).read()
+    found["planted untouched"] = planted == {
+        p: os.path.islink(p) or open(p, "rb").read() for p in sorted(glob.glob(os.path.join(folder, "*")))
+    }
+    found["created"] = [name for name, _ in created]
+    found["exclusive, no symlink followed"] = all(
+        f & os.O_EXCL and f & getattr(os, "O_NOFOLLOW", 0) == getattr(os, "O_NOFOLLOW", 0) for _, f in created
+    )
+    found["tokens"] = sorted({m.group(1) for name, _ in created if (m := re.search(r"-([0-9a-f]{32})-", name))})
+    # a token whose names are taken: every rank gets an error naming scratch_dir, nothing hangs
+    ctx.barrier()  # every rank has looked at the folder
+    if r == 0:
+        for rank in range(ctx.world_size):
+            os.symlink(victim, os.path.join(folder, f"labkit-symm-{'ab' * 16}-3-data-rank{rank}"))
+    ctx.barrier()
+    token_hex = symm.secrets.token_hex
+    symm.secrets.token_hex = lambda nbytes=None: "ab" * 16
+    try:
+        found["names taken"] = _error(symm.empty, n, torch.float32, device=ctx.device, scratch_dir=folder)
+    finally:
+        symm.secrets.token_hex = token_hex
+    found["victim after"] = open(victim).read()
+    ctx.barrier()
+    found["left behind"] = sorted(
+        os.path.basename(p) for p in glob.glob(os.path.join(folder, "*")) if p not in planted and "ab" * 16 not in p
+    )
+    del buf, again
+    return found

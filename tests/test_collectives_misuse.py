@@ -11,6 +11,7 @@ from worlds import skip_without_a_world
 
 import labkit  # noqa: F401  (picks the tier first)
 from labkit.kernels.comm.ranks import run_ranks
+from labkit.workbench import tier
 
 
 @pytest.fixture(scope="module")
@@ -123,4 +124,39 @@ def test_push_with_counts_that_differ_by_rank_is_refused():
         assert re.match(r"(UsageError|ValueError): .*\bx\b", f["error"]), (
             f"rank {rank} ({f['n']} elements): {f['error']}; result's values: first half {f.get('head')}, "
             f"second half {f.get('tail')} (the sum of the inputs is 3.0)"
+        )
+
+
+@pytest.fixture(scope="module")
+def planted():
+    skip_without_a_world()
+    if not tier.interpreted():
+        pytest.skip("the scratch files are the CPU emulation's (GPU buffers need none)")
+    return run_ranks(misuse_fns.planted_scratch, 2, timeout=120).unwrap()
+
+
+def test_symlinks_and_stale_files_in_the_scratch_folder_are_left_alone(planted):
+    """Part 2: a symlink ``symm1-data-rank0 -> victim.txt`` in ``scratch_dir`` had its target
+    overwritten with the buffer, and non-zero pad files left by an earlier run hung both ranks."""
+    for rank, found in enumerate(planted):
+        assert found["sum"] == [3.0], rank
+        assert found["victim"] == "precious" and found["victim after"] == "precious", rank
+        assert found["planted untouched"] is True, rank
+        assert found["left behind"] == [], (rank, found["left behind"])
+
+
+def test_scratch_names_are_random_and_created_exclusively(planted):
+    for rank, found in enumerate(planted):
+        assert found["created"] and found["exclusive, no symlink followed"] is True, (rank, found["created"])
+        assert len(found["tokens"]) == 2, (rank, found["created"])  # one per allocation
+    assert planted[0]["tokens"] == planted[1]["tokens"]  # agreed by the ranks
+
+
+def test_a_taken_scratch_name_is_an_error_on_every_rank(planted):
+    for rank, found in enumerate(planted):
+        assert re.match(
+            r"UsageError: scratch_dir: .*rank \d.*labkit-symm-(ab){16}-3-data-rank\d", found["names taken"]
+        ), (
+            rank,
+            found["names taken"],
         )
