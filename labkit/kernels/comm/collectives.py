@@ -292,8 +292,16 @@ def all_reduce(
     algorithm: "one_shot", "two_shot", "tree" or "auto" (``choose``); blocks: programs to
     launch (default: as many as useful, up to ``config.programs`` and the buffer's signal pad);
     variant: "correct" or a broken one (``VARIANTS``), for the lab; config: ``LaunchConfig``
-    (default: ``default_config`` for this size). Every rank must pass the same algorithm, blocks and config:
-    program b meets program b of every peer, so the grids must match.
+    (default: ``default_config`` for this size).
+
+    Collective: every rank makes the same call (the same buffer, out in place or not, algorithm,
+    blocks, variant and config): program b meets program b of every peer, so the kernels and grids
+    must match. Checked when a plan is made, the first time the buffer sees these arguments
+    (``plan.agree``: the ranks exchange what they are about to launch, once, over the default
+    process group): ranks that differ all raise a UsageError naming the argument and each rank's
+    value. Not checked, and still waiting until the world's timeout (``run_ranks``' timeout, the
+    process group's under torchrun): a rank that never makes the call, and a rank whose arguments
+    are new to the buffer while its peers repeat arguments the buffer already agreed on.
 
     The checks and choices of a call are made once per buffer and set of arguments and kept on the
     buffer as a plan (``labkit.kernels.comm.plan``; ``all_reduce_plan`` makes one to hold): the same
@@ -310,11 +318,11 @@ def all_reduce(
             key = None
         else:
             if kept is not None:
-                return kept.launch(out)
+                return kept._launch(out)
     made = make_all_reduce_plan(buf, out, algorithm, blocks, variant, config, keep=False, fast=key is not None)
     if key is not None:
         plan.keep(buf, key, made)
-    return made.launch(out)
+    return made._launch(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,7 +472,7 @@ def make_all_reduce_plan(
     fast=False: a plan launched once, which prepares no compiled-launcher path."""
     checked = check_all_reduce(buf, out, algorithm)
     choice = choose_all_reduce(checked.buf, checked.in_place, algorithm, blocks, variant, config)
-    return plan.CollectivePlan(
+    made = plan.CollectivePlan(
         "all_reduce",
         checked.buf,
         choice.steps,
@@ -472,9 +480,12 @@ def make_all_reduce_plan(
         in_place=checked.in_place,
         out_shape=tuple(checked.buf.tensor.shape),
         out=checked.out if keep else None,
+        checked_out=checked.out,
         keep_buffer=keep,
         fast=fast,
     )
+    plan.agree(made, {"algorithm": algorithm, "blocks": blocks, "variant": variant, "config": config})
+    return made
 
 
 def _two_shot_ce(buf: SymmBuffer, n: int, launch: CommonLaunch, blocks, out_ptrs: torch.Tensor | None = None) -> tuple:
@@ -563,7 +574,8 @@ def reduce_scatter(
     config: LaunchConfig | None = None,
 ) -> torch.Tensor:
     """Rank r gets the sum over ranks of shard r of ``buf.tensor`` (W equal shards of dim 0).
-    Checks and choices are kept on the buffer as a plan, as ``all_reduce``'s are."""
+    Checks and choices are kept on the buffer as a plan, as ``all_reduce``'s are; collective, and
+    the ranks' agreement checked as for ``all_reduce``."""
     return _shards_call("reduce_scatter", buf, out, blocks, variant, config)
 
 
@@ -578,7 +590,8 @@ def all_gather(
 ) -> torch.Tensor:
     """Every rank gets all ranks' ``buf.tensor`` concatenated along dim 0.
     order: which shard each rank reads first (``ALL_GATHER_ORDERS``); the same result either way.
-    Checks and choices are kept on the buffer as a plan, as ``all_reduce``'s are."""
+    Checks and choices are kept on the buffer as a plan, as ``all_reduce``'s are; collective, and
+    the ranks' agreement (order included) checked as for ``all_reduce``."""
     return _shards_call("all_gather", buf, out, blocks, variant, config, order)
 
 
@@ -593,11 +606,11 @@ def _shards_call(op: str, buf, out, blocks, variant, config, order: str = "rotat
             key = None
         else:
             if kept is not None:
-                return kept.launch(out)
+                return kept._launch(out)
     made = make_shards_plan(op, buf, out, blocks, variant, config, keep=False, fast=key is not None, order=order)
     if key is not None:
         plan.keep(buf, key, made)
-    return made.launch(out)
+    return made._launch(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -665,7 +678,7 @@ def make_shards_plan(
             config,
             {"ROTATE": False} if order == "naive" else None,
         )
-    return plan.CollectivePlan(
+    made = plan.CollectivePlan(
         op,
         buf,
         steps,
@@ -673,9 +686,12 @@ def make_shards_plan(
         in_place=False,
         out_shape=checked.out_shape,
         out=checked.out if keep else None,
+        checked_out=checked.out,
         keep_buffer=keep,
         fast=fast,
     )
+    plan.agree(made, {"blocks": blocks, "variant": variant, "config": config, "order": order})
+    return made
 
 
 def all_reduce_plan(
@@ -690,7 +706,8 @@ def all_reduce_plan(
     """A plan for ``all_reduce(buf, out, ...)`` (same arguments, same checks, made now);
     ``plan()`` launches it. out=None: each call returns a new tensor; out=buf.tensor: in place.
     Every rank makes the same plan and calls it the same number of times (the barriers pair
-    program b of every rank's launch). The plan keeps ``buf`` alive."""
+    program b of every rank's launch); making it checks the ranks agree, as ``all_reduce`` does
+    (collective when the buffer has not seen these arguments). The plan keeps ``buf`` alive."""
     return make_all_reduce_plan(buf, out, algorithm, blocks, variant, config)
 
 

@@ -17,12 +17,20 @@ on the buffer (``kept``, ``keep``), so a plain call gets most of the saving too.
 
 What a plan fixes when it is made (the full checks of the eager call run then, and only then):
 the buffer, the output's shape, dtype and device, in place or not, the algorithm, the launch
-configuration, the grid and every kernel argument. What it checks on every call, because it can
-change behind the plan's back and would otherwise give a wrong answer silently:
+configuration, the grid and every kernel argument. Making a plan also checks that every rank is
+making the same one (``agree``: the first time a buffer sees a set of arguments, the ranks
+exchange a fingerprint of what they will launch and all raise if it differs); calls never do.
+What it checks on every call, because it can change behind the plan's back and would otherwise
+give a wrong answer silently:
 
 * the buffer still exists and ``buf.tensor`` is the same tensor at the same address with the same
   shape (a tensor re-assigned, ``set_`` to other memory, or whose storage was freed is refused);
-* a plan made with an ``out`` tensor: that tensor still has the address and shape it had;
+* a plan made with an ``out`` tensor: that tensor still has the address and shape it had, and
+  is contiguous;
+* ``plan.launch(out)``, the launches into an out given per call: ``out`` has the plan's output
+  shape, dtype and device and is contiguous (O(1) compares); one at another address than the out
+  the plan was made for is also checked against every rank's symmetric buffer (the eager calls
+  skip this: their cache key holds the out's address, shape, strides, dtype and device);
 * the device: every launch enters the buffer's device (``workbench.guard.on_device``), whatever
   device is current;
 * the stream is never fixed: each launch goes to the current stream of the buffer's device, as
@@ -48,6 +56,8 @@ import weakref
 import torch
 import triton
 
+from labkit.kernels.comm import symm
+from labkit.kernels.launch_helpers import overlaps
 from labkit.workbench import tier
 from labkit.workbench.errors import UsageError
 from labkit.workbench.guard import on_device
@@ -250,6 +260,7 @@ class CollectivePlan:
         in_place: bool,
         out_shape: tuple,
         out: torch.Tensor | None = None,
+        checked_out: torch.Tensor | None = None,
         keep_buffer: bool = True,
         fast: bool = True,
     ):
@@ -259,13 +270,18 @@ class CollectivePlan:
                 s.armable = fast
         self.op, self.algorithm, self.in_place, self.steps = op, algorithm, in_place, tuple(steps)
         self.out_shape, self.dtype, self.device = tuple(out_shape), x.dtype, x.device
+        self._out_size = torch.Size(out_shape)
         self.world_size, self.rank = buf.world_size, buf.rank
         self._buf = weakref.ref(buf)
         self.buf = buf if keep_buffer else None  # a standalone plan keeps its buffer alive
         self._x, self._x_ptr, self._x_shape = x, x.data_ptr(), x.shape
         self.out = out
+        # the address of the out the plan's checks passed (held, or only seen: a cached plan's);
+        # ``launch`` takes an out there with the plan's shape, dtype and device without a second look
+        checked_out = out if out is not None else checked_out
+        self._out_ptr = checked_out.data_ptr() if checked_out is not None else None
         if out is not None:
-            self._out_ptr, self._out_shape = out.data_ptr(), out.shape
+            self._out_shape = out.shape
         self._guard = on_device(x.device)
 
     def __repr__(self):
@@ -327,18 +343,50 @@ class CollectivePlan:
         (in stream order) on every rank, and every rank must call its plan."""
         why = self.stale()
         out = self.out
-        if why is None and out is not None and (out.data_ptr() != self._out_ptr or out.shape != self._out_shape):
+        if (
+            why is None
+            and out is not None
+            and (out.data_ptr() != self._out_ptr or out.shape != self._out_shape or not out.is_contiguous())
+        ):
             why = (
                 f"its out tensor moved or changed shape since the plan was made (address {self._out_ptr:#x} "
-                f"shape {tuple(self._out_shape)}, now {out.data_ptr():#x} {tuple(out.shape)})"
+                f"shape {tuple(self._out_shape)} contiguous, now {out.data_ptr():#x} {tuple(out.shape)} "
+                f"strides {out.stride()})"
             )
         if why is not None:
             raise UsageError(f"plan: {why}; make a new plan ({self.op}_plan(buf, ...))")
-        return self.launch(out)
+        return self._launch(out)
 
     def launch(self, out: torch.Tensor | None = None) -> torch.Tensor:
-        """The launches alone, into ``out`` (checked by the caller: same address, shape, dtype and
-        device as the plan's), or a new tensor when None, or ``buf.tensor`` in place."""
+        """The launches alone, without ``__call__``'s staleness checks: into ``out``, or a new
+        tensor when None, or ``buf.tensor`` in place (``out`` None or ``buf.tensor``).
+
+        ``out`` is checked, with O(1) compares: a tensor of the plan's output shape (so of its
+        numel), dtype and device, contiguous, else a UsageError naming ``out`` (TypeError for a
+        non-tensor); a plan made in place takes only ``buf.tensor``. An out at the address the
+        plan's checks passed (its own, or the one a cached plan was made for) needs nothing more;
+        one elsewhere is also checked not to share memory with any rank's symmetric buffer (one
+        compare per rank). Not checked here: whether the buffer is still the plan's (``__call__``
+        and ``stale`` do that)."""
+        if self.in_place:
+            if out is not None and out is not self._x and not _same_memory(out, self._x):
+                self._refuse_out(out)
+        elif out is not None and not (
+            type(out) is torch.Tensor
+            and out.data_ptr() == self._out_ptr
+            and out.shape == self._out_size
+            and out.dtype == self.dtype
+            and out.device == self.device
+            and out.is_contiguous()
+        ):
+            self._check_out(out)
+        return self._launch(out)
+
+    def _launch(self, out: torch.Tensor | None) -> torch.Tensor:
+        """``launch`` without its checks, for callers that have made them: ``__call__`` (the plan's
+        own out, checked where it is now) and the eager calls (whose cache key holds the out's
+        address, shape, strides, dtype and device: equal to those of the out the plan was checked
+        with when it was made)."""
         if self.in_place:
             out = self._x
         elif out is None:
@@ -347,6 +395,53 @@ class CollectivePlan:
             for step in self.steps:
                 step(out)
         return out
+
+    def _check_out(self, out) -> None:
+        """``launch``'s full look at an out it does not know: raises unless ``out`` is a contiguous
+        tensor of the plan's shape, dtype and device outside every rank's symmetric buffer."""
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"plan.launch: out: expected a torch.Tensor or None, got {type(out).__name__}")
+        made = f"the plan was made for {tuple(self._out_size)} {self.dtype} on {self.device}"
+        if out.device != self.device:
+            raise UsageError(f"plan.launch: out: is on {out.device}; {made}")
+        if out.dtype != self.dtype:
+            raise UsageError(f"plan.launch: out: dtype {out.dtype} differs; {made}")
+        if out.shape != self._out_size:
+            raise UsageError(
+                f"plan.launch: out: shape {tuple(out.shape)} ({out.numel()} elements); {made} "
+                f"({self._out_size.numel()} elements): the kernels would write past a smaller out"
+            )
+        if not out.is_contiguous():
+            raise UsageError(f"plan.launch: out: is not contiguous (strides {out.stride()}); {made}")
+        buf = self._buf()
+        for r, peer in enumerate(buf.peers if buf is not None else ()):
+            if overlaps(out, peer):
+                whose = "this rank's" if r == self.rank else f"rank {r}'s"
+                raise UsageError(
+                    f"plan.launch: out: shares memory with {whose} symmetric buffer, which the kernels read "
+                    "while they write out; pass a separate tensor"
+                )
+
+    def _refuse_out(self, out) -> None:
+        """An in-place plan given an out other than ``buf.tensor``."""
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"plan.launch: out: expected a torch.Tensor or None, got {type(out).__name__}")
+        raise UsageError(
+            "plan.launch: out: the plan computes in place (into buf.tensor); pass out=None or "
+            "buf.tensor, or make a plan for this out"
+        )
+
+
+def _same_memory(a, b: torch.Tensor) -> bool:
+    """``a`` is a tensor over exactly ``b``'s memory, as ``b`` lays it out (contiguous ``b``)."""
+    return (
+        type(a) is torch.Tensor
+        and a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.dtype == b.dtype
+        and a.device == b.device
+        and a.is_contiguous()
+    )
 
 
 def _describe_arg(a):
@@ -363,6 +458,63 @@ def out_key(out) -> tuple | None:
     if out is None:
         return ()
     return (out.data_ptr(), out.shape, out.stride(), out.dtype, out.device)
+
+
+#: what ``agree``'s error tells the caller
+CONTRACT = (
+    "every rank must make the same call, with the same buffer, out (in place or not), algorithm, "
+    "blocks, variant, config and order; make the calls agree"
+)
+
+
+def fingerprint(p: CollectivePlan, arguments: dict) -> dict:
+    """What ``p`` launches, as the ranks must agree on it: the buffer (allocation, shape, dtype),
+    in place or not, the call's ``arguments`` as given (name -> value), and, derived (keys with a
+    leading "="), the algorithm chosen and every kernel's grid and launch options. Addresses and
+    the rank's own arguments (its rank, its pointers) are left out: they differ by design."""
+    buf = p._buf()
+    fields = {
+        "buf": f"allocation #{buf.serial}, {tuple(p._x_shape)} {str(p.dtype).replace('torch.', '')}",
+        "out": "buf.tensor (in place)" if p.in_place else "a separate tensor",
+    }
+    fields.update((k, repr(v)) for k, v in arguments.items())
+    fields["=algorithm chosen"] = p.algorithm
+    fields["=launch"] = "; ".join(
+        f"{getattr(s.kernel, 'fn', s.kernel).__name__} grid {s.grid} {sorted(s.kwargs.items())}"
+        if isinstance(s, KernelLaunch)
+        else "copies"  # how many: by rank (a peer's shard may be empty)
+        for s in p.steps
+    )
+    return fields
+
+
+def agree(p: CollectivePlan, arguments: dict) -> None:
+    """Check, when a plan is made, that every rank is making the same one: the first time a buffer
+    sees a ``fingerprint`` (its arguments as given and what they resolve to), the ranks exchange
+    theirs (``symm.agree``: one small ``all_gather_object``, collective) and every rank raises the
+    same UsageError naming what differs, with each rank's value. Remembered on the buffer once
+    agreed, so a buffer's later plans of the same arguments (an eager call into another out, a
+    held plan) exchange nothing, and calls through a plan never do: the per-call path is untouched.
+
+    Why per fingerprint, not per plan: a plan cache misses on one rank and not another (an out at
+    an address one rank has seen and the other has not), and only the ranks that miss would enter
+    the exchange; the fingerprint leaves addresses out, so ranks making the same calls in the same
+    order reach each new fingerprint together.
+
+    Not caught (each still waits until the world's timeout: ``run_ranks``' timeout, the process
+    group's under torchrun): a rank that never calls, and a rank whose arguments are new to the
+    buffer while its peers reuse arguments already agreed on it (only that rank enters the
+    exchange; the others launch and wait in the kernel's barrier). Skipped during CUDA-graph
+    capture (no collective may run there; every rank skips alike)."""
+    buf = p._buf()
+    fields = fingerprint(p, arguments)
+    key = (p.op, *fields.items())
+    if key in buf._agreed:
+        return
+    if p.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return
+    symm.agree(p.op, fields, CONTRACT)
+    buf._agreed.add(key)
 
 
 def kept(buf, key: tuple) -> CollectivePlan | None:

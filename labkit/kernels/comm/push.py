@@ -36,7 +36,8 @@ The same argument holds per program because
 every call uses the same grid and the same element-to-program mapping (fixed when the inbox is
 made, not by the call's size): program b of every rank owns the same elements in every call.
 
-Requirements that follow: every rank calls with the same number of elements (a collective);
+Requirements that follow: every rank calls with the same number of elements (a collective; not
+checked: see ``all_reduce``);
 calls on one inbox are stream-ordered on each rank (one stream, or events between streams); the
 epoch counters live on the device, so CUDA-graph replay keeps counting (no host argument changes
 between calls). Epochs count modulo 2^30 and are compared by their distance modulo 2^30, so the
@@ -300,7 +301,19 @@ def _outside_inboxes(name: str, t: torch.Tensor, box: Inbox) -> None:
 def all_reduce(x: torch.Tensor, box: Inbox, out: torch.Tensor | None = None) -> torch.Tensor:
     """Sum of ``x`` over all ranks into ``out`` (new tensor by default; ``out=x``: in place),
     by the push protocol of this module. Collective: every rank calls it with the same number of
-    elements on the same inbox, in the same order."""
+    elements on the same inbox, in the same order.
+
+    Checked on every call, on this rank alone (host, O(W)): ``box`` is an inbox; ``x`` a
+    contiguous tensor of the inbox's dtype and device with 1 to ``box.capacity`` elements; ``out``
+    None, ``x``, or a contiguous tensor like ``x`` that does not overlap it; neither inside any
+    rank's inbox. Errors name the argument.
+
+    Not checked (nothing is exchanged between ranks, so that a call costs no more than its kernel
+    and can be replayed in a CUDA graph): that every rank passes the same number of elements. A
+    mismatch is not detected and gives wrong sums, silently: a rank with more elements sums its
+    extra ones with whatever a peer left in the inbox slot from an earlier call (a protocol that
+    carries the count in the flag word would see it; this one does not). A rank that skips a call
+    leaves the others waiting in the kernel until the world's timeout."""
     return all_reduce_variant(x, box, out)
 
 

@@ -3,8 +3,11 @@
 On GPUs the buffers come from PyTorch (``torch.distributed._symmetric_memory``: ``empty`` then
 ``rendezvous``), which maps each peer's allocation into this process over NVLink. On the CPU
 tier the same handle is emulated: ranks are processes (``labkit.kernels.comm.ranks``) and each rank's
-buffer is a file-backed shared mapping (``torch.from_file(shared=True)``) that every rank maps,
-so the Triton interpreter's loads, stores and atomics really cross processes. Either way a
+buffer is a file-backed shared mapping (``mmap`` of a file in a folder the ranks share, as a tensor
+by ``torch.frombuffer``) that every rank maps, so the Triton interpreter's loads, stores and
+atomics really cross processes. The files have random names agreed by the ranks, are created
+exclusively and never through a symlink, and are removed as soon as every rank has mapped them
+(``_file_alloc``). Either way a
 kernel sees the same thing: a table of W pointers to the data (``data_ptrs``) and a table of W
 pointers to int32 signal pads (``pad_ptrs``), both on the kernel's device.
 
@@ -20,9 +23,14 @@ CUDA graph, without clearing anything.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import math
+import mmap
 import os
+import secrets
+import stat
 import warnings
 
 import torch
@@ -58,11 +66,16 @@ class SymmBuffer:
     #: a second symmetric allocation (``empty(..., workspace=True)``) where peers deposit
     #: shards for this rank: W slots of ``workspace_shard`` elements (``two_shot_ce``)
     workspace: SymmBuffer | None = None
+    #: this process's count of ``empty`` calls when it made the buffer: the same number names the
+    #: same allocation on every rank, since ``empty`` is collective
+    serial: int = 0
     #: launch plans of the collectives called on this buffer (``labkit.kernels.comm.plan``):
     #: kept on the buffer so that they live and die with it, never serving another allocation
     _plans: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
     #: the launches of ``into.all_reduce_into`` from this buffer, per output buffer (weakly held)
     _into: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
+    #: what the ranks have agreed to launch on this buffer (``labkit.kernels.comm.plan.agree``)
+    _agreed: set = dataclasses.field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self):
         # where the allocation is: the pointer tables were made from it, and the kernels read
@@ -98,16 +111,47 @@ def _world() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
-def _check_same_everywhere(shape: tuple, dtype: torch.dtype, max_blocks: int, world: int) -> None:
-    mine = (tuple(shape), str(dtype).replace("torch.", ""), max_blocks)
-    everyone = [None] * world
+def gather(mine) -> list:
+    """Every rank's ``mine`` (a small picklable object), in rank order, on every rank: one
+    ``all_gather_object`` over the default process group (gloo on the emulated world, NCCL on
+    GPUs). Collective: every rank calls it, or the callers wait for the others (until the process
+    group's timeout)."""
+    everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
-    if any(o != everyone[0] for o in everyone):
-        listing = ", ".join(f"rank {r}: shape {o[0]} {o[1]} max_blocks {o[2]}" for r, o in enumerate(everyone))
+    return everyone
+
+
+def agree(what: str, mine: dict, contract: str) -> None:
+    """Every rank's ``mine`` (name -> a comparable value) exchanged (``gather``, collective); when
+    they differ, the same UsageError on every rank, starting with ``what``, naming each name that
+    differs with every rank's value, then ``contract``. Names whose key starts with "=" are
+    derived (what the arguments resolved to): reported only when no other name differs."""
+    everyone = gather(mine)
+    differ = [k for k in mine if any(o.get(k) != mine[k] for o in everyone)]
+    if not differ:
+        return
+    given = [k for k in differ if not k.startswith("=")]
+    listing = "; ".join(
+        f"{k.lstrip('=')} ({', '.join(f'rank {r}: {o.get(k)}' for r, o in enumerate(everyone))})"
+        for k in (given or differ)
+    )
+    raise UsageError(f"{what}: the ranks disagree on {listing}; {contract}")
+
+
+def _check_same_everywhere(shape: tuple, dtype: torch.dtype, max_blocks: int, world: int) -> str:
+    """Every rank asks for the same allocation (else the same ValueError on every rank); returns
+    rank 0's random token, which names the allocation's scratch files on the CPU tier (made on
+    every rank, taken from rank 0, in the same exchange)."""
+    mine = (tuple(shape), str(dtype).replace("torch.", ""), max_blocks)
+    everyone = gather((mine, secrets.token_hex(16)))
+    asked = [o[0] for o in everyone]
+    if any(o != asked[0] for o in asked):
+        listing = ", ".join(f"rank {r}: shape {o[0]} {o[1]} max_blocks {o[2]}" for r, o in enumerate(asked))
         raise ValueError(
             f"symmetric allocation differs across ranks ({listing}); every rank must ask "
             "for the same shape, dtype and max_blocks"
         )
+    return everyone[0][1]
 
 
 _sequence = 0  # allocations made by this process: the same on every rank, since empty() is collective
@@ -128,8 +172,17 @@ def empty(
     max_blocks:  how many programs a kernel on this buffer may run (sizes the signal pads)
     workspace:   also allocate ``SymmBuffer.workspace`` (about as large again): what the
                  in-place ``two_shot_ce`` all-reduce needs
-    scratch_dir: CPU emulation only: a folder all ranks share (``RankContext.scratch_dir``;
-                 default $LABKIT_SYMM_DIR)
+    scratch_dir: CPU emulation only: a folder all ranks share and may write
+                 (``RankContext.scratch_dir``; default $LABKIT_SYMM_DIR). Each allocation puts two
+                 files per rank there, named with a random token the ranks agree on, created
+                 exclusively (O_EXCL, O_NOFOLLOW: an existing name or a symlink is an error on
+                 every rank, never written through) and removed once every rank has mapped them:
+                 nothing stays behind, and nothing else in the folder is read or written.
+
+    Checked: each argument's type and range, on its own rank first (a rank that raises there
+    leaves its peers waiting in the exchange until the world's timeout); then, on every rank at
+    once (one exchange, the same error everywhere), that every rank asks for the same shape, dtype
+    and max_blocks, and on the CPU tier that every rank could create and map the files.
     """
     global _sequence
     rank, world = _world()
@@ -142,7 +195,7 @@ def empty(
         raise ValueError(f"shape: {shape} has no elements")
     if not isinstance(max_blocks, int) or max_blocks < 1:
         raise ValueError(f"max_blocks: expected a positive int, got {max_blocks!r}")
-    _check_same_everywhere(shape, dtype, max_blocks, world)
+    token = _check_same_everywhere(shape, dtype, max_blocks, world)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
@@ -166,37 +219,114 @@ def empty(
                 "scratch_dir: the CPU emulation needs a folder every rank shares "
                 "(RankContext.scratch_dir, or $LABKIT_SYMM_DIR)"
             )
-        peers, pads = _file_alloc(shape, dtype, pad_shape, folder, rank, world, _sequence)
+        peers, pads = _file_alloc(shape, dtype, pad_shape, folder, rank, world, f"{token}-{_sequence}")
         keep, emulated = (), True
     for r, (p, q) in enumerate(zip(peers, pads)):
         if p.data_ptr() % ALIGNMENT or q.data_ptr() % ALIGNMENT:
             raise RuntimeError(f"rank {r}'s symmetric buffer is not {ALIGNMENT}-byte aligned")
     data_ptrs = torch.tensor([p.data_ptr() for p in peers], dtype=torch.int64, device=device)
     pad_ptrs = torch.tensor([q.data_ptr() for q in pads], dtype=torch.int64, device=device)
-    buf = SymmBuffer(peers[rank], peers, data_ptrs, pads, pad_ptrs, rank, world, max_blocks, emulated, keep)
+    buf = SymmBuffer(
+        peers[rank], peers, data_ptrs, pads, pad_ptrs, rank, world, max_blocks, emulated, keep, serial=_sequence
+    )
     if workspace:
         buf.workspace = empty(world * buf.workspace_shard, dtype, device=device, max_blocks=1, scratch_dir=scratch_dir)
     return buf
 
 
-def _file_alloc(shape, dtype, pad_shape, folder, rank, world, seq):
-    """CPU emulation: rank r creates its files, everyone waits, then everyone maps all of them."""
+def _file_alloc(shape, dtype, pad_shape, folder, rank, world, name):
+    """CPU emulation: rank r creates its two files, everyone maps everyone's, then each rank removes
+    its own (the mappings keep the memory; it goes with the last of them).
+
+    The files are ``labkit-symm-<name>-{data,pad}-rank<r>`` in ``folder``, ``name`` holding a random
+    token the ranks agreed on: nothing else in the folder is opened, a crashed run's files
+    included. Created with O_CREAT | O_EXCL | O_NOFOLLOW (a name already there, a symlink
+    included, is an error rather than a file written through) and mode 0600; a peer's file is
+    opened with O_NOFOLLOW and must be a regular file of this user with the expected size. A new
+    file reads as zeros: the pads start cleared, as the protocol needs. Every failure is exchanged
+    before anyone goes on, so that all ranks raise (a UsageError naming scratch_dir) instead of
+    one raising while the others wait for it."""
     numel, pad_numel = math.prod(shape), math.prod(pad_shape)
+    sizes = {"data": (numel, dtype), "pad": (pad_numel, torch.int32)}
 
     def path(kind, r):
-        return os.path.join(folder, f"symm{seq}-{kind}-rank{r}")
+        return os.path.join(folder, f"labkit-symm-{name}-{kind}-rank{r}")
 
-    # A new file reads as zeros: the pads start cleared, as the protocol needs.
-    torch.from_file(path("data", rank), shared=True, size=numel, dtype=dtype)
-    torch.from_file(path("pad", rank), shared=True, size=pad_numel, dtype=torch.int32)
-    dist.barrier()
-    peers = [torch.from_file(path("data", r), shared=True, size=numel, dtype=dtype).view(shape) for r in range(world)]
-    pads = [
-        torch.from_file(path("pad", r), shared=True, size=pad_numel, dtype=torch.int32).view(pad_shape)
-        for r in range(world)
-    ]
-    dist.barrier()
+    def nbytes(kind):
+        n, dt = sizes[kind]
+        return n * dt.itemsize
+
+    def fail(step, errors):
+        listing = "; ".join(f"rank {r}: {e}" for r, e in enumerate(errors) if e)
+        raise UsageError(
+            f"scratch_dir: {step} the emulated symmetric buffer's files in {folder} failed ({listing}); "
+            "scratch_dir must be a folder every rank shares and may write (a name already there is "
+            "left alone: allocating again takes new random names)"
+        )
+
+    mine, error = {}, None
+    try:
+        for kind in sizes:
+            fd = os.open(path(kind, rank), os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.ftruncate(fd, nbytes(kind))
+                mine[kind] = _map(fd, nbytes(kind))
+            finally:
+                os.close(fd)
+    except OSError as e:
+        error = f"{e.filename}: {e.strerror}"
+    try:
+        errors = gather(error)
+        if any(errors):
+            fail("creating", errors)
+        maps, error = {}, None
+        try:
+            for kind in sizes:
+                for r in range(world):
+                    maps[kind, r] = mine[kind] if r == rank else _open_peer(path(kind, r), nbytes(kind))
+        except OSError as e:
+            error = f"{e.filename}: {e.strerror}"
+        errors = gather(error)
+        if any(errors):
+            fail("mapping", errors)
+    finally:
+        for kind in mine:  # every rank has mapped this rank's files, or failed: remove them
+            with contextlib.suppress(OSError):
+                os.unlink(path(kind, rank))
+    peers = [_tensor(maps["data", r], numel, dtype).view(shape) for r in range(world)]
+    pads = [_tensor(maps["pad", r], pad_numel, torch.int32).view(pad_shape) for r in range(world)]
     return peers, pads
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _map(fd: int, size: int) -> mmap.mmap:
+    """A shared, writable mapping of ``size`` bytes of the open file ``fd``."""
+    return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def _open_peer(path: str, size: int) -> mmap.mmap:
+    """Map a peer's file, refusing a symlink, or anything but a regular file of this user of
+    ``size`` bytes (raised as OSError, with the path)."""
+    fd = os.open(path, os.O_RDWR | _NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size != size:
+            raise OSError(
+                errno.EINVAL,
+                f"not a regular file of this user of {size} bytes (mode {st.st_mode:o}, uid {st.st_uid}, "
+                f"{st.st_size} bytes)",
+                path,
+            )
+        return _map(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _tensor(m: mmap.mmap, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """The mapping as a tensor, which keeps it alive (``torch.frombuffer`` holds the buffer)."""
+    return torch.frombuffer(m, dtype=dtype, count=numel)
 
 
 def _cuda_alloc(shape, dtype, pad_shape, device, rank, world):

@@ -75,6 +75,17 @@ def _all_reduce(buf, out, form: str, config=None, variant: str = "correct") -> t
     return C.all_reduce(buf, out, algorithm=form, config=config, variant=variant)
 
 
+def _agree_first(buf, out, form: str, config=None, variant: str = "correct") -> None:
+    """Make the plan of ``_all_reduce(buf, out, form, ...)`` without launching it: the first plan
+    of a set of arguments on a buffer is agreed across ranks (``plan.agree``, an exchange that
+    lines the ranks up), so a loop whose ranks must keep their own timing makes it first; the
+    loop's calls then reuse the agreement."""
+    if form.endswith("_in_place"):
+        C.all_reduce_plan(buf, buf.tensor, algorithm=form.removesuffix("_in_place"), config=config, variant=variant)
+    else:
+        C.all_reduce_plan(buf, out, algorithm=form, config=config, variant=variant)
+
+
 def check_algorithms(
     ctx,
     n: int,
@@ -237,6 +248,7 @@ def broken_trials(
     if gemm:
         with torch.cuda.stream(gemm[3]):  # cuBLAS's per-stream set-up before the trials, not in them
             torch.matmul(gemm[0], gemm[1], out=gemm[2])
+    _agree_first(buf, outs[0], algorithm, variant=variant)  # not inside the first, disturbed, trial
     if on_gpu:
         from labkit.workbench.bench import sleep_cycles_per_ms
 

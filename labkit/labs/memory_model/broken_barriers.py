@@ -151,7 +151,9 @@ def delayed_trials(
         everyone.append(xs)
     outs = [torch.empty(n, dtype=dtype, device=ctx.device) for _ in range(trials)]
     in_place = form.endswith("_in_place")
-    pl = delayed_plan(buf, outs[0], form, variant, delay) if in_place else None
+    # made before the clock starts: the first plan of a set of arguments on a buffer is agreed
+    # across ranks (an exchange); the per-trial plans below reuse that agreement
+    pl = delayed_plan(buf, outs[0], form, variant, delay)
     on_gpu = ctx.device.type == "cuda"
     if on_gpu:
         torch.cuda.synchronize(ctx.device)
