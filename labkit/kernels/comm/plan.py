@@ -511,9 +511,15 @@ def agree(p: CollectivePlan, arguments: dict) -> None:
     key = (p.op, *fields.items())
     if key in buf._agreed:
         return
-    if p.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return
-    symm.agree(p.op, fields, CONTRACT)
+    if p.device.type == "cuda":
+        # under the plan's device: the capture check reads that device's current stream, and
+        # NCCL's object collective runs on the current device (another may be current here)
+        with torch.cuda.device(p.device):
+            if torch.cuda.is_current_stream_capturing():
+                return
+            symm.agree(p.op, fields, CONTRACT)
+    else:
+        symm.agree(p.op, fields, CONTRACT)
     buf._agreed.add(key)
 
 
