@@ -61,3 +61,11 @@ def test_yaml_errors_are_one_line(tmp_path):
     with pytest.raises(RunError) as e:
         profiles.read_params_file(bad)
     assert "\n" not in str(e.value) and "could not determine a constructor" in str(e.value)
+
+
+def test_run_only_given_twice_runs_both():
+    """``--only A --only B`` adds B to A (argparse's default would keep B alone, silently)."""
+    from labkit.workbench import cli
+
+    args = cli._parser().parse_args(["run", "--only", "02_collectives", "--only", "06_memory_model", "00_start_here"])
+    assert args.only == ["02_collectives", "06_memory_model", "00_start_here"]

@@ -82,7 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="versions, GPUs, peer access, topology, and what each lab can do here")
     d.add_argument("--json", action="store_true", help="print the report as JSON")
     r = sub.add_parser("run", help="execute notebooks with papermill into runs/<timestamp>_<profile>/")
-    r.add_argument("--only", nargs="+", metavar="NOTEBOOK", help="notebook names (file stems) to run")
+    r.add_argument(
+        "--only", nargs="+", action="extend", metavar="NOTEBOOK", help="notebook names (file stems) to run (repeatable)"
+    )
     r.add_argument("--profile", default="auto", help="auto (from the hardware), cpu or gpu")
     r.add_argument("--params", metavar="FILE", help="YAML {notebook: {NAME: value}} overrides")
     r.add_argument(
