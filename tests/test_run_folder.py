@@ -90,13 +90,14 @@ def test_a_run_killed_by_sigkill_leaves_a_folder_marked_incomplete(workbook, tmp
         ex.run(only=["ok"], profile="cpu", runs_dir={str(runs)!r}, notebooks_dir={str(folder)!r},
                profiles_file={str(prof)!r}, progress=False)
     """)
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), str(Path(__file__).parent)]),
-    }
-    p = subprocess.Popen([sys.executable, "-c", code], env=env)
+    # The checkout and tests/ go first; what the caller's PYTHONPATH holds stays (a node given its
+    # packages as a folder of wheels, labkit gpu-tier --wheels, has nbformat only there).
+    paths = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    p = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list(runs.glob("*/running.json")):
+        assert p.poll() is None, f"the run died before making its folder:\n{p.stderr.read()}"
         time.sleep(0.2)
     p.kill()
     p.wait()
