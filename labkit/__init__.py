@@ -22,4 +22,13 @@ _os.environ.update(MULTICAST_OFF)
 from labkit.workbench.tier import TIER, interpreted  # noqa: E402  (must follow the environment set-up)
 
 __version__ = "0.1.0"
-__all__ = ["TIER", "interpreted", "MULTICAST_OFF", "__version__"]
+__all__ = ["TIER", "interpreted", "MULTICAST_OFF", "__version__", "exercises"]
+
+
+def __getattr__(name: str):
+    """``labkit.exercises``: the notebooks' checks (:mod:`labkit.workbench.exercises`), on first use."""
+    if name == "exercises":
+        from labkit.workbench import exercises
+
+        return exercises
+    raise AttributeError(f"module 'labkit' has no attribute {name!r}")

@@ -21,8 +21,9 @@ from labkit.workbench import benchmarks, catalogue
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "labkit"
-#: Modules whose strings may name lab modules: the registry behind ``labkit bench``.
-REGISTRY = {"labkit.workbench.benchmarks"}
+#: Modules whose strings may name lab modules: the registries behind ``labkit bench`` and the
+#: exercises' checks.
+REGISTRY = {"labkit.workbench.benchmarks", "labkit.workbench.exercises"}
 MODULE_STRING = re.compile(r"^(labkit(?:\.\w+)+)(?::\w+)?$")
 
 

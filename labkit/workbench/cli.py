@@ -103,6 +103,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--runs-dir", metavar="DIR", help="where run folders go (default: runs/)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument(
+        "--solutions",
+        action="store_true",
+        help="run each exercise's solution in place of its starter (the notebooks on disk are not changed)",
+    )
     b = sub.add_parser("bench", help="run a lab's benchmark and write its results JSON")
     b.add_argument("lab", help="lab whose benchmark to run (e.g. workbench)")
     b.add_argument("--profile", default="auto", help="auto, cpu or gpu (sizes)")
@@ -175,6 +180,7 @@ def _dispatch(args) -> int:
             runs_dir=args.runs_dir,
             timeout_s=args.timeout,
             progress=not args.no_progress,
+            solutions=args.solutions,
         )
         print(report.table())
         print(f"index: {report.run_dir / 'index.html'}")

@@ -11,12 +11,13 @@ import dataclasses
 import datetime
 import html
 import os
+import shutil
 import sys
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from labkit.workbench import gates, hardware, results, sandbox
+from labkit.workbench import exercises, gates, hardware, results, sandbox
 from labkit.workbench.runner import notebooks as nbs
 from labkit.workbench.runner import profiles, schema
 from labkit.workbench.runner.notebooks import RunError
@@ -41,12 +42,17 @@ class NotebookResult:
     skipped_parts: list = dataclasses.field(default_factory=list)
     output: str | None = None  # executed notebook, relative to the run folder
     figures: list = dataclasses.field(default_factory=list)
+    exercises: list = dataclasses.field(default_factory=list)  # the checks' verdicts (exercises.jsonl)
 
     def line(self) -> str:
+        checks = ""
+        if self.exercises:
+            passed = sum(v["passed"] for v in self.exercises)
+            checks = f"; exercises {passed} of {len(self.exercises)} passed"
         if self.status == "ran" and self.skipped_parts:
             parts = "; ".join(f"{p['part']}: {p['reason']}" for p in self.skipped_parts)
-            return f"ran, {len(self.skipped_parts)} part(s) skipped ({parts})"
-        return self.status + (f": {self.detail}" if self.detail else "")
+            return f"ran, {len(self.skipped_parts)} part(s) skipped ({parts}){checks}"
+        return self.status + (f": {self.detail}" if self.detail else "") + checks
 
 
 @dataclasses.dataclass
@@ -54,14 +60,20 @@ class RunReport:
     run_dir: Path
     profile: str
     results: list[NotebookResult]
+    solutions: bool = False  # the exercises' solutions were put in place of the starters
 
     @property
     def failed(self) -> list[NotebookResult]:
         return [r for r in self.results if r.status == "failed"]
 
     @property
+    def failed_checks(self) -> list[dict]:
+        return [v for r in self.results for v in r.exercises if not v["passed"]]
+
+    @property
     def exit_code(self) -> int:
-        return 1 if self.failed else 0
+        """1 if a notebook failed, or, in a run with the solutions in place, if a check failed."""
+        return 1 if self.failed or (self.solutions and self.failed_checks) else 0
 
     def table(self) -> str:
         w = max([8] + [len(r.name) for r in self.results])
@@ -218,19 +230,25 @@ def run(
     profiles_file=None,
     timeout_s=None,
     progress=True,
+    solutions=False,
 ) -> RunReport:
-    """Validate, then execute the selected notebooks into a new run folder; see ``labkit run -h``."""
+    """Validate, then execute the selected notebooks into a new run folder; see ``labkit run -h``.
+
+    solutions: put each exercise's solution in place of its starter before the notebook runs
+    (:func:`labkit.workbench.exercises.inject_solutions`); the notebooks on disk are not changed."""
     profile, jobs = resolve_jobs(only, profile, params_file, sets, notebooks_dir, profiles_file, timeout_s)
     try:
         run_dir = results.new_run_dir(profile, runs_dir)
     except results.ResultsError as e:
         raise RunError(f"--runs-dir {e}") from None
     tier_env = kernel_env(profile)
-    report = RunReport(run_dir, profile, [])
+    report = RunReport(run_dir, profile, [], solutions=bool(solutions))
     # Until the summary is written the folder says it is incomplete: a run killed outright
     # (SIGKILL runs no handler) leaves running.json and an index marked INCOMPLETE behind.
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     marker = {"pid": os.getpid(), "started": started, "profile": profile, "notebooks": [j[0] for j in jobs]}
+    if solutions:
+        jobs = _with_solutions(jobs, run_dir)
     results.atomic_write_json(run_dir / RUNNING, {**marker, "argv": sys.argv})
     write_index(report, RUNNING_NOTE.format(**marker))
     try:
@@ -241,6 +259,28 @@ def run(
     write_summary(report)
     return report
 
+
+def _with_solutions(jobs: list, run_dir: Path) -> list:
+    """The jobs with each notebook replaced by a copy whose answer cells hold the solutions.
+
+    The copies go in ``run_dir/.solved/`` (removed when the run ends); papermill's working folder
+    stays the notebook's own, so relative paths in the notebook resolve as without solutions."""
+    import nbformat
+
+    solved_dir = run_dir / SOLVED_DIR
+    solved_dir.mkdir()
+    out = []
+    for name, path, params, timeout, needs in jobs:
+        nb = nbformat.read(path, as_version=4)
+        exercises.inject_solutions(nb)
+        copy = solved_dir / path.name
+        nbformat.write(nb, copy)
+        out.append((name, copy, params, timeout, needs, path.parent))
+    return out
+
+
+#: where --solutions puts the solved copies of the notebooks while the run lasts
+SOLVED_DIR = ".solved"
 
 #: the marker a run folder holds while its run has not ended (removed with the summary)
 RUNNING = "running.json"
@@ -253,7 +293,9 @@ RUNNING_NOTE = (
 def _run_jobs(report: RunReport, jobs: list, tier_env: dict, progress: bool, note: str) -> None:
     run_dir = report.run_dir
     bar = tqdm(jobs, desc="notebooks", unit="nb", disable=not progress)
-    for name, path, params, timeout, needs in bar:
+    for job in bar:
+        name, path, params, timeout, needs = job[:5]
+        cwd = job[5] if len(job) > 5 else path.parent  # a solved copy runs in its notebook's folder
         bar.set_postfix_str(name)
         out_dir = run_dir / name
         out_dir.mkdir()
@@ -270,7 +312,7 @@ def _run_jobs(report: RunReport, jobs: list, tier_env: dict, progress: bool, not
             str(path),
             str(output),
             params,
-            str(path.parent),
+            str(cwd),
             timeout,
             timeout=timeout + KERNEL_GRACE_S,
             env={**tier_env, results.OUTPUT_ENV: str(out_dir)},
@@ -295,6 +337,7 @@ def _run_jobs(report: RunReport, jobs: list, tier_env: dict, progress: bool, not
                 gates.read_skips(out_dir),
                 str(output.relative_to(run_dir)) if output.exists() else None,
                 sorted(str(p.relative_to(run_dir)) for p in out_dir.glob("*.png")),
+                exercises.read_verdicts(out_dir),
             )
         )
         write_index(report, note)
@@ -309,10 +352,12 @@ def write_summary(report: RunReport, stopped_by: str | None = None) -> None:
         "profile": report.profile,
         "run_dir": str(report.run_dir),
         "complete": stopped_by is None,
+        "solutions": report.solutions,
         "stopped_by": stopped_by,
         "results": [dataclasses.asdict(r) for r in report.results],
     }
     results.atomic_write_json(report.run_dir / "summary.json", doc)
+    shutil.rmtree(report.run_dir / SOLVED_DIR, ignore_errors=True)
     write_index(report, None if stopped_by is None else f"INCOMPLETE: the run was stopped ({stopped_by})")
     (report.run_dir / RUNNING).unlink(missing_ok=True)
 

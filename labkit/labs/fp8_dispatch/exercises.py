@@ -1,0 +1,1 @@
+"""This lab's exercises, registered with :mod:`labkit.workbench.exercises`; solutions in ``solutions/``."""

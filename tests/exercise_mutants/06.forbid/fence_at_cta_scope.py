@@ -1,0 +1,2 @@
+# Fences, but at block scope: they order nothing another GPU can see.
+choice = {"semantics": "fence", "scope": "cta"}

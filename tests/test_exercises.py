@@ -1,0 +1,142 @@
+"""Every exercise's check is held to three things, on the CPU tier:
+
+* the solution (``labkit/labs/<lab>/solutions/<word>.py``) passes;
+* the starter (the notebook's answer cell as the learner finds it) fails;
+* every wrong answer in ``tests/exercise_mutants/<name>/`` fails (at least two each: plausible
+  mistakes, not noise).
+
+And the parts around them: every exercise has one answer cell and a check cell in its lab's
+notebook, every lab 01-06 has at least three exercises of at least two kinds, a failed check never
+raises, and ``labkit run --solutions`` runs the solutions in place of the starters.
+"""
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+from helpers import make_notebook
+
+from labkit.workbench import catalogue, exercises
+from labkit.workbench.runner import run
+
+ROOT = Path(__file__).resolve().parents[1]
+MUTANTS = Path(__file__).parent / "exercise_mutants"
+EXERCISES = exercises.all_exercises()
+
+
+def _notebook_of(name: str) -> Path:
+    (lab,) = [lab for lab in catalogue.LABS if lab.id.startswith(name.split(".")[0] + "_")]
+    return ROOT / lab.notebook
+
+
+def _starter(name: str) -> str:
+    nb = nbformat.read(_notebook_of(name), as_version=4)
+    return exercises.answer_cells(nb)[name].source
+
+
+def _answer(name: str, source: str):
+    """What the answer cell defines when it runs alone (answer cells import what they use)."""
+    namespace: dict = {"__name__": "__answer__"}
+    exec(compile(source, f"<answer {name}>", "exec"), namespace)
+    return namespace[EXERCISES[name].answer]
+
+
+def _mutants():
+    return [(p.parent.name, p) for p in sorted(MUTANTS.glob("*/*.py"))]
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_the_solution_passes(name):
+    passed, line = exercises.verdict(name, _answer(name, EXERCISES[name].solution()))
+    assert passed, line
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_the_starter_fails(name):
+    passed, line = exercises.verdict(name, _answer(name, _starter(name)))
+    assert not passed and line.startswith(f"FAIL {name}: ") and EXERCISES[name].hint in line, line
+
+
+@pytest.mark.parametrize(("name", "path"), _mutants(), ids=[f"{n}-{p.stem}" for n, p in _mutants()])
+def test_a_wrong_answer_fails(name, path):
+    assert name in EXERCISES, f"{path}: no exercise {name}"
+    passed, line = exercises.verdict(name, _answer(name, path.read_text()))
+    assert not passed, f"{path.name} passed the check of {name}: {line}"
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_each_exercise_has_two_wrong_answers_and_no_solution_text_in_its_hint(name):
+    assert len(list((MUTANTS / name).glob("*.py"))) >= 2, f"tests/exercise_mutants/{name}/ needs two wrong answers"
+    code = [ln.strip() for ln in EXERCISES[name].solution().splitlines() if ln.strip() and not ln.startswith("#")]
+    assert not any(ln in EXERCISES[name].hint for ln in code), "the hint gives the solution away"
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_each_exercise_has_its_cells_in_its_notebook(name):
+    """One answer cell (metadata names the exercise) and, after it, a cell calling its check."""
+    nb = nbformat.read(_notebook_of(name), as_version=4)
+    cells = nb.cells
+    (at,) = [i for i, c in enumerate(cells) if c.get("metadata", {}).get("labkit", {}).get("answer") == name]
+    call = f'labkit.exercises.check("{name}", {EXERCISES[name].answer})'
+    assert any(call in c.source for c in cells[at + 1 : at + 3] if c.cell_type == "code"), f"no `{call}` after it"
+    assert "...Your turn" not in cells[at].source
+
+
+@pytest.mark.parametrize("lab", ["01", "02", "03", "04", "05", "06"])
+def test_every_lab_has_three_exercises_of_two_kinds(lab):
+    mine = [e for e in EXERCISES.values() if e.lab == lab]
+    assert len(mine) >= 3, f"lab {lab}: {len(mine)} exercises"
+    assert len({e.kind for e in mine}) >= 2, f"lab {lab}: one kind only"
+
+
+def test_a_check_that_breaks_is_a_failure_not_a_raise(capsys):
+    """An answer the judge cannot handle, an unknown name, an unanswered cell: a FAIL line each."""
+    some = sorted(EXERCISES)[0]
+    assert exercises.check(some, ...) is False
+    assert exercises.check("99.nothing", 1) is False
+    assert exercises.check(some, object()) is False
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and all(line.startswith("FAIL ") for line in out), out
+    assert "not answered yet" in out[0] and "99.nothing" in out[1]
+
+
+def test_bad_registrations_are_refused():
+    with pytest.raises(exercises.UsageError, match="NN.word"):
+        exercises.exercise("1.x", kind="fix", question="q", answer="a", hint="h")
+    with pytest.raises(exercises.UsageError, match="kind"):
+        exercises.exercise("06.x", kind="guess", question="q", answer="a", hint="h")
+    with pytest.raises(exercises.UsageError, match="answer"):
+        exercises.exercise("06.x", kind="fix", question="q", answer="not a name", hint="h")
+
+
+def test_solutions_are_injected_into_a_copy(tmp_path):
+    """``labkit run --solutions``: the answer cell runs the solution, the check passes and its
+    verdict reaches the run summary; the notebook on disk keeps its starter."""
+    name = "06.forbid"
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    path = folder / "ex.ipynb"
+    make_notebook(path, "N = 1", "import labkit", _starter(name), f'labkit.exercises.check("{name}", choice)')
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[3].metadata["labkit"] = {"answer": name}
+    nbformat.write(nb, path)
+    profiles = folder / "profiles.yml"
+    profiles.write_text("cpu:\n  timeout_s: 120\n  notebooks: {}\ngpu:\n  timeout_s: 120\n  notebooks: {}\n")
+    for solutions, passed in ((False, False), (True, True)):
+        report = run(
+            profile="cpu",
+            runs_dir=tmp_path / f"runs-{solutions}",
+            notebooks_dir=folder,
+            profiles_file=profiles,
+            progress=False,
+            solutions=solutions,
+        )
+        (result,) = report.results
+        assert result.status == "ran", result.detail
+        assert [v["passed"] for v in result.exercises] == [passed]
+        summary = json.loads((report.run_dir / "summary.json").read_text())
+        assert summary["solutions"] is solutions and summary["results"][0]["exercises"][0]["exercise"] == name
+        assert not (report.run_dir / ".solved").exists()
+        assert report.exit_code == 0
+    assert nbformat.read(path, as_version=4).cells[3].source == _starter(name)
