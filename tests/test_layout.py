@@ -21,8 +21,8 @@ from labkit.workbench import benchmarks, catalogue
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "labkit"
-#: Modules whose strings may name lab modules: the registry behind ``labkit bench``.
-REGISTRY = {"labkit.workbench.benchmarks"}
+#: Modules whose strings may name lab modules: the registries behind ``labkit bench`` and ``labkit report``.
+REGISTRY = {"labkit.workbench.benchmarks", "labkit.workbench.report"}
 MODULE_STRING = re.compile(r"^(labkit(?:\.\w+)+)(?::\w+)?$")
 
 
@@ -173,7 +173,7 @@ def test_a_written_lab_has_every_part(lab):
     tests = [p for p in (ROOT / "tests").glob("test_*.py") if lab.package in p.read_text()]
     if not tests:
         missing.append(f"a test file importing {lab.package}")
-    if f"`{lab.notebook}`" not in (ROOT / "README.md").read_text():
+    if f"]({lab.notebook})" not in (ROOT / "README.md").read_text():
         missing.append("its README row (labkit labs --markdown)")
     assert missing == [], f"{lab.id} lacks: " + "; ".join(missing)
 
