@@ -228,3 +228,46 @@ def test_reading_minutes_counts_words_and_figures(tmp_path):
     assert catalogue.reading_minutes(lab, tmp_path) == 3  # 300 words / 150 + one figure
     with pytest.raises(Exception, match="reading_minutes: 03_stream_races's notebook .* is missing"):
         catalogue.reading_minutes(lab, tmp_path / "elsewhere")
+
+
+def _litmus_row(test, semantics, scope, placement, weak, verdict="allowed", stress="memory"):
+    return {
+        "test": test, "semantics": semantics, "scope": scope, "placement": placement, "stress_name": stress,
+        "runs": 1000, "weak_outcomes": weak, "verdict": verdict, "ptx_verdict": verdict, "timeouts": 0, "unwritten": 0,
+    }  # fmt: skip
+
+
+def test_litmus_in_words_across_two_gpus_names_the_scope_lesson():
+    rows = [
+        _litmus_row("MP", "plain", None, "two_gpus", 20),
+        _litmus_row("CoRR", "plain", None, "two_gpus", 0),
+        _litmus_row("2+2W", "acq_rel", "gpu", "two_gpus", 3),
+        _litmus_row("2+2W", "acq_rel", "sys", "two_gpus", 0, verdict="forbidden"),
+    ]
+    text = memory_findings.litmus_in_words(rows, "m")
+    assert "4 rows at 1e3 instances; the weak outcome seen in 2." in text
+    assert (
+        "Across two GPUs, with plain, volatile or relaxed accesses, its highest rate per test: MP 2%; never: CoRR."
+        in text
+    )
+    assert "Of the 1 rows where `sys` scope forbids" in text and "seen at `gpu` in 1 (2+2W acq_rel (memory) 3)" in text
+    assert "at `sys` in 0." in text
+    assert memory_findings.litmus_in_words([], "m") == ""
+
+
+def test_broken_in_words_lists_each_form_per_delay():
+    rows = [
+        {"algorithm": "one_shot", "variant": "no_end_barrier", "delay": d, "trials": 60, "wrong_results": w}
+        for d, w in ((0, 0), (100, 58))
+    ] + [{"algorithm": "one_shot", "variant": "correct", "delay": 100, "trials": 60, "wrong_results": 0}]
+    assert memory_findings.broken_in_words(rows, "m") == (
+        "**m**, wrong calls without the end barrier: delay 0: one_shot 0/60; delay 100: one_shot 58/60. "
+        "`correct`: at most 0 wrong in any row."
+    )
+
+
+def test_cost_in_words_spans_medians_and_tests():
+    rows = [("plain.-", 7.1, 2.4, 18.0, 7), ("acq_rel.gpu", 8.0, 3.0, 12.0, 7)]
+    assert memory_findings.cost_in_words(rows, "m") == (
+        "**m**: the semantics' medians span 7.1-8 ns per instance, the tests 2.4-18 ns."
+    )
