@@ -21,9 +21,9 @@ from labkit.workbench import benchmarks, catalogue
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "labkit"
-#: Modules whose strings may name lab modules: the registries behind ``labkit bench`` and the
-#: exercises' checks.
-REGISTRY = {"labkit.workbench.benchmarks", "labkit.workbench.exercises"}
+#: Modules whose strings may name lab modules: the registries behind ``labkit bench``, ``labkit
+#: report`` and the exercises' checks.
+REGISTRY = {"labkit.workbench.benchmarks", "labkit.workbench.report", "labkit.workbench.exercises"}
 MODULE_STRING = re.compile(r"^(labkit(?:\.\w+)+)(?::\w+)?$")
 
 
@@ -174,7 +174,7 @@ def test_a_written_lab_has_every_part(lab):
     tests = [p for p in (ROOT / "tests").glob("test_*.py") if lab.package in p.read_text()]
     if not tests:
         missing.append(f"a test file importing {lab.package}")
-    if f"`{lab.notebook}`" not in (ROOT / "README.md").read_text():
+    if f"]({lab.notebook})" not in (ROOT / "README.md").read_text():
         missing.append("its README row (labkit labs --markdown)")
     assert missing == [], f"{lab.id} lacks: " + "; ".join(missing)
 

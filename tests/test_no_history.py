@@ -137,7 +137,7 @@ def _authored(path: str) -> bool:
     top = path.split("/", 1)[0]
     return (
         path in ("README.md", "Makefile", ".ci/run", "pyproject.toml")
-        or top == "docs"
+        or (top == "docs" and not path.endswith((".png", ".jpg", ".svg")))  # docs/figures: drawn, not written
         or path.endswith((".ipynb", ".yml", ".yaml"))
         or (top in ("labkit", "tests") and path.endswith(".py"))
         or (top == "scripts" and path.count("/") == 1)

@@ -10,6 +10,10 @@ whose issue is still open (parts or reference data missing) is ``"draft"``.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import re
+from pathlib import Path
 
 from labkit.workbench import gates, hardware
 from labkit.workbench.errors import UsageError
@@ -33,6 +37,8 @@ class Lab:
     issue: int
     benchmarks: tuple[str, ...]  # its ``labkit bench`` entries (labkit.workbench.benchmarks)
     parts: tuple[Part, ...] = ()
+    short: str = ""  # the bug in a few words: the README's narrow table
+    gpu_count: str = ""  # the GPUs the full lab needs, as a number or range: the README's narrow table
 
     @property
     def notebook(self) -> str:
@@ -57,6 +63,8 @@ LABS: tuple[Lab, ...] = (
         2,
         ("doctor", "workbench"),
         (Part("GPU copy bandwidth at full size", {"gpus": 1, "compiled": True}),),
+        short="none: a tour of the tools every lab uses",
+        gpu_count="0 (1 if present)",
     ),
     Lab(
         "01_wrong_device",
@@ -77,6 +85,8 @@ LABS: tuple[Lab, ...] = (
             Part("the seed's regression test on 2 GPUs", {"gpus": 2, "compiled": True}),
             Part("decode benchmark at Llama-3.1-8B layer shapes", {"gpus": 2, "compiled": True}),
         ),
+        short="a Triton kernel launched on the current device, not its tensors'",
+        gpu_count="2",
     ),
     Lab(
         "02_collectives",
@@ -94,6 +104,8 @@ LABS: tuple[Lab, ...] = (
             Part("symmetric-memory collectives on GPUs", {"gpus": 2, "peer_access": True, "compiled": True}),
             Part("the sweep against NCCL and torch symm_mem", {"gpus": 2, "peer_access": True, "compiled": True}),
         ),
+        short="hand-written collectives whose barriers lack acquire/release",
+        gpu_count="2-8",
     ),
     Lab(
         "03_stream_races",
@@ -111,6 +123,8 @@ LABS: tuple[Lab, ...] = (
             Part("the live race, sanitizer and allocator timeline", {"gpus": 1, "compiled": True}),
             Part("allocation and misaligned-GEMM timings", {"gpus": 1, "compiled": True}),
         ),
+        short="raw-pointer tensors escape the allocator's stream tracking",
+        gpu_count="1",
     ),
     Lab(
         "04_grouped_gemm",
@@ -131,6 +145,8 @@ LABS: tuple[Lab, ...] = (
             ),
             Part("the MoE layer in one CUDA graph, and its timeline", {"gpus": 1, "compiled": True}),
         ),
+        short="expert counts read by the host; a race on a pinned buffer's index",
+        gpu_count="1",
     ),
     Lab(
         "05_fp8_dispatch",
@@ -150,6 +166,8 @@ LABS: tuple[Lab, ...] = (
             Part("CUDA_LAUNCH_BLOCKING: where the error is reported", {"gpus": 2, "compiled": True}),
             Part("FP8 vs bf16 GEMM speed at the MLP shapes", {"gpus": 1, "capability": (8, 9), "compiled": True}),
         ),
+        short="FP8 scaling state made on the wrong GPU under dispatch_model",
+        gpu_count="2",
     ),
     Lab(
         "06_memory_model",
@@ -170,6 +188,8 @@ LABS: tuple[Lab, ...] = (
             ),
             Part("broken barriers under a delay on two GPUs", {"gpus": 2, "peer_access": True, "compiled": True}),
         ),
+        short="the PTX memory model in litmus tests; lab 02's barriers broken",
+        gpu_count="1-2",
     ),
 )
 
@@ -197,19 +217,49 @@ def capability(lab: Lab, hw: hardware.Hardware | None = None) -> dict:
     return {"lab": lab.id, "can": can, "detail": detail, "skipped": skipped}
 
 
+#: a code cell that draws a figure calls one of these (labkit's plotting helpers, or matplotlib's)
+FIGURE_CALL = re.compile(r"\bbeside\(|\bplt\.subplots\(|\bnew_figure\(|\bplot_\w+\(")
+
+
+def _text(cell: dict) -> str:
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
+#: reading speed for the minutes column: words of Markdown a minute, plus a minute per figure
+WORDS_PER_MINUTE = 150
+
+
+def reading_minutes(lab: Lab, root: str | Path | None = None) -> int:
+    """Minutes to read a lab's notebook: its Markdown cells' words / WORDS_PER_MINUTE, plus one per
+    code cell that draws a figure (FIGURE_CALL), rounded up."""
+    if not isinstance(lab, Lab):
+        raise UsageError(f"reading_minutes: lab must be a catalogue Lab, got {lab!r}")
+    path = (Path(root) if root is not None else Path(__file__).resolve().parents[2]) / lab.notebook
+    try:
+        cells = json.loads(path.read_text())["cells"]
+    except FileNotFoundError:
+        raise UsageError(f"reading_minutes: {lab.id}'s notebook {path} is missing") from None
+    words = sum(len(_text(c).split()) for c in cells if c["cell_type"] == "markdown")
+    figures = sum(1 for c in cells if c["cell_type"] == "code" and FIGURE_CALL.search(_text(c)))
+    return math.ceil(words / WORDS_PER_MINUTE + figures)
+
+
 def markdown_table(wide: bool = False) -> str:
-    """The README's lab table: notebook, bug, GPUs, status. ``wide`` adds the seed story and what
-    the CPU tier shows (the table in docs/labs.md)."""
+    """The README's narrow lab table: the lab (linked to its notebook), the bug in a few words, GPUs,
+    minutes to read, status. ``wide``: the notebook, the bug in full, the seed story, GPUs, what the
+    CPU tier shows, status (the table in docs/labs.md)."""
     columns = ("notebook", "the bug", "seed story", "GPUs", "CPU tier shows", "status")
     if not wide:
-        columns = ("notebook", "the bug", "GPUs", "status")
+        columns = ("lab", "the bug", "GPUs", "minutes", "status")
     rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for lab in LABS:
         cell = {
+            "lab": f"[{lab.id}]({lab.notebook})",
+            "minutes": str(reading_minutes(lab)) if not wide else "",
             "notebook": f"`{lab.notebook}`",
-            "the bug": lab.bug,
+            "the bug": lab.bug if wide else lab.short,
             "seed story": f"`{lab.seed}`" if lab.seed.endswith(".txt") else lab.seed,
-            "GPUs": lab.gpus,
+            "GPUs": lab.gpus if wide else lab.gpu_count,
             "CPU tier shows": lab.cpu_tier,
             "status": lab.status,  # a status word only: issue numbers stay in the catalogue
         }

@@ -1,4 +1,4 @@
-"""The ``labkit`` command: doctor, run, bench, gpu-tier, labs, lab.
+"""The ``labkit`` command: doctor, run, bench, gpu-tier, labs, report, lab.
 
 Errors in what was asked (unknown notebook, unknown parameter, wrong value type, ...) print
 one line, ``labkit <command>: error: ...``, and exit with status 2; never a traceback.
@@ -18,6 +18,7 @@ EPILOG = """examples:
   labkit bench workbench --reference          # GPU tier: write reference/<machine>/workbench.json
   labkit gpu-tier --out gpu-tier-out --part tests --shard 1/4 --split-gpus 2   # the GPU tier, in parts
   labkit labs --markdown
+  labkit report --check                       # exit 1 naming each docs block stale against reference/
   labkit lab --port=8899 --no-browser         # JupyterLab on notebooks/ (what `make lab` runs)"""
 
 #: Options of ``jupyter lab`` that choose the folder it serves; given one, ``labkit lab`` adds none.
@@ -125,6 +126,16 @@ def _parser() -> argparse.ArgumentParser:
     lb = sub.add_parser("labs", help="the map of labs")
     lb.add_argument("--markdown", action="store_true", help="print the README's lab table")
     lb.add_argument("--wide", action="store_true", help="with --markdown: the table of docs/labs.md")
+    rp = sub.add_parser(
+        "report",
+        help="the measured numbers of README.md and docs/*.md, rendered from reference/*.json",
+        description="Render every <!-- report:NAME --> block of README.md and docs/*.md from the reference files.",
+    )
+    rp_mode = rp.add_mutually_exclusive_group()
+    rp_mode.add_argument("--write", action="store_true", help="rewrite every block in place")
+    rp_mode.add_argument("--check", action="store_true", help="exit 1 naming each block that differs from its renderer")
+    rp.add_argument("--figures", action="store_true", help="also draw the figures into docs/figures/")
+    rp.add_argument("--block", metavar="NAME", help="print one block's Markdown")
     sub.add_parser(
         "lab",
         help="start JupyterLab on notebooks/ (adds --allow-root as root); "
@@ -213,7 +224,30 @@ def _dispatch(args) -> int:
             for lab in catalogue.LABS:
                 print(f"{lab.id:<18} {lab.status:<8} {lab.title}")
         return 0
+    if args.command == "report":
+        return _report(args)
     raise AssertionError(args.command)
+
+
+def _report(args) -> int:
+    from labkit.workbench import report
+
+    if args.block:
+        print(report.render(args.block), end="")
+        return 0
+    if args.figures:
+        for path in report.draw_figures():
+            print(f"drew {path}")
+    if args.write:
+        for path in report.write():
+            print(f"rewrote {path}")
+        return 0
+    stale = report.stale()
+    for line in stale:
+        print(f"stale: {line} (labkit report --write renders it)")
+    if not stale:
+        print("every report block matches the reference files")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

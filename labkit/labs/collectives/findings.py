@@ -255,3 +255,81 @@ def sweep_crossover_rows(records: list[dict]) -> list[dict]:
         and r.get("graph_us")
         and r.get("correct")
     ]
+
+
+#: the 2-GPU reference the docs' tables are rendered from (labkit report)
+DOCS_REFERENCE = "h200x2/collectives.json"
+#: the push benchmark's impls, in the docs' column order: labkit's two one-shots, then torch's ops
+PUSH_COLUMNS = (
+    ("labkit_push_one_shot", "push one-shot"),
+    ("labkit_one_shot", "labkit one-shot (pull)"),
+    ("torch_one_shot", "torch one-shot"),
+    ("torch_two_shot", "torch two-shot"),
+)
+
+
+def small_messages_table(reference) -> str:
+    """docs block ``collectives-small-messages``: the all-reduce's µs up to 1 MiB under graph replay on
+    2×H200, the push one-shot beside labkit's pull one-shot and torch's ops timed in the same rounds
+    (kind ``push``), with NCCL from the sweep (kind ``sweep``, ``graph_us``)."""
+    from labkit.workbench.report import number
+
+    name = DOCS_REFERENCE
+    push = reference.records(name, kind="push", timing="graph")
+    sizes = sorted({r["bytes"] for r in push if SMALL[0] <= r["bytes"] <= SMALL[1]})
+    head = [label for _, label in PUSH_COLUMNS] + ["NCCL (sweep)", "push / torch's best"]
+    out = ["| all-reduce | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
+    for size in sizes:
+        cells = [
+            number(reference.value(name, "us", kind="push", timing="graph", impl=i, bytes=size))
+            for i, _ in PUSH_COLUMNS
+        ]
+        nccl = reference.value(name, "graph_us", kind="sweep", op="all_reduce", impl="nccl", bytes=size)
+        ratio = reference.value(
+            name, "ratio_to_torch_best", kind="push", timing="graph", impl=PUSH_COLUMNS[0][0], bytes=size
+        )
+        out.append(f"| {format_bytes(size)} | " + " | ".join([*cells, number(nccl), f"{ratio:.2f}x"]) + " |")
+    out.append("")
+    out.append(
+        f"µs per call, median of CUDA-graph replays, bf16, 2×H200: `reference/{name}`, kind `push` "
+        "(`timing` `graph`, field `us`; the last column `ratio_to_torch_best`) and, for NCCL, kind `sweep` "
+        "(`graph_us`). Rendered by `labkit report`."
+    )
+    return "\n".join(out)
+
+
+#: (row label, op, impls of labkit, NCCL's impl or None, torch's impl or None)
+LARGE_ROWS = (
+    ("all-reduce, out of place", "all_reduce", ("labkit_one_shot",), "nccl", "torch_two_shot"),
+    ("all-reduce, in place", "all_reduce", ("labkit_two_shot_ce_in_place", "labkit_two_shot_in_place"), None, None),
+    ("reduce-scatter", "reduce_scatter", ("labkit",), "nccl", None),
+    ("all-gather", "all_gather", ("labkit",), "nccl", None),
+)
+
+
+def large_messages_table(reference) -> str:
+    """docs block ``collectives-large-messages``: bus bandwidth at 256 MiB under graph replay on 2×H200
+    (kind ``sweep``, ``graph_busbw_GBps``), and ``all_reduce_into`` (kind ``into``, ``busbw_GBps``)."""
+    from labkit.workbench.report import number
+
+    name, size = DOCS_REFERENCE, 256 << 20
+
+    def busbw(op, impl):
+        return number(reference.value(name, "graph_busbw_GBps", kind="sweep", op=op, impl=impl, bytes=size))
+
+    out = ["| 256 MiB, GB/s busbw | labkit | NCCL | torch symm_mem |", "|---|---|---|---|"]
+    for label, op, mine, nccl, torch_impl in LARGE_ROWS:
+        labkit = ", ".join(f"{busbw(op, i)} (`{i}`)" for i in mine)
+        out.append(
+            f"| {label} | {labkit} | {busbw(op, nccl) if nccl else '–'} | "
+            f"{busbw(op, torch_impl) + f' (`{torch_impl}`)' if torch_impl else '–'} |"
+        )
+    into = reference.value(name, "busbw_GBps", kind="into", impl="labkit_into", timing="graph", bytes=size)
+    out.append(f"| all-reduce into a symmetric `out` | {number(into)} (`labkit_into`) | – | – |")
+    out.append("")
+    out.append(
+        f"Median bus bandwidth of CUDA-graph replays, bf16, 2×H200: `reference/{name}`, kind `sweep`, "
+        "field `graph_busbw_GBps`; the last row kind `into`, `timing` `graph`, field `busbw_GBps`. "
+        "Rendered by `labkit report`."
+    )
+    return "\n".join(out)

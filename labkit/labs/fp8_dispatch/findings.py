@@ -143,3 +143,36 @@ def story_verdict(records) -> str | None:
     if silent:
         parts.append(f"{', '.join(silent)} is worse than a crash here: a silent wrong answer")
     return "; ".join(parts)
+
+
+#: the reference the docs' speed table is rendered from (one GPU of a 2×H200 machine)
+DOCS_REFERENCE = "h200x2/fp8.json"
+SPEED_IMPLS = (
+    ("fp8_gemm", "FP8 GEMM"),
+    ("fp8_quantize_gemm", "input quantise + FP8 GEMM"),
+    ("fp8_weight_cast", "weight cast"),
+)
+
+
+def speed_table(reference) -> str:
+    """docs block ``fp8-speed``: at the story's MLP shapes, bf16's ms and each FP8 step's time over it."""
+    from labkit.workbench.report import field_of, number
+
+    name = DOCS_REFERENCE
+    rows = reference.records(name, kind="speed")
+    out = ["| shape (M x K x N) | bf16 ms | " + " | ".join(f"{label} / bf16" for _, label in SPEED_IMPLS) + " |"]
+    out.append("|---" * (2 + len(SPEED_IMPLS)) + "|")
+    for shape in dict.fromkeys(r["shape"] for r in rows):
+        bf16 = reference.one(name, kind="speed", shape=shape, impl="bf16")
+        ratios = [
+            f"{reference.value(name, 'ratio_vs_bf16', kind='speed', shape=shape, impl=impl):.2f}"
+            for impl, _ in SPEED_IMPLS
+        ]
+        dims = f"{bf16['M']} x {bf16['K']} x {bf16['N']}"
+        out.append(f"| {shape} ({dims}) | {number(field_of(bf16, 'ms', name))} | " + " | ".join(ratios) + " |")
+    out.append("")
+    out.append(
+        f"One H200 of two: `reference/{name}`, kind `speed` (field `ms`; the ratios `ratio_vs_bf16`, time over "
+        "bf16's in the same rounds). Rendered by `labkit report`."
+    )
+    return "\n".join(out)

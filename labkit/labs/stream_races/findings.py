@@ -1,0 +1,56 @@
+"""Lab 03's findings rendered from the records they summarise (``labkit bench streams``), for the docs'
+generated blocks and the README's figure (``labkit report``) and for notebook 03's sentences."""
+
+from __future__ import annotations
+
+from labkit.labs.stream_races.plots import plot_race, race_markdown, race_summary
+
+#: the one-GPU reference the docs and the README's figure are rendered from
+DOCS_REFERENCE = "h200x1/streams.json"
+
+
+def race_table(reference) -> str:
+    """docs block ``stream-race``: trials corrupted per allocator and side-stream delay."""
+    records = reference.records(DOCS_REFERENCE, kind="race")
+    return (
+        race_markdown(records)
+        + f"\n\nOne H200: `reference/{DOCS_REFERENCE}`, kind `race` (`allocator`, `sleep_ms`, `corrupted_elems`, "
+        "`block_reused`, `corrupted_fraction`). Rendered by `labkit report`."
+    )
+
+
+def race_figure(reference):
+    """The README's figure: the share of a fresh tensor the side stream overwrote, per allocator and delay.
+    Returns (figure, the reference file it drew)."""
+    import matplotlib.pyplot as plt
+
+    records = reference.records(DOCS_REFERENCE, kind="race")
+    fig, ax = plt.subplots(figsize=(7.0, 4.0))
+    plot_race(records, ax, f"a side stream writes into freed, reused memory (RECORDED: reference/{DOCS_REFERENCE})")
+    fig.subplots_adjust(bottom=0.24)
+    return fig, DOCS_REFERENCE
+
+
+def race_in_words(records: list[dict]) -> str:
+    """One sentence on the race records: which allocators were corrupted with a delay, which never.
+    "" without race records."""
+    rows = race_summary(records)
+    if not rows:
+        return ""
+    delayed = [r for r in rows if (r["sleep_ms"] or 0) > 0]
+    hit = sorted({r["allocator"] for r in delayed if r["corrupted_trials"]})
+    clean = sorted({r["allocator"] for r in rows} - set(hit))
+    parts = []
+    for allocator in hit:
+        rs = [r for r in delayed if r["allocator"] == allocator]
+        parts.append(
+            f"{allocator}: {sum(r['corrupted_trials'] for r in rs)} of {sum(r['trials'] for r in rs)} delayed trials "
+            "corrupted"
+        )
+    zero = [r for r in rows if not r["sleep_ms"]]
+    text = "; ".join(parts) or "no trial corrupted"
+    if zero:
+        text += f"; at delay 0, {sum(r['corrupted_trials'] for r in zero)} of {sum(r['trials'] for r in zero)}"
+    if clean:
+        text += "; never: " + ", ".join(clean)
+    return text + "."
