@@ -11,7 +11,7 @@ sandbox, CLI), as data: one ``Case`` per row, with the verdict labkit must give 
 ``tests/test_bad_inputs.py`` runs every case. Inputs are fresh random tensors on the tier's
 kernel device (the CPU under the interpreter). Rows whose verdict depends on the machine (no CUDA
 GPU, the interpreter) carry a skip mark for the other machines. Not here: Part 2 (collectives,
-another change's scope) and row 178 (it executes a notebook).
+another change's scope).
 """
 
 from __future__ import annotations
@@ -1239,6 +1239,14 @@ CASES: list[Case] = [
             "run", "--profile", "cpu", "--only", "00_start_here", "--runs-dir", _scratch("f", "x") + "/under/it"
         ),
         X(2, "--runs-dir .*: cannot make it"),
+    ),
+    Case(
+        178,
+        "--set for a notebook --only leaves out, wrong type",
+        lambda: cli(
+            "run", "--profile", "cpu", "--only", "00_start_here", "--set", "01_wrong_device.EXACTNESS_TRIALS=2.5"
+        ),
+        X(2, "notebook 01_wrong_device: .*EXACTNESS_TRIALS"),
     ),
     Case(186, "labkit lab --port 8899 (a space)", _lab_argv_port_space, R(bool)),
     Case(

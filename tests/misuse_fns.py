@@ -125,6 +125,28 @@ def ranks_disagree(ctx, n: int = 4096) -> dict:
             C.all_reduce(bufs[0], algorithm="one_shot"), xs, torch.float32, w
         )
 
+    # out of place into a symmetric out: blocks, config and the out's size, each by rank
+    from labkit.kernels.comm import into
+
+    def ws():
+        return symm.empty(n, torch.float32, device=dev, scratch_dir=ctx.scratch_dir, workspace=True)
+
+    into_cases = {
+        "into blocks": lambda b, o: into.all_reduce_into(b, o, blocks=1 + r % 2),
+        "into config": lambda b, o: into.all_reduce_into(b, o, config=C.LaunchConfig(num_warps=4 << r % 2)),
+    }
+    for name, call in into_cases.items():
+        b, o = ws(), mk()
+        found[name] = _error(call, b, o)
+        b.tensor.copy_(x)
+        found[name + ", then agreeing"] = experiments.close_to_sum(into.all_reduce_into(b, o), xs, torch.float32, w)
+    b, outs = ws(), (mk(), mk(n, torch.bfloat16))
+    found["into another out"] = _error(into.all_reduce_into, b, outs[r % 2])
+    b.tensor.copy_(x)
+    found["into another out, then agreeing"] = experiments.close_to_sum(
+        into.all_reduce_into(b, outs[0]), xs, torch.float32, w
+    )
+
     # the exchange runs once per new set of arguments on a buffer: not per call, nor per plan
     exchanges = []
     real = symm.gather

@@ -35,6 +35,17 @@ def test_a_bad_value_is_refused_before_anything_runs(setting, match):
         resolve_jobs(only=[notebook], profile="cpu", sets=[setting])
 
 
+def test_parameters_for_a_notebook_left_out_are_checked_too():
+    """``--only 00_start_here --set 01_wrong_device.EXACTNESS_TRIALS=2.5`` was accepted: only the
+    selected notebooks' parameters were read. A typo for a notebook left out is still a typo."""
+    with pytest.raises(RunError, match="notebook 01_wrong_device: .*EXACTNESS_TRIALS"):
+        resolve_jobs(only=["00_start_here"], profile="cpu", sets=["01_wrong_device.EXACTNESS_TRIALS=2.5"])
+    with pytest.raises(RunError, match="notebook 06_memory_model: parameter LIVE_TESTS"):
+        resolve_jobs(only=["00_start_here"], profile="cpu", sets=["06_memory_model.LIVE_TESTS=[XYZ]"])
+    (job,) = resolve_jobs(only=["00_start_here"], profile="cpu", sets=["01_wrong_device.EXACTNESS_TRIALS=3"])[1]
+    assert job[0] == "00_start_here"
+
+
 def test_the_schema_names_only_parameters_that_exist():
     found = nbs.discover()
     assert set(schema.schemas()) == set(found), "one schema per notebook"

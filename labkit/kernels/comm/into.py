@@ -58,7 +58,7 @@ import weakref
 import torch
 
 from labkit.kernels.comm import collectives as C
-from labkit.kernels.comm import plan
+from labkit.kernels.comm import plan, symm
 from labkit.kernels.comm.symm import SymmBuffer, check_buffer
 from labkit.workbench.errors import UsageError
 from labkit.workbench.guard import on_device
@@ -109,13 +109,38 @@ def into_steps(
 def all_reduce_into(buf, out, *, blocks: int | None = None, config: C.LaunchConfig | None = None) -> torch.Tensor:
     """Sum of ``buf.tensor`` over all ranks into ``out.tensor`` on every rank, out of place
     (``buf.tensor`` unchanged); returns ``out.tensor``. Collective: every rank calls it with
-    its buffers of the same two allocations. blocks, config: as for ``collectives.all_reduce``."""
+    its buffers of the same two allocations. blocks, config: as for ``collectives.all_reduce``.
+    Ranks whose buffers or arguments differ get the same UsageError on every rank (``agree``)."""
     buf, out = check_into(buf, out, blocks, config)
+    agree(buf, out, blocks, config)
     steps = _kept_steps(buf, out, blocks, config) if plan.CACHE_PLANS else into_steps(buf, out, blocks, config)
     with on_device(buf.tensor.device):
         for step in steps:
             step(None)
     return out.tensor
+
+
+def agree(buf: SymmBuffer, out: SymmBuffer, blocks, config) -> None:
+    """Every rank makes the same call: the first time ``buf`` meets these arguments the ranks
+    exchange them (``symm.agree``, one small collective) and every rank raises the same UsageError
+    naming what differs. The rule and its limits are ``plan.agree``'s: remembered on ``buf`` once
+    agreed (later calls exchange nothing), skipped during CUDA-graph capture. Without it, ranks
+    giving different ``blocks`` or ``config`` meet in barriers of different programs and wait
+    until the world's timeout; ranks giving buffers of different sizes read past a peer's."""
+    fields = {
+        "buf": f"allocation #{buf.serial}, {tuple(buf.tensor.shape)} {str(buf.tensor.dtype).replace('torch.', '')}",
+        "out": f"allocation #{out.serial}, {tuple(out.tensor.shape)} {str(out.tensor.dtype).replace('torch.', '')}",
+        "blocks": repr(blocks),
+        "config": repr(config),
+    }
+    key = ("all_reduce_into", *fields.items())
+    if key in buf._agreed:
+        return
+    with on_device(buf.tensor.device):
+        if buf.tensor.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return
+        symm.agree("all_reduce_into", fields, plan.CONTRACT)
+    buf._agreed.add(key)
 
 
 def _kept_steps(buf: SymmBuffer, out: SymmBuffer, blocks, config) -> tuple:

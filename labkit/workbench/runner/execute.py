@@ -204,6 +204,12 @@ def resolve_jobs(
         )
     if timeout_s is not None and not timeout_s > 0:
         raise RunError(f"--timeout {timeout_s!r}: expected a positive number of seconds")
+    # parameters given for a notebook this run leaves out are checked too: a typo there is
+    # still a typo, and the next run that selects the notebook would fail on it
+    for name in sorted(set(overrides) - set(wanted)):
+        nb = nbs.read(found[name])
+        nbs.validate(name, overrides[name], nbs.parameters(nb))
+        schema.check(name, overrides[name])
     jobs = []
     for name in wanted:
         nb = nbs.read(found[name])
