@@ -30,6 +30,9 @@ from labkit.workbench.runner import notebooks as nbs
 from labkit.workbench.runner import profiles
 from labkit.workbench.runner.execute import kernel_env, prepare, resolve_jobs
 
+#: under pytest-xdist (make test) every test of this file runs in one worker: one JupyterLab, one Chromium
+pytestmark = pytest.mark.xdist_group("browser")
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "browser"
 NOTEBOOKS = nbs.discover()
