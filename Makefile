@@ -2,9 +2,12 @@
 # .venv, installing what pyproject.toml lists; they reinstall when pyproject.toml changes.
 #
 #   make workbook   execute every notebook into runs/<timestamp>_<profile>/   (command 1)
-#   make test       run the test suite                                       (command 2)
+#   make test       run the test suite in TEST_WORKERS processes             (command 2)
 #   make lint       ruff check and ruff format --check: the package, tests, scripts, notebooks
 #   make lab        JupyterLab on notebooks/ (labkit lab; --allow-root added as root)
+#
+# LABKIT_EXECUTED_RUN=runs/<timestamp>_cpu make test: the notebook tests read the notebooks that run
+# executed instead of executing them again (docs/testing.md); CI does this after `make workbook`.
 #
 # ARGS goes to the command: `make workbook ARGS="--only 00_start_here"`,
 # `make lab ARGS="--port=8899 --IdentityProvider.token=abc --no-browser"`.
@@ -19,6 +22,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.labkit-installed
 ARGS ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers; --dist loadgroup keeps the browser tests (one JupyterLab, one Chromium) in one
+TEST_WORKERS ?= 2
 
 .PHONY: workbook test lint lab doctor clean
 
@@ -26,7 +31,7 @@ workbook: $(STAMP)
 	$(BIN)/labkit run $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

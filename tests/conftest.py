@@ -5,6 +5,8 @@
   hardware is missing; pytest prints every skip reason at the end of the run (``-ra``).
 * A broken Triton interpreter stops the run at its start, with the one line that says why.
 * ``output_dir``: a notebook output folder of the test's own.
+* ``executed_notebooks``: the workbook's notebooks, each executed at most once per session, or read
+  from the run folder ``LABKIT_EXECUTED_RUN`` names (``executed_run.py``).
 
 The options that split a run over several pytest processes (``--labkit-shard``,
 ``--labkit-skips-to``, ``--labkit-nodeids``: ``labkit gpu-tier``) are the plugin
@@ -47,3 +49,11 @@ def output_dir(tmp_path, monkeypatch):
     d = tmp_path / "out"
     monkeypatch.setenv(results.OUTPUT_ENV, str(d))
     return d
+
+
+@pytest.fixture(scope="session")
+def executed_notebooks(tmp_path_factory):
+    """``executed_notebooks(name)``: that notebook's outcome and executed copy (``executed_run.py``)."""
+    import executed_run
+
+    return executed_run.from_environment(tmp_path_factory.mktemp("workbook"))

@@ -1,4 +1,4 @@
-"""Rank functions for tests/test_ranks.py.
+"""Rank functions for tests/test_ranks.py and tests/test_collectives.py.
 
 They live in a module of their own because every rank imports its function by name: spawned
 ranks get the launcher's sys.path, where pytest has put tests/ (as for ``helpers``).
@@ -121,3 +121,11 @@ def cpu_symm_buffer(ctx) -> str:
     except ValueError as e:
         return str(e)
     return "no error"
+
+
+def check_each(ctx, cases, seed: int) -> list[dict]:
+    """``experiments.check_algorithms`` for each (n, dtype name) of ``cases`` in this one world:
+    a world of interpreted ranks takes longer to start than the checks take."""
+    from labkit.labs.collectives import experiments
+
+    return [r for n, dtype in cases for r in experiments.check_algorithms(ctx, n, dtype, seed)]

@@ -30,6 +30,9 @@ from labkit.workbench.runner import notebooks as nbs
 from labkit.workbench.runner import profiles
 from labkit.workbench.runner.execute import kernel_env, prepare, resolve_jobs
 
+#: under pytest-xdist (make test) every test of this file runs in one worker: one JupyterLab, one Chromium
+pytestmark = pytest.mark.xdist_group("browser")
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "browser"
 NOTEBOOKS = nbs.discover()
@@ -321,34 +324,14 @@ def _smallest_notebook_with_figures() -> str:
 
 @pytest.mark.browser
 @pytest.mark.notebook
-def test_run_index_links_and_thumbnails_resolve(lab, capsys):
+def test_run_index_links_and_thumbnails_resolve(lab, executed_notebooks, capsys):
+    """The index.html of the run LABKIT_EXECUTED_RUN names (every notebook), or else of the run
+    that executed the smallest notebook with figures for this session."""
     name = _smallest_notebook_with_figures()
-    runs = lab.run_dir / "labkit_run"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "labkit",
-            "run",
-            "--profile",
-            PROFILE,
-            "--only",
-            name,
-            "--runs-dir",
-            str(runs),
-            "--no-progress",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=_timeout(name) + 120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    m = re.search(r"^index: (.+index\.html)$", proc.stdout, re.M)
-    assert m, proc.stdout
-    run_dir = Path(m.group(1)).parent
+    run_dir = executed_notebooks(name).run_dir
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert any(r["figures"] for r in summary["results"]), f"{name} saved no figure: no thumbnail to check"
+    assert any(r["figures"] for r in summary["results"]), f"{run_dir}: no figure saved: no thumbnail to check"
     problems, lines = jb.check_index(lab.ctx, run_dir)
     with capsys.disabled():
-        print(f"\nlabkit run --only {name}: {run_dir / 'index.html'}\n  " + "\n  ".join(lines + problems))
+        print(f"\n{run_dir / 'index.html'}\n  " + "\n  ".join(lines + problems))
     assert not problems, "\n".join(problems)

@@ -69,3 +69,16 @@ def test_run_only_given_twice_runs_both():
 
     args = cli._parser().parse_args(["run", "--only", "02_collectives", "--only", "06_memory_model", "00_start_here"])
     assert args.only == ["02_collectives", "06_memory_model", "00_start_here"]
+
+
+def test_run_prints_its_table_and_index(tmp_path, monkeypatch, capsys):
+    """What `make workbook` ends with: the table and the line naming the run's index.html."""
+    from labkit.workbench import cli, runner
+    from labkit.workbench.runner.execute import NotebookResult, RunReport
+
+    report = RunReport(tmp_path / "run", "cpu", [NotebookResult("00_start_here", "ran", seconds=1.5)])
+    monkeypatch.setattr(runner, "run", lambda **kwargs: report)
+    assert cli.main(["run", "--only", "00_start_here", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "00_start_here" in out and "1 ran, 0 skipped, 0 failed" in out
+    assert out.rstrip().splitlines()[-1] == f"index: {tmp_path / 'run' / 'index.html'}"

@@ -33,24 +33,39 @@ def _check(w, n, dtype, trials=1, config=None):
 
 
 @pytest.mark.parametrize("w", _world_sizes())
-def test_every_algorithm_sums_right_with_odd_sizes(w):
-    n = 4096 * 2 + 3 * w + 1 if tier.interpreted() else (1 << 20) + 7
-    rows = _check(w, n, "bfloat16")
-    assert {r["algorithm"] for r in rows if r["op"] == "all_reduce"} == {
+def test_every_algorithm_and_op_sums_right_in_both_dtypes(w):
+    """bf16 at an odd size (tails; all-reduce only, n not a multiple of W) and fp32 at a multiple
+    of W (reduce-scatter and all-gather too), in one world of W ranks."""
+    odd = 4096 * 2 + 3 * w + 1 if tier.interpreted() else (1 << 20) + 7
+    whole = 1000 * w if tier.interpreted() else (1 << 22) * w
+    seed = secrets.randbelow(2**20)  # fresh inputs every run; printed on failure
+    res = run_ranks("rank_fns:check_each", w, [(odd, "bfloat16"), (whole, "float32")], seed, timeout=300)
+    rows = [r for per_rank in res.unwrap() for r in per_rank]
+    bad = [r for r in rows if not (r["correct"] and r["pads_zero"])]
+    assert not bad, f"seed {seed}: {bad}"
+    bf16 = [r for r in rows if r["dtype"] == "bfloat16"]
+    fp32 = [r for r in rows if r["dtype"] == "float32"]
+    assert {r["algorithm"] for r in bf16 if r["op"] == "all_reduce"} == {
         "one_shot",
         "two_shot",
         "tree",
         "two_shot_in_place",
         "two_shot_ce_in_place",
     }
+    assert {r["op"] for r in fp32} == {"all_reduce", "reduce_scatter", "all_gather"}
+    assert {r["algorithm"] for r in fp32 if r["op"] == "all_gather"} == {"direct", "naive"}  # both read orders
 
 
-@pytest.mark.parametrize("w", _world_sizes())
-def test_fp32_and_scatter_gather(w):
-    n = 1000 * w if tier.interpreted() else (1 << 22) * w
-    rows = _check(w, n, "float32")
-    assert {r["op"] for r in rows} == {"all_reduce", "reduce_scatter", "all_gather"}
-    assert {r["algorithm"] for r in rows if r["op"] == "all_gather"} == {"direct", "naive"}  # both read orders
+def test_check_dtypes_and_push_series_refuse_bad_arguments():
+    import types
+
+    ctx = types.SimpleNamespace(world_size=2, rank=0)
+    with pytest.raises(ValueError, match="check_dtypes: n=0"):
+        experiments.check_dtypes(ctx, 0)
+    with pytest.raises(ValueError, match="check_dtypes: dtype_names='float32'"):
+        experiments.check_dtypes(ctx, 8, "float32")
+    with pytest.raises(ValueError, match="push_trials_per_slots: slot_counts=2"):
+        experiments.push_trials_per_slots(ctx, 2, 8)
 
 
 @pytest.mark.skipif(

@@ -108,16 +108,16 @@ def test_profile_overrides_name_real_parameters(profile):
 
 @pytest.mark.notebook
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
-def test_notebook_executes(name, tmp_path, monkeypatch):
-    # As on a headless GPU node that exports MPLBACKEND=Agg: the runner still gives the kernel the
-    # inline backend, so every figure is in the executed notebook, not only on disk.
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    rep = run(only=[name], runs_dir=tmp_path, progress=False)
-    (res,) = rep.results
+def test_notebook_executes(name, executed_notebooks):
+    # Executed with MPLBACKEND=Agg exported, as on a headless GPU node (or read from the run
+    # LABKIT_EXECUTED_RUN names, which .ci/run makes the same way): the runner still gives the
+    # kernel the inline backend, so every figure is in the executed notebook, not only on disk.
+    done = executed_notebooks(name)
+    res = done.result
     assert res.status == "ran", f"{name}: {res.line()}"
     for part in res.skipped_parts:
         print(f"{name}: part skipped here: {part['part']}: {part['reason']}")
-    cells = json.loads((rep.run_dir / res.output).read_text(encoding="utf-8"))["cells"]
+    cells = json.loads(done.notebook.read_text(encoding="utf-8"))["cells"]
     assert not _cell_id_problems(cells), f"{name}: {_cell_id_problems(cells)}"
     images = 0
     for i, cell in enumerate(c for c in cells if c["cell_type"] == "code"):

@@ -83,7 +83,14 @@ def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in readme and "make workbook" in readme
-    assert re.search(r"^\s*make test\b", ci, re.M), ".ci/run must run the README's test command"
+    env = r"^\s*(?:\w+=\S+\s+)*"  # a command line, after any VAR=value
+    assert re.search(env + r"make test\b", ci, re.M), ".ci/run must run the README's test command"
+    # every notebook executes once: make workbook, then the tests read that run
+    workbook = re.search(env + r"make workbook\b", ci, re.M)
+    test = re.search(r"^\s*LABKIT_EXECUTED_RUN=\S+\s+make test\b", ci, re.M)
+    assert workbook and test and workbook.start() < test.start(), (
+        ".ci/run must run make workbook, then make test with LABKIT_EXECUTED_RUN naming that run"
+    )
 
 
 def test_every_notebook_is_a_ready_lab_and_every_ready_lab_has_a_notebook():

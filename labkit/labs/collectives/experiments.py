@@ -3,6 +3,8 @@
 * ``check_algorithms``: every algorithm and op against an fp64 reference on fresh inputs, and
   the signal pads back at zero afterwards: what the tests and the notebook's correctness table run
   (the all-gather in both orders: "direct", the default rotated one, and "naive").
+* ``check_dtypes``: ``check_algorithms`` for several dtypes in one world (the notebook's table:
+  starting a world costs more than checking, seconds per rank under the interpreter).
 * ``check_all_gather_orders``: both all-gather orders, eager and planned, on several fresh inputs.
 * ``broken_trials``: the deliberately broken variants under load. Many collectives are queued
   back to back, each on new inputs, with one rank made late before some of them (a GPU sleep, or
@@ -418,6 +420,20 @@ def one_rank(ctx) -> str:
     return "no error"
 
 
+def check_dtypes(ctx, n: int, dtype_names=("bfloat16", "float32"), seed: int = 0) -> list[dict]:
+    """``check_algorithms`` once per dtype in this world, on ``n`` elements per rank; float32 takes
+    ``n`` rounded up to a multiple of the world size so that reduce-scatter and all-gather run too."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"check_dtypes: n={n!r}: expected a positive int")
+    if isinstance(dtype_names, str) or not dtype_names:
+        raise ValueError(f"check_dtypes: dtype_names={dtype_names!r}: expected a non-empty list of dtype names")
+    w = ctx.world_size
+    rows = []
+    for name in dtype_names:
+        rows += check_algorithms(ctx, n if name != "float32" else n + (-n) % w, name, seed)
+    return rows
+
+
 def push_trials(
     ctx,
     n: int,
@@ -462,6 +478,19 @@ def push_trials(
             hashlib.sha1(y.cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16] for y in outs
         ],
     }
+
+
+def push_trials_per_slots(ctx, slot_counts, n: int, dtype_name: str = "float32", seed: int = 0, calls: int = 6, **kw):
+    """``push_trials`` once per slot count in ``slot_counts``, in this world, each on its own inbox
+    (a barrier between them: no rank starts the next series while a peer is in the last one).
+    Returns {slots: this rank's push_trials result}."""
+    if isinstance(slot_counts, int) or not slot_counts:
+        raise ValueError(f"push_trials_per_slots: slot_counts={slot_counts!r}: expected a non-empty list")
+    out = {}
+    for slots in slot_counts:
+        out[slots] = push_trials(ctx, n, dtype_name, seed, calls, slots=slots, **kw)
+        ctx.barrier()
+    return out
 
 
 def into_trials(
