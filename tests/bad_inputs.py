@@ -276,14 +276,21 @@ def _fp8_inf_step():
 
 
 def _fp8_first_step_clamps():
+    """The first step has no history (scale 1: 1e6 * x saturates at 448); the second, given the
+    same input, scales by the first step's amax and comes out within E4M3's rounding bound: each
+    operand rounded with relative error <= 2**-4, so |y - ref| <= (2 * 2**-4 + 2**-8) |x| @ |w|^T.
+    The same input twice: a fresh one whose amax exceeds the first's would saturate again, by
+    design of delayed scaling, and a tolerance on max |y| passed or failed with the draw."""
     lin = _fp8_linear(16, 16, 4)
     recipe = DelayedScaling(amax_history_len=4)
+    x = 1e6 * rnd(16, 16)
     with fp8_autocast(recipe=recipe):
-        lin(1e6 * rnd(16, 16))
-    x2 = 1e6 * rnd(16, 16)
+        lin(x)
     with fp8_autocast(recipe=recipe):
-        y2 = lin(x2)
-    return close(y2, x2.double() @ lin.weight.double().T, 0.1)
+        y = lin(x)
+    xd, wd = x.double().cpu(), lin.weight.double().cpu()
+    bound = (2 * 2.0**-4 + 2.0**-8) * (xd.abs() @ wd.abs().T)
+    return bool(((y.double().cpu() - xd @ wd.T).abs() <= bound).all())
 
 
 def _nested_autocast():
