@@ -5,6 +5,8 @@
 #   make test       run the test suite                                       (command 2)
 #   make lint       ruff check and ruff format --check: the package, tests, scripts, notebooks
 #   make lab        JupyterLab on notebooks/ (labkit lab; --allow-root added as root)
+#   make site       static HTML in site/: README, docs/, the notebooks as the newest complete CPU run
+#                   under runs/ executed them (or LABKIT_EXECUTED_RUN), the API reference (docs/site.md)
 #
 # ARGS goes to the command: `make workbook ARGS="--only 00_start_here"`,
 # `make lab ARGS="--port=8899 --IdentityProvider.token=abc --no-browser"`.
@@ -20,7 +22,7 @@ STAMP := $(VENV)/.labkit-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: workbook test lint lab doctor clean
+.PHONY: workbook test lint lab site doctor clean
 
 workbook: $(STAMP)
 	$(BIN)/labkit run $(ARGS)
@@ -35,6 +37,9 @@ lint: $(STAMP)
 lab: $(STAMP)
 	$(BIN)/labkit lab $(ARGS)
 
+site: $(STAMP)
+	$(BIN)/python scripts/build_site.py --out site
+
 doctor: $(STAMP)
 	$(BIN)/labkit doctor
 
@@ -45,4 +50,4 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache site
