@@ -7,6 +7,8 @@ temporary folder and runs ``sphinx-build -c docs`` on it, so this file is the on
 
 import os
 
+from docutils import nodes
+
 project = "labkit"
 author = "the labkit authors"
 copyright = "the labkit authors"
@@ -30,9 +32,9 @@ nb_merge_streams = True
 
 # GitHub-style anchors for headings, so README and docs links such as `labs.md#lab-02` resolve.
 myst_heading_anchors = 4
-myst_enable_extensions = ["colon_fence", "dollarmath"]
-# `$` in prose (shell prompts, prices) stays text unless it is a formula.
-myst_dmath_double_inline = True
+# No math extension: the pages hold no formulas, and without one no page loads MathJax from a CDN
+# (the site works offline; a `$` in prose stays text).
+myst_enable_extensions = ["colon_fence"]
 
 # A package page documents what the package itself defines; what it re-exports (its __all__) is
 # documented once, on the page of the module that defines it.
@@ -59,3 +61,15 @@ suppress_warnings = [
     "myst.header",  # a notebook or page that starts below level 1 (notebooks' own structure)
     "mystnb.unknown_mime_type",  # an output type no HTML renderer takes: shown as its text instead
 ]
+
+
+def _markup_as_written(app, doctree):
+    """Docstring text docutils could not parse as markup (an ``|x|``, a lone ``*``) is shown as
+    written: a plain text node, not a "problematic" one linking to a message the site leaves out."""
+    for node in list(doctree.findall(nodes.problematic)):
+        node.replace_self(nodes.Text(node.astext()))
+
+
+def setup(app):
+    app.connect("doctree-read", _markup_as_written)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -29,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_ENV = "LABKIT_EXECUTED_RUN"
+#: In the built site: the run folder it shows and each notebook's page.
+MANIFEST = "build.json"
 #: What a user imports beyond the kernels: the modules docs/api.md names are added to these.
 API_PACKAGES = ("labkit/kernels",)
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -147,6 +149,8 @@ class Stage:
                     out["data"] = {"text/plain": WIDGET_NOTE}
                     widgets += 1
                 images += any(k.startswith("image/") for k in out.get("data", {}))
+        # the widgets' saved state: with it MyST-NB would load the widget manager from a CDN
+        nb.get("metadata", {}).pop("widgets", None)
         dest = self.folder / self.docs[source]
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(json.dumps(nb))
@@ -290,6 +294,9 @@ def build(out: Path, run: str | None = None, runs_dir: Path | None = None, root:
         bad = broken_refs(fresh)
         if bad:
             raise SiteError(f"{len(bad)} link(s) on the built pages name no file: " + "; ".join(bad[:10]))
+        # what the site was built from: the browser test compares each notebook page with it
+        manifest = {"run": str(run_dir), "notebooks": {n: f"notebooks/{n}.html" for n in names}}
+        (fresh / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         if out.exists():
             shutil.rmtree(out)
         shutil.copytree(fresh, out)
