@@ -65,9 +65,9 @@ suppress_warnings = [
 
 def _markup_as_written(app, doctree):
     """Docstring text docutils could not parse as markup (an ``|x|``, a lone ``*``) is shown as
-    written: a plain text node, not a "problematic" one linking to a message the site leaves out."""
+    written: plain inline text, not a "problematic" node linking to a message the site leaves out."""
     for node in list(doctree.findall(nodes.problematic)):
-        node.replace_self(nodes.Text(node.astext()))
+        node.replace_self(nodes.inline(node.astext(), node.astext()))
 
 
 def setup(app):

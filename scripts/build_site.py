@@ -206,7 +206,13 @@ def write_api(stage: Stage, modules: list[str]) -> None:
 def landing_toc(stage: Stage, run_dir: Path) -> str:
     """What the staged README gets at its end: where the site's other pages are, and the trees
     Sphinx needs to place every page in the navigation."""
-    docs = [v[:-3] for k, v in stage.docs.items() if k.startswith("docs/")]
+    # docs/index.md first, then in the order its table lists them, then any it does not list
+    listed = re.findall(r"\]\(([\w.-]+\.md)\)", (stage.root / "docs" / "index.md").read_text())
+    order = ["index.md", *listed]
+    docs = sorted(
+        (v[:-3] for k, v in stage.docs.items() if k.startswith("docs/")),
+        key=lambda d: (order.index(d[5:] + ".md") if d[5:] + ".md" in order else len(order), d),
+    )
     nbs = [v[: -len(".ipynb")] for k, v in stage.docs.items() if k.startswith("notebooks/")]
     lines = [
         "",
