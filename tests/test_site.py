@@ -34,6 +34,11 @@ SITE_ENV = "LABKIT_SITE_DIR"
 # --- what the site is built from (no browser, no Sphinx) --------------------------------------
 
 
+def _stamp(day: int) -> str:
+    """A run folder's timestamp (UTC, as labkit run names them) on the given day of one month."""
+    return f"2026-01-{day:02d}T00-00-00Z"
+
+
 def _fake_run(runs: Path, stamp: str, profile="cpu", complete=True, names=NAMES, status="ran") -> Path:
     run = runs / f"{stamp}_{profile}"
     results = []
@@ -48,21 +53,21 @@ def _fake_run(runs: Path, stamp: str, profile="cpu", complete=True, names=NAMES,
 
 def test_the_newest_complete_cpu_run_of_every_notebook_is_shown(tmp_path, monkeypatch):
     monkeypatch.delenv(build_site.RUN_ENV, raising=False)
-    good = _fake_run(tmp_path, "2026-01-01T00-00-00Z")
-    _fake_run(tmp_path, "2026-01-02T00-00-00Z", names=NAMES[:1])  # an --only run
-    _fake_run(tmp_path, "2026-01-03T00-00-00Z", complete=False)  # stopped
-    _fake_run(tmp_path, "2026-01-04T00-00-00Z", status="failed")
-    _fake_run(tmp_path, "2026-01-05T00-00-00Z", profile="gpu")
-    (tmp_path / "2026-01-06T00-00-00Z_cpu").mkdir()  # still running: no summary
+    good = _fake_run(tmp_path, _stamp(1))
+    _fake_run(tmp_path, _stamp(2), names=NAMES[:1])  # an --only run
+    _fake_run(tmp_path, _stamp(3), complete=False)  # stopped
+    _fake_run(tmp_path, _stamp(4), status="failed")
+    _fake_run(tmp_path, _stamp(5), profile="gpu")
+    (tmp_path / f"{_stamp(6)}_cpu").mkdir()  # still running: no summary
     assert build_site.find_run(None, tmp_path, NAMES) == good
 
 
 def test_a_named_run_is_used_or_refused_with_the_reason(tmp_path, monkeypatch):
-    partial = _fake_run(tmp_path, "2026-01-02T00-00-00Z", names=NAMES[:1])
+    partial = _fake_run(tmp_path, _stamp(2), names=NAMES[:1])
     monkeypatch.setenv(build_site.RUN_ENV, str(partial))
     with pytest.raises(build_site.SiteError, match=f"{build_site.RUN_ENV}.*notebook {NAMES[1]} was not run"):
         build_site.find_run(None, tmp_path, NAMES)
-    good = _fake_run(tmp_path / "elsewhere", "2026-01-01T00-00-00Z")
+    good = _fake_run(tmp_path / "elsewhere", _stamp(1))
     monkeypatch.setenv(build_site.RUN_ENV, str(good))
     assert build_site.find_run(None, tmp_path, NAMES) == good
 
