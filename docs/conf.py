@@ -21,7 +21,9 @@ extensions = [
 ]
 
 root_doc = "index"
-exclude_patterns = ["_build", "**.ipynb_checkpoints", "jupyter_execute"]
+# _repo holds copies of repository files that pages link to (build_site.py): downloads, never
+# pages, even where one is a .md or .ipynb file.
+exclude_patterns = ["_build", "**.ipynb_checkpoints", "jupyter_execute", "_repo"]
 
 # The notebooks are shown as the CPU run executed them: never run here.
 nb_execution_mode = "off"

@@ -35,8 +35,14 @@ MANIFEST = "build.json"
 API_PACKAGES = ("labkit/kernels",)
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 WIDGET_NOTE = "[an interactive panel: it needs a running kernel. Open the notebook in JupyterLab (make lab) to use it]"
-#: Markdown inline links and images: ](target) or ](target "title")
-_LINK = re.compile(r"(\]\()(<[^>]+>|[^)\s]+)((?:\s+\"[^\"]*\")?\))")
+#: The target of a Markdown link or image: (target) or (<target>) or (target "title")
+_TARGET = r"(<[^>]+>|[^)\s]+)((?:\s+\"[^\"]*\")?\))"
+#: ![alt](target): an image
+_IMAGE = re.compile(r"(!\[[^\]]*\]\()" + _TARGET)
+#: [text](target), not an image; the text may hold one level of brackets ([![badge](x.png)](y))
+_LINK = re.compile(r"((?<!!)\[(?:[^\[\]]|\[[^\[\]]*\])*\]\()" + _TARGET)
+#: <img src="target"> in raw HTML, which Sphinx passes through without copying the file
+_RAW_IMG = re.compile(r"(<img\b[^>]*?\bsrc=)[\"']([^\"']+)([\"'])", re.I)
 
 
 class SiteError(Exception):
@@ -104,29 +110,37 @@ class Stage:
         self.docs.update({f"docs/{p.name}": f"docs/{p.name}" for p in sorted((root / "docs").glob("*.md"))})
         self.docs.update({f"notebooks/{n}.ipynb": f"notebooks/{n}.ipynb" for n in notebook_names(root)})
         self.copied: set[str] = set()
+        self.raw: set[str] = set()  # files raw HTML names: copied into the built site as they are
 
-    def link(self, target: str, source: str) -> str:
-        """``target`` as written in the repository file ``source``, rewritten for the stage."""
+    def link(self, target: str, source: str, kind: str = "link") -> str:
+        """``target`` as written in the repository file ``source``, rewritten for the stage.
+        ``kind``: "link", "image" (Markdown) or "raw" (an <img src> of raw HTML)."""
         bare = target[1:-1] if target.startswith("<") else target
         if re.match(r"^[a-z][a-z0-9+.-]*:", bare, re.I) or bare.startswith(("#", "/")):
             return target  # a URL, an anchor on the page, or an absolute path (left for Sphinx to judge)
         path, _, anchor = bare.partition("#")
         repo_path = os.path.normpath(os.path.join(os.path.dirname(source), urllib.parse.unquote(path)))
-        here = os.path.dirname(self.docs.get(source, source))
-        if repo_path in self.docs:
-            new = os.path.relpath(self.docs[repo_path], here or ".")
+        here = os.path.dirname(self.docs.get(source, source)) or "."
+        if repo_path in self.docs and kind == "link":
+            new = os.path.relpath(self.docs[repo_path], here)
         elif (self.root / repo_path).is_file() and not repo_path.startswith(".."):
-            # any other file of the repository: copied beside, so MyST links its copy (a download)
+            # any other file of the repository: copied into the stage under _repo/. A link uses MyST's
+            # path: scheme, so the site serves the copy as a download (a .md or .ipynb file too, which
+            # MyST would otherwise take for a page); an image is copied by Sphinx as any image is.
             dest = self.folder / "_repo" / repo_path
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self.root / repo_path, dest)
             self.copied.add(repo_path)
-            new = os.path.relpath(f"_repo/{repo_path}", here or ".")
+            if kind == "raw":
+                self.raw.add(repo_path)
+            new = ("path:" if kind == "link" else "") + os.path.relpath(f"_repo/{repo_path}", here)
         else:
-            return target  # Sphinx reports it (a broken link fails the build)
+            return target  # Sphinx reports it, or the check of the built pages does: the build fails
         return new + (f"#{anchor}" if anchor else "")
 
     def markdown(self, text: str, source: str) -> str:
+        text = _IMAGE.sub(lambda m: m.group(1) + self.link(m.group(2), source, "image") + m.group(3), text)
+        text = _RAW_IMG.sub(lambda m: m.group(1) + '"' + self.link(m.group(2), source, "raw") + '"', text)
         return _LINK.sub(lambda m: m.group(1) + self.link(m.group(2), source) + m.group(3), text)
 
     def write_page(self, source: str, text: str) -> None:
@@ -241,7 +255,7 @@ def stage_sources(folder: Path, run_dir: Path, root: Path = ROOT) -> dict:
     for name in notebook_names(root):
         counts[name] = stage.write_notebook(f"notebooks/{name}.ipynb", outputs[name])
     write_api(stage, module_files(root))
-    return {"notebooks": counts, "copied": sorted(stage.copied)}
+    return {"notebooks": counts, "copied": sorted(stage.copied), "raw": sorted(stage.raw)}
 
 
 # --- build and check --------------------------------------------------------------------------
@@ -297,6 +311,9 @@ def build(out: Path, run: str | None = None, runs_dir: Path | None = None, root:
         fresh = Path(tmp) / "html"
         sphinx(Path(tmp) / "src", fresh, Path(tmp) / "doctrees", root)
         (fresh / ".buildinfo").unlink(missing_ok=True)
+        for repo_path in staged["raw"]:  # raw HTML's images, where its rewritten src looks for them
+            (fresh / "_repo" / repo_path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / repo_path, fresh / "_repo" / repo_path)
         bad = broken_refs(fresh)
         if bad:
             raise SiteError(f"{len(bad)} link(s) on the built pages name no file: " + "; ".join(bad[:10]))

@@ -99,11 +99,25 @@ def test_links_are_pointed_at_the_pages_and_files_of_the_site(tmp_path):
     assert stage.link("02_collectives.ipynb", "notebooks/01_wrong_device.ipynb") == "02_collectives.ipynb"
     assert stage.link("../docs/labs.md", "notebooks/01_wrong_device.ipynb") == "../docs/labs.md"
     # any other file of the repository: a copy in the site, which Sphinx serves as a download
-    assert stage.link("../labkit/kernels/copy.py", "docs/api.md") == "../_repo/labkit/kernels/copy.py"
+    # (MyST's path: scheme; a .md file too, which MyST would otherwise take for a page)
+    assert stage.link("../labkit/kernels/copy.py", "docs/api.md") == "path:../_repo/labkit/kernels/copy.py"
     assert (tmp_path / "_repo/labkit/kernels/copy.py").read_bytes() == (ROOT / "labkit/kernels/copy.py").read_bytes()
+    assert stage.link("../labkit/../README.md", "docs/api.md") == "../index.md"
+    assert stage.link("../tests/fixtures/browser/broken_widgets.ipynb", "docs/x.md").startswith("path:../_repo/tests/")
     assert stage.link("../no/such/file.py", "docs/api.md") == "../no/such/file.py"  # left for Sphinx to fail
-    text = stage.markdown('[a](../README.md "home") and ![b](<../labkit/kernels/copy.py>)', "docs/x.md")
-    assert text == '[a](../index.md "home") and ![b](../_repo/labkit/kernels/copy.py)'
+    text = stage.markdown('[a](../README.md "home") and [![b](x.png)](../labkit/kernels/copy.py)', "docs/x.md")
+    assert text == '[a](../index.md "home") and [![b](x.png)](path:../_repo/labkit/kernels/copy.py)'
+
+
+def test_images_of_the_repository_are_copied_where_the_pages_look_for_them(tmp_path):
+    """A Markdown image is copied into the stage (Sphinx copies it on); raw HTML's <img src> is
+    copied into the built site by build_site.build (Sphinx passes raw HTML through untouched)."""
+    rel = "labkit/py.typed"  # any file of the repository: the rewrite does not look inside
+    stage = build_site.Stage(tmp_path)
+    md = stage.markdown(f'![fig](<{rel}> "t") <img src="{rel}" width="50%">', "README.md")
+    assert md == f'![fig](_repo/{rel} "t") <img src="_repo/{rel}" width="50%">'
+    assert (tmp_path / "_repo" / rel).is_file() and stage.raw == {rel}
+    assert stage.markdown(f"![fig](../{rel})", "docs/x.md") == f"![fig](../_repo/{rel})"
 
 
 def test_the_executed_notebook_is_staged_with_its_outputs_and_widgets_replaced(tmp_path):
