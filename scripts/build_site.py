@@ -262,7 +262,7 @@ def stage_sources(folder: Path, run_dir: Path, root: Path = ROOT) -> dict:
 
 
 def sphinx(stage: Path, out: Path, doctrees: Path, root: Path = ROOT) -> None:
-    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-W", "--keep-going", "-j", "auto"]
+    cmd = [sys.executable, "-m", "sphinx", "-b", "html", "-q", "-W", "--keep-going"]
     cmd += ["-c", str(root / "docs"), "-d", str(doctrees), str(stage), str(out)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(":")}
     proc = subprocess.run(cmd, env=env, text=True, capture_output=True)

@@ -8,6 +8,7 @@ one built here into a temporary folder from the newest complete CPU run (or LABK
 else it is skipped with the reason: executing every notebook inside a test would take too long.
 """
 
+import base64
 import importlib.util
 import json
 import os
@@ -255,8 +256,9 @@ class _Targets:
         return None
 
 
-@pytest.mark.browser
-def test_every_page_of_the_site_loads_in_a_browser(site_dir, tmp_path, capsys):
+def walk_site(site_dir: Path, profile_dir: Path) -> tuple[list[str], str]:
+    """Serve ``site_dir`` with ``python -m http.server`` and open every page of it in Chromium.
+    Returns the problems (one line each, naming the page) and a line saying what was walked."""
     manifest = json.loads((site_dir / build_site.MANIFEST).read_text())
     run = Path(manifest["run"])
     assert (run / "summary.json").is_file(), f"the site shows run {run}, which is not here: its notebooks are compared"
@@ -266,7 +268,7 @@ def test_every_page_of_the_site_loads_in_a_browser(site_dir, tmp_path, capsys):
     problems, counts, started = [], {"links": 0, "images": 0}, time.monotonic()
     server, base = _serve(site_dir)
     try:
-        with jb.chromium(tmp_path / "chromium-profile") as ctx:
+        with jb.chromium(profile_dir) as ctx:
             page = ctx.new_page()
             errors: list[str] = []
             # a failed load is named by its URL (the console's line for it does not say which); the
@@ -320,9 +322,58 @@ def test_every_page_of_the_site_loads_in_a_browser(site_dir, tmp_path, capsys):
     finally:
         server.terminate()
         server.wait(10)
+    line = (
+        f"site {site_dir} (run {run.name}): {len(pages)} pages, {counts['links']} links "
+        f"({len(targets.seen)} targets), {counts['images']} images in {time.monotonic() - started:.0f} s"
+    )
+    return problems, line
+
+
+@pytest.mark.browser
+def test_every_page_of_the_site_loads_in_a_browser(site_dir, tmp_path, capsys):
+    problems, line = walk_site(site_dir, tmp_path / "chromium-profile")
     with capsys.disabled():
-        print(
-            f"\nsite {site_dir} (run {run.name}): {len(pages)} pages, {counts['links']} links "
-            f"({len(targets.seen)} targets), {counts['images']} images in {time.monotonic() - started:.0f} s"
-        )
+        print(f"\n{line}")
     assert not problems, f"{len(problems)} problem(s):\n" + "\n".join(problems[:60])
+
+
+#: A 1x1 PNG.
+_PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+)
+
+
+@pytest.mark.browser
+def test_the_walk_names_each_fault_planted_in_a_site(tmp_path):
+    """A two-page site with one of each fault the walk looks for; it must name every one."""
+    if jb.missing():
+        pytest.skip(f"browser tests: {jb.missing()}")  # the site_dir fixture fails it under CI
+    run, site = tmp_path / "run", tmp_path / "site"
+    (run / "nb").mkdir(parents=True)
+    (site / "notebooks").mkdir(parents=True)
+    figure = {"output_type": "display_data", "data": {"image/png": "x", "text/plain": "<Figure>"}}
+    (run / "nb" / "nb.ipynb").write_text(json.dumps({"cells": [{"cell_type": "code", "outputs": [figure, figure]}]}))
+    (run / "summary.json").write_text(json.dumps({"results": [{"name": "nb", "output": "nb/nb.ipynb"}]}))
+    manifest = {"run": str(run), "notebooks": {"nb": "notebooks/nb.html"}}
+    (site / build_site.MANIFEST).write_text(json.dumps(manifest))
+    (site / "fig.png").write_bytes(_PNG)
+    (site / "index.html").write_text(
+        '<a href="notebooks/nb.html#top">ok</a> <a href="missing.html">gone</a> <a href="notebooks/nb.html#nope">x</a>'
+        '<img src="fig.png"> <img src="lost.png"> <script>console.error("planted error")</script>'
+    )
+    (site / "notebooks" / "nb.html").write_text(
+        '<h1 id="top">nb</h1><div class="cell_output"><img src="../fig.png"></div>'
+        '<img src="http://example.invalid/cdn.png">'
+    )
+    problems, _ = walk_site(site, tmp_path / "chromium-profile")
+    text = "\n".join(problems)
+    for expected in (
+        "index.html: link /missing.html: HTTP 404",
+        "index.html: link /notebooks/nb.html#nope: no element with id 'nope' there",
+        "/lost.png does not load",
+        "index.html: console: planted error",
+        "notebooks/nb.html: console: fetches http://example.invalid/cdn.png from outside the site",
+        "notebooks/nb.html: 1 figure(s) on the page, 2 in the executed notebook",
+    ):
+        assert expected in text, f"{expected!r} not among:\n{text}"
+    assert not any("fig.png does not load" in p or "#top" in p for p in problems), text
