@@ -5,6 +5,8 @@
 #   make test       run the test suite in TEST_WORKERS processes             (command 2)
 #   make lint       ruff check and ruff format --check: the package, tests, scripts, notebooks
 #   make lab        JupyterLab on notebooks/ (labkit lab; --allow-root added as root)
+#   make site       static HTML in site/: README, docs/, the notebooks as the newest complete CPU run
+#                   under runs/ executed them (or LABKIT_EXECUTED_RUN), the API reference (docs/site.md)
 #
 # LABKIT_EXECUTED_RUN=runs/<timestamp>_cpu make test: the notebook tests read the notebooks that run
 # executed instead of executing them again (docs/testing.md); CI does this after `make workbook`.
@@ -25,7 +27,7 @@ PYTEST_ARGS ?=
 # pytest-xdist workers; --dist loadgroup keeps the browser tests (one JupyterLab, one Chromium) in one
 TEST_WORKERS ?= 2
 
-.PHONY: workbook test lint lab doctor clean
+.PHONY: workbook test lint lab site doctor clean
 
 workbook: $(STAMP)
 	$(BIN)/labkit run $(ARGS)
@@ -40,6 +42,9 @@ lint: $(STAMP)
 lab: $(STAMP)
 	$(BIN)/labkit lab $(ARGS)
 
+site: $(STAMP)
+	$(BIN)/python scripts/build_site.py --out site
+
 doctor: $(STAMP)
 	$(BIN)/labkit doctor
 
@@ -50,4 +55,4 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache site
