@@ -123,20 +123,35 @@ def test_solutions_are_injected_into_a_copy(tmp_path):
     nbformat.write(nb, path)
     profiles = folder / "profiles.yml"
     profiles.write_text("cpu:\n  timeout_s: 120\n  notebooks: {}\ngpu:\n  timeout_s: 120\n  notebooks: {}\n")
-    for solutions, passed in ((False, False), (True, True)):
+    for solutions, only, passed in ((False, False, False), (True, False, True), (True, True, True)):
         report = run(
             profile="cpu",
-            runs_dir=tmp_path / f"runs-{solutions}",
+            runs_dir=tmp_path / f"runs-{solutions}-{only}",
             notebooks_dir=folder,
             profiles_file=profiles,
             progress=False,
             solutions=solutions,
+            exercises_only=only,
         )
         (result,) = report.results
         assert result.status == "ran", result.detail
         assert [v["passed"] for v in result.exercises] == [passed]
         summary = json.loads((report.run_dir / "summary.json").read_text())
-        assert summary["solutions"] is solutions and summary["results"][0]["exercises"][0]["exercise"] == name
+        assert summary["solutions"] is solutions and summary["exercises_only"] is only
+        assert summary["results"][0]["exercises"][0]["exercise"] == name
         assert not (report.run_dir / ".solved").exists()
         assert report.exit_code == 0
     assert nbformat.read(path, as_version=4).cells[3].source == _starter(name)
+
+
+@pytest.mark.parametrize("lab", ["01", "02", "03", "04", "05", "06"])
+def test_exercises_only_keeps_every_exercise_and_drops_the_story(lab):
+    """``labkit run --exercises-only``: the title, the parameters, ``import labkit``, and each
+    exercise's statement, answer and check cells; nothing of the story between them."""
+    names = [n for n in EXERCISES if n.startswith(lab + ".")]
+    nb = nbformat.read(_notebook_of(names[0]), as_version=4)
+    kept = exercises.exercise_cells(nb)
+    assert "parameters" in kept[1].metadata.get("tags", []) and kept[2].source.startswith("import labkit")
+    assert set(exercises.answer_cells(nbformat.v4.new_notebook(cells=kept))) == set(names)
+    calls = [c for c in kept if "exercises.check(" in c.source]
+    assert len(calls) >= len(names) and len(kept) < len(nb.cells)

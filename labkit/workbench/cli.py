@@ -109,6 +109,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run each exercise's solution in place of its starter (the notebooks on disk are not changed)",
     )
+    r.add_argument(
+        "--exercises-only",
+        action="store_true",
+        help="run only each notebook's exercise cells (parameters, import labkit, statements, answers, checks)",
+    )
     b = sub.add_parser("bench", help="run a lab's benchmark and write its results JSON")
     b.add_argument("lab", help="lab whose benchmark to run (e.g. workbench)")
     b.add_argument("--profile", default="auto", help="auto, cpu or gpu (sizes)")
@@ -192,6 +197,7 @@ def _dispatch(args) -> int:
             timeout_s=args.timeout,
             progress=not args.no_progress,
             solutions=args.solutions,
+            exercises_only=args.exercises_only,
         )
         print(report.table())
         print(f"index: {report.run_dir / 'index.html'}")

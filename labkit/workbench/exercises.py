@@ -209,6 +209,31 @@ def answer_cells(nb) -> dict[str, Any]:
     return found
 
 
+def exercise_cells(nb) -> list:
+    """The cells that hold a notebook's exercises, in order: the first (title) cell, the
+    parameters cell, ``import labkit``, then for every answer cell the markdown cell before it
+    (its statement), the answer cell and the code cells after it that call ``exercises.check``."""
+    import nbformat
+
+    cells = nb.cells
+    keep = [0] + [i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
+    for i, cell in enumerate(cells):
+        if not cell.get("metadata", {}).get("labkit", {}).get("answer"):
+            continue
+        if i > 0 and cells[i - 1].cell_type == "markdown":
+            keep.append(i - 1)
+        keep.append(i)
+        j = i + 1
+        while j < len(cells) and cells[j].cell_type == "code" and "exercises.check(" in cells[j].source:
+            keep.append(j)
+            j += 1
+    chosen = [cells[i] for i in sorted(set(keep))]
+    at = 2 if len(chosen) > 1 else len(chosen)
+    importer = nbformat.v4.new_code_cell("import labkit  # picks the tier first")
+    importer.id = "exercises-import-labkit"
+    return chosen[:at] + [importer] + chosen[at:]
+
+
 def inject_solutions(nb) -> list[str]:
     """Replace every answer cell's starter with its solution, in place; returns the names solved."""
     solved = []

@@ -61,6 +61,7 @@ class RunReport:
     profile: str
     results: list[NotebookResult]
     solutions: bool = False  # the exercises' solutions were put in place of the starters
+    exercises_only: bool = False  # only the exercise cells ran
 
     @property
     def failed(self) -> list[NotebookResult]:
@@ -237,24 +238,28 @@ def run(
     timeout_s=None,
     progress=True,
     solutions=False,
+    exercises_only=False,
 ) -> RunReport:
     """Validate, then execute the selected notebooks into a new run folder; see ``labkit run -h``.
 
     solutions: put each exercise's solution in place of its starter before the notebook runs
-    (:func:`labkit.workbench.exercises.inject_solutions`); the notebooks on disk are not changed."""
+    (:func:`labkit.workbench.exercises.inject_solutions`); the notebooks on disk are not changed.
+    exercises_only: run only each notebook's exercises (``exercises.exercise_cells``: its
+    parameters, ``import labkit``, every "Your turn" statement, answer and check cell); answer
+    cells import what they use, so they run without the story around them."""
     profile, jobs = resolve_jobs(only, profile, params_file, sets, notebooks_dir, profiles_file, timeout_s)
     try:
         run_dir = results.new_run_dir(profile, runs_dir)
     except results.ResultsError as e:
         raise RunError(f"--runs-dir {e}") from None
     tier_env = kernel_env(profile)
-    report = RunReport(run_dir, profile, [], solutions=bool(solutions))
+    report = RunReport(run_dir, profile, [], solutions=bool(solutions), exercises_only=bool(exercises_only))
     # Until the summary is written the folder says it is incomplete: a run killed outright
     # (SIGKILL runs no handler) leaves running.json and an index marked INCOMPLETE behind.
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     marker = {"pid": os.getpid(), "started": started, "profile": profile, "notebooks": [j[0] for j in jobs]}
-    if solutions:
-        jobs = _with_solutions(jobs, run_dir)
+    if solutions or exercises_only:
+        jobs = _rewritten(jobs, run_dir, solutions, exercises_only)
     results.atomic_write_json(run_dir / RUNNING, {**marker, "argv": sys.argv})
     write_index(report, RUNNING_NOTE.format(**marker))
     try:
@@ -266,11 +271,12 @@ def run(
     return report
 
 
-def _with_solutions(jobs: list, run_dir: Path) -> list:
-    """The jobs with each notebook replaced by a copy whose answer cells hold the solutions.
+def _rewritten(jobs: list, run_dir: Path, solutions: bool, exercises_only: bool) -> list:
+    """The jobs with each notebook replaced by a copy: its answer cells holding the solutions,
+    and/or its exercise cells alone.
 
     The copies go in ``run_dir/.solved/`` (removed when the run ends); papermill's working folder
-    stays the notebook's own, so relative paths in the notebook resolve as without solutions."""
+    stays the notebook's own, so relative paths in the notebook resolve as in the notebook."""
     import nbformat
 
     solved_dir = run_dir / SOLVED_DIR
@@ -278,7 +284,10 @@ def _with_solutions(jobs: list, run_dir: Path) -> list:
     out = []
     for name, path, params, timeout, needs in jobs:
         nb = nbformat.read(path, as_version=4)
-        exercises.inject_solutions(nb)
+        if exercises_only:
+            nb.cells = exercises.exercise_cells(nb)
+        if solutions:
+            exercises.inject_solutions(nb)
         copy = solved_dir / path.name
         nbformat.write(nb, copy)
         out.append((name, copy, params, timeout, needs, path.parent))
@@ -359,6 +368,7 @@ def write_summary(report: RunReport, stopped_by: str | None = None) -> None:
         "run_dir": str(report.run_dir),
         "complete": stopped_by is None,
         "solutions": report.solutions,
+        "exercises_only": report.exercises_only,
         "stopped_by": stopped_by,
         "results": [dataclasses.asdict(r) for r in report.results],
     }
