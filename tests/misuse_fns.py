@@ -140,7 +140,9 @@ def ranks_disagree(ctx, n: int = 4096) -> dict:
         found[name] = _error(call, b, o)
         b.tensor.copy_(x)
         found[name + ", then agreeing"] = experiments.close_to_sum(into.all_reduce_into(b, o), xs, torch.float32, w)
-    b, outs = ws(), (mk(), mk(n, torch.bfloat16))
+    # another out of the same shape and dtype (one that differs in either fails the local checks
+    # on one rank, which then never joins the exchange: its peer waits for the world's timeout)
+    b, outs = ws(), (mk(), mk())
     found["into another out"] = _error(into.all_reduce_into, b, outs[r % 2])
     b.tensor.copy_(x)
     found["into another out, then agreeing"] = experiments.close_to_sum(
