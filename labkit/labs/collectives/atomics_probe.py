@@ -92,9 +92,10 @@ class RecordingTL:
         pass  # one program: a CTA barrier has nothing to wait for, and orders nothing across GPUs
 
 
-def run_recorded(jitted, memory: dict[str, int], *slots: str) -> RecordingTL:
+def run_recorded(jitted, memory: dict[str, int], *slots: str, **constexprs) -> RecordingTL:
     """Call ``jitted``'s Python body once with ``Slot(name)`` for each of ``slots`` as its
-    arguments and ``tl`` recording; returns the recorder (its ``memory`` after, its ``ops``).
+    arguments (then ``constexprs`` by name, e.g. ``SEM=0``) and ``tl`` recording; returns the
+    recorder (its ``memory`` after, its ``ops``).
 
     Names in the body's module bound to ``triton.language`` or to one of its memory operations
     are replaced for this call only; the function itself is not changed."""
@@ -112,5 +113,5 @@ def run_recorded(jitted, memory: dict[str, int], *slots: str) -> RecordingTL:
         elif callable(value) and getattr(tl, getattr(value, "__name__", ""), None) is value:
             swapped[name] = getattr(rec, value.__name__)
     body = types.FunctionType(fn.__code__, {**fn.__globals__, **swapped}, fn.__name__, fn.__defaults__, fn.__closure__)
-    body(*(Slot(s) for s in slots))
+    body(*(Slot(s) for s in slots), **constexprs)
     return rec
