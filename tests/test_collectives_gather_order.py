@@ -197,3 +197,24 @@ def test_compare_orders_checks_its_arguments():
         gather_order.compare_orders(None, shard_bytes=(0,))
     with pytest.raises(ValueError, match="reps, warmup"):
         gather_order.compare_orders(None, shard_bytes=(16,), reps=0)
+
+
+def test_read_order_is_the_kernels_and_counts_the_readers_per_gpu():
+    """``read_order`` restates the kernel's ``s`` (exercise 02.order is judged by it): every rank
+    reads every shard once; naive puts W-1 peers on one GPU per step, rotated one."""
+    import inspect
+
+    from labkit.kernels.comm import scatter_gather
+
+    src = inspect.getsource(scatter_gather.all_gather_kernel.fn)
+    assert "s = (rank + k) % WORLD" in src and "s = k" in src, "the kernel's order changed: update read_order"
+    for w in (1, 2, 3, 4, 8):
+        for order in gather_order.ORDERS:
+            assert all(sorted(gather_order.read_order(r, w, order)) == list(range(w)) for r in range(w))
+        assert gather_order.most_readers(w, "naive") == w - 1
+        assert gather_order.most_readers(w, "rotated") == (1 if w > 1 else 0)
+    assert gather_order.read_order(1, 4, "rotated") == [1, 2, 3, 0]
+    with pytest.raises(ValueError, match="read_order: order"):
+        gather_order.read_order(0, 4, "sideways")
+    with pytest.raises(ValueError, match="read_order: expected"):
+        gather_order.read_order(4, 4, "naive")

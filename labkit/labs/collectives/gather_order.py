@@ -155,6 +155,25 @@ def compare_orders(
     return records
 
 
+def read_order(rank: int, world: int, order: str) -> list[int]:
+    """The shards ``rank`` reads, step by step, in ``order``: the ``s`` of ``all_gather_kernel``
+    at each step k, ``(rank + k) % world`` rotated, ``k`` naive."""
+    if order not in ORDERS:
+        raise ValueError(f"read_order: order {order!r} is not one of {ORDERS}")
+    if not (isinstance(world, int) and world >= 1 and isinstance(rank, int) and 0 <= rank < world):
+        raise ValueError(f"read_order: expected 0 <= rank < world, got rank={rank!r}, world={world!r}")
+    return [(rank + k) % world if order == "rotated" else k for k in range(world)]
+
+
+def most_readers(world: int, order: str) -> int:
+    """The most peers that read one GPU's shard in the same step of ``order`` with ``world``
+    ranks (a rank reading its own shard is no peer: it uses no link)."""
+    orders = [read_order(r, world, order) for r in range(world)]
+    return max(
+        sum(1 for r in range(world) if orders[r][k] == gpu and gpu != r) for k in range(world) for gpu in range(world)
+    )
+
+
 def order_records(records: list[dict]) -> list[dict]:
     """The timed records of kind ``KIND``; [] in files made before the comparison."""
     return [r for r in records if r.get("kind") == KIND and r.get("us")]

@@ -29,3 +29,66 @@ def judge_forbid(choice) -> str:
     why = model.ptx_verdict("MP", semantics, scope, "two_gpus")[1]
     said = semantics + (f" at scope {scope}" if scope else "")
     raise Wrong(f"under {said}, MP's weak outcome across two GPUs is allowed" + (f" ({why})." if why else "."))
+
+
+@exercise(
+    "06.sb",
+    kind="fix",
+    question="SB across two GPUs: pick the semantics and scope, the same for every access, that forbid the weak "
+    "outcome (each thread stores its flag, then loads the other's, and both read 0)",
+    answer="sb_choice",
+    hint="In SB each thread's store comes before its own load of another address: which orderings keep a store "
+    "before a LATER load (release orders what came before a store; acquire what comes after a load)? "
+    "Section 7 and the model grid of section 3 say which semantics it takes.",
+)
+def judge_sb(sb_choice) -> str:
+    if not isinstance(sb_choice, dict) or set(sb_choice) != {"semantics", "scope"}:
+        raise Wrong(f"`sb_choice` must be a dict with the keys 'semantics' and 'scope'; got {sb_choice!r}.")
+    semantics, scope = sb_choice["semantics"], sb_choice["scope"]
+    if semantics not in model.SEMANTICS:
+        raise Wrong(f"semantics {semantics!r} is not one of {list(model.SEMANTICS)}.")
+    if semantics in model.SCOPED and scope not in model.SCOPES:
+        raise Wrong(f"{semantics} takes a scope, one of {list(model.SCOPES)}; got {scope!r}.")
+    if semantics not in model.SCOPED:
+        scope = None
+    said = semantics + (f" at scope {scope}" if scope else "")
+    if model.guaranteed_forbidden("SB", semantics, scope, "two_gpus"):
+        return f"{said}: the model and PTX both forbid SB's weak outcome (both read 0) across two GPUs."
+    raise Wrong(f"under {said}, SB's weak outcome across two GPUs is allowed (the model's verdict).")
+
+
+#: the tests 06.allowed asks about, and the variant: release/acquire at gpu scope, two CTAs of one GPU
+ALLOWED_VARIANT = ("acq_rel", "gpu", "cross_cta")
+
+
+def _allowed_under_ptx() -> set[str]:
+    from labkit.kernels.litmus import TESTS
+
+    semantics, scope, placement = ALLOWED_VARIANT
+    return {t for t in TESTS if model.ptx_verdict(t, semantics, scope, placement)[0] == "allowed"}
+
+
+@exercise(
+    "06.allowed",
+    kind="predict",
+    question="Before the model grid: with every access release/acquire at gpu scope and the threads in two CTAs "
+    "of one GPU, which of the seven tests' weak outcomes does PTX allow?",
+    answer="allowed",
+    hint="Release/acquire orders a store after earlier accesses and a load before later ones, never a store "
+    "before a later load; and PTX does not promise that a store reaches every thread at once "
+    "(the paragraph above the grid names the tests where that matters).",
+)
+def judge_allowed(allowed) -> str:
+    from labkit.kernels.litmus import TESTS
+
+    if not isinstance(allowed, set | frozenset | list | tuple) or not all(isinstance(t, str) for t in allowed):
+        raise Wrong(f"`allowed` must be a set of test names from {list(TESTS)}; got {allowed!r}.")
+    unknown = sorted(set(allowed) - set(TESTS))
+    if unknown:
+        raise Wrong(f"{unknown} are not tests; the seven are {list(TESTS)}.")
+    truth, said = _allowed_under_ptx(), set(allowed)
+    if said == truth:
+        return f"PTX allows the weak outcome of {sorted(truth)} and forbids it in the other {len(TESTS) - len(truth)}."
+    missed, extra = sorted(truth - said), sorted(said - truth)
+    parts = ([f"PTX also allows {missed}"] if missed else []) + ([f"PTX forbids {extra}"] if extra else [])
+    raise Wrong(f"{len(truth & said)} of the {len(truth)} allowed tests named; " + "; ".join(parts) + ".")
