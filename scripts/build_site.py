@@ -66,6 +66,8 @@ def run_problem(run_dir: Path, names: list[str]) -> str | None:
         return f"{run_dir} ran the {doc.get('profile')!r} profile, not 'cpu'"
     if not doc.get("complete"):
         return f"{run_dir} is incomplete ({doc.get('stopped_by')})"
+    if doc.get("solutions") or doc.get("exercises_only"):
+        return f"{run_dir} ran the exercises' solutions or the exercises alone: the site shows the learner's notebooks"
     ran = {r["name"]: r for r in doc.get("results", [])}
     for name in names:
         r = ran.get(name)

@@ -76,6 +76,8 @@ class ExecutedRun:
             doc = json.loads(path.read_text(encoding="utf-8"))
             if not doc.get("complete"):
                 pytest.fail(f"{ENV}={self.given}: the run did not finish ({doc.get('stopped_by')})")
+            if doc.get("solutions") or doc.get("exercises_only"):
+                pytest.fail(f"{ENV}={self.given}: a run of the exercises' solutions, not of the notebooks as committed")
             profile = choose_profile("auto")
             if doc.get("profile") != profile:
                 pytest.fail(f"{ENV}={self.given}: a {doc.get('profile')!r} run; this machine runs {profile!r}")

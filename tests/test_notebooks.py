@@ -2,13 +2,17 @@
 own id, profile overrides naming real parameters, and executing top to bottom under papermill in
 this machine's tier with its figures shown inline."""
 
+import dataclasses
 import json
+import os
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 from nbformat.warnings import MissingIDFieldWarning
 
+from labkit.workbench import exercises
 from labkit.workbench.runner import notebooks as nbs
 from labkit.workbench.runner import profiles, run
 from labkit.workbench.runner.execute import _execute, resolve_jobs
@@ -133,3 +137,36 @@ def test_notebook_executes(name, executed_notebooks):
         assert shown >= len(saved), f"{name}: code cell {i} saved {saved} but shows {shown} image(s) inline"
         images += shown
     assert images >= len(res.figures), f"{name}: {len(res.figures)} figures saved, {images} shown inline"
+    # the learner's notebook as committed: every exercise's check ran and failed on its starter
+    mine = sorted(n for n in exercises.all_exercises() if name.startswith(n.split(".")[0] + "_"))
+    assert sorted(v["exercise"] for v in res.exercises) == mine, f"{name}: the checks that ran"
+    assert not [v["line"] for v in res.exercises if v["passed"]], f"{name}: a starter passed its check"
+
+
+@pytest.fixture(scope="session")
+def solutions_run(tmp_path_factory):
+    """Every notebook's exercise cells with the solutions in place (``labkit run --solutions
+    --exercises-only``), or the run that ``LABKIT_SOLUTIONS_RUN`` names (.ci/run makes it)."""
+    given = os.environ.get("LABKIT_SOLUTIONS_RUN")
+    if given:
+        summary = json.loads((Path(given) / "summary.json").read_text())
+        assert summary["complete"] and summary["solutions"], f"LABKIT_SOLUTIONS_RUN={given}: not a solutions run"
+        return {r["name"]: r for r in summary["results"]}
+    report = run(
+        profile="cpu",
+        runs_dir=tmp_path_factory.mktemp("solutions"),
+        progress=False,
+        solutions=True,
+        exercises_only=True,
+    )
+    return {r.name: dataclasses.asdict(r) for r in report.results}
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+def test_every_solution_passes_its_check_in_the_notebook(name, solutions_run):
+    res = solutions_run[name]
+    assert res["status"] == "ran", f"{name}: {res['status']}: {res['detail']}"
+    mine = sorted(n for n in exercises.all_exercises() if name.startswith(n.split(".")[0] + "_"))
+    assert sorted(v["exercise"] for v in res["exercises"]) == mine
+    assert all(v["passed"] for v in res["exercises"]), [v["line"] for v in res["exercises"] if not v["passed"]]
