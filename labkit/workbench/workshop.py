@@ -1,0 +1,184 @@
+"""The workshop path's numbers (docs/workshop.md, each notebook's first screen), as ``labkit report`` blocks.
+
+Reading minutes come from the notebooks (``catalogue.reading_minutes`` and ``first_read_minutes``);
+run minutes from one recorded CPU-tier run, ``docs/data/cpu-tier-run.json``: the seconds of each
+notebook in a ``labkit run --profile cpu`` summary, with the machine and its load while it ran.
+``python -m labkit.workbench.workshop RUN_DIR [--load-log FILE]`` writes that file from a run
+folder; ``labkit report --write`` then re-renders every block that shows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+from pathlib import Path
+
+from labkit.workbench import catalogue, env, results
+from labkit.workbench.errors import UsageError
+
+RUN_FILE = "docs/data/cpu-tier-run.json"
+
+#: minutes of discussion the agendas give each lab (a plan, not a measurement)
+DISCUSSION_MIN = 10
+
+
+def _root(root: str | Path | None) -> Path:
+    return Path(root) if root is not None else results.REPO_ROOT
+
+
+def load_run(root: str | Path | None = None) -> dict:
+    path = _root(root) / RUN_FILE
+    if not path.is_file():
+        raise UsageError(f"workshop: {RUN_FILE} is missing (python -m labkit.workbench.workshop RUN_DIR writes it)")
+    return json.loads(path.read_text())
+
+
+def run_minutes(lab_id: str, run: dict) -> int:
+    """Whole minutes (rounded up) the recorded CPU-tier run took for one notebook."""
+    nb = run["notebooks"].get(lab_id)
+    if nb is None or nb.get("status") != "ran":
+        raise UsageError(f"workshop: {RUN_FILE} holds no completed run of {lab_id}")
+    return max(1, math.ceil(nb["seconds"] / 60))
+
+
+def machine_words(run: dict) -> str:
+    m = run["machine"]
+    load = m.get("load_1min")
+    loaded = (
+        f"; 1-minute load average {min(load):.1f} to {max(load):.1f} while it ran (shared with other jobs)"
+        if load
+        else ""
+    )
+    return f"{m['cores']} cores of an {m['cpu']}, {m['memory_gib']} GiB{loaded}"
+
+
+# --- renderers (labkit.workbench.report.RENDERERS) ---------------------------------------------
+
+
+def minutes_line(reference, lab_id: str) -> str:
+    """One notebook's first-screen minutes: to read (whole and first read), to run on the CPU tier."""
+    lab = catalogue.get(lab_id)
+    run = load_run()
+    full, first = catalogue.reading_minutes(lab), catalogue.first_read_minutes(lab)
+    short = f" ({first} on a first read, skipping the marked sections)" if first < full else ""
+    return (
+        f"**Minutes:** {full} to read{short}; {run_minutes(lab_id, run)} to run on the CPU tier "
+        f"(a recorded run on {run['machine']['cores']} shared cores: "
+        "[the workshop path](../docs/workshop.md#minutes))."
+    )
+
+
+def minutes_table(reference) -> str:
+    run = load_run()
+    rows = [
+        "| lab | read (minutes) | first read (minutes) | CPU-tier run (minutes) | GPUs for the full lab |",
+        "|---|---|---|---|---|",
+    ]
+    for lab in catalogue.LABS:
+        rows.append(
+            f"| {lab.id} | {catalogue.reading_minutes(lab)} | {catalogue.first_read_minutes(lab)} | "
+            f"{run_minutes(lab.id, run)} | {lab.gpu_count} |"
+        )
+    rows += [
+        "",
+        f"*read*: the notebook's prose at {catalogue.WORDS_PER_MINUTE} words a minute plus a minute per figure; "
+        "*first read*: the same without the sections marked *Skip on first read*; *CPU-tier run*: "
+        f"`{run['command']}` on {machine_words(run)} (`{RUN_FILE}`, field `notebooks.<lab>.seconds`). "
+        "A quieter or faster machine takes less.",
+    ]
+    return "\n".join(rows)
+
+
+#: the agendas: (lab, read it whole or on a first read)
+AGENDA_3H = (
+    ("00_start_here", "first"),
+    ("01_wrong_device", "first"),
+    ("03_stream_races", "first"),
+    ("06_memory_model", "first"),
+)
+AGENDA_DAY = tuple((lab.id, "whole") for lab in catalogue.LABS)
+
+
+def _agenda(plan) -> str:
+    run = load_run()
+    rows = ["| lab | read | minutes to read | to run (CPU tier) | discussion | slot |", "|---|---|---|---|---|---|"]
+    total = 0
+    for lab_id, how in plan:
+        lab = catalogue.get(lab_id)
+        read = catalogue.first_read_minutes(lab) if how == "first" else catalogue.reading_minutes(lab)
+        ran = run_minutes(lab_id, run)
+        slot = read + ran + DISCUSSION_MIN
+        total += slot
+        rows.append(f"| {lab_id} | {how} | {read} | {ran} | {DISCUSSION_MIN} | {slot} |")
+    rows.append(f"| **total** | | | | | **{total}** ({total / 60:.1f} h) |")
+    return "\n".join(rows)
+
+
+def agenda_3h(reference) -> str:
+    return _agenda(AGENDA_3H)
+
+
+def agenda_day(reference) -> str:
+    return _agenda(AGENDA_DAY)
+
+
+# --- recording a run ---------------------------------------------------------------------------
+
+
+def record(run_dir: str | Path, load_log: str | Path | None = None, root: str | Path | None = None) -> Path:
+    """Write RUN_FILE from a ``labkit run`` folder's summary.json; ``load_log``: lines
+    ``<unix time> <1-min> <5-min> <15-min>`` sampled while it ran (``/proc/loadavg``)."""
+    summary_path = Path(run_dir) / "summary.json"
+    if not summary_path.is_file():
+        raise UsageError(f"workshop: {summary_path} is missing: has the run ended?")
+    summary = json.loads(summary_path.read_text())
+    if summary.get("profile") != "cpu" or not summary.get("complete"):
+        raise UsageError(f"workshop: {summary_path} is not a complete CPU-profile run")
+    loads = []
+    if load_log is not None:
+        loads = [float(line.split()[1]) for line in Path(load_log).read_text().splitlines() if line.strip()]
+    mem_kib = next(
+        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
+    )
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        platform.processor() or "unknown CPU",
+    )
+    doc = {
+        "what": "seconds each notebook took in one `labkit run --profile cpu` (the run's summary.json)",
+        "command": "labkit run --profile cpu",
+        "machine": {
+            "cpu": cpu,
+            "cores": os.cpu_count(),
+            "memory_gib": round(mem_kib / 2**20),
+            "load_1min": loads,
+        },
+        "versions": env.versions(),
+        "notebooks": {
+            r["name"]: {"seconds": round(r["seconds"], 1), "status": r["status"]} for r in summary["results"]
+        },
+    }
+    out = _root(root) / RUN_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results.atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m labkit.workbench.workshop", description=record.__doc__)
+    p.add_argument("run_dir")
+    p.add_argument("--load-log")
+    args = p.parse_args(argv)
+    print(record(args.run_dir, args.load_log))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
