@@ -45,6 +45,7 @@ RENDERERS = {
     "broken-barriers": "labkit.labs.memory_model.findings:broken_barriers_table",
     "headline-02": "labkit.labs.collectives.findings:headline",
     "headline-03": "labkit.labs.stream_races.findings:headline",
+    "workshop-objectives": "labkit.workbench.workshop:objectives_list",
     "workshop-minutes": "labkit.workbench.workshop:minutes_table",
     "workshop-agenda-3h": "labkit.workbench.workshop:agenda_3h",
     "workshop-agenda-day": "labkit.workbench.workshop:agenda_day",

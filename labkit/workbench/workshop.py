@@ -125,6 +125,27 @@ def agenda_day(reference) -> str:
     return _agenda(AGENDA_DAY)
 
 
+def objectives(lab: catalogue.Lab, root: str | Path | None = None) -> list[str]:
+    """The bullets under "**You will be able to:**" in a lab notebook's first cell."""
+    cells = json.loads((_root(root) / lab.notebook).read_text())["cells"]
+    first = "".join(cells[0]["source"])
+    _, found, rest = first.partition("**You will be able to:**\n")
+    bullets = [line[2:] for line in rest.split("\n\n", 1)[0].splitlines() if line.startswith("* ")]
+    if not found or not bullets:
+        raise UsageError(f"workshop: {lab.notebook}'s first cell lists no '**You will be able to:**' bullets")
+    return bullets
+
+
+def objectives_list(reference) -> str:
+    out = []
+    for lab in catalogue.LABS:
+        out.append(f"**{lab.id}** ([notebook](../{lab.notebook})):")
+        out += [f"- {b}" for b in objectives(lab)]
+        out.append("")
+    out.append("(From each notebook's first cell; rendered by `labkit report`.)")
+    return "\n".join(out)
+
+
 # --- recording a run ---------------------------------------------------------------------------
 
 

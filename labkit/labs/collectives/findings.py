@@ -341,4 +341,8 @@ def headline(reference) -> str:
     keep = [x for x in lines if x.startswith(("- **out of place, 16 MiB", "- **256 MiB, busbw"))]
     if len(keep) != 2:
         raise ValueError(f"collectives headline: expected two lines of sweep_in_words, got {keep}")
-    return "\n".join(keep) + "\n\n(`reference/h200x2/collectives.json`, kind `sweep`; rendered by `labkit report`.)"
+    return (
+        "labkit's all-reduce against the best of NCCL and `torch.ops.symm_mem` on two ranks:\n\n"
+        + "\n".join(keep)
+        + "\n\n(`reference/h200x2/collectives.json`, kind `sweep`; rendered by `labkit report`.)"
+    )
