@@ -43,6 +43,7 @@ RENDERERS = {
     "fp8-speed": "labkit.labs.fp8_dispatch.findings:speed_table",
     "litmus-rows": "labkit.labs.memory_model.findings:rows_table",
     "broken-barriers": "labkit.labs.memory_model.findings:broken_barriers_table",
+    "l2-recorded": "labkit.labs.start_here.findings:recorded_l2",
     "headline-02": "labkit.labs.collectives.findings:headline",
     "headline-03": "labkit.labs.stream_races.findings:headline",
     "workshop-objectives": "labkit.workbench.workshop:objectives_list",
