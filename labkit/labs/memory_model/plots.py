@@ -399,6 +399,19 @@ def model_grid(placements=("cross_cta", "two_gpus")) -> tuple[list[tuple], list[
     return rows, cols, cells
 
 
+def plot_headline(r: dict, title: str = "your run (live)", stamp: dict | None = None):
+    """The notebook's first figure: the test drawn beside the histogram of one run's outcomes, laid
+    out above the caption so that neither the histogram's three-line title nor the caption is cut."""
+    from labkit.workbench import plot
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1, 1.5]})
+    plot_test(r["test"], axes[0])
+    plot_histogram(r, axes[1], title)
+    text = plot.caption(fig, yours=stamp, adjust=False)
+    fig.tight_layout(rect=(0, (0.1 + 0.14 * len(text.splitlines())) / fig.get_figheight(), 1, 1))
+    return fig
+
+
 def plot_observed_grids(panels, stress: str, name: str, folder=None, *, stamp: dict | None = None):
     """Every panel's ``plot_observed_grid`` in one figure, two panels to a row (one row of four
     panels stacked would be some 2,400 pixels tall), captioned with the machine and versions of
