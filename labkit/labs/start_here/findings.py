@@ -15,5 +15,7 @@ def recorded_l2(reference) -> str:
                     seen[gpu["name"]] = (gpu["l2_mb"], name)
     if not seen:
         return "no recorded doctor report holds an L2 size (`reference/<machine>/doctor.json`, `gpus[].l2_mb`)."
-    parts = [f"{gpu.replace('NVIDIA ', '')}: {mb:g} MB (`reference/{name}`)" for gpu, (mb, name) in sorted(seen.items())]
+    parts = [
+        f"{gpu.replace('NVIDIA ', '')}: {mb:g} MB (`reference/{name}`)" for gpu, (mb, name) in sorted(seen.items())
+    ]
     return "; ".join(parts) + ", field `gpus[].l2_mb`."
