@@ -186,4 +186,3 @@ def plot_decode(model_panels, stamp: dict | None = None):
     text = plot.caption(fig, stamp, {p.machine: p.result_set for p in model_panels if not p.live}, adjust=False)
     fig.tight_layout(rect=(0, (0.1 + 0.14 * len(text.splitlines())) / fig.get_figheight(), 1, 1))
     return fig
-
