@@ -3,8 +3,8 @@
 Reading minutes come from the notebooks (``catalogue.reading_minutes`` and ``first_read_minutes``);
 run minutes from one recorded CPU-tier run, ``docs/data/cpu-tier-run.json``: the seconds of each
 notebook in a ``labkit run --profile cpu`` summary, with the machine and its load while it ran.
-``python -m labkit.workbench.workshop RUN_DIR [--load-log FILE]`` writes that file from a run
-folder; ``labkit report --write`` then re-renders every block that shows it.
+``python -m labkit.workbench.workshop RUN_DIR [--load-log FILE] [--command CMD]`` adds a run folder
+to that file; ``labkit report --write`` then re-renders every block that shows it.
 """
 
 from __future__ import annotations
@@ -37,19 +37,20 @@ def load_run(root: str | Path | None = None) -> dict:
 
 
 def run_minutes(lab_id: str, run: dict) -> int:
-    """Whole minutes (rounded up) the recorded CPU-tier run took for one notebook."""
-    nb = run["notebooks"].get(lab_id)
-    if nb is None or nb.get("status") != "ran":
-        raise UsageError(f"workshop: {RUN_FILE} holds no completed run of {lab_id}")
-    return max(1, math.ceil(nb["seconds"] / 60))
+    """Whole minutes (rounded up) the last recorded CPU-tier run that completed the notebook took."""
+    for r in reversed(run["runs"]):
+        nb = r["notebooks"].get(lab_id)
+        if nb is not None and nb.get("status") == "ran":
+            return max(1, math.ceil(nb["seconds"] / 60))
+    raise UsageError(f"workshop: {RUN_FILE} holds no completed run of {lab_id}")
 
 
 def machine_words(run: dict) -> str:
     m = run["machine"]
-    load = m.get("load_1min")
+    loads = [x for r in run["runs"] for x in r.get("load_1min") or []]
     loaded = (
-        f"; 1-minute load average {min(load):.1f} to {max(load):.1f} while it ran (shared with other jobs)"
-        if load
+        f"; its 1-minute load average was {min(loads):.1f} to {max(loads):.1f} while they ran (shared with other jobs)"
+        if loads
         else ""
     )
     return f"{m['cores']} cores of an {m['cpu']}, {m['memory_gib']} GiB{loaded}"
@@ -86,7 +87,8 @@ def minutes_table(reference) -> str:
         "",
         f"*read*: the notebook's prose at {catalogue.WORDS_PER_MINUTE} words a minute plus a minute per figure; "
         "*first read*: the same without the sections marked *Skip on first read*; *CPU-tier run*: "
-        f"`{run['command']}` on {machine_words(run)} (`{RUN_FILE}`, field `notebooks.<lab>.seconds`). "
+        f"{' and '.join(sorted({'`' + r['command'] + '`' for r in run['runs']}))} on {machine_words(run)} "
+        f"(`{RUN_FILE}`: `runs[].notebooks.<lab>.seconds`, the last run that completed the notebook). "
         "A quieter or faster machine takes less.",
     ]
     return "\n".join(rows)
@@ -149,9 +151,15 @@ def objectives_list(reference) -> str:
 # --- recording a run ---------------------------------------------------------------------------
 
 
-def record(run_dir: str | Path, load_log: str | Path | None = None, root: str | Path | None = None) -> Path:
-    """Write RUN_FILE from a ``labkit run`` folder's summary.json; ``load_log``: lines
-    ``<unix time> <1-min> <5-min> <15-min>`` sampled while it ran (``/proc/loadavg``)."""
+def record(
+    run_dir: str | Path,
+    load_log: str | Path | None = None,
+    command: str = "labkit run --profile cpu",
+    root: str | Path | None = None,
+) -> Path:
+    """Add a ``labkit run`` folder's summary.json to RUN_FILE (a new file holds this machine's
+    description); ``load_log``: lines ``<unix time> <1-min> <5-min> <15-min>`` sampled from
+    ``/proc/loadavg`` while it ran. A run's notebooks that failed are kept with their status."""
     summary_path = Path(run_dir) / "summary.json"
     if not summary_path.is_file():
         raise UsageError(f"workshop: {summary_path} is missing: has the run ended?")
@@ -161,32 +169,38 @@ def record(run_dir: str | Path, load_log: str | Path | None = None, root: str | 
     loads = []
     if load_log is not None:
         loads = [float(line.split()[1]) for line in Path(load_log).read_text().splitlines() if line.strip()]
-    mem_kib = next(
-        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
-    )
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor() or "unknown CPU",
-    )
-    doc = {
-        "what": "seconds each notebook took in one `labkit run --profile cpu` (the run's summary.json)",
-        "command": "labkit run --profile cpu",
-        "machine": {
-            "cpu": cpu,
-            "cores": os.cpu_count(),
-            "memory_gib": round(mem_kib / 2**20),
-            "load_1min": loads,
-        },
-        "versions": env.versions(),
-        "notebooks": {
-            r["name"]: {"seconds": round(r["seconds"], 1), "status": r["status"]} for r in summary["results"]
-        },
-    }
     out = _root(root) / RUN_FILE
+    doc = json.loads(out.read_text()) if out.is_file() else None
+    if doc is None:
+        mem_kib = next(
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal")
+        )
+        cpu = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor() or "unknown CPU",
+        )
+        doc = {
+            "what": "seconds each notebook took in `labkit run --profile cpu` runs (summary.json), on one machine",
+            "machine": {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_kib / 2**20)},
+            "versions": env.versions(),
+            "runs": [],
+        }
+    doc["runs"].append(
+        {
+            "command": command,
+            "load_1min": loads,
+            "notebooks": {
+                r["name"]: {"seconds": round(r["seconds"], 1), "status": r["status"], "detail": r.get("detail")}
+                for r in summary["results"]
+            },
+        }
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     results.atomic_write_text(out, json.dumps(doc, indent=1) + "\n")
     return out
@@ -196,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m labkit.workbench.workshop", description=record.__doc__)
     p.add_argument("run_dir")
     p.add_argument("--load-log")
+    p.add_argument("--command", default="labkit run --profile cpu", help="the command that made the run")
     args = p.parse_args(argv)
-    print(record(args.run_dir, args.load_log))
+    print(record(args.run_dir, args.load_log, args.command))
     return 0
 
 
