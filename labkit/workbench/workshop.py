@@ -106,13 +106,16 @@ AGENDA_DAY = tuple((lab.id, "whole") for lab in catalogue.LABS)
 
 def _agenda(plan) -> str:
     run = load_run()
-    rows = ["| lab | read | minutes to read | to run (CPU tier) | discussion | slot |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| lab | read | minutes to read | to run (CPU tier) | discussion | slot: the longer of read and run, plus discussion |",
+        "|---|---|---|---|---|---|",
+    ]
     total = 0
     for lab_id, how in plan:
         lab = catalogue.get(lab_id)
         read = catalogue.first_read_minutes(lab) if how == "first" else catalogue.reading_minutes(lab)
         ran = run_minutes(lab_id, run)
-        slot = read + ran + DISCUSSION_MIN
+        slot = max(read, ran) + DISCUSSION_MIN  # the run goes on while the learner reads
         total += slot
         rows.append(f"| {lab_id} | {how} | {read} | {ran} | {DISCUSSION_MIN} | {slot} |")
     rows.append(f"| **total** | | | | | **{total}** ({total / 60:.1f} h) |")
