@@ -107,7 +107,7 @@ AGENDA_DAY = tuple((lab.id, "whole") for lab in catalogue.LABS)
 def _agenda(plan) -> str:
     run = load_run()
     rows = [
-        "| lab | read | minutes to read | to run (CPU tier) | discussion | slot: the longer of read and run, plus discussion |",
+        "| lab | read | minutes to read | to run (CPU tier) | discussion | slot (longer of read, run; + discussion) |",
         "|---|---|---|---|---|---|",
     ]
     total = 0
