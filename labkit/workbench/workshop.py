@@ -99,6 +99,7 @@ AGENDA_3H = (
     ("00_start_here", "first"),
     ("01_wrong_device", "first"),
     ("03_stream_races", "first"),
+    ("02_collectives", "first"),
     ("06_memory_model", "first"),
 )
 AGENDA_DAY = tuple((lab.id, "whole") for lab in catalogue.LABS)
