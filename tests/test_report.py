@@ -25,7 +25,7 @@ def test_every_block_in_the_docs_is_what_its_renderer_gives():
 
 
 def test_every_renderer_has_a_block_and_every_block_a_renderer():
-    used = [b.name for doc in report.documents(ROOT) for b in report.blocks(doc.read_text(), doc)]
+    used = [b.name for doc in report.documents(ROOT) for b in report.doc_blocks(doc)]
     assert set(used) == set(report.RENDERERS)
     assert len(used) == len(set(used)), "a block appears twice"
 

@@ -229,19 +229,57 @@ def _text(cell: dict) -> str:
 WORDS_PER_MINUTE = 150
 
 
-def reading_minutes(lab: Lab, root: str | Path | None = None) -> int:
-    """Minutes to read a lab's notebook: its Markdown cells' words / WORDS_PER_MINUTE, plus one per
-    code cell that draws a figure (FIGURE_CALL), rounded up."""
+def _cells(lab: Lab, root: str | Path | None, caller: str) -> list[dict]:
     if not isinstance(lab, Lab):
-        raise UsageError(f"reading_minutes: lab must be a catalogue Lab, got {lab!r}")
+        raise UsageError(f"{caller}: lab must be a catalogue Lab, got {lab!r}")
     path = (Path(root) if root is not None else Path(__file__).resolve().parents[2]) / lab.notebook
     try:
-        cells = json.loads(path.read_text())["cells"]
+        return json.loads(path.read_text())["cells"]
     except FileNotFoundError:
-        raise UsageError(f"reading_minutes: {lab.id}'s notebook {path} is missing") from None
+        raise UsageError(f"{caller}: {lab.id}'s notebook {path} is missing") from None
+
+
+def _minutes(cells: list[dict]) -> int:
     words = sum(len(_text(c).split()) for c in cells if c["cell_type"] == "markdown")
     figures = sum(1 for c in cells if c["cell_type"] == "code" and FIGURE_CALL.search(_text(c)))
     return math.ceil(words / WORDS_PER_MINUTE + figures)
+
+
+def reading_minutes(lab: Lab, root: str | Path | None = None) -> int:
+    """Minutes to read a lab's notebook: its Markdown cells' words / WORDS_PER_MINUTE, plus one per
+    code cell that draws a figure (FIGURE_CALL), rounded up."""
+    return _minutes(_cells(lab, root, "reading_minutes"))
+
+
+#: a Markdown cell that opens with this marks a section a first read skips (docs/workshop.md)
+SKIP_MARK = "*Skip on first read"
+
+
+def skipped_spans(cells: list[dict]) -> list[tuple[int, int]]:
+    """(first, end) cell ranges a first read skips: each runs from a Markdown cell that opens with
+    SKIP_MARK (placed just before a section's heading) to the next level-2 heading (``## ``), the
+    next marker, or the end."""
+
+    def opens(c: dict, prefix: str) -> bool:
+        return c["cell_type"] == "markdown" and _text(c).lstrip().startswith(prefix)
+
+    starts = [i for i, c in enumerate(cells) if opens(c, SKIP_MARK)]
+    spans = []
+    for i in starts:
+        heading = i + 1 if i + 1 < len(cells) and opens(cells[i + 1], "#") else i
+        end = next(
+            (j for j in range(heading + 1, len(cells)) if opens(cells[j], "## ") or opens(cells[j], SKIP_MARK)),
+            len(cells),
+        )
+        spans.append((i, end))
+    return spans
+
+
+def first_read_minutes(lab: Lab, root: str | Path | None = None) -> int:
+    """reading_minutes of the notebook without the sections marked SKIP_MARK (skipped_spans)."""
+    cells = _cells(lab, root, "first_read_minutes")
+    skipped = {j for a, b in skipped_spans(cells) for j in range(a, b)}
+    return _minutes([c for j, c in enumerate(cells) if j not in skipped])
 
 
 def markdown_table(wide: bool = False) -> str:

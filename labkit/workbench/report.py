@@ -1,4 +1,4 @@
-"""``labkit report``: every measured number in README.md and docs/*.md, rendered from the reference files.
+"""``labkit report``: every measured number in README.md, docs/*.md and the notebooks' Markdown, rendered from data.
 
 A document holds each generated block between two HTML comments (invisible once rendered)::
 
@@ -11,7 +11,10 @@ names each block whose text differs from what its renderer gives now and exits 1
 draws the figures in ``FIGURES`` into ``docs/figures/``. A renderer takes a :class:`Reference` and
 returns Markdown; a missing file, record or field is a :class:`ReportError` naming it.
 
-Renderers are named by ``"module:function"`` strings, as ``labkit.workbench.benchmarks`` names the
+In a notebook the blocks live in Markdown cells (JupyterLab hides the comments too).
+
+Renderers are named by ``"module:function"`` strings (``"module:function:arg"`` passes ``arg`` after
+the reference), as ``labkit.workbench.benchmarks`` names the
 labs' benchmarks: the workbench names lab modules without importing them at module level.
 """
 
@@ -25,9 +28,9 @@ from pathlib import Path
 from labkit.workbench import results
 from labkit.workbench.errors import UsageError
 
-DOCS = ("README.md", "docs/*.md")
+DOCS = ("README.md", "docs/*.md", "notebooks/*.ipynb")
 FIGURES_DIR = "docs/figures"
-BLOCK = re.compile(r"<!-- report:(?P<name>[a-z0-9-]+) -->\n(?P<body>.*?)<!-- /report -->", re.S)
+BLOCK = re.compile(r"<!-- report:(?P<name>[a-z0-9_-]+) -->\n(?P<body>.*?)<!-- /report -->", re.S)
 
 #: block name -> "module:function(reference) -> Markdown"
 RENDERERS = {
@@ -40,6 +43,25 @@ RENDERERS = {
     "fp8-speed": "labkit.labs.fp8_dispatch.findings:speed_table",
     "litmus-rows": "labkit.labs.memory_model.findings:rows_table",
     "broken-barriers": "labkit.labs.memory_model.findings:broken_barriers_table",
+    "l2-recorded": "labkit.labs.start_here.findings:recorded_l2",
+    "headline-02": "labkit.labs.collectives.findings:headline",
+    "headline-03": "labkit.labs.stream_races.findings:headline",
+    "workshop-objectives": "labkit.workbench.workshop:objectives_list",
+    "workshop-minutes": "labkit.workbench.workshop:minutes_table",
+    "workshop-agenda-3h": "labkit.workbench.workshop:agenda_3h",
+    "workshop-agenda-day": "labkit.workbench.workshop:agenda_day",
+    **{
+        f"minutes-{n}": f"labkit.workbench.workshop:minutes_line:{n}"
+        for n in (
+            "00_start_here",
+            "01_wrong_device",
+            "02_collectives",
+            "03_stream_races",
+            "04_grouped_gemm",
+            "05_fp8_dispatch",
+            "06_memory_model",
+        )
+    },  # fmt: skip
 }
 
 #: figure name (docs/figures/NAME.png) -> "module:function(reference) -> (matplotlib figure, file it drew)"
@@ -114,7 +136,9 @@ def number(x: float, digits: int = 3) -> str:
 
 def _function(target: str):
     module, _, fn = target.partition(":")
-    return getattr(importlib.import_module(module), fn)
+    fn, _, arg = fn.partition(":")
+    f = getattr(importlib.import_module(module), fn)
+    return (lambda reference: f(reference, arg)) if arg else f
 
 
 def render(name: str, reference: Reference | None = None) -> str:
@@ -138,9 +162,23 @@ def blocks(text: str, doc: Path) -> list[Block]:
 
 
 def documents(root: str | Path | None = None) -> list[Path]:
-    """README.md and docs/*.md under the repository ``root``."""
+    """README.md, docs/*.md and notebooks/*.ipynb under the repository ``root``."""
     root = Path(root) if root is not None else results.REPO_ROOT
     return sorted(p for pattern in DOCS for p in root.glob(pattern))
+
+
+def texts(doc: Path) -> list[str]:
+    """The text a document's blocks live in: the whole file, or a notebook's Markdown cells."""
+    if doc.suffix != ".ipynb":
+        return [doc.read_text()]
+    import nbformat
+
+    return [c.source for c in nbformat.read(doc, as_version=4).cells if c.cell_type == "markdown"]
+
+
+def doc_blocks(doc: Path) -> list[Block]:
+    """Every generated block of a document, in order."""
+    return [b for text in texts(doc) for b in blocks(text, doc)]
 
 
 def rewrite(text: str, reference: Reference) -> str:
@@ -154,22 +192,52 @@ def stale(root: str | Path | None = None, reference: Reference | None = None) ->
     root = Path(root) if root is not None else results.REPO_ROOT
     out = []
     for doc in documents(root):
-        for b in blocks(doc.read_text(), doc):
+        for b in doc_blocks(doc):
             if b.body != render(b.name, reference):
                 out.append(f"{doc.relative_to(root)}: {b.name}")
     return out
 
 
 def write(root: str | Path | None = None, reference: Reference | None = None) -> list[Path]:
-    """Rewrite every block of every document; returns the documents that changed."""
-    reference = reference or Reference()
+    """Rewrite every block of every document until none changes (a block that counts a notebook's
+    words can change the count); returns the documents that changed."""
+    changed: list[Path] = []
+    for _ in range(4):
+        now = _write_once(root, reference or Reference())
+        if not now:
+            return changed
+        changed += [d for d in now if d not in changed]
+    raise ReportError(f"report: blocks still change after 4 passes: {', '.join(map(str, now))}")
+
+
+def _write_once(root: str | Path | None, reference: Reference) -> list[Path]:
     changed = []
     for doc in documents(root):
+        if doc.suffix == ".ipynb":
+            if _rewrite_notebook(doc, reference):
+                changed.append(doc)
+            continue
         text = doc.read_text()
         new = rewrite(text, reference)
         if new != text:
             results.atomic_write_text(doc, new)
             changed.append(doc)
+    return changed
+
+
+def _rewrite_notebook(doc: Path, reference: Reference) -> bool:
+    """Re-render the blocks of a notebook's Markdown cells, touching nothing else; True if any changed."""
+    import nbformat
+
+    nb = nbformat.read(doc, as_version=4)
+    changed = False
+    for c in nb.cells:
+        if c.cell_type == "markdown" and BLOCK.search(c.source):
+            new = rewrite(c.source, reference)
+            changed |= new != c.source
+            c.source = new
+    if changed:
+        results.atomic_write_text(doc, nbformat.writes(nb) + "\n")
     return changed
 
 

@@ -333,3 +333,16 @@ def large_messages_table(reference) -> str:
         "Rendered by `labkit report`."
     )
     return "\n".join(out)
+
+
+def headline(reference) -> str:
+    """Notebook 02's first screen: the recorded 2×H200 sweep at large sizes, and the bus bandwidth at 256 MiB."""
+    lines = sweep_in_words(reference.records("h200x2/collectives.json", kind="sweep"), 2).splitlines()
+    keep = [x for x in lines if x.startswith(("- **out of place, 16 MiB", "- **256 MiB, busbw"))]
+    if len(keep) != 2:
+        raise ValueError(f"collectives headline: expected two lines of sweep_in_words, got {keep}")
+    return (
+        "labkit's all-reduce against the best of NCCL and `torch.ops.symm_mem` on two ranks:\n\n"
+        + "\n".join(keep)
+        + "\n\n(`reference/h200x2/collectives.json`, kind `sweep`; rendered by `labkit report`.)"
+    )

@@ -173,7 +173,7 @@ def plot_observed_grid(records, ax=None, title: str = "observed", stress: str = 
     bar.ax.tick_params(labelsize=7)
     shown = ", ".join(sorted(s for s in stresses if s)) or "-"
     ax.set_title(
-        f"{title}: weak outcome rate (stress {shown}; grey 0: not observed; hatched: the model "
+        f"{title}\nweak outcome rate (stress {shown}; grey 0: not observed; hatched: the model "
         "forbids it; blank: not run)",
         fontsize=8,
     )
@@ -397,6 +397,41 @@ def model_grid(placements=("cross_cta", "two_gpus")) -> tuple[list[tuple], list[
             line.append("ptx_allows" if (r["model"], r["ptx"]) == ("forbidden", "allowed") else r["model"])
         cells.append(line)
     return rows, cols, cells
+
+
+def plot_headline(r: dict, title: str = "your run (live)", stamp: dict | None = None):
+    """The notebook's first figure: the test drawn beside the histogram of one run's outcomes, laid
+    out above the caption so that neither the histogram's three-line title nor the caption is cut."""
+    from labkit.workbench import plot
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), gridspec_kw={"width_ratios": [1, 1.5]})
+    plot_test(r["test"], axes[0])
+    plot_histogram(r, axes[1], title)
+    text = plot.caption(fig, yours=stamp, adjust=False)
+    fig.tight_layout(rect=(0, (0.1 + 0.14 * len(text.splitlines())) / fig.get_figheight(), 1, 1))
+    return fig
+
+
+def plot_observed_grids(panels, stress: str, name: str, folder=None, *, stamp: dict | None = None):
+    """Every panel's ``plot_observed_grid`` in one figure, two panels to a row (one row of four
+    panels stacked would be some 2,400 pixels tall), captioned with the machine and versions of
+    every source and saved as ``name``.png; returns the figure, or None without panels."""
+    from labkit.workbench import plot
+
+    if not panels:
+        return None
+    ncols = min(2, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, grid = plt.subplots(nrows, ncols, figsize=(9.0 * ncols, 4.9 * nrows), squeeze=False)
+    for ax, panel in zip(grid.flat, panels):
+        plot_observed_grid(panel.records, ax, textwrap.fill(panel.title, 60), stress=stress)
+    for ax in list(grid.flat)[len(panels) :]:
+        ax.set_axis_off()
+    refs = {p.machine: p.result_set for p in panels if p.result_set is not None}
+    text = plot.caption(fig, stamp if any(p.live for p in panels) else None, refs, adjust=False)
+    fig.tight_layout(rect=(0, min(0.4, (0.1 + 0.14 * len(text.splitlines())) / fig.get_figheight()), 1, 1))
+    plot.save(fig, name, folder)
+    return fig
 
 
 def plot_model_grid(ax=None, placements=("cross_cta", "two_gpus")):

@@ -54,3 +54,13 @@ def race_in_words(records: list[dict]) -> str:
     if clean:
         text += "; never: " + ", ".join(clean)
     return text + "."
+
+
+def headline(reference) -> str:
+    """Notebook 03's first screen: the recorded race in words, beside the README's figure of it."""
+    words = race_in_words(reference.records("h200x1/streams.json", kind="race"))
+    return (
+        f"Corrupted trials per allocator: {words}\n\n"
+        "![the race, recorded on one H200](../docs/figures/stream-race.png)\n\n"
+        "(`reference/h200x1/streams.json`, kind `race`; rendered by `labkit report`.)"
+    )

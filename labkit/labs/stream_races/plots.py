@@ -7,6 +7,8 @@ import dataclasses
 import statistics
 from collections import defaultdict
 
+from labkit.workbench import hardware
+
 COLORS = {"raw": "tab:red", "views": "tab:orange", "views+record_stream": "tab:green"}
 
 
@@ -226,11 +228,26 @@ def gemm_ratio_series(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
     return out
 
 
-def plot_gemm_alignment(records: list[dict], ax, title: str) -> None:
+def gpu_name(panel) -> str | None:
+    """The GPU a panel's records ran on: the reference file's first GPU, or this machine's for a live run."""
+    if panel.result_set is not None:
+        gpus = panel.result_set.env.get("gpus") or []
+        return gpus[0]["name"] if gpus else None
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
+def plot_gemm_alignment(records: list[dict], ax, title: str, gpu: str | None = None) -> None:
     """Each offset's GEMM time over the +0-byte time of the same rounds (paired), per
     implementation and misaligned operands; a line at 1.0 (as fast as aligned). Whiskers are the
-    quartiles of the paired ratios where the records hold them; the y label says when they do not."""
+    quartiles of the paired ratios where the records hold them; the y label says when they do not.
+    A ratio axis has no room for a ceiling: where ``gpu`` is listed in
+    ``labkit.workbench.hardware.DATASHEET_DENSE_TFLOPS``, the legend gives each series' +0 B rate as
+    a share of that datasheet peak (the lab standard's ceiling policy)."""
     series = gemm_ratio_series(records)
+    dtype = next((r["dtype"] for r in records if r.get("kind") == "gemm_alignment"), None)
+    peak = hardware.datasheet_dense_tflops(gpu, "bf16") if dtype == "bfloat16" else None
     offsets = sorted({row["offset_bytes"] for rows in series.values() for row in rows})
     width = 0.8 / max(len(series), 1)
     have_quartiles = all(row["p25"] is not None and row["p75"] is not None for rows in series.values() for row in rows)
@@ -245,11 +262,14 @@ def plot_gemm_alignment(records: list[dict], ax, title: str) -> None:
                 [at[o]["p75"] - at[o]["ratio"] for o in offsets if o in at],
             ]
         base = rows[0]["tflops_aligned"]
-        label = f"{impl}, misaligned: {ops}" + (f" (+0 B: {base:.0f} TFLOP/s)" if base else "")
+        share = f", {base / peak:.0%} of the datasheet peak" if base and peak else ""
+        label = f"{impl}, misaligned: {ops}" + (f" (+0 B: {base:.0f} TFLOP/s{share})" if base else "")
         ax.bar(xs, ys, width, yerr=yerr, capsize=2, label=label)
         for x, y in zip(xs, ys):
             ax.annotate(f"{y:.2f}", (x, y), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=6)
     ax.axhline(1.0, color="0.2", lw=1, ls="--", label="1.0: as fast as +0 B")
+    if peak:  # an invisible handle: the legend names the ceiling the shares are of
+        ax.plot([], [], " ", label=f"datasheet bf16 dense peak, {gpu.replace('NVIDIA ', '')}: {peak:g} TFLOP/s")
     ax.set_xticks(range(len(offsets)), [f"+{o} B" for o in offsets])
     ax.set_xlabel("operand pointer offset from a 256-byte boundary")
     ax.set_ylabel(

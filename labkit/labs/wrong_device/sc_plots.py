@@ -155,3 +155,34 @@ def plot_speed(
     ax.axhline(1, color="0.5", lw=0.8)
     ax.set_ylim(top=tallest * 30)  # headroom on the log axis: the legend sits above the bars
     ax.legend(fontsize=7, loc="upper left")
+
+
+def plot_decode(model_panels, stamp: dict | None = None):
+    """ms per token of batch-1 greedy decode per configuration, one bar series per source (your
+    run, each recorded machine), whiskers p25-p75 where recorded; laid out above the caption so
+    that the two-line axis label and the configurations' tick labels are not cut."""
+    import matplotlib.pyplot as plt
+
+    from labkit.workbench import plot
+
+    fig, ax = plt.subplots(figsize=(9, 4.6))
+    width = 0.8 / len(model_panels)
+    configs = [r["config"] for r in model_panels[0].records]
+    for i, p in enumerate(model_panels):
+        row = {r["config"]: r for r in p.records}
+        ms = [row[c]["ms_per_token"] if c in row else float("nan") for c in configs]
+        # whiskers: the quartiles of the timed tokens, where the run recorded them
+        low = [ms[j] - row[c].get("ms_per_token_p25", ms[j]) if c in row else 0 for j, c in enumerate(configs)]
+        high = [row[c].get("ms_per_token_p75", ms[j]) - ms[j] if c in row else 0 for j, c in enumerate(configs)]
+        ax.bar([j + i * width for j in range(len(configs))], ms, width, yerr=[low, high], capsize=3, label=p.title)
+    ax.set_xticks(
+        [j + width * (len(model_panels) - 1) / 2 for j in range(len(configs))],
+        [c.replace(", ", ",\n") for c in configs],
+        fontsize=7,
+    )
+    ax.set_ylabel("ms per token\n(batch 1 greedy decode; median, whiskers p25-p75)", fontsize=9)
+    ax.set_title("Llama-3.1-8B-shaped layers on 2 GPUs: bf16 vs SC linears", fontsize=10)
+    ax.legend(fontsize=8)
+    text = plot.caption(fig, stamp, {p.machine: p.result_set for p in model_panels if not p.live}, adjust=False)
+    fig.tight_layout(rect=(0, (0.1 + 0.14 * len(text.splitlines())) / fig.get_figheight(), 1, 1))
+    return fig
