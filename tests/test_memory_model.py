@@ -294,7 +294,8 @@ def test_plots_draw_from_records_with_skipped_and_zero_rows():
 @pytest.mark.skipif(not tier.interpreted(), reason="the emulated world is the CPU tier's; GPUs: the multigpu test")
 def test_broken_barriers_in_the_emulated_world():
     """The correct kernel with a delay on rank 1 is never wrong; no_end_barrier goes wrong in
-    some trials (a rank's next input lands while the slow rank reads)."""
+    some trials (a rank's next input lands while the slow rank reads), also when it runs after the
+    correct one in the same pair of processes (measure_variants, as notebook 06 runs them)."""
     # every delay in one spawn: one record per delay, in order
     good = bb.measure_delays("correct", "one_shot", (0, 400), 4, 4096)
     assert [g["delay"] for g in good] == [0, 400] and [g["stress"] for g in good] == ["none", bb.STRESS]
@@ -303,9 +304,12 @@ def test_broken_barriers_in_the_emulated_world():
         assert g["wrong_per_rank"] == [0, 0] and g["seconds"] > 0 and g["wall_s"] >= 0
         assert g["setup_s"] > 0 and g["check_s"] > 0  # where a row's wall time goes besides its trials
         assert g["compare_s"] >= 0 and g["pads_s"] >= 0 and g["compare_s"] + g["pads_s"] <= g["check_s"] + 2e-3, g
-    bad = bb.measure("no_end_barrier", "one_shot", 400, 4, 4096)  # one row, a spawn of its own
+    both = bb.measure_variants(["correct", "no_end_barrier"], "one_shot", (400,), 4, 4096)  # one spawn
+    assert [(r["variant"], r["delay"]) for r in both] == [("correct", 400), ("no_end_barrier", 400)]
+    assert both[0]["wrong_results"] == 0 and both[0]["pads_zero"] and both[0]["skipped"] is None, both[0]
+    bad = both[1]
     assert bad["wrong_results"] > 0, bad
-    assert all(k in bad for k in bb.REQUIRED) and set(bad) == set(good[1])
+    assert all(k in bad for k in bb.REQUIRED) and set(bad) == set(good[1]) == set(both[0])
 
 
 class _FakeRanks:
@@ -343,6 +347,45 @@ class _FakeRanks:
     def unwrap(self):
         assert self.ok
         return self._values
+
+
+def test_measure_variants_spawns_once_and_pins_a_failure_to_its_variant(monkeypatch, capsys):
+    """Every variant and delay in one spawn (variants_sweep), the records those of measure_delays in
+    variant order; if that spawn fails, each variant again in a spawn of its own."""
+    calls = []
+
+    def fake_run_ranks(fn, world, variants, form, delays, trials, n, dtype_name, timeout):
+        calls.append((fn, variants))
+        if fn is bb.variants_sweep:
+            per_variant = [_FakeRanks(True, v, form, delays, trials, n, dtype_name).unwrap() for v in variants]
+            fake = _FakeRanks(ok, variants[0], form, delays, trials, n, dtype_name)
+            fake._values = [[rows[r] for rows in per_variant] for r in range(2)]
+            return fake
+        return _FakeRanks(variants != "no_end_barrier", variants, form, delays, trials, n, dtype_name)
+
+    monkeypatch.setattr(bb, "run_ranks", fake_run_ranks)
+    ok = True
+    recs = bb.measure_variants(["correct", "no_end_barrier"], "one_shot", (0, 400), 4, 4096)
+    assert calls == [(bb.variants_sweep, ["correct", "no_end_barrier"])]
+    assert [(r["variant"], r["delay"]) for r in recs] == [
+        (v, d) for v in ("correct", "no_end_barrier") for d in (0, 400)
+    ]
+    assert all(r["skipped"] is None and r["seconds"] == 1.5 for r in recs)
+    assert [r["wrong_results"] for r in recs] == [0, 1, 0, 1]
+    calls.clear()
+    ok = False  # the shared spawn fails: each variant alone, and only no_end_barrier's rows are skipped
+    recs = bb.measure_variants(["correct", "no_end_barrier"], "one_shot", (0, 400), 4, 4096)
+    assert [c[0] for c in calls] == [bb.variants_sweep, bb.delayed_sweep, bb.delayed_sweep]
+    assert [c[1] for c in calls[1:]] == ["correct", "no_end_barrier"]
+    assert "measuring each variant in a spawn of its own" in capsys.readouterr().out
+    assert [r["skipped"] is None for r in recs] == [True, True, False, False]
+    calls.clear()
+    one = bb.measure_variants(["correct"], "one_shot", (400,), 4, 4096)  # one variant: measure_delays
+    assert calls == [(bb.delayed_sweep, "correct")] and one[0]["wrong_results"] == 1
+    with pytest.raises(UsageError, match="variants"):
+        bb.measure_variants("correct", "one_shot", (400,), 4, 4096)
+    with pytest.raises(UsageError):
+        bb.measure_variants(["correct", "no_such_variant"], "one_shot", (400,), 4, 4096)
 
 
 def test_the_benchmark_spawns_once_per_form_and_variant(monkeypatch):

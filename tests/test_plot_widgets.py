@@ -3,6 +3,7 @@
 import dataclasses
 
 import matplotlib
+import matplotlib.pyplot as plt
 
 matplotlib.use("Agg")
 
@@ -50,9 +51,10 @@ def test_caption_names_machine_versions_and_references(tmp_path):
     assert path.exists() and path.stat().st_size > 1000
 
 
-def test_save_shows_the_figure_once_where_nothing_else_would(tmp_path, monkeypatch):
-    """In a kernel with a non-interactive backend (MPLBACKEND=Agg inherited) save displays the PNG;
-    under the inline backend matplotlib-inline shows it at the end of the cell, so save does not."""
+def test_save_shows_the_figure_once_and_closes_it(tmp_path, monkeypatch):
+    """In a kernel, with a non-interactive backend (MPLBACKEND=Agg inherited) or the inline one,
+    save displays the PNG it wrote and closes the figure: matplotlib-inline, which draws every
+    figure still open at the end of the cell, draws it no second time."""
     import types
 
     import IPython
@@ -67,11 +69,21 @@ def test_save_shows_the_figure_once_where_nothing_else_would(tmp_path, monkeypat
     plot.save(fig, "outside", tmp_path)
     assert shown == [], "outside a kernel (scripts, tests) nothing is displayed"
     monkeypatch.setattr(IPython, "get_ipython", lambda: types.SimpleNamespace(kernel=object()))
-    plot.save(fig, "agg", tmp_path)
-    assert len(shown) == 1 and shown[0].data.startswith(b"\x89PNG\r\n\x1a\n")
+    assert fig.number in plt.get_fignums(), "outside a kernel the figure stays open"
+    monkeypatch.setattr(matplotlib, "get_backend", lambda: "agg")
+    path = plot.save(fig, "agg", tmp_path)
+    assert len(shown) == 1 and shown[0].data == path.read_bytes(), "the PNG written, displayed"
+    assert fig.number not in plt.get_fignums(), "closed: nothing draws it again"
+    fig, (ax,) = plot.new_figure()
+    ax.plot([1, 2], [3, 4])
     monkeypatch.setattr(matplotlib, "get_backend", lambda: KERNEL_MPLBACKEND)
-    plot.save(fig, "inline", tmp_path)
-    assert len(shown) == 1, "the inline backend shows the figure itself: no second copy"
+    path = plot.save(fig, "inline", tmp_path)
+    assert len(shown) == 2 and shown[1].data == path.read_bytes(), "under the inline backend too"
+    assert fig.number not in plt.get_fignums(), "closed: matplotlib-inline does not draw it at the cell's end"
+    monkeypatch.setattr(matplotlib, "get_backend", lambda: "module://ipympl.backend_nbagg")
+    fig, (ax,) = plot.new_figure()
+    plot.save(fig, "interactive", tmp_path)
+    assert len(shown) == 2 and fig.number in plt.get_fignums(), "an interactive backend shows it itself"
 
 
 def test_crash_explorer_runs_the_chosen_experiment():

@@ -65,37 +65,43 @@ def caption(fig, yours: dict | None = None, refs: dict | None = None, adjust: bo
 def save(fig, name: str, folder: str | Path | None = None) -> Path:
     """Save a figure as PNG in the notebook's output folder (see labkit.workbench.results.output_dir).
 
-    In a notebook the figure is also shown, once (see :func:`show`)."""
+    In a notebook the figure is also shown, once: the PNG just written (see :func:`show`)."""
     folder = Path(folder) if folder else results.output_dir()
     path = folder / f"{name}.png"
     fig.savefig(path, dpi=110)
-    show(fig)
+    show(fig, path)
     return path
 
 
 #: matplotlib's built-in backends that draw nothing on screen (nor in a notebook).
 _NON_INTERACTIVE = {"agg", "cairo", "pdf", "pgf", "ps", "svg", "template"}
+#: matplotlib-inline's backend, as ``matplotlib.get_backend()`` names it (lower case)
+_INLINE = "module://matplotlib_inline.backend_inline"
 
 
-def show(fig) -> bool:
-    """Make sure a figure appears in the notebook it was drawn in; returns True if shown here.
+def show(fig, png: str | Path | None = None) -> bool:
+    """Make sure a figure appears in the notebook it was drawn in, once; returns True if shown here.
 
-    Under the inline backend (Jupyter's default, and what ``labkit run`` gives every notebook)
-    matplotlib-inline draws every open figure at the end of the cell: nothing to do, and doing
-    it here as well would show the figure twice. Under a non-interactive backend (a kernel that
-    inherited MPLBACKEND=Agg) nothing would draw it, so its PNG is displayed now. Interactive
-    backends (``%matplotlib widget``, ...) show figures themselves. Outside a notebook kernel
-    (scripts, tests): nothing."""
+    In a notebook kernel under the inline backend (Jupyter's default, and what ``labkit run``
+    gives every notebook) or a non-interactive one (a kernel that inherited MPLBACKEND=Agg, where
+    nothing else would draw it), the PNG is displayed now (``png``: a file already written from
+    this figure, else the figure drawn once) and the figure is closed: matplotlib-inline would
+    otherwise draw every open figure again at the end of the cell (twice: once more for its tight
+    bounding box), and the labs' figures of many panels take seconds per draw on a 2-core CPU.
+    Interactive backends (``%matplotlib widget``, ...) show figures themselves. Outside a
+    notebook kernel (scripts, tests): nothing."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
     if shell is None or getattr(shell, "kernel", None) is None:
         return False
-    if str(matplotlib.get_backend()).lower() not in _NON_INTERACTIVE:
+    backend = str(matplotlib.get_backend()).lower()
+    if backend not in _NON_INTERACTIVE and backend != _INLINE:
         return False
     from IPython.core.pylabtools import print_figure
     from IPython.display import Image, display
 
-    display(Image(data=print_figure(fig, "png")))
+    display(Image(data=Path(png).read_bytes() if png is not None else print_figure(fig, "png")))
+    plt.close(fig)
     return True
 
 

@@ -201,6 +201,14 @@ def delayed_sweep(
     return [delayed_trials(ctx, variant, form, trials, n, dtype_name, delay, seed) for delay in delays]
 
 
+def variants_sweep(
+    ctx, variants, form: str, delays, trials: int = 8, n: int = 4096, dtype_name: str = "float32", seed: int = 0
+) -> list[list[dict]]:
+    """``delayed_sweep`` for every variant of ``variants`` in turn, in this one pair of processes;
+    returns, per variant in order, its per-delay dicts."""
+    return [delayed_sweep(ctx, v, form, delays, trials, n, dtype_name, seed) for v in variants]
+
+
 def zero_delay_matches(ctx, n: int = 4096, seed: int = 3) -> tuple[bool, bool]:
     """On every rank: lab 02's all-reduce and the delayed plan at delay 0 on the same input.
     Returns (bit-identical results, correct against the fp64 sum)."""
@@ -246,7 +254,46 @@ def measure_delays(
     if not res.ok:
         reason = f"run_ranks: {res.summary()}"[:300]
         return [row(form, variant, d, trials, world, skipped=reason) for d in delays]
-    per_rank = res.unwrap()  # per rank: one dict per delay
+    return _delay_rows(variant, form, delays, trials, n, dtype_name, world, res.unwrap(), wall / len(delays))
+
+
+def measure_variants(
+    variants, form: str, delays, trials: int, n: int, dtype_name: str = "float32", timeout: float = SPAWN_TIMEOUT_S
+) -> list[dict]:
+    """``measure_delays`` for every variant of ``variants``, all in ONE spawn of two ranks (a spawn
+    of the emulated world costs seconds of start-up): the records of each variant in turn, as
+    ``measure_delays`` gives them (``wall_s``: the spawn's wall time divided evenly over every
+    row). If that spawn fails (a hang, a crash), says so and measures each variant in a spawn of
+    its own, so the failure is pinned to its variant."""
+    if isinstance(variants, str) or not variants:
+        raise UsageError(f"variants: expected a non-empty list of variant names, got {variants!r}")
+    variants = list(variants)
+    for v in variants:
+        _check_delays(v, form, delays)
+    delays = tuple(delays)
+    if len(variants) == 1:
+        return measure_delays(variants[0], form, delays, trials, n, dtype_name, timeout=timeout)
+    world = "emulated" if tier.interpreted() else "gpus"
+    start = time.perf_counter()
+    res = run_ranks(variants_sweep, 2, variants, form, delays, trials, n, dtype_name, timeout=timeout)
+    wall = time.perf_counter() - start
+    if not res.ok:
+        print(
+            f"the spawn running variants {variants} failed ({res.summary().splitlines()[0]}): "
+            "measuring each variant in a spawn of its own"
+        )
+        return [r for v in variants for r in measure_delays(v, form, delays, trials, n, dtype_name, timeout=timeout)]
+    per_rank = res.unwrap()  # per rank: per variant, one dict per delay
+    each = wall / (len(variants) * len(delays))
+    return [
+        r
+        for k, v in enumerate(variants)
+        for r in _delay_rows(v, form, delays, trials, n, dtype_name, world, [rank[k] for rank in per_rank], each)
+    ]
+
+
+def _delay_rows(variant, form, delays, trials, n, dtype_name, world, per_rank, wall_each) -> list[dict]:
+    """The records of one variant's delays from what its ranks returned (per rank, one dict per delay)."""
     out = []
     for i, delay in enumerate(delays):
         parts = [rank_rows[i] for rank_rows in per_rank]
@@ -268,7 +315,7 @@ def measure_delays(
                 check_s=round(max(p["check_s"] for p in parts), 3),
                 compare_s=round(max(p["compare_s"] for p in parts), 3),
                 pads_s=round(max(p["pads_s"] for p in parts), 3),
-                wall_s=round(wall / len(delays), 2),
+                wall_s=round(wall_each, 2),
             )
         )
     return out
