@@ -11,6 +11,8 @@ raises, and ``labkit run --solutions`` runs the solutions in place of the starte
 """
 
 import json
+import linecache
+import zlib
 from pathlib import Path
 
 import nbformat
@@ -36,9 +38,14 @@ def _starter(name: str) -> str:
 
 
 def _answer(name: str, source: str):
-    """What the answer cell defines when it runs alone (answer cells import what they use)."""
+    """What the answer cell defines when it runs alone (answer cells import what they use). Its
+    source goes into linecache under the name it is compiled with, as IPython does for a cell:
+    ``@triton.jit`` reads a function's source back (inspect), which a bare ``exec`` would refuse
+    outside the interpreter ("@jit functions should be defined in a Python file")."""
+    filename = f"<answer {name} {zlib.crc32(source.encode()):08x}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     namespace: dict = {"__name__": "__answer__"}
-    exec(compile(source, f"<answer {name}>", "exec"), namespace)
+    exec(compile(source, filename, "exec"), namespace)
     return namespace[EXERCISES[name].answer]
 
 

@@ -6,6 +6,7 @@ import torch
 
 from labkit.kernels import grouped_gemm as gg
 from labkit.labs.grouped_gemm.host_reads import CountedSplits
+from labkit.workbench import tier
 
 
 def test_host_reads_are_counted_and_device_work_is_not():
@@ -19,8 +20,9 @@ def test_host_reads_are_counted_and_device_work_is_not():
 
 
 def test_labkits_kernel_is_excused_unless_it_checks_the_splits():
-    x, w = torch.randn(5, 8), torch.randn(3, 8, 4)
-    m = CountedSplits.wrap(torch.tensor([3, 0, 2]))
+    dev = tier.kernel_device()  # the CPU under the interpreter; a GPU's kernels take CUDA tensors
+    x, w = torch.randn(5, 8, device=dev), torch.randn(3, 8, 4, device=dev)
+    m = CountedSplits.wrap(torch.tensor([3, 0, 2], device=dev))
     out = gg.grouped_mm(x, w, m)
     assert CountedSplits.reads == [] and torch.allclose(out[:3], x[:3] @ w[0], atol=1e-4)
     gg.grouped_mm(x, w, m, check_splits=True)
