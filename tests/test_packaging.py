@@ -6,9 +6,11 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 from labkit.workbench import catalogue
+from labkit.workbench.errors import UsageError
 from labkit.workbench.runner import notebooks as nbs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,3 +138,13 @@ def test_public_api_names_exist():
             assert callable(obj), entry
             checked.append(entry)
     assert len(checked) >= 20, checked
+
+
+def test_the_labs_table_links_resolve_from_where_it_is_shown():
+    """README (repository root) and notebook 00 (notebooks/) show the same table: each link names a
+    notebook that exists from there; a prefix that is not a folder is refused."""
+    for where, prefix in ((ROOT, "notebooks/"), (ROOT / "notebooks", "")):
+        links = re.findall(r"\]\(([^)]+\.ipynb)\)", catalogue.markdown_table(notebooks_at=prefix))
+        assert len(links) == len(catalogue.LABS) and all((where / link).is_file() for link in links), links
+    with pytest.raises(UsageError, match="notebooks_at"):
+        catalogue.markdown_table(notebooks_at="notebooks")

@@ -282,17 +282,20 @@ def first_read_minutes(lab: Lab, root: str | Path | None = None) -> int:
     return _minutes([c for j, c in enumerate(cells) if j not in skipped])
 
 
-def markdown_table(wide: bool = False) -> str:
+def markdown_table(wide: bool = False, notebooks_at: str = "notebooks/") -> str:
     """The README's narrow lab table: the lab (linked to its notebook), the bug in a few words, GPUs,
     minutes to read, status. ``wide``: the notebook, the bug in full, the seed story, GPUs, what the
-    CPU tier shows, status (the table in docs/labs.md)."""
+    CPU tier shows, status (the table in docs/labs.md). ``notebooks_at``: the notebooks' folder as a
+    link from where the table is shown ("notebooks/" from the repository root, "" from a notebook)."""
+    if not isinstance(notebooks_at, str) or (notebooks_at and not notebooks_at.endswith("/")):
+        raise UsageError(f"markdown_table: notebooks_at must be '' or a folder ending in '/', got {notebooks_at!r}")
     columns = ("notebook", "the bug", "seed story", "GPUs", "CPU tier shows", "status")
     if not wide:
         columns = ("lab", "the bug", "GPUs", "minutes", "status")
     rows = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for lab in LABS:
         cell = {
-            "lab": f"[{lab.id}]({lab.notebook})",
+            "lab": f"[{lab.id}]({notebooks_at}{lab.id}.ipynb)",
             "minutes": str(reading_minutes(lab)) if not wide else "",
             "notebook": f"`{lab.notebook}`",
             "the bug": lab.bug if wide else lab.short,
