@@ -145,6 +145,22 @@ class Stage:
         text = _RAW_IMG.sub(lambda m: m.group(1) + '"' + self.link(m.group(2), source, "raw") + '"', text)
         return _LINK.sub(lambda m: m.group(1) + self.link(m.group(2), source) + m.group(3), text)
 
+    def output_markdown(self, text: str, source: str) -> str:
+        """Markdown a cell displayed: its links to pages point at the built pages (``.html``), since
+        MyST-NB renders outputs without resolving links to documents; other links as in a cell."""
+
+        def page(m):
+            target = m.group(2)
+            path, _, anchor = target.partition("#")
+            repo_path = os.path.normpath(os.path.join(os.path.dirname(source), urllib.parse.unquote(path)))
+            if repo_path not in self.docs or re.match(r"^[a-z][a-z0-9+.-]*:", path, re.I):
+                return m.group(1) + self.link(target, source) + m.group(3)
+            here = os.path.dirname(self.docs[source]) or "."
+            built = os.path.splitext(os.path.relpath(self.docs[repo_path], here))[0] + ".html"
+            return m.group(1) + built + (f"#{anchor}" if anchor else "") + m.group(3)
+
+        return _LINK.sub(page, text)
+
     def write_page(self, source: str, text: str) -> None:
         dest = self.folder / self.docs[source]
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -161,6 +177,9 @@ class Stage:
                 cell["source"] = self.markdown(src, source)
             for out in cell.get("outputs", []):
                 data = out.get("data", {})
+                if "text/markdown" in data:
+                    md = data["text/markdown"]
+                    data["text/markdown"] = self.output_markdown("".join(md) if isinstance(md, list) else md, source)
                 if WIDGET_MIME in data:
                     out["data"] = {"text/plain": WIDGET_NOTE}
                     widgets += 1

@@ -377,3 +377,14 @@ def test_the_walk_names_each_fault_planted_in_a_site(tmp_path):
     ):
         assert expected in text, f"{expected!r} not among:\n{text}"
     assert not any("fig.png does not load" in p or "#top" in p for p in problems), text
+
+
+def test_links_in_a_displayed_table_point_at_the_built_pages(tmp_path):
+    """Notebook 00 displays the labs table (Markdown output): MyST-NB renders outputs without
+    resolving links to documents, so a link to a notebook must already name its .html page."""
+    stage = build_site.Stage(tmp_path)
+    source = f"notebooks/{NAMES[0]}.ipynb"
+    text = f"| [{NAMES[1]}]({NAMES[1]}.ipynb) | [docs](../docs/index.md#top) | [web](https://example.org/x.ipynb) |"
+    out = stage.output_markdown(text, source)
+    assert f"]({NAMES[1]}.html)" in out and "](../docs/index.html#top)" in out
+    assert "](https://example.org/x.ipynb)" in out
