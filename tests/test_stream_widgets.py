@@ -126,7 +126,9 @@ def test_gemm_and_sanitizer_tables():
         }
         for o, tf, r in ((0, 800.0, 1.0), (2, 130.0, 6.0))
     ]
-    assert "| torch | all | +2 B | 130 | 6.00x |" in stream_plots.gemm_markdown(gemm)
+    table = stream_plots.gemm_markdown(gemm)
+    assert table.splitlines()[0] == "| impl | misaligned | aligned TFLOP/s | +0 B | +2 B | max rel. error |"
+    assert "| torch | all | 800 | 1.00x | 6.00x | 1.0e-03 |" in table and len(table.splitlines()) == 3
     fig, ax = plt.subplots()
     stream_plots.plot_gemm_alignment(gemm, ax, "t")
     assert [t.get_text() for t in ax.get_xticklabels()] == ["+0 B", "+2 B"]

@@ -289,18 +289,28 @@ def plot_gemm_alignment(records: list[dict], ax, title: str, gpu: str | None = N
 
 
 def gemm_markdown(records: list[dict]) -> str:
+    """One row per implementation and misaligned operands (4 rows, not one per offset): the time
+    at each offset against the aligned one (paired medians), the aligned TFLOP/s, and the largest
+    relative error over the offsets."""
     rs = [r for r in records if r.get("kind") == "gemm_alignment"]
     if not rs:
         return "(no GEMM alignment records)"
+    offsets = sorted({r["offset_bytes"] for r in rs})
     out = [
-        "| impl | misaligned | offset | TFLOP/s | time vs aligned (paired median) | max rel. error |",
-        "|---|---|---|---|---|---|",
+        "| impl | misaligned | aligned TFLOP/s | " + " | ".join(f"+{o} B" for o in offsets) + " | max rel. error |",
+        "|---|---|---|" + "---|" * len(offsets) + "---|",
     ]
-    for r in sorted(rs, key=lambda r: (r["impl"], r["operands"], r["offset_bytes"])):
+    groups = defaultdict(dict)
+    for r in rs:
+        groups[(r["impl"], r["operands"])][r["offset_bytes"]] = r
+    for (impl, operands), by_offset in sorted(groups.items()):
+        aligned = by_offset.get(0)
+        cells = [f"{by_offset[o]['time_vs_aligned']:.2f}x" if o in by_offset else "-" for o in offsets]
+        worst = max(r["max_rel_err"] for r in by_offset.values())
         out.append(
-            f"| {r['impl']} | {r['operands']} | +{r['offset_bytes']} B | {r['tflops']:.0f} | "
-            f"{r['time_vs_aligned']:.2f}x | {r['max_rel_err']:.1e} |"
+            f"| {impl} | {operands} | {aligned['tflops']:.0f} | " if aligned else f"| {impl} | {operands} | - | "
         )
+        out[-1] += " | ".join(cells) + f" | {worst:.1e} |"
     return "\n".join(out)
 
 
