@@ -388,16 +388,16 @@ def lonely_barrier(ctx, blocks: int = 1) -> None:
             torch.cuda.synchronize(ctx.device)
 
 
-def hang_demo(timeout: float = 10.0, min_spin_s: float = 3.0, retry_timeout: float = 60.0):
+def hang_demo(timeout: float = 10.0, min_spin_s: float = 3.0, retry_timeout: float | None = 60.0):
     """``lonely_barrier`` on 2 ranks with a short timeout, for the notebook: (the run, seconds rank 0
     spun in the barrier before it was killed). A timeout shows the hang only if the ranks started
     and rank 0 spun in the barrier for a while: rank 1 must have returned and rank 0 must have
     printed ``IN_BARRIER`` at least ``min_spin_s`` before the end. A slow start (a loaded machine)
-    fails that, and the run is repeated once with ``retry_timeout``. spun is None when rank 0
-    never entered the barrier."""
+    fails that, and the run is repeated once with ``retry_timeout`` (None: never). spun is None
+    when rank 0 never entered the barrier."""
     from labkit.kernels.comm.ranks import run_ranks
 
-    for t in (timeout, retry_timeout):
+    for t in (timeout,) if retry_timeout is None else (timeout, retry_timeout):
         res = run_ranks(lonely_barrier, 2, timeout=t)
         ended = time.time()
         lines = [ln for ln in res.results[0].stdout.splitlines() if ln.startswith(IN_BARRIER)]
