@@ -138,6 +138,46 @@ def test_a_lonely_barrier_times_out_instead_of_hanging():
         res.unwrap()
 
 
+def test_the_hang_demo_shows_rank_0_spinning_in_the_barrier():
+    """The notebook's short hang: rank 1 returned, rank 0 was in the barrier (it says so with the
+    time on its stdout) for at least min_spin_s when the timeout killed it."""
+    skip_without_a_world()
+    res, spun = experiments.hang_demo(timeout=10, min_spin_s=3, retry_timeout=60)
+    assert res.results[0].status == "timeout" and res.results[1].ok, res.summary()
+    assert spun is not None and 3 <= spun <= res.timeout + 1, (spun, res.summary())
+    assert experiments.IN_BARRIER in res.results[0].stdout
+
+
+def test_the_hang_demo_does_not_take_a_slow_start_for_the_hang():
+    """A timeout too short for the ranks to start shows no hang: the demo runs again with the
+    longer timeout, and spins there."""
+    skip_without_a_world()
+    res, spun = experiments.hang_demo(timeout=0.5, min_spin_s=3, retry_timeout=15)
+    assert res.timeout == 15 and res.results[1].ok and spun is not None and spun >= 3, (spun, res.summary())
+    # without a retry (the GPU tier's one run), the short run is what comes back, and says no spin
+    res, spun = experiments.hang_demo(timeout=0.5, min_spin_s=0, retry_timeout=None)
+    assert res.timeout == 0.5 and spun is None and not res.ok, (spun, res.summary())
+
+
+def test_shared_world_runs_parts_in_one_world_and_returns_nothing_when_it_fails(capsys):
+    """Every part's value, per rank, from one world; a part that raises fails the world, and
+    shared_world says so and returns {} (the notebook then runs each part in a world of its own)."""
+    skip_without_a_world()
+    calls = [
+        ("broken", experiments.broken_matrix, ([("correct", "one_shot")], 2, 1024), {}),
+        ("ranks", "labkit.labs.collectives.experiments:one_rank", (), {}),
+    ]
+    got = experiments.shared_world(calls, 2, timeout=300)
+    assert list(got) == ["broken", "ranks"] and len(got["broken"]) == 2
+    assert [rows[0]["wrong"] for rows in got["broken"]] == [0, 0]
+    assert got["ranks"] == ["no error", "no error"]  # symm.empty works on 2 ranks
+    rows = experiments.live_broken(("correct",), ("one_shot",), 2, 1024, 200.0, ran=got["broken"])
+    assert rows[0]["outcome"] == "0 wrong of 4"
+    bad = [("bogus", experiments.broken_trials, ("bogus", "one_shot", 2, 1024), {})]
+    assert experiments.shared_world(bad, 2, timeout=300) == {}
+    assert "the 2-rank world running bogus failed" in capsys.readouterr().out
+
+
 def test_misuse_is_refused_with_clear_errors():
     skip_without_a_world()
     per_rank = run_ranks(experiments.misuse_errors, 2, timeout=120).unwrap()

@@ -14,6 +14,10 @@
   ``live_broken`` (the notebook's process) drives it, falling back to one world per run on failure.
 * ``unguarded_leaf``: the tree variant that reads pointer-table entry -1; expected to crash, so
   the notebook runs it through ``run_ranks`` with a timeout, which reports how each rank ended.
+* ``lonely_barrier`` and ``hang_demo``: only rank 0 enters a barrier and spins; ``hang_demo`` (the
+  notebook's process) runs it with a short timeout and checks that rank 0 really was in the barrier.
+* ``parts`` and ``shared_world``: several rank functions one after another in one world (starting a
+  world costs seconds: every rank imports torch); ``shared_world`` returns nothing if that world fails.
 """
 
 from __future__ import annotations
@@ -316,10 +320,13 @@ def live_broken(
     load: str = "late",
     world_size: int = 2,
     timeout: float = 600.0,
+    ran: list | None = None,
 ) -> list[dict]:
     """The notebook's live broken-variant rows (kind "broken"), one per variant x algorithm.
     Runs them all in one world first; if that world fails (a hang, a crash), says so and runs
-    each in a world of its own with its own timeout, so the failure is pinned to its run."""
+    each in a world of its own with its own timeout, so the failure is pinned to its run.
+    ``ran``: every rank's ``broken_matrix`` value over these runs from a world that already ran
+    them (``shared_world``); then no world starts here."""
     from labkit.kernels.comm.ranks import run_ranks
 
     runs = [(v, a) for v in variants for a in algorithms]
@@ -338,6 +345,8 @@ def live_broken(
             "outcome": f"{wrong} wrong of {trials * world_size}" if failure is None else "run failed: " + failure,
         }
 
+    if ran is not None:
+        return [row(v, a, [rank[i] for rank in ran]) for i, (v, a) in enumerate(runs)]
     res = run_ranks(broken_matrix, world_size, runs, trials, n, "float32", late_us, load=load, timeout=timeout)
     if res.ok:  # res.values: per rank, a list of one dict per run
         return [row(v, a, [rank[i] for rank in res.values]) for i, (v, a) in enumerate(runs)]
@@ -364,14 +373,73 @@ def unguarded_leaf(ctx, n: int = 4096) -> bool:
     return close_to_sum(y, xs, torch.float32, ctx.world_size)
 
 
+IN_BARRIER = "rank 0 enters the barrier at unix time "  # what lonely_barrier's rank 0 prints first
+
+
 def lonely_barrier(ctx, blocks: int = 1) -> None:
     """Only rank 0 enters the barrier; the others return. Rank 0 spins forever on signals that
-    never come: the hang ``run_ranks`` turns into a timeout."""
+    never come: the hang ``run_ranks`` turns into a timeout. Rank 0 prints ``IN_BARRIER`` and the
+    time as it enters (``hang_demo`` reads it from the rank's stdout)."""
     buf = symm.empty(16, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
     if ctx.rank == 0:
+        print(f"{IN_BARRIER}{time.time():.3f}", flush=True)
         C.barrier(buf, blocks)
         if ctx.device.type == "cuda":
             torch.cuda.synchronize(ctx.device)
+
+
+def hang_demo(timeout: float = 10.0, min_spin_s: float = 3.0, retry_timeout: float | None = 60.0):
+    """``lonely_barrier`` on 2 ranks with a short timeout, for the notebook: (the run, seconds rank 0
+    spun in the barrier before it was killed). A timeout shows the hang only if the ranks started
+    and rank 0 spun in the barrier for a while: rank 1 must have returned and rank 0 must have
+    printed ``IN_BARRIER`` at least ``min_spin_s`` before the end. A slow start (a loaded machine)
+    fails that, and the run is repeated once with ``retry_timeout`` (None: never). spun is None
+    when rank 0 never entered the barrier."""
+    from labkit.kernels.comm.ranks import run_ranks
+
+    for t in (timeout,) if retry_timeout is None else (timeout, retry_timeout):
+        res = run_ranks(lonely_barrier, 2, timeout=t)
+        ended = time.time()
+        lines = [ln for ln in res.results[0].stdout.splitlines() if ln.startswith(IN_BARRIER)]
+        spun = ended - float(lines[0][len(IN_BARRIER) :]) if lines else None
+        if res.results[1].ok and spun is not None and spun >= min_spin_s:
+            break
+    return res, spun
+
+
+def parts(ctx, calls: list) -> dict:
+    """Several rank functions one after another in this one world: ``calls`` is a list of
+    (name, fn, args, kwargs), fn a module-level function or "module:function"; returns
+    {name: this rank's value}. A barrier after
+    each part: no rank starts the next while a peer is still in the last. A part that hangs or
+    crashes takes the whole world down, which ``shared_world`` answers by returning nothing."""
+    import importlib
+
+    out = {}
+    for name, fn, args, kwargs in calls:
+        if isinstance(fn, str):
+            module, _, qualname = fn.partition(":")
+            fn = getattr(importlib.import_module(module), qualname)
+        out[name] = fn(ctx, *args, **kwargs)
+        ctx.barrier()
+    return out
+
+
+def shared_world(calls: list, world_size: int = 2, timeout: float = 600.0) -> dict:
+    """``parts`` on ``world_size`` ranks, from the notebook's process: {name: [each rank's value]},
+    or {} (and a line that says so) if the world failed, so that each part runs in a world of its
+    own and the failure is pinned to its part."""
+    from labkit.kernels.comm.ranks import run_ranks
+
+    res = run_ranks(parts, world_size, calls, timeout=timeout)
+    if res.ok:
+        return {name: [rank[name] for rank in res.values] for name, *_ in calls}
+    print(
+        f"the {world_size}-rank world running {', '.join(n for n, *_ in calls)} failed ("
+        + res.summary().splitlines()[0]
+        + "): each runs in a world of its own"
+    )
+    return {}
 
 
 def misuse_errors(ctx) -> dict:
