@@ -15,20 +15,25 @@ from labkit.workbench.exercises import Wrong, exercise
     "and a scope binds only the threads inside it: which scope holds two GPUs?",
 )
 def judge_forbid(choice) -> str:
-    if not isinstance(choice, dict) or set(choice) != {"semantics", "scope"}:
-        raise Wrong(f"`choice` must be a dict with the keys 'semantics' and 'scope'; got {choice!r}.")
-    semantics, scope = choice["semantics"], choice["scope"]
-    if semantics not in model.SEMANTICS:
-        raise Wrong(f"semantics {semantics!r} is not one of {list(model.SEMANTICS)}.")
-    if semantics in model.SCOPED and scope not in model.SCOPES:
-        raise Wrong(f"{semantics} takes a scope, one of {list(model.SCOPES)}; got {scope!r}.")
-    if semantics not in model.SCOPED:
-        scope = None
+    semantics, scope = _semantics_and_scope("choice", choice)
     if model.guaranteed_forbidden("MP", semantics, scope, "two_gpus"):
         return f"{semantics} at scope {scope}: the model and PTX both forbid MP's weak outcome across two GPUs."
     why = model.ptx_verdict("MP", semantics, scope, "two_gpus")[1]
     said = semantics + (f" at scope {scope}" if scope else "")
     raise Wrong(f"under {said}, MP's weak outcome across two GPUs is allowed" + (f" ({why})." if why else "."))
+
+
+def _semantics_and_scope(name: str, answer) -> tuple[str, str | None]:
+    """(semantics, scope) from an answer ``{"semantics": ..., "scope": ...}``; the scope is None
+    for semantics that take none. Wrong, naming the answer, when it is not that."""
+    if not isinstance(answer, dict) or set(answer) != {"semantics", "scope"}:
+        raise Wrong(f"`{name}` must be a dict with the keys 'semantics' and 'scope'; got {answer!r}.")
+    semantics, scope = answer["semantics"], answer["scope"]
+    if semantics not in model.SEMANTICS:
+        raise Wrong(f"semantics {semantics!r} is not one of {list(model.SEMANTICS)}.")
+    if semantics in model.SCOPED and scope not in model.SCOPES:
+        raise Wrong(f"{semantics} takes a scope, one of {list(model.SCOPES)}; got {scope!r}.")
+    return semantics, scope if semantics in model.SCOPED else None
 
 
 @exercise(
@@ -42,15 +47,7 @@ def judge_forbid(choice) -> str:
     "Section 7 and the model grid of section 3 say which semantics it takes.",
 )
 def judge_sb(sb_choice) -> str:
-    if not isinstance(sb_choice, dict) or set(sb_choice) != {"semantics", "scope"}:
-        raise Wrong(f"`sb_choice` must be a dict with the keys 'semantics' and 'scope'; got {sb_choice!r}.")
-    semantics, scope = sb_choice["semantics"], sb_choice["scope"]
-    if semantics not in model.SEMANTICS:
-        raise Wrong(f"semantics {semantics!r} is not one of {list(model.SEMANTICS)}.")
-    if semantics in model.SCOPED and scope not in model.SCOPES:
-        raise Wrong(f"{semantics} takes a scope, one of {list(model.SCOPES)}; got {scope!r}.")
-    if semantics not in model.SCOPED:
-        scope = None
+    semantics, scope = _semantics_and_scope("sb_choice", sb_choice)
     said = semantics + (f" at scope {scope}" if scope else "")
     if model.guaranteed_forbidden("SB", semantics, scope, "two_gpus"):
         return f"{said}: the model and PTX both forbid SB's weak outcome (both read 0) across two GPUs."
