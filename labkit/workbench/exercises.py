@@ -66,6 +66,17 @@ class Wrong(Exception):
     """Raised by a judge: the answer is wrong; the message says what was observed."""
 
 
+def expect_choices(name: str, answer, keys, choices) -> dict:
+    """A prediction given as a dict: exactly ``keys``, each value one of ``choices``; Wrong,
+    naming ``name`` and what differs, otherwise. Returns the answer."""
+    if not isinstance(answer, dict) or set(answer) != set(keys):
+        raise Wrong(f"`{name}` must be a dict with the keys {list(keys)}; got {answer!r:.80}.")
+    bad = {k: v for k, v in answer.items() if v not in choices}
+    if bad:
+        raise Wrong(f"each value of `{name}` is one of {list(choices)}; got {bad}.")
+    return answer
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Exercise:
     name: str  # "01.guard": the lab's number, a dot, a word

@@ -19,7 +19,7 @@ import torch
 
 from labkit.labs.stream_races import race
 from labkit.workbench import results, tier
-from labkit.workbench.exercises import Wrong, exercise
+from labkit.workbench.exercises import Wrong, exercise, expect_choices
 
 
 class _Stream:
@@ -159,11 +159,7 @@ def recorded_outcomes(records: list[dict]) -> dict[str, str]:
     "whether anything tells the allocator that the side stream still uses the block.",
 )
 def judge_delay(prediction) -> str:
-    if not isinstance(prediction, dict) or set(prediction) != set(DELAY_CASES):
-        raise Wrong(f"`prediction` must be a dict with the keys {list(DELAY_CASES)}; got {prediction!r:.80}.")
-    bad = {k: v for k, v in prediction.items() if v not in OUTCOMES}
-    if bad:
-        raise Wrong(f"each prediction is one of {OUTCOMES}; got {bad}.")
+    expect_choices("prediction", prediction, DELAY_CASES, OUTCOMES)
     refs = results.load_references("streams")
     if DELAY_MACHINE not in refs:
         raise Wrong(f"the recorded race (reference/{DELAY_MACHINE}/streams.json) is missing from this checkout.")

@@ -17,7 +17,7 @@ import torch
 from labkit.labs.wrong_device import pretend
 from labkit.labs.wrong_device.experiments import OUTCOMES, _add_one_kernel
 from labkit.workbench import results, tier
-from labkit.workbench.exercises import Wrong, exercise
+from labkit.workbench.exercises import Wrong, exercise, expect_choices
 
 #: (the tensors' device, the current device): the story's case, and the other way round
 CASES = ((1, 0), (0, 1))
@@ -177,11 +177,7 @@ def recorded_cells(records: list[dict]) -> dict[str, str]:
     "runs on cuda:0's stream, unordered with cuda:1's. A graph records the device current at capture.",
 )
 def judge_matrix(prediction) -> str:
-    if not isinstance(prediction, dict) or set(prediction) != set(MATRIX_CELLS):
-        raise Wrong(f"`prediction` must be a dict with the keys {list(MATRIX_CELLS)}; got {prediction!r:.80}.")
-    bad = {k: v for k, v in prediction.items() if v not in OUTCOMES}
-    if bad:
-        raise Wrong(f"each prediction is one of {OUTCOMES}; got {bad}.")
+    expect_choices("prediction", prediction, MATRIX_CELLS, OUTCOMES)
     refs = results.load_references("device_guard")
     if MATRIX_MACHINE not in refs:
         raise Wrong(
