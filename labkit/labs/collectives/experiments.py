@@ -548,6 +548,131 @@ def push_trials(
     }
 
 
+def fid_trials(
+    ctx,
+    n: int,
+    dtype_name: str = "float32",
+    seed: int = 0,
+    calls: int = 6,
+    *,
+    in_place: bool = False,
+    late_s: float = 0.0,
+    capacity: int | None = None,
+    start_epoch: int | None = None,
+    sizes: dict | None = None,
+    signed_zeros: bool = False,
+    specials: bool = False,
+    graph_replays: int = 0,
+) -> dict:
+    """``calls`` flag-in-data all-reduces (``labkit.kernels.comm.flag_in_data``) back to back on one
+    inbox, fresh inputs every call, no host barrier between them. The late rank rotates: call c
+    makes rank c % W sleep ``late_s`` first. ``start_epoch`` sets every counter there first (next to
+    the wrap-around); ``sizes`` {rank: n} gives some ranks another element count (a disagreement
+    the protocol must catch); ``signed_zeros`` puts -0.0 and +0.0 into the inputs (even indices
+    -0.0 on every rank); ``specials`` puts NaN at element 1 of rank 0's inputs and inf at element 3
+    of rank 1's (they must come out NaN and inf; the other elements are checked as usual).
+    ``graph_replays`` (GPUs): one call captured in a CUDA graph, then replayed
+    that many times with fresh inputs written into its input on the device, each result checked.
+
+    Returns, on this rank: the calls whose result was wrong (against the fp64 sum of every rank's
+    input), the epochs, digests of the results, the disagreements the inbox counted, whether
+    the inbox is armed again at the end, and for the graph the replays that were wrong."""
+    import hashlib
+
+    from labkit.kernels.comm import flag_in_data as fid
+
+    dtype = getattr(torch, dtype_name)
+    mine = (sizes or {}).get(ctx.rank, n)
+    box = fid.inbox(
+        capacity or max([n, *(sizes or {}).values()]), dtype, device=ctx.device, scratch_dir=ctx.scratch_dir
+    )
+    if start_epoch is not None:
+        fid.set_epochs(box, start_epoch)
+        ctx.barrier()
+    inputs = [rank_inputs(ctx, mine, dtype, seed * 1000 + c) for c in range(calls)]
+    if signed_zeros:
+        for x, xs in inputs:
+            for v in (x, *xs):
+                v[0::2] = -0.0
+    if specials:
+        for x, xs in inputs:
+            for v, r in ((x, ctx.rank), *((v, r) for r, v in enumerate(xs))):
+                if r == 0:
+                    v[1] = float("nan")
+                if r == 1:
+                    v[3] = float("inf")
+    outs = []
+    for c, (x, _) in enumerate(inputs):
+        if late_s and c % ctx.world_size == ctx.rank:
+            time.sleep(late_s)
+        x = x.clone()
+        outs.append(fid.all_reduce(x, box, x if in_place else None))
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    special = [1, 3] if specials else []
+    keep = [i for i in range(mine) if i not in special]
+    wrong = [
+        c
+        for c, (y, (_, xs)) in enumerate(zip(outs, inputs))
+        if not close_to_sum(y[keep], [v[keep] for v in xs], dtype, ctx.world_size)
+    ]
+    specials_ok = (
+        all(bool(torch.isnan(y[1]).item()) and y[3].item() == float("inf") for y in outs) if specials else None
+    )
+    graph_wrong = []
+    if graph_replays and ctx.device.type == "cuda":
+        x_static = inputs[0][0].clone()
+        out_static = torch.empty_like(x_static)
+        fid.all_reduce(x_static, box, out_static)  # compiled and armed before capture
+        torch.cuda.synchronize(ctx.device)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fid.all_reduce(x_static, box, out_static)
+        for i in range(graph_replays):
+            # every rank's input of replay i, from the same seeds on every rank (fp64 reference)
+            xs = [
+                torch.randn(
+                    mine,
+                    generator=torch.Generator(device=ctx.device).manual_seed(seed + 104729 * i + r),
+                    device=ctx.device,
+                ).to(dtype)
+                for r in range(ctx.world_size)
+            ]
+            x_static.copy_(xs[ctx.rank])
+            g.replay()
+            ref = sum(v.double() for v in xs)
+            scale = sum(v.double().abs() for v in xs)
+            if not bool(
+                ((out_static.double() - ref).abs() <= sum_tolerance(dtype, ctx.world_size) * scale + 1e-30).all()
+            ):
+                graph_wrong.append(i)
+        torch.cuda.synchronize(ctx.device)
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    ctx.barrier()  # every rank done: the inbox must be armed again
+    armed = box.armed()
+    return {
+        "rank": ctx.rank,
+        "calls": calls,
+        "wrong": wrong,
+        "nan_calls": [c for c, y in enumerate(outs) if bool(torch.isnan(y).all())],
+        "negative_zeros": [
+            int(
+                (y.view(torch.int16 if dtype.itemsize == 2 else torch.int32) == fid.SENTINEL_BITS[dtype.itemsize]).sum()
+            )
+            for y in outs
+        ],
+        "epochs": box.epochs(),
+        "disagreements": box.disagreements(),
+        "armed": armed,
+        "graph_wrong": graph_wrong,
+        "specials_ok": specials_ok,
+        "digests": [
+            hashlib.sha1(y.cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16] for y in outs
+        ],
+    }
+
+
 def push_trials_per_slots(ctx, slot_counts, n: int, dtype_name: str = "float32", seed: int = 0, calls: int = 6, **kw):
     """``push_trials`` once per slot count in ``slot_counts``, in this world, each on its own inbox
     (a barrier between them: no rank starts the next series while a peer is in the last one).

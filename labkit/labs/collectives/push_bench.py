@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from labkit.kernels.comm import collectives as C
-from labkit.kernels.comm import push, symm
+from labkit.kernels.comm import flag_in_data, push, symm
 
 #: message sizes per rank (bytes); 4 KiB .. 1 MiB is where latency decides, 256 MiB bandwidth
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
@@ -34,7 +34,9 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
 
     dev = ctx.device
     box = push.inbox(n, dtype, device=dev)
+    fbox = flag_in_data.inbox(n, dtype, device=dev)
     out, mine = torch.empty_like(x), x.clone()
+    f_out, f_mine = torch.empty_like(x), x.clone()
     buf = symm.empty(n, dtype, device=dev)
     pull_out = torch.empty_like(x)
     group = dist.group.WORLD.group_name
@@ -51,6 +53,16 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
             {"in_place": True},
             lambda: push.all_reduce(mine, box, mine),
             lambda: (mine.copy_(x), close(push.all_reduce(mine, box, mine)))[-1],
+        ),
+        "labkit_fid_one_shot": (
+            {"in_place": False},
+            lambda: flag_in_data.all_reduce(x, fbox, f_out),
+            lambda: close(flag_in_data.all_reduce(x, fbox, f_out)),
+        ),
+        "labkit_fid_one_shot_in_place": (
+            {"in_place": True},
+            lambda: flag_in_data.all_reduce(f_mine, fbox, f_mine),
+            lambda: (f_mine.copy_(x), close(flag_in_data.all_reduce(f_mine, fbox, f_mine)))[-1],
         ),
         "labkit_one_shot": (
             {"in_place": False},
@@ -72,7 +84,7 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
             lambda: two(st, "sum", group),
             lambda: (st.copy_(x), two(st, "sum", group), close(st))[-1],
         )
-    return cands, box, out
+    return cands, (box, fbox), (out, f_out)
 
 
 def _paired(cmp, name: str, best: str | None) -> dict:
@@ -92,7 +104,7 @@ def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
         n, x, ref, scale = lab02.message(ctx, nbytes, dtype, seed=7000 + nbytes % 997)
         iters = lab02.iters_for(nbytes)
         close = lambda y, ref=ref, scale=scale: lab02.close_to_ref(y, ref, w, scale)  # noqa: E731
-        cands, box, out = _candidates(ctx, n, dtype, x, close)
+        cands, (box, fbox), (out, f_out) = _candidates(ctx, n, dtype, x, close)
         base = {"kind": "push", "op": "all_reduce", "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name}
         ok, rows = lab02.check_candidates(cands, base, dev)
         torch_names = [nm for nm in ok if nm.startswith("torch_")]
@@ -114,12 +126,16 @@ def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
                 else:
                     rec.setdefault("us", None)
                 records.append(rec)
-        if "labkit_push_one_shot" in ok:  # the epochs stayed in step through the replays
-            after = lab02.agreed_everywhere(bool(close(push.all_reduce(x, box, out))), dev)
-            for rec in records[-2 * len(rows) :]:
-                if rec["impl"].startswith("labkit_push"):
-                    rec["correct_after"] = after
-        del cands, box, out
+        for name, again in (
+            ("labkit_push", lambda x=x, box=box, out=out: push.all_reduce(x, box, out)),
+            ("labkit_fid", lambda x=x, fbox=fbox, f_out=f_out: flag_in_data.all_reduce(x, fbox, f_out)),
+        ):
+            if name + "_one_shot" in ok:  # the epochs stayed in step through the replays
+                after = lab02.agreed_everywhere(bool(close(again())), dev)
+                for rec in records[-2 * len(rows) :]:
+                    if rec["impl"].startswith(name):
+                        rec["correct_after"] = after
+        del cands, box, out, fbox, f_out
         torch.cuda.synchronize(dev)
         ctx.barrier()
     return records
@@ -149,26 +165,30 @@ def push_records(w: int, sizes=SIZES, timeout: float = 300.0) -> list[dict]:
 
 
 def summary(records: list[dict]) -> list[str]:
-    """One line per timing: the push all-reduce's time and its ratio to torch's best op, per size."""
+    """One line per protocol and timing: the push (and flag-in-data) all-reduce's time and its
+    ratio to torch's best op, per size."""
     lines = []
-    for timing in ("graph", "eager"):
-        for in_place in (False, True):
-            pts = sorted(
-                (r["bytes"], r)
-                for r in records
-                if r.get("kind") == "push"
-                and r.get("timing") == timing
-                and r.get("impl") == "labkit_push_one_shot" + ("_in_place" if in_place else "")
-                and r.get("us") is not None
-            )
-            if not pts:
-                continue
-            body = ", ".join(
-                f"{_size(b)} {r['us']:.2f} µs"
-                + (f" ({r['ratio_to_torch_best']:.2f}x torch's best)" if r.get("ratio_to_torch_best") else "")
-                for b, r in pts
-            )
-            lines.append(f"push one-shot, {'in place' if in_place else 'out of place'}, {timing}: {body}")
+    protocols = (("labkit_push_one_shot", "push one-shot"), ("labkit_fid_one_shot", "flag-in-data one-shot"))
+    for impl, label in protocols:
+        for timing in ("graph", "eager"):
+            for in_place in (False, True):
+                name = impl + ("_in_place" if in_place else "")
+                pts = sorted(
+                    (r["bytes"], r)
+                    for r in records
+                    if r.get("kind") == "push"
+                    and r.get("timing") == timing
+                    and r.get("impl") == name
+                    and r.get("us") is not None
+                )
+                if not pts:
+                    continue
+                body = ", ".join(
+                    f"{_size(b)} {r['us']:.2f} µs"
+                    + (f" ({r['ratio_to_torch_best']:.2f}x torch's best)" if r.get("ratio_to_torch_best") else "")
+                    for b, r in pts
+                )
+                lines.append(f"{label}, {'in place' if in_place else 'out of place'}, {timing}: {body}")
     return lines
 
 
@@ -183,6 +203,12 @@ def _size(nbytes: int) -> str:
 SERIES = (
     ("labkit_push_one_shot", "labkit push one-shot (out of place)", dict(color="tab:green", marker="o")),
     ("labkit_push_one_shot_in_place", "labkit push one-shot (in place)", dict(color="tab:green", marker="o", ls="--")),
+    ("labkit_fid_one_shot", "labkit flag-in-data one-shot (out of place)", dict(color="tab:red", marker="D")),
+    (
+        "labkit_fid_one_shot_in_place",
+        "labkit flag-in-data one-shot (in place)",
+        dict(color="tab:red", marker="D", ls="--"),
+    ),
     ("labkit_one_shot", "labkit pull one-shot (out of place)", dict(color="tab:blue", marker="s")),
     ("torch_one_shot", "torch one_shot_all_reduce", dict(color="0.45", marker="^", ls=":")),
     ("torch_two_shot", "torch two_shot_all_reduce_ (in place)", dict(color="black", marker="v", ls=":")),
