@@ -266,7 +266,7 @@ def graph_safe(fn, make_inputs, vary=None, *, replays: int = 2, rtol: float = 1e
     except R.UsageError:
         raise
     except Exception as e:
-        return fail("exception", f"fn raised {type(e).__name__} on its own inputs: {R.first_line(e)}", status="error")
+        return fail("exception", f"fn raised {type(e).__name__}: {R.first_line(e)} (on its own inputs)", status="error")
     diffs = R.differences(first, second, rtol=rtol, atol=atol)
     if diffs:
         return fail(
