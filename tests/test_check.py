@@ -15,7 +15,7 @@ from labkit.labs.collectives import catch as c2
 from labkit.labs.grouped_gemm import catch as c4
 from labkit.labs.stream_races import catch as c3
 from labkit.labs.wrong_device import catch as c1
-from labkit.labs.wrong_device import experiments, pretend
+from labkit.labs.wrong_device import pretend
 from labkit.workbench import sandbox, tier
 from labkit.workbench.errors import UsageError
 
