@@ -22,13 +22,18 @@ _os.environ.update(MULTICAST_OFF)
 from labkit.workbench.tier import TIER, interpreted  # noqa: E402  (must follow the environment set-up)
 
 __version__ = "0.1.0"
-__all__ = ["TIER", "interpreted", "MULTICAST_OFF", "__version__", "exercises"]
+__all__ = ["TIER", "interpreted", "MULTICAST_OFF", "__version__", "exercises", "check"]
 
 
 def __getattr__(name: str):
-    """``labkit.exercises``: the notebooks' checks (:mod:`labkit.workbench.exercises`), on first use."""
+    """On first use: ``labkit.exercises``, the notebooks' checks (:mod:`labkit.workbench.exercises`),
+    and ``labkit.check``, the checkers for a user's own code (:mod:`labkit.kernels.check`)."""
     if name == "exercises":
         from labkit.workbench import exercises
 
         return exercises
+    if name == "check":
+        from labkit.kernels import check
+
+        return check
     raise AttributeError(f"module 'labkit' has no attribute {name!r}")

@@ -72,6 +72,11 @@ def lab_argv(extra: list[str], euid: int | None = None) -> list[str]:
     return argv + list(extra)
 
 
+#: ``labkit check --checker`` choices: the keys of ``labkit.check.CHECKERS`` (named here so that
+#: ``labkit --help`` stays instant; tests/test_check_cli.py compares the two)
+CHECKER_NAMES = ("device_independence", "stream_safety", "no_host_sync", "graph_safe", "collective")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="labkit",
@@ -141,6 +146,21 @@ def _parser() -> argparse.ArgumentParser:
     rp_mode.add_argument("--check", action="store_true", help="exit 1 naming each block that differs from its renderer")
     rp.add_argument("--figures", action="store_true", help="also draw the figures into docs/figures/")
     rp.add_argument("--block", metavar="NAME", help="print one block's Markdown")
+    ck = sub.add_parser(
+        "check",
+        help="point one of labkit.check's checkers at your own function",
+        description="Run a checker (docs/checkers.md) on FUNCTION, whose inputs FACTORY builds: "
+        "FACTORY(device) -> (args, kwargs). Both are MODULE:NAME, imported from the current folder "
+        "and the Python path. Exit status: 0 passed or skipped (the line says why), 1 found the bug "
+        "or could not tell, 2 bad input.",
+    )
+    ck.add_argument("function", metavar="MODULE:FUNCTION", help="the function to check")
+    ck.add_argument("--inputs", required=True, metavar="MODULE:FACTORY", help="make_inputs(device) -> (args, kwargs)")
+    ck.add_argument("--checker", required=True, choices=CHECKER_NAMES, help="which checker")
+    ck.add_argument("--world-size", type=int, default=2, metavar="N", help="collective: ranks (default 2)")
+    ck.add_argument("--reference", default="all_reduce", help="collective: all_reduce, all_gather or reduce_scatter")
+    ck.add_argument("--vary", metavar="MODULE:FUNCTION", help="graph_safe: vary(args, kwargs, step)")
+    ck.add_argument("--timeout", type=float, metavar="SECONDS", help="device_independence, collective: time limit")
     sub.add_parser(
         "lab",
         help="start JupyterLab on notebooks/ (adds --allow-root as root); "
@@ -232,7 +252,34 @@ def _dispatch(args) -> int:
         return 0
     if args.command == "report":
         return _report(args)
+    if args.command == "check":
+        return _check(args)
     raise AssertionError(args.command)
+
+
+def _check(args) -> int:
+    """``labkit check``: one checker's report, its exit status 0 (passed, skipped) or 1."""
+    import labkit
+
+    here = os.getcwd()  # the user's modules, as `python -m` finds them; children inherit the path
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    checker = labkit.check.CHECKERS[args.checker]
+    kwargs = {}
+    if args.timeout is not None:
+        kwargs["timeout"] = args.timeout
+    if args.checker == "collective":
+        rep = checker(args.function, args.world_size, args.inputs, reference=args.reference, **kwargs)
+    elif args.checker == "graph_safe":
+        vary = labkit.check.report.resolve("graph_safe", "--vary", args.vary) if args.vary else None
+        rep = checker(args.function, args.inputs, vary)
+    elif args.checker == "device_independence":
+        rep = checker(args.function, args.inputs, **kwargs)
+    else:
+        rep = checker(args.function, args.inputs)
+    print(rep.text())
+    return 0 if rep.status in ("passed", "skipped") else 1
 
 
 def _report(args) -> int:

@@ -3,7 +3,7 @@
 * ``04.nosync`` (fix) and ``04.starts`` (write) run the learner's function on counts wrapped in
   :class:`~labkit.labs.grouped_gemm.host_reads.CountedSplits`, which counts every host read (on a
   GPU, a sync), and compare its result with a float64 (or integer) reference. On a GPU the
-  check also runs the function under ``torch.cuda.set_sync_debug_mode("error")``.
+  check also runs ``labkit.check.no_host_sync`` (sync-debug mode "error").
 * ``04.full`` (predict) is judged by the staging model of section 6 (``staging.overflow_scenario``),
   whose outcome is fixed by the code.
 """
@@ -21,19 +21,15 @@ SPLITS = ([5, 0, 9, 3], [0, 7, 1], [12])
 
 
 def _sync_free_on_gpu(fn, *args) -> str:
-    """On a GPU, run ``fn`` under sync-debug "error": a host sync raises. '' elsewhere."""
+    """On a GPU, ``labkit.check.no_host_sync`` (sync-debug "error" after a warm-up call); '' elsewhere."""
     if tier.interpreted() or not torch.cuda.is_available():
         return ""
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        fn(*args)
-    except RuntimeError as e:
-        raise Wrong(f"on this GPU, under sync-debug 'error', it synchronised: {str(e).splitlines()[0][:120]}.") from e
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
-    return " On this GPU it also ran under sync-debug 'error' without a sync."
+    from labkit.kernels.check import no_host_sync
+
+    r = no_host_sync(fn, lambda device: (args, {}))
+    if not r.ok:
+        raise Wrong(f"on this GPU, labkit.check.no_host_sync says: {r.outcome}: {r.message[:160]}.")
+    return " On this GPU labkit.check.no_host_sync also passes (sync-debug 'error', no sync)."
 
 
 def _reads_line(reads: list[str]) -> str:

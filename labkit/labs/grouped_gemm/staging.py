@@ -29,6 +29,7 @@ import threading
 
 import torch
 
+from labkit.kernels.check.graphs import host_memory
 from labkit.workbench.checks import check_device
 from labkit.workbench.errors import UsageError
 
@@ -78,8 +79,10 @@ def _as_words(addresses) -> torch.Tensor:
 
 def host_buffer(words: int) -> torch.Tensor:
     """``words`` int64 words of host memory, pinned where CUDA exists: a graph can capture a copy
-    only from pinned memory, and the CPU tier has no device to pin for."""
-    return torch.zeros(_check_count("words", words), dtype=torch.int64, pin_memory=torch.cuda.is_available())
+    only from pinned memory, and the CPU tier has no device to pin for (there it is marked as host
+    memory for ``labkit.check.graph_safe``'s emulated graph instead)."""
+    t = torch.zeros(_check_count("words", words), dtype=torch.int64, pin_memory=torch.cuda.is_available())
+    return host_memory(t)
 
 
 class SharedWorkspace:

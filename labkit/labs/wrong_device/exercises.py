@@ -5,7 +5,8 @@
   kernel's launch recorded instead of run. The check reads, for every launch, the device that was
   current and the devices of its tensors (all must be the data's), and the current device after the
   call (it must be the caller's again). With two real GPUs, ``01.guard`` also runs the seed's
-  regression: inputs on cuda:1, cuda:0 current, bit-identical to the call with cuda:1 current.
+  regression through ``labkit.check.device_independence``: inputs on each GPU while the other is
+  current, bit-identical to the call with the data's GPU current.
 * ``01.matrix`` (predict) is judged by the recorded device-confusion matrix
   (``reference/h200x2/device_guard.json``).
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from labkit.labs.wrong_device import pretend
+from labkit.labs.wrong_device import catch, pretend
 from labkit.labs.wrong_device.experiments import OUTCOMES, _add_one_kernel
 from labkit.workbench import results, tier
 from labkit.workbench.exercises import Wrong, exercise, expect_choices
@@ -70,31 +71,16 @@ def _judge_launches(world, data: int, current: int) -> None:
 
 
 def _regression_on_two_gpus(launch) -> str:
-    """The seed's regression test, with two real GPUs; '' elsewhere."""
+    """The seed's regression test, with two real GPUs: ``labkit.check.device_independence`` (in
+    this process: the learner's launcher lives in the notebook); '' elsewhere."""
     if tier.interpreted() or torch.cuda.device_count() < 2:
         return ""
-    x = torch.randn(1 << 16, device="cuda:1")
-    with torch.cuda.device(1):
-        want = torch.empty_like(x)
-        launch(x, want)
-        torch.cuda.synchronize(1)
-    previous = torch.cuda.current_device()
-    torch.cuda.set_device(0)
-    try:
-        got = torch.empty_like(x)
-        launch(x, got)
-        torch.cuda.synchronize(1)
-        still = torch.cuda.current_device()
-    except Exception as e:
-        raise Wrong(f"on two GPUs (inputs on cuda:1, cuda:0 current) it raised {type(e).__name__}.") from e
-    finally:
-        torch.cuda.set_device(previous)
-    if not torch.equal(got, want) or still != 0:
-        raise Wrong(
-            f"on two GPUs: bit-identical to the cuda:1-current call: {torch.equal(got, want)}; "
-            f"cuda:0 current afterwards: {still == 0}."
-        )
-    return " On two real GPUs, the seed's regression passes: bit-identical, cuda:0 still current."
+    from labkit.kernels.check import device_independence
+
+    r = device_independence(launch, catch.inputs, isolate=False)
+    if not r.ok:
+        raise Wrong(f"on two GPUs, labkit.check.device_independence says: {r.outcome}: {r.message}")
+    return " On two real GPUs, labkit.check.device_independence passes: bit-identical on either GPU's data."
 
 
 @exercise(

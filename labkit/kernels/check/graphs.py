@@ -1,0 +1,336 @@
+"""``graph_safe``: does a CUDA graph of ``fn``, replayed on new inputs, compute what ``fn`` computes?
+
+A graph keeps what the host computed at capture: Python numbers (a count read with ``.item()``,
+an epoch kept on the host) become kernel arguments for good, and a copy from host memory keeps the
+host ADDRESS, reading whatever is there at each replay (lab 04's staging buffer). The check:
+
+1. ``fn`` runs twice eagerly on identical inputs with the same random seed: results that differ
+   mean state kept on the host between calls, which a graph freezes ("host state"). A third run
+   without re-seeding tells a function that draws random numbers apart ("non-deterministic":
+   a replay cannot be compared with an eager call, inconclusive);
+2. ``fn`` is captured once on static inputs;
+3. ``replays`` times: new input values are written into the static inputs on the device
+   (``vary``), the graph replays, and its outputs are compared with an eager call on the same
+   values.
+
+On a GPU the graph is a real ``torch.cuda.CUDAGraph`` (warmed up on a side stream first, as torch
+asks). On the CPU tier, where CUDA graphs do not exist, :class:`EmulatedGraph` stands in with the
+same semantics: capture records every ATen operation (a ``TorchDispatchMode``) and every Triton
+launch with the very tensors and the Python values it was given; replay runs them again on the
+same memory, values baked in. A host read of a tensor's values during capture, which makes a
+real capture fail, fails the emulated one too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from labkit.kernels.check import report as R
+from labkit.kernels.check.syncs import HostReads
+from labkit.workbench import tier
+
+NAME = "graph_safe"
+
+
+class NotCapturable(RuntimeError):
+    """The emulated capture met what a real capture refuses (a host read of a tensor's values)."""
+
+
+class EmulatedGraph:
+    """The CPU tier's CUDA graph: ``with g.capture(): out = fn(...)``, then ``g.replay()``.
+
+    Replay repeats every recorded ATen operation on the tensors it was given at capture (an
+    in-place or ``out=`` operation writes where it wrote; a functional one writes its result into
+    the tensor it returned at capture; a view does nothing) and every Triton launch with its
+    captured arguments. Python values stay as captured: exactly what a CUDA graph keeps."""
+
+    def __init__(self):
+        self.steps: list[tuple] = []
+        self.host_reads: list[str] = []
+
+    @contextlib.contextmanager
+    def capture(self):
+        graph = self
+        recorder = _Recorder(graph)
+        reads = HostReads()
+        from triton.runtime import interpreter, jit
+
+        patched = []
+        for cls in (interpreter.InterpretedFunction, jit.JITFunction):
+            original = cls.__dict__["run"]
+
+            def run(kernel, *args, grid, warmup, _original=original, **kwargs):
+                if warmup or recorder.paused:
+                    return _original(kernel, *args, grid=grid, warmup=warmup, **kwargs)
+                graph.steps.append(("launch", _original, kernel, grid, args, kwargs))
+                recorder.paused += 1  # the interpreter's own copies are not steps of the graph
+                try:
+                    return _original(kernel, *args, grid=grid, warmup=False, **kwargs)
+                finally:
+                    recorder.paused -= 1
+
+            patched.append((cls, original))
+            cls.run = run
+        try:
+            with reads, recorder:
+                yield self
+        finally:
+            for cls, original in patched:
+                cls.run = original
+            self.host_reads = reads.reads
+        if self.host_reads:
+            raise NotCapturable(f"a host read of a tensor's values during capture: {self.host_reads[0]}")
+
+    def replay(self) -> None:
+        with torch.no_grad():
+            for step in self.steps:
+                if step[0] == "launch":
+                    _, original, kernel, grid, args, kwargs = step
+                    original(kernel, *args, grid=grid, warmup=False, **kwargs)
+                    continue
+                _, func, args, kwargs, out = step
+                schema = func._schema
+                if schema.is_mutable:
+                    func(*args, **kwargs)
+                elif any(r.alias_info is not None for r in schema.returns) or func in _SKIP:
+                    continue
+                else:
+                    new = func(*args, **kwargs)
+                    for o, n in zip(_tensors(out), _tensors(new)):
+                        o.copy_(n)
+
+
+_SKIP = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default, torch.ops.aten.empty_like.default}
+
+
+def _tensors(x) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]
+
+
+#: storages (by address) marked as host memory for the emulated graph, each with its finaliser
+_HOST: dict[int, weakref.finalize] = {}
+
+
+def host_memory(t: torch.Tensor) -> torch.Tensor:
+    """Mark ``t``'s memory as host memory, what pinned memory is on a GPU; returns ``t``.
+
+    On the CPU tier every tensor lives on the host, so :class:`EmulatedGraph` cannot tell a
+    staging buffer from device memory by itself: work that writes only marked memory runs at
+    capture and is not replayed (a CUDA graph captures device work only), while a copy FROM
+    marked memory is replayed and reads it again, as a captured host-to-device copy does. On a
+    GPU the mark changes nothing."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"host_memory: t: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type == "cpu":
+        ptr = t.untyped_storage().data_ptr()
+        _HOST[ptr] = weakref.finalize(t, _HOST.pop, ptr, None)
+    return t
+
+
+def _is_host(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.untyped_storage().data_ptr() in _HOST
+
+
+def _written(func, args, kwargs) -> list:
+    """The arguments an operation writes (in place or ``out=``), from its schema."""
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is not None and a.alias_info.is_write:
+            out.append(args[i] if i < len(args) else kwargs.get(a.name))
+    return out
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, graph: EmulatedGraph):
+        super().__init__()
+        self.graph, self.paused = graph, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not self.paused:
+            written = _written(func, args, kwargs) if func._schema.is_mutable else []
+            if not (written and all(_is_host(t) for t in written)):  # host work is not captured
+                self.graph.steps.append(("op", func, args, kwargs, out))
+        return out
+
+
+def _refill(make_inputs, device):
+    """The default ``vary``: new values from ``make_inputs(device)``, copied into the inputs."""
+
+    def vary(args, kwargs, step):
+        new = R.build_inputs(NAME, make_inputs, device)
+        old = R.tensors_in((tuple(args), kwargs))
+        fresh = R.tensors_in(new)
+        if [t.shape for _, t in old] != [t.shape for _, t in fresh]:
+            raise R.UsageError(
+                f"{NAME}: make_inputs gave tensors of other shapes on a second call; a graph "
+                "replays on fixed shapes: give make_inputs fixed shapes, or pass vary="
+            )
+        for (_, o), (_, n) in zip(old, fresh):
+            o.copy_(n)
+
+    return vary
+
+
+def _restore(args, kwargs, saved) -> None:
+    """Write the saved values back into the inputs (the same tensors: the same addresses)."""
+    for (_, t), (_, v) in zip(R.tensors_in((args, kwargs)), saved):
+        t.copy_(v)
+
+
+def _eager(fn, args, kwargs, saved, seed):
+    """``fn`` on the given tensors themselves, their values first restored from ``saved``: a
+    function whose outputs hold addresses sees the same addresses as the graph."""
+    _restore(args, kwargs, saved)
+    devices = sorted({t.device.index for _, t in R.tensors_in((args, kwargs)) if t.is_cuda})
+    with torch.random.fork_rng(devices=devices):
+        if seed is not None:
+            torch.manual_seed(seed)
+        result = fn(*args, **kwargs)
+    return R.snapshot(R.outputs(NAME, result, args, kwargs))
+
+
+class _CudaGraph:
+    def __init__(self, device):
+        self.device, self.graph = device, torch.cuda.CUDAGraph()
+
+    @contextlib.contextmanager
+    def capture(self):
+        with torch.cuda.graph(self.graph):
+            yield self
+
+    def replay(self):
+        self.graph.replay()
+        torch.cuda.synchronize(self.device)
+
+
+def graph_safe(fn, make_inputs, vary=None, *, replays: int = 2, rtol: float = 1e-5, atol: float = 1e-6) -> R.Report:
+    """Check that a graph of ``fn`` captured once computes, replayed on new inputs, what ``fn``
+    computes on them (lab 04's bug: host values and host memory baked into a graph).
+
+    Args:
+        fn: the function, or ``"module:function"``.
+        make_inputs: ``make_inputs(device) -> (args, kwargs)``, or ``"module:function"``.
+        vary: ``vary(args, kwargs, step)`` writes new values into the captured inputs, in place,
+            on their device (and may run other code that shares state with ``fn``: another
+            layer's call). Default: new values from ``make_inputs`` copied in (it must then draw
+            fresh random values on each call).
+        replays: how many times to vary, replay and compare.
+        rtol, atol: the comparison's tolerance (a graph runs the same kernels; a baked value is
+            far outside it).
+
+    Returns:
+        a :class:`Report`: "graph-safe"; "replay differs from eager" (which outputs, which
+        replay); "host state" (two eager calls on identical inputs differ); "not capturable" (a
+        host sync or another capture error, with the line); "non-deterministic" (random numbers:
+        inconclusive).
+
+    Note:
+        On the CPU tier the graph is :class:`EmulatedGraph` (module docstring): it records ATen
+        operations and Triton launches; work outside both (a C++ extension's own kernel) is not
+        replayed and reads as a mismatch. Inputs that ``vary`` leaves unchanged prove nothing:
+        reported as inconclusive.
+
+    Example::
+
+        >>> r = labkit.check.graph_safe(moe_forward, moe_inputs)  # doctest: +SKIP
+        >>> r.ok  # doctest: +SKIP
+        True
+    """
+    target = R.name_of(fn)
+    fn, make_inputs = R.resolve(NAME, "fn", fn), R.resolve(NAME, "make_inputs", make_inputs)
+    if vary is not None and not callable(vary):
+        raise R.UsageError(f"{NAME}: vary: expected a callable (args, kwargs, step) or None, got {type(vary).__name__}")
+    R.check_number(NAME, "replays", replays, minimum=1, integer=True)
+    R.check_number(NAME, "rtol", rtol, minimum=-1e-300)
+    R.check_number(NAME, "atol", atol, minimum=-1e-300)
+    on_gpu = tier.TIER == "gpu" and torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else tier.kernel_device()
+    args, kwargs = R.build_inputs(NAME, make_inputs, device)
+    vary = vary or _refill(make_inputs, device)
+    kind = "CUDA graph" if on_gpu else "emulated graph (CPU tier: ATen operations and Triton launches recorded)"
+
+    def fail(outcome, message, details=(), status="failed"):
+        return R.Report(NAME, target, status, outcome, message, list(details))
+
+    static_args, static_kwargs = args, kwargs
+    saved = R.snapshot(R.tensors_in((args, kwargs)))
+    try:
+        first, second = _eager(fn, args, kwargs, saved, 0), _eager(fn, args, kwargs, saved, 0)
+    except R.UsageError:
+        raise
+    except Exception as e:
+        return fail("exception", f"fn raised {type(e).__name__}: {R.first_line(e)} (on its own inputs)", status="error")
+    diffs = R.differences(first, second, rtol=rtol, atol=atol)
+    if diffs:
+        return fail(
+            "host state",
+            "two eager calls on identical inputs (same random seed) differ: fn keeps state "
+            "on the host between calls (a counter, an epoch), which a graph freezes at its capture value",
+            diffs[:5],
+        )
+    if R.differences(first, _eager(fn, args, kwargs, saved, None), rtol=rtol, atol=atol):
+        return fail(
+            "non-deterministic",
+            "fn draws random numbers: a replay cannot be compared with an eager call "
+            "(make the randomness an input to check it)",
+            status="inconclusive",
+        )
+    _restore(args, kwargs, saved)
+    graph = _CudaGraph(device) if on_gpu else EmulatedGraph()
+    try:
+        if on_gpu:  # warm up on a side stream, as torch.cuda.graphs asks (lazy init, autotuning)
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    fn(*static_args, **static_kwargs)
+            torch.cuda.current_stream(device).wait_stream(side)
+            torch.cuda.synchronize(device)
+            _restore(static_args, static_kwargs, saved)
+        with graph.capture():
+            result = fn(*static_args, **static_kwargs)
+    except Exception as e:
+        reads = getattr(graph, "host_reads", [])
+        at = "" if reads else f"; at {R.user_line(tb=e.__traceback__)}"
+        return fail("not capturable", f"capture failed ({kind}): {type(e).__name__}: {R.first_line(e)}{at}", reads[:5])
+    named = R.outputs(NAME, result, static_args, static_kwargs)
+    changed = False
+    for step in range(replays):
+        before = R.snapshot(R.tensors_in((static_args, static_kwargs)))
+        try:
+            vary(static_args, static_kwargs, step)
+        except R.UsageError:
+            raise
+        except Exception as e:
+            raise R.UsageError(f"{NAME}: vary raised {type(e).__name__}: {R.first_line(e)}") from e
+        changed |= bool(R.differences(before, R.snapshot(R.tensors_in((static_args, static_kwargs)))))
+        varied = R.snapshot(R.tensors_in((static_args, static_kwargs)))
+        graph.replay()
+        replayed = R.snapshot(named)
+        eager = _eager(fn, static_args, static_kwargs, varied, 0)
+        _restore(static_args, static_kwargs, varied)  # the graph's next replay starts from the varied values
+        diffs = R.differences(eager, replayed, rtol=rtol, atol=atol)
+        if diffs:
+            return fail(
+                "replay differs from eager",
+                f"replay {step + 1} of the {kind} on new inputs differs from an "
+                "eager call on them: a host value or host memory was baked in at capture",
+                diffs[:5],
+            )
+    if not changed:
+        return fail(
+            "inputs never changed",
+            "vary left every input as it was: the replays prove nothing (draw "
+            "fresh random values in make_inputs, or pass vary=)",
+            status="inconclusive",
+        )
+    return R.Report(
+        NAME, target, "passed", "graph-safe", f"{replays} replays of the {kind} on new inputs matched eager calls"
+    )
