@@ -383,11 +383,11 @@ def all_reduce(x: torch.Tensor, box: Inbox, out: torch.Tensor | None = None) -> 
         launch = box.launches.get(n)
         if (
             launch is not None
+            and x.dtype == launch.dtype
+            and x.device == launch.device
             and (x.data_ptr(), None if out is None else out.data_ptr(), n) in box.checked
-            and x.dtype == box.dtype
-            and x.device == box.device
             and x.is_contiguous()
-            and (out is None or (out.dtype == x.dtype and out.shape == x.shape and out.is_contiguous()))
+            and (out is None or (out.dtype == launch.dtype and out.shape == x.shape and out.is_contiguous()))
         ):
             target = torch.empty_like(x) if out is None else out
             with launch.guard:
@@ -417,7 +417,7 @@ class _Launch(KernelLaunch):
     call: after the first launch both go straight to Triton's compiled launcher (``KernelLaunch``
     arms it), and no tensor of a call is kept (the cache holds no caller's memory)."""
 
-    __slots__ = ("guard", "_x_aligned")
+    __slots__ = ("guard", "dtype", "_x_aligned")
 
     def __init__(self, x: torch.Tensor, box: Inbox):
         b = box.buf
@@ -436,6 +436,7 @@ class _Launch(KernelLaunch):
             x.device,
         )
         self.guard = on_device(x.device)
+        self.dtype = x.dtype
 
     def run(self, x: torch.Tensor, out: torch.Tensor) -> None:
         c = self.compiled
@@ -443,20 +444,21 @@ class _Launch(KernelLaunch):
             c is not None
             and (x.data_ptr() % 16 == 0) == self._x_aligned
             and (out.data_ptr() % 16 == 0) == self._aligned
+            and _hooks()[0] is None  # a profiler's hook gets Triton's own path, tensors and all
         ):
             args = list(self._full)
-            args[0], args[self._full_out_pos] = x, out
-            stream = self._stream(self.device.index)
-            enter, leave = _hooks()
-            meta = c.launch_metadata(self._grid3, stream, *args) if enter is not None else None
-            c.run(*self._grid3, stream, c.function, c.packed_metadata, meta, enter, leave, *args)
+            args[0], args[self._full_out_pos] = x.data_ptr(), out.data_ptr()
+            c.run(*self._grid3, self._stream(self.device.index), c.function, c.packed_metadata, None, None, None, *args)
             return
         args = (x,) + self.args[1 : self.out_pos] + (out,) + self.args[self.out_pos + 1 :]
         compiled = self.kernel[self.grid](*args, **self.kwargs)
         if c is None:
             self._arm(compiled, args)
-            if self.compiled is not None:  # keep the compiled launch, not this call's tensors
-                full = list(self._full)
+            if self.compiled is not None:
+                # Keep no tensor of this call, and hand the launcher addresses, not tensors: it
+                # takes an int as the pointer itself (a tensor costs a data_ptr() call and a
+                # pointer-attribute query per argument). The tables live as long as the inbox.
+                full = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in self._full]
                 full[0] = full[self._full_out_pos] = None
                 self._full = tuple(full)
                 self._x_aligned = x.data_ptr() % 16 == 0
