@@ -296,7 +296,7 @@ def inbox(
 
 def set_epochs(box: Inbox, epoch: int) -> None:
     """Test hook: set every program's epoch counter on this rank to ``epoch`` (collective in
-    effect: every rank must set the same value between calls, with no call in flight). Used to
+    effect: every rank must set the same value between calls, with no call in flight). The tests
     start the counters next to their wrap-around."""
     if not isinstance(box, Inbox):
         raise TypeError(f"set_epochs: box: expected a flag_in_data.Inbox, got {type(box).__name__}")
