@@ -17,10 +17,11 @@ On a GPU the graph is a real ``torch.cuda.CUDAGraph`` (warmed up on a side strea
 asks), and the whole check runs in a child process (``labkit.workbench.sandbox``): a capture that
 fails can leave the process that made it unable to use CUDA's random numbers or streams again
 ("Offset increment outside graph capture encountered unexpectedly" on every later
-``torch.randn(device="cuda")``), so the caller's process never captures. On the CPU tier, where CUDA graphs do not exist, :class:`EmulatedGraph` stands in with the
-same semantics: capture records every ATen operation (a ``TorchDispatchMode``) and every Triton
-launch with the very tensors and the Python values it was given; replay runs them again on the
-same memory, values baked in. A host read of a tensor's values during capture, which makes a
+``torch.randn(device="cuda")``), so the caller's process never captures. On the CPU tier, where
+CUDA graphs do not exist, :class:`EmulatedGraph` stands in with the same semantics: capture
+records every ATen operation (a ``TorchDispatchMode``) and every Triton launch with the very
+tensors and the Python values it was given; replay runs them again on the same memory, values
+baked in. A host read of a tensor's values during capture, which makes a
 real capture fail, fails the emulated one too.
 """
 
