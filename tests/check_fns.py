@@ -112,6 +112,26 @@ def random_dropout(x):
     return torch.nn.functional.dropout(x, 0.5, training=True)
 
 
+def keep_inputs(args, kwargs, step):
+    """A ``vary`` for graph_safe that changes nothing: the replays prove nothing."""
+
+
+def capture_here_then_draw(fn_spec, inputs_spec):
+    """graph_safe with ``isolate=False`` (the capture in this process), then what this process can
+    still do on its GPU: run in a child by the test, so that a broken process is the child's."""
+    from labkit import check
+
+    r = check.graph_safe(fn_spec, inputs_spec, isolate=False)
+    after = {"outcome": r.outcome, "capturing": torch.cuda.is_current_stream_capturing()}
+    after["default_stream"] = torch.cuda.current_stream() == torch.cuda.default_stream()
+    try:
+        torch.randn(16, device="cuda").sum().item()
+        after["randn"] = "ok"
+    except RuntimeError as e:
+        after["randn"] = str(e).splitlines()[0]
+    return after
+
+
 # --- lab 03 variants: outputs whose memory torch's allocator does not own ----------------------
 
 

@@ -169,7 +169,11 @@ def collective(
     Note:
         A race shows only when the timing makes it happen: a pass says the rounds came out right,
         not that no interleaving can break the protocol (lab 06's litmus model asks that question
-        of the memory model). The captured-graph round runs on GPUs only.
+        of the memory model). On GPUs the late rank sleeps on its stream before the call: the
+        start barrier lines the ranks up again, so a missing end barrier (a reader still reading
+        when its peer writes the next input) needs a reader slowed between the barrier and its
+        reads, inside ``fn``, and usually passes here; the emulated world's interpreted kernels
+        show it. The captured-graph round runs on GPUs only.
 
     Example::
 

@@ -14,10 +14,14 @@ host ADDRESS, reading whatever is there at each replay (lab 04's staging buffer)
    values.
 
 On a GPU the graph is a real ``torch.cuda.CUDAGraph`` (warmed up on a side stream first, as torch
-asks). On the CPU tier, where CUDA graphs do not exist, :class:`EmulatedGraph` stands in with the
-same semantics: capture records every ATen operation (a ``TorchDispatchMode``) and every Triton
-launch with the very tensors and the Python values it was given; replay runs them again on the
-same memory, values baked in. A host read of a tensor's values during capture, which makes a
+asks), and the whole check runs in a child process (``labkit.workbench.sandbox``): a capture that
+fails can leave the process that made it unable to use CUDA's random numbers or streams again
+("Offset increment outside graph capture encountered unexpectedly" on every later
+``torch.randn(device="cuda")``), so the caller's process never captures. On the CPU tier, where
+CUDA graphs do not exist, :class:`EmulatedGraph` stands in with the same semantics: capture
+records every ATen operation (a ``TorchDispatchMode``) and every Triton launch with the very
+tensors and the Python values it was given; replay runs them again on the same memory, values
+baked in. A host read of a tensor's values during capture, which makes a
 real capture fail, fails the emulated one too.
 """
 
@@ -202,15 +206,92 @@ class _CudaGraph:
 
     @contextlib.contextmanager
     def capture(self):
-        with torch.cuda.graph(self.graph):
-            yield self
+        """``torch.cuda.graph`` with what it leaves behind when the capture fails put right: its
+        exit ends the capture first and restores the stream after, so a capture that raises on
+        its end (an operation the capture refused) leaves the capture stream current; here the
+        capture is always ended and the caller's device and stream always restored."""
+        before = torch.cuda.current_stream(self.device)
+        with torch.cuda.device(self.device):
+            try:
+                with torch.cuda.graph(self.graph):
+                    yield self
+            finally:
+                if torch.cuda.is_current_stream_capturing():
+                    with contextlib.suppress(Exception):
+                        self.graph.capture_end()
+                torch.cuda.set_stream(before)
 
     def replay(self):
         self.graph.replay()
         torch.cuda.synchronize(self.device)
 
 
-def graph_safe(fn, make_inputs, vary=None, *, replays: int = 2, rtol: float = 1e-5, atol: float = 1e-6) -> R.Report:
+def _on_gpu() -> bool:
+    return tier.TIER == "gpu" and torch.cuda.is_available()
+
+
+def _spec(obj) -> str | None:
+    """``"module:function"`` naming ``obj`` that a child process imports back to ``obj`` itself;
+    None when there is none (a lambda, a nested function, one defined in ``__main__``)."""
+    if obj is None:
+        return None
+    try:
+        spec = R.importable(NAME, "fn", obj)
+        return spec if isinstance(obj, str) or R.resolve(NAME, "fn", spec) is obj else None
+    except R.UsageError:
+        return None
+
+
+def _child(fn_spec: str, inputs_spec: str, vary_spec: str | None, target: str, replays: int, rtol, atol, device=None):
+    """In the child process: the whole check, its capture included, on the caller's current GPU;
+    returns the :class:`Report`."""
+    if device is not None:
+        torch.cuda.set_device(device)
+    fn, make_inputs = R.resolve(NAME, "fn", fn_spec), R.resolve(NAME, "make_inputs", inputs_spec)
+    vary = R.resolve(NAME, "vary", vary_spec) if vary_spec else None
+    return _check(fn, make_inputs, vary, target, replays, rtol, atol)
+
+
+def _isolated(fn, make_inputs, vary, target: str, replays: int, rtol, atol, timeout: float) -> R.Report:
+    """The check in a child process (``run_isolated``); a "skipped" report when one of the
+    callables cannot be imported there."""
+    from labkit.workbench import sandbox
+
+    specs = {"fn": _spec(fn), "make_inputs": _spec(make_inputs), "vary": _spec(vary)}
+    missing = [name for name, spec in specs.items() if spec is None and (name != "vary" or vary is not None)]
+    if missing:
+        return R.Report(
+            NAME,
+            target,
+            "skipped",
+            "not importable",
+            f"{' and '.join(missing)} cannot be imported by a child process (a lambda, a nested function or "
+            "defined in __main__): the CUDA capture runs in a child because a failed capture can leave "
+            "this process's CUDA state unusable; put them in a module, pass 'module:function', or pass "
+            "isolate=False to capture in this process",
+        )
+    device = torch.cuda.current_device() if torch.cuda.is_available() else None
+    res = sandbox.run_isolated(_child, *specs.values(), target, replays, rtol, atol, device, timeout=timeout)
+    if res.ok:
+        return res.value
+    if res.status == "exception" and (res.error_type or "").endswith("UsageError"):
+        raise R.UsageError(res.message or "")
+    if res.status == "timeout":
+        return R.Report(NAME, target, "error", "hang", f"no result within {timeout:g} s: {res.summary()}")
+    return R.Report(NAME, target, "error", "child process ended", f"the check's child process ended: {res.summary()}")
+
+
+def graph_safe(
+    fn,
+    make_inputs,
+    vary=None,
+    *,
+    replays: int = 2,
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    isolate: bool = True,
+    timeout: float = 300.0,
+) -> R.Report:
     """Check that a graph of ``fn`` captured once computes, replayed on new inputs, what ``fn``
     computes on them (lab 04's bug: host values and host memory baked into a graph).
 
@@ -224,12 +305,21 @@ def graph_safe(fn, make_inputs, vary=None, *, replays: int = 2, rtol: float = 1e
         replays: how many times to vary, replay and compare.
         rtol, atol: the comparison's tolerance (a graph runs the same kernels; a baked value is
             far outside it).
+        isolate: on a GPU, run the check in a child process (default): a capture that fails (a
+            host sync, an error inside the capture) can leave the CUDA state of the process that
+            made it unusable (every later ``torch.randn(device="cuda")`` raises). ``fn``,
+            ``make_inputs`` and ``vary`` must then be importable by name; when one is not (a lambda,
+            a nested function, a notebook's), the report is "skipped" and says so. ``False``
+            captures in this process: a notebook's function can be checked, at that risk. On the
+            CPU tier the emulated graph always runs in this process (it cannot break it).
+        timeout: seconds for the child process; a check still running then is a "hang" error.
 
     Returns:
         a :class:`Report`: "graph-safe"; "replay differs from eager" (which outputs, which
         replay); "host state" (two eager calls on identical inputs differ); "not capturable" (a
         host sync or another capture error, with the line); "non-deterministic" (random numbers:
-        inconclusive).
+        inconclusive); "skipped" (isolate and a callable a child cannot import); an "error" report
+        "hang" or "child process ended" when the child did not return.
 
     Note:
         On the CPU tier the graph is :class:`EmulatedGraph` (module docstring): it records ATen
@@ -250,7 +340,17 @@ def graph_safe(fn, make_inputs, vary=None, *, replays: int = 2, rtol: float = 1e
     R.check_number(NAME, "replays", replays, minimum=1, integer=True)
     R.check_number(NAME, "rtol", rtol, minimum=-1e-300)
     R.check_number(NAME, "atol", atol, minimum=-1e-300)
-    on_gpu = tier.TIER == "gpu" and torch.cuda.is_available()
+    R.check_number(NAME, "timeout", timeout)
+    if not isinstance(isolate, bool):
+        raise R.UsageError(f"{NAME}: isolate={isolate!r}: expected a bool")
+    if isolate and _on_gpu():
+        return _isolated(fn, make_inputs, vary, target, replays, rtol, atol, timeout)
+    return _check(fn, make_inputs, vary, target, replays, rtol, atol)
+
+
+def _check(fn, make_inputs, vary, target: str, replays: int, rtol, atol) -> R.Report:
+    """The check itself (module docstring), in whichever process runs it."""
+    on_gpu = _on_gpu()
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else tier.kernel_device()
     args, kwargs = R.build_inputs(NAME, make_inputs, device)
     vary = vary or _refill(make_inputs, device)
