@@ -396,10 +396,16 @@ def test_a_failed_capture_leaves_this_process_able_to_draw_random_numbers():
 
 @pytest.mark.gpu
 def test_a_failed_capture_in_process_ends_the_capture_and_restores_the_stream():
-    """isolate=False, in a child of its own: what the capture in this process leaves behind."""
+    """isolate=False, in a child of its own: what the capture in this process leaves behind. The
+    capture is ended and the caller's stream restored; torch's CUDA random generator may still be
+    unusable afterwards (on 2x H200, torch 2.11: "Offset increment outside graph capture
+    encountered unexpectedly" on the next randn), which is why the default runs in a child."""
     res = sandbox.run_isolated(fn("capture_here_then_draw"), fn("count_baked"), fn("counts_inputs"), timeout=300)
     assert res.ok, res.summary()
-    assert res.value == {"outcome": "not capturable", "capturing": False, "default_stream": True, "randn": "ok"}
+    after = dict(res.value)
+    randn = after.pop("randn")
+    assert after == {"outcome": "not capturable", "capturing": False, "default_stream": True}
+    assert randn == "ok" or randn.startswith("Offset increment outside graph capture"), randn
 
 
 # --- collective (lab 02): the emulated world on the CPU tier ---------------------------------

@@ -129,7 +129,7 @@ def _gpu(fn, make_inputs, target: str) -> R.Report:
             target,
             "error",
             "exception",
-            f"fn raised {type(e).__name__} on its first (warm-up) call, before any check: {R.first_line(e)}",
+            f"fn raised {type(e).__name__}: {R.first_line(e)} on its first (warm-up) call, before any check",
         )
     torch.cuda.synchronize(device)
     previous = torch.cuda.get_sync_debug_mode()
