@@ -14,7 +14,7 @@ import pytest
 import rank_fns
 import torch
 
-import labkit  # noqa: F401  (picks the tier first)
+import labkit  # first: picks the tier
 from labkit.kernels.comm.ranks import RankFailure, RanksResult, run_ranks
 from labkit.workbench.errors import UsageError
 from labkit.workbench.gates import HardwareUnavailable
@@ -124,6 +124,31 @@ def test_what_a_fork_cannot_honour_is_spawned(monkeypatch):
     assert dict(seen) == {"ppid": os.getpid(), "value": "1"}  # spawned by this process, the variable set
     monkeypatch.delenv("TRITON_RANKS_PROBE")
     assert ranks._start_method("cpu", None) == "forkserver"
+
+
+def test_every_variable_labkit_reads_on_import_keeps_ranks_from_a_stale_fork():
+    """A LABKIT_* variable read at a module's top level (a constant fixed on import) is one the
+    fork server's ranks would see as it was when the server imported labkit: ``_IMPORT_ENV``
+    names each, so a change of one makes the ranks spawned."""
+    import ast
+    from pathlib import Path
+
+    from labkit.kernels.comm import ranks
+
+    found = set()
+    for path in Path(labkit.__file__).parent.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            text = ast.unparse(node)
+            if "environ" in text or "getenv" in text:
+                found |= {
+                    (path.name, c.value)
+                    for c in ast.walk(node)
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value.startswith("LABKIT_")
+                }
+    assert {name for _, name in found} >= {"LABKIT_SCALAR_SIGNALS", "LABKIT_FAST_LAUNCH"}  # the scan sees them
+    assert [f for f in found if not f[1].startswith(ranks._IMPORT_ENV)] == []
 
 
 def test_cpu_symmetric_buffers_are_refused_outside_the_interpreter():

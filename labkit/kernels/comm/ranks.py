@@ -100,8 +100,9 @@ _rank_main(CALL)
 #: (through this module), and the collectives' Triton kernels
 _PRELOAD = ("labkit.kernels.comm.ranks", "labkit.kernels.comm.collectives")
 
-#: prefixes of the environment variables that torch, Triton, OpenMP or labkit read when imported
-#: (TRITON_INTERPRET, CUDA_VISIBLE_DEVICES, ...): a forked rank has them as the server had them
+#: the environment variables that torch, Triton, OpenMP or labkit read when imported, by prefix
+#: (TRITON_INTERPRET, CUDA_VISIBLE_DEVICES, ...) and labkit's by name (those its modules read at
+#: import; tests/test_ranks.py finds them): a forked rank has them as the server had them
 _IMPORT_ENV = (
     "TRITON_",
     "TORCH",
@@ -117,7 +118,9 @@ _IMPORT_ENV = (
     "OPENBLAS_",
     "LD_",
     "PYTHON",
-    "LABKIT_",
+    "LABKIT_SCALAR_SIGNALS",
+    "LABKIT_FAST_LAUNCH",
+    "LABKIT_PLAN_CACHE",
 )
 
 #: the import-time environment of the fork server this process started (None: not started)
