@@ -107,6 +107,11 @@ def start_detached_sleeper(pid_file: str) -> None:
     time.sleep(300)
 
 
+def origin(ctx, name: str) -> dict:
+    """For tests/test_ranks.py: this rank's parent process and the variable ``name`` as it sees it."""
+    return {"ppid": os.getppid(), "value": os.environ.get(name)}
+
+
 def torch_threads(ctx) -> int:
     """For tests/test_ranks.py: the intra-op threads this rank's torch uses."""
     return torch.get_num_threads()

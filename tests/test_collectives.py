@@ -142,16 +142,20 @@ def test_the_hang_demo_shows_rank_0_spinning_in_the_barrier():
     """The notebook's short hang: rank 1 returned, rank 0 was in the barrier (it says so with the
     time on its stdout) for at least min_spin_s when the timeout killed it."""
     skip_without_a_world()
-    res, spun = experiments.hang_demo(timeout=10, min_spin_s=3, retry_timeout=60)
+    res, spun = experiments.hang_demo(timeout=6, min_spin_s=3, retry_timeout=60)
     assert res.results[0].status == "timeout" and res.results[1].ok, res.summary()
     assert spun is not None and 3 <= spun <= res.timeout + 1, (spun, res.summary())
     assert experiments.IN_BARRIER in res.results[0].stdout
 
 
-def test_the_hang_demo_does_not_take_a_slow_start_for_the_hang():
+def test_the_hang_demo_does_not_take_a_slow_start_for_the_hang(monkeypatch):
     """A timeout too short for the ranks to start shows no hang: the demo runs again with the
-    longer timeout, and spins there."""
+    longer timeout, and spins there. The ranks are spawned here (seconds to import torch), never
+    forked from the server (a fraction of a second), so that 0.5 s is too short."""
+    from labkit.kernels.comm import ranks
+
     skip_without_a_world()
+    monkeypatch.setattr(ranks, "_start_method", lambda device_type, env: "spawn")
     res, spun = experiments.hang_demo(timeout=0.5, min_spin_s=3, retry_timeout=15)
     assert res.timeout == 15 and res.results[1].ok and spun is not None and spun >= 3, (spun, res.summary())
     # without a retry (the GPU tier's one run), the short run is what comes back, and says no spin

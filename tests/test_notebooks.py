@@ -15,7 +15,8 @@ from nbformat.warnings import MissingIDFieldWarning
 from labkit.workbench import exercises
 from labkit.workbench.runner import notebooks as nbs
 from labkit.workbench.runner import profiles, run
-from labkit.workbench.runner.execute import _execute, resolve_jobs
+from labkit.workbench.runner.child import execute as _execute
+from labkit.workbench.runner.execute import resolve_jobs
 
 NOTEBOOKS = nbs.discover()
 

@@ -1,7 +1,9 @@
-"""run_ranks: W spawned ranks with torch.distributed up; values, failures and hangs per rank.
+"""run_ranks: W ranks with torch.distributed up; values, failures and hangs per rank.
 
-Each launch spawns W fresh interpreters that import torch (seconds each), so the CPU tests share
-a few launches: one W=4 run that several tests inspect, one failing run and one hung run.
+A spawned rank is a fresh interpreter that imports torch (seconds); without a GPU most ranks are
+forks of one server instead. The CPU tests share a few launches: one W=4 run (spawned: its ``env``
+must be set before the ranks import labkit) that several tests inspect, one failing run and one
+hung run.
 """
 
 import os
@@ -12,7 +14,7 @@ import pytest
 import rank_fns
 import torch
 
-import labkit  # noqa: F401  (picks the tier first)
+import labkit  # first: picks the tier
 from labkit.kernels.comm.ranks import RankFailure, RanksResult, run_ranks
 from labkit.workbench.errors import UsageError
 from labkit.workbench.gates import HardwareUnavailable
@@ -91,6 +93,64 @@ def test_ranks_share_the_cores_unless_told_otherwise(monkeypatch):
     )
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is visible: the ranks are spawned")
+def test_without_a_gpu_the_ranks_are_forks_of_one_server_with_the_launchers_environment(monkeypatch):
+    """The emulated world's ranks are forks of a server that imported torch once; each still sees
+    the launcher's environment as it is at the call, not as it was when the server started."""
+    from multiprocessing import forkserver
+
+    from labkit.kernels.comm import ranks
+
+    assert ranks.start_fork_server()
+    monkeypatch.setenv("RANKS_ORIGIN_PROBE", secrets.token_hex(4))  # set after the server started
+    server = forkserver._forkserver._forkserver_pid
+    got = run_ranks(rank_fns.origin, 2, "RANKS_ORIGIN_PROBE", timeout=60).unwrap()
+    assert got == [{"ppid": server, "value": os.environ["RANKS_ORIGIN_PROBE"]}] * 2
+    assert server != os.getpid()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is visible: the ranks are spawned")
+def test_what_a_fork_cannot_honour_is_spawned(monkeypatch):
+    """An ``env`` beyond OMP_NUM_THREADS, or a variable read on import that changed since the
+    server started, must reach the rank before it imports torch: those ranks are spawned."""
+    from labkit.kernels.comm import ranks
+
+    assert ranks.start_fork_server()
+    assert ranks._start_method("cpu", None) == ranks._start_method("cpu", {"OMP_NUM_THREADS": "1"}) == "forkserver"
+    assert ranks._start_method("cpu", {"LABKIT_RANKS_PROBE": "1"}) == "spawn"
+    monkeypatch.setenv("TRITON_RANKS_PROBE", "1")  # read by nothing, but named like what Triton reads
+    assert ranks._start_method("cpu", None) == "spawn"
+    (seen,) = {tuple(v.items()) for v in run_ranks(rank_fns.origin, 2, "TRITON_RANKS_PROBE", timeout=120).unwrap()}
+    assert dict(seen) == {"ppid": os.getpid(), "value": "1"}  # spawned by this process, the variable set
+    monkeypatch.delenv("TRITON_RANKS_PROBE")
+    assert ranks._start_method("cpu", None) == "forkserver"
+
+
+def test_every_variable_labkit_reads_on_import_keeps_ranks_from_a_stale_fork():
+    """A LABKIT_* variable read at a module's top level (a constant fixed on import) is one the
+    fork server's ranks would see as it was when the server imported labkit: ``_IMPORT_ENV``
+    names each, so a change of one makes the ranks spawned."""
+    import ast
+    from pathlib import Path
+
+    from labkit.kernels.comm import ranks
+
+    found = set()
+    for path in Path(labkit.__file__).parent.rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            text = ast.unparse(node)
+            if "environ" in text or "getenv" in text:
+                found |= {
+                    (path.name, c.value)
+                    for c in ast.walk(node)
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str) and c.value.startswith("LABKIT_")
+                }
+    assert {name for _, name in found} >= {"LABKIT_SCALAR_SIGNALS", "LABKIT_FAST_LAUNCH"}  # the scan sees them
+    assert [f for f in found if not f[1].startswith(ranks._IMPORT_ENV)] == []
+
+
 def test_cpu_symmetric_buffers_are_refused_outside_the_interpreter():
     """An emulated world (gloo ranks, CPU tensors) with compiled kernels, e.g. 2 ranks where one
     GPU is visible: the buffer is refused naming ``device``, not launched into a Triton error."""
@@ -121,7 +181,7 @@ def test_a_hung_rank_becomes_a_timeout_and_the_run_ends_soon_after():
     t0 = time.monotonic()
     res = run_ranks(rank_fns.spin_on_missing_peer, 2, 60.0, timeout=8)
     took = time.monotonic() - t0
-    assert 8 <= took < 30, took
+    assert 8 <= took < 30, (took, res.summary())
     assert res.results[0].status == "ok" and res.values[0] == "rank 0 done"
     hung = res.results[1]
     assert hung.status == "timeout" and hung.value is None

@@ -8,15 +8,23 @@ Triton reads TRITON_INTERPRET when a kernel is *decorated*, so this module must 
 kernel module is imported; ``import labkit`` does that.
 """
 
-import os
+from __future__ import annotations
 
-import torch
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _choose() -> str:
     asked = os.environ.get("TRITON_INTERPRET")
+    if asked == "1":  # asked for: chosen without importing torch (a notebook's runner process starts so)
+        return "interpreter"
+    import torch
+
     if asked is not None:
-        return "interpreter" if asked == "1" else ("gpu" if torch.cuda.is_available() else "cpu")
+        return "gpu" if torch.cuda.is_available() else "cpu"
     if torch.cuda.is_available():
         return "gpu"
     os.environ["TRITON_INTERPRET"] = "1"
@@ -35,4 +43,6 @@ def interpreted() -> bool:
 
 def kernel_device() -> torch.device:
     """Where labkit puts the tensors of a demo or test: the GPU, or the CPU under the interpreter."""
+    import torch  # on first use: a notebook's runner process never needs it
+
     return torch.device("cuda") if TIER == "gpu" else torch.device("cpu")

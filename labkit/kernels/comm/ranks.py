@@ -22,6 +22,16 @@ How it works, and why:
   a module-level function (or "module:function"), not a lambda or a function defined in the
   notebook. From a *script*, spawn also re-runs the script's top-level code in every rank: guard
   it with ``if __name__ == "__main__":``. A notebook needs no guard.
+* on a machine without a CUDA GPU (the emulated world: gloo ranks on CPU tensors) the ranks are
+  *forkserver* processes instead: one server per launching process imports torch and labkit once
+  (``_PRELOAD``), and every rank is a fork of it, a fresh process that starts in a fraction of a
+  second where a spawned one takes seconds to import torch (``start_fork_server`` starts the
+  server ahead of the first world). The server never touches CUDA; the one thread it holds
+  besides its own is numpy's OpenBLAS pool, which OpenBLAS stops and restarts around a fork.
+  A rank gets the launcher's environment of the moment, as a spawned one does;
+  what a fork cannot honour falls back to spawn (``_start_method``): an ``env`` naming more than
+  OMP_NUM_THREADS (it must be set before the rank imports labkit or torch), or a variable that
+  torch, Triton or labkit read when imported (``_IMPORT_ENV``) changed since the server started.
 * each rank sets its environment before it imports labkit or torch (see ``_BOOTSTRAP``), runs in
   its own session so that the launcher can kill it with everything it started, and exits by
   itself if the launcher dies (a kernel restart).
@@ -73,13 +83,48 @@ _TEARDOWN_S = 5.0  # how long a rank that has left its result may take to exit
 # labkit (and torch) to find it, and labkit reads TRITON_INTERPRET and probes CUDA (which fixes
 # CUDA_VISIBLE_DEVICES) on import: too early to apply the caller's `env`. So the target is the
 # builtin exec of this stub, which sets the session and environment first, then imports labkit.
+# A forkserver rank starts from the server's environment: BASE, the launcher's environment of the
+# moment, replaces it first (None for a spawned rank, which inherits it).
 _BOOTSTRAP = """\
 import os
 os.setsid()
+if BASE is not None:
+    os.environ.clear()
+    os.environ.update(BASE)
 os.environ.update(ENV)
 from labkit.kernels.comm.ranks import _rank_main
 _rank_main(CALL)
 """
+
+#: what the fork server imports before it forks any rank: torch, torch.distributed and labkit
+#: (through this module), and the collectives' Triton kernels
+_PRELOAD = ("labkit.kernels.comm.ranks", "labkit.kernels.comm.collectives")
+
+#: the environment variables that torch, Triton, OpenMP or labkit read when imported, by prefix
+#: (TRITON_INTERPRET, CUDA_VISIBLE_DEVICES, ...) and labkit's by name (those its modules read at
+#: import; tests/test_ranks.py finds them): a forked rank has them as the server had them
+_IMPORT_ENV = (
+    "TRITON_",
+    "TORCH",
+    "PYTORCH_",
+    "CUDA_",
+    "NCCL_",
+    "NVSHMEM_",
+    "GLOO_",
+    "OMP_",
+    "KMP_",
+    "GOMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "LD_",
+    "PYTHON",
+    "LABKIT_SCALAR_SIGNALS",
+    "LABKIT_FAST_LAUNCH",
+    "LABKIT_PLAN_CACHE",
+)
+
+#: the import-time environment of the fork server this process started (None: not started)
+_server_env: dict | None = None
 
 
 class RankFailure(RuntimeError):
@@ -182,6 +227,19 @@ class RanksResult:
         raise RankFailure("\n".join(lines), self)
 
 
+def start_fork_server() -> bool:
+    """Start the fork server now, where ``run_ranks`` forks its ranks (no CUDA GPU visible), so
+    that it imports torch and labkit while the caller goes on: the first world then starts at
+    once. Returns True if this process forks its ranks (the server is up or starting), False if
+    it spawns them (nothing started). Calling it again does no more."""
+    if _start_method("cpu", None) != "forkserver":
+        return False
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()  # starts the server process and returns; the server imports in the background
+    return True
+
+
 def run_ranks(
     fn: Callable | str,
     world_size: int,
@@ -218,7 +276,9 @@ def run_ranks(
     port = _free_port()
     procs: list = []
     try:
-        spawn = torch.multiprocessing.get_context("spawn")
+        method = _start_method(device_type, env)
+        context = torch.multiprocessing.get_context(method)
+        base = dict(os.environ) if method == "forkserver" else None
         start = time.monotonic()
         for rank in range(world_size):
             call = {
@@ -233,8 +293,8 @@ def run_ranks(
                 "args": call_args,
                 "timeout": timeout,
             }
-            bootstrap = {"ENV": _rank_env(rank, world_size, port, env), "CALL": call}
-            proc = spawn.Process(target=exec, args=(_BOOTSTRAP, bootstrap), name=f"labkit-rank{rank}")
+            bootstrap = {"ENV": _rank_env(rank, world_size, port, env), "CALL": call, "BASE": base}
+            proc = context.Process(target=exec, args=(_BOOTSTRAP, bootstrap), name=f"labkit-rank{rank}")
             proc.start()
             procs.append(proc)
         ended, first_failed = _watch(procs, run_dir, start, start + timeout)
@@ -293,6 +353,35 @@ def _choose_backend(backend: str, world_size: int) -> tuple[str, str]:
     elif backend != "gloo":
         raise UsageError(f"backend={backend!r}: expected 'auto', 'nccl' or 'gloo'")
     return backend, ("cuda" if backend == "nccl" else "cpu")
+
+
+def _import_env(environ) -> dict:
+    return {k: v for k, v in environ.items() if k.startswith(_IMPORT_ENV) and k != "OMP_NUM_THREADS"}
+
+
+def _start_method(device_type: str, env: dict | None) -> str:
+    """ "forkserver" where a fork of the preloaded server gives the rank spawn would, else "spawn".
+
+    Forks only where no CUDA GPU is visible (a process that probed CUDA must not fork, and CPU
+    ranks on a GPU machine may still use the GPU), only for an ``env`` of at most OMP_NUM_THREADS
+    (applied after the fork, ``_rank_main``), and only while every ``_IMPORT_ENV`` variable is as
+    it was when this process started the server (it starts it at its first forkserver world)."""
+    global _server_env
+    if (
+        device_type != "cpu"
+        or torch.cuda.is_available()
+        or "forkserver" not in multiprocessing.get_all_start_methods()
+        or set(env or ()) - {"OMP_NUM_THREADS"}
+    ):
+        return "spawn"
+    from multiprocessing import forkserver
+
+    if _server_env is None:
+        if getattr(forkserver._forkserver, "_forkserver_address", None) is not None:
+            return "spawn"  # a server someone else started: what it imported is unknown
+        forkserver.set_forkserver_preload(list(_PRELOAD))
+        _server_env = _import_env(os.environ)
+    return "forkserver" if _import_env(os.environ) == _server_env else "spawn"
 
 
 def _free_port() -> int:
@@ -419,6 +508,9 @@ def _rank_main(call: dict) -> None:
     rank = call["rank"]
     _redirect_output(call["run_dir"], rank)
     faulthandler.enable()  # a segfault prints the Python stack into the rank's stderr file
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # a forked rank's torch read it in the server
+        torch.set_num_threads(int(threads))
     _exit_with_launcher()
     try:
         fn = importlib.import_module(call["module"])

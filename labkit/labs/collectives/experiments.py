@@ -4,7 +4,7 @@
   the signal pads back at zero afterwards: what the tests and the notebook's correctness table run
   (the all-gather in both orders: "direct", the default rotated one, and "naive").
 * ``check_dtypes``: ``check_algorithms`` for several dtypes in one world (the notebook's table:
-  starting a world costs more than checking, seconds per rank under the interpreter).
+  one start of the ranks and one process group for all of them).
 * ``check_all_gather_orders``: both all-gather orders, eager and planned, on several fresh inputs.
 * ``broken_trials``: the deliberately broken variants under load. Many collectives are queued
   back to back, each on new inputs, with one rank made late before some of them (a GPU sleep, or
@@ -16,8 +16,8 @@
   the notebook runs it through ``run_ranks`` with a timeout, which reports how each rank ended.
 * ``lonely_barrier`` and ``hang_demo``: only rank 0 enters a barrier and spins; ``hang_demo`` (the
   notebook's process) runs it with a short timeout and checks that rank 0 really was in the barrier.
-* ``parts`` and ``shared_world``: several rank functions one after another in one world (starting a
-  world costs seconds: every rank imports torch); ``shared_world`` returns nothing if that world fails.
+* ``parts`` and ``shared_world``: several rank functions one after another in one world (one start
+  of the ranks and one process group for all); ``shared_world`` returns nothing if that world fails.
 """
 
 from __future__ import annotations
@@ -303,7 +303,8 @@ def broken_matrix(
     ctx, runs: list, trials: int, n: int, dtype_name: str = "float32", late_us: float = 200.0, load: str = "late"
 ) -> list[dict]:
     """``broken_trials`` for each (variant, algorithm) of ``runs``, one after another in this one
-    world: starting a world costs seconds, a trial microseconds. A run that hangs or crashes takes
+    world: starting a world costs far more than a trial (seconds where the ranks are spawned on
+    GPUs). A run that hangs or crashes takes
     the whole world down with it, which ``live_broken`` answers by running each in a world of its own."""
     return [
         broken_trials(ctx, variant, algorithm, trials, n, dtype_name, late_us, seed=i, load=load)

@@ -260,8 +260,8 @@ def measure_delays(
 def measure_variants(
     variants, form: str, delays, trials: int, n: int, dtype_name: str = "float32", timeout: float = SPAWN_TIMEOUT_S
 ) -> list[dict]:
-    """``measure_delays`` for every variant of ``variants``, all in ONE spawn of two ranks (a spawn
-    of the emulated world costs seconds of start-up): the records of each variant in turn, as
+    """``measure_delays`` for every variant of ``variants``, all in ONE spawn of two ranks (one
+    start of the ranks, not one per variant): the records of each variant in turn, as
     ``measure_delays`` gives them (``wall_s``: the spawn's wall time divided evenly over every
     row). If that spawn fails (a hang, a crash), says so and measures each variant in a spawn of
     its own, so the failure is pinned to its variant."""

@@ -72,7 +72,8 @@ def kernel_vs_bf16(profile: str, reps: int | None = None) -> list[dict]:
             },
             baseline="bf16 matmul",
             device=dev if cuda else None,
-            warmup=3 if cuda else 1,  # interpreted, a call is a full Python run: nothing left to warm after one
+            # interpreted, a call is a full Python run: nothing left to warm after the one the errors above made
+            warmup=3 if cuda else 0,
             reps=reps,
             method=method,
         )

@@ -1,6 +1,18 @@
-"""``labkit run``: execute the workbook's notebooks with papermill, validated and contained."""
+"""``labkit run``: execute the workbook's notebooks with papermill, validated and contained.
 
-from labkit.workbench.runner.execute import NotebookResult, RunReport, run
-from labkit.workbench.runner.notebooks import RunError
+Its names are imported on first use: a notebook's child process imports ``runner.child`` alone,
+without the rest of the runner (which imports torch)."""
 
 __all__ = ["run", "RunReport", "NotebookResult", "RunError"]
+
+
+def __getattr__(name: str):
+    if name in ("run", "RunReport", "NotebookResult"):
+        from labkit.workbench.runner import execute
+
+        return getattr(execute, name)
+    if name == "RunError":
+        from labkit.workbench.runner.notebooks import RunError
+
+        return RunError
+    raise AttributeError(f"module 'labkit.workbench.runner' has no attribute {name!r}")

@@ -18,8 +18,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from labkit.workbench import exercises, gates, hardware, results, sandbox
+from labkit.workbench.runner import child, profiles, schema
 from labkit.workbench.runner import notebooks as nbs
-from labkit.workbench.runner import profiles, schema
 from labkit.workbench.runner.notebooks import RunError
 
 #: Seconds beyond a notebook's timeout for its kernel to start and shut down.
@@ -88,61 +88,6 @@ class RunReport:
         return "\n".join(rows)
 
 
-def _execute(
-    input_path: str, output_path: str, parameters: dict, cwd: str, timeout_s: float, prepare_only: bool = False
-) -> dict:
-    """Runs in the child: papermill with labkit's kernel; returns the outcome as plain data.
-
-    prepare_only: papermill reads the notebook, injects the parameters and writes the output
-    without starting a kernel (the tests check this step emits no nbformat warning)."""
-    import nbformat
-    import papermill as pm
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
-
-    try:
-        pm.execute_notebook(
-            input_path,
-            output_path,
-            parameters=parameters,
-            kernel_name="python3",
-            cwd=cwd,
-            progress_bar=False,
-            log_output=False,
-            execution_timeout=int(timeout_s),
-            prepare_only=prepare_only,
-        )
-    except pm.PapermillExecutionError as e:
-        first = str(e.evalue).strip().splitlines()[0] if str(e.evalue).strip() else ""
-        return {"status": "failed", "detail": f"cell {e.cell_index} (In [{e.exec_count}]) raised {e.ename}: {first}"}
-    except (CellTimeoutError, DeadKernelError) as e:
-        # papermill saved the notebook up to the cell that was running: name that cell.
-        cell = _running_cell(nbformat, output_path)
-        what = (
-            f"timed out after {timeout_s:.0f} s"
-            if isinstance(e, CellTimeoutError)
-            else "killed the notebook's kernel (a crash: segfault, abort, illegal memory access?)"
-        )
-        return {"status": "failed", "detail": f"cell {cell} {what}" if cell is not None else what}
-    return {"status": "ran"}
-
-
-def _running_cell(nbformat, path: str) -> int | None:
-    """Index of the cell that was executing when papermill stopped: the last one it started.
-
-    After a timeout or a dead kernel papermill marks that cell "completed" (not "failed") in the
-    saved notebook; the cells after it stay "pending"."""
-    try:
-        nb = nbformat.read(path, as_version=4)
-    except Exception:
-        return None
-    started = [
-        i
-        for i, c in enumerate(nb.cells)
-        if c.get("metadata", {}).get("papermill", {}).get("status") not in (None, "pending")
-    ]
-    return started[-1] if started else None
-
-
 def kernel_env(profile: str) -> dict[str, str]:
     """Environment a notebook's kernel gets under ``profile``, whatever this process chose.
 
@@ -157,7 +102,7 @@ def prepare(input_path: str | os.PathLike, output_path: str | os.PathLike, param
     executes one (papermill's own injection: an ``injected-parameters`` cell after the
     ``parameters`` cell), without starting a kernel. Validate the names first (:func:`resolve_jobs`)."""
     input_path = Path(input_path)
-    outcome = _execute(str(input_path), str(output_path), parameters, str(input_path.parent), 1, prepare_only=True)
+    outcome = child.execute(str(input_path), str(output_path), parameters, str(input_path.parent), 1, prepare_only=True)
     if outcome["status"] != "ran":
         raise RunError(f"notebook {input_path.stem}: could not inject parameters: {outcome.get('detail')}")
 
@@ -323,7 +268,7 @@ def _run_jobs(report: RunReport, jobs: list, tier_env: dict, progress: bool, not
         # timeout bounds the whole notebook; papermill gets it per cell too, so a single hung
         # cell is reported by name. KERNEL_GRACE_S covers the kernel's start and shutdown.
         res = sandbox.run_isolated(
-            _execute,
+            child.execute,
             str(path),
             str(output),
             params,
@@ -335,9 +280,7 @@ def _run_jobs(report: RunReport, jobs: list, tier_env: dict, progress: bool, not
         if res.ok:
             outcome = res.value
         elif res.status == "timeout":
-            import nbformat
-
-            cell = _running_cell(nbformat, str(output))
+            cell = child.running_cell(str(output))
             where = f" in cell {cell}" if cell is not None else ""
             outcome = {"status": "failed", "detail": f"notebook stopped at its {timeout:.0f} s limit{where}"}
         else:

@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import sys
 from pathlib import Path
 
-import nbformat
+# nbformat validates notebooks with jsonschema, which, where the package rfc3987-syntax is
+# installed (Jupyter's event schemas pull it in), imports it to check the "iri" string format;
+# that import builds a grammar and takes 2 to 3 s of CPU, in every process that reads a notebook
+# (each notebook's child under ``labkit run``). A notebook's schema names no such format: jsonschema
+# is left to do without it (it skips the format when the import fails). A process that imported the
+# package before keeps it.
+sys.modules.setdefault("rfc3987_syntax", None)
 
-from labkit.workbench.errors import UsageError
+import nbformat  # noqa: E402  (after the line above)
+
+from labkit.workbench.errors import UsageError  # noqa: E402
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[3] / "notebooks"  # labkit/workbench/runner/ -> the repository
 
