@@ -19,6 +19,10 @@ from labkit.kernels.comm.ranks import RankFailure, RanksResult, run_ranks
 from labkit.workbench.errors import UsageError
 from labkit.workbench.gates import HardwareUnavailable
 
+#: under pytest-xdist (make test) every test of this file runs in one worker: the W=4 world of its module fixture
+#: runs once, not once per worker
+pytestmark = pytest.mark.xdist_group("ranks")
+
 N = 1000  # numbers per rank in the all_reduce
 
 
