@@ -155,7 +155,7 @@ def test_the_hang_demo_does_not_take_a_slow_start_for_the_hang(monkeypatch):
     from labkit.kernels.comm import ranks
 
     skip_without_a_world()
-    monkeypatch.setattr(ranks, "_start_method", lambda device_type, env: "spawn")
+    monkeypatch.setattr(ranks, "_start_method", lambda device_type, env, claim=False: "spawn")
     res, spun = experiments.hang_demo(timeout=0.5, min_spin_s=3, retry_timeout=15)
     assert res.timeout == 15 and res.results[1].ok and spun is not None and spun >= 3, (spun, res.summary())
     # without a retry (the GPU tier's one run), the short run is what comes back, and says no spin
