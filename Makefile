@@ -24,7 +24,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.labkit-installed
 ARGS ?=
 PYTEST_ARGS ?=
-# pytest-xdist workers; --dist loadgroup keeps the browser tests (one JupyterLab, one Chromium) in one
+# pytest-xdist workers; --dist loadgroup keeps the browser tests (one JupyterLab, one Chromium) in one,
+# and each file's tests that share an expensive module fixture (xdist_group in the file)
 TEST_WORKERS ?= 2
 
 .PHONY: workbook test lint lab site doctor clean

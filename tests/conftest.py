@@ -20,8 +20,9 @@ from labkit.workbench import gates
 pytest_plugins = ["sharding"]
 
 
-@pytest.hookimpl(trylast=True)  # after -m, -k and the shards have deselected theirs
+@pytest.hookimpl(trylast=True)  # after -m, -k and the shards have deselected theirs, and after pytest-xdist
 def pytest_collection_modifyitems(config, items):
+    _name_xdist_groups(config, items)
     one = gates.requires(gpus=1, compiled=True)
     two = gates.requires(gpus=2, compiled=True)
     for item in items:
@@ -29,6 +30,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=two.reason))
         elif item.get_closest_marker("gpu") and not one.ok:
             item.add_marker(pytest.mark.skip(reason=one.reason))
+
+
+def _name_xdist_groups(config, items) -> None:
+    """``--dist loadgroup`` (make test): a pytest-xdist worker names each test's ``xdist_group``
+    in the node id it reports (``...::test@group``), which is what the scheduler groups by.
+    pytest-xdist writes it into ``item._nodeid``, which pytest 9.2 no longer reads (its node ids
+    are structured): the groups are lost and every grouped test is dealt out alone
+    (pytest-dev/pytest-xdist#1386). Where a grouped test's node id lacks its group, this writes
+    it into the structured id; where pytest-xdist's own suffix took effect, nothing."""
+    if not config.getoption("loadgroup", default=False):  # set on the workers of --dist loadgroup
+        return
+    for item in items:
+        names = {m.args[0] if m.args else m.kwargs.get("name", "default") for m in item.iter_markers("xdist_group")}
+        node_id = getattr(item, "_id", None)
+        if names and node_id is not None and "@" not in item.nodeid:
+            item._id = type(node_id).parse(f"{item.nodeid}@{'_'.join(sorted(map(str, names)))}")
 
 
 def pytest_configure(config):

@@ -13,6 +13,10 @@ import labkit  # noqa: F401  (picks the tier first)
 from labkit.kernels.comm.ranks import run_ranks
 from labkit.workbench import tier
 
+#: under pytest-xdist (make test) every test of this file runs in one worker: the worlds of its module fixtures
+#: runs once, not once per worker
+pytestmark = pytest.mark.xdist_group("collectives_misuse")
+
 
 @pytest.fixture(scope="module")
 def other_outs():

@@ -27,6 +27,10 @@ from labkit.workbench import benchmarks, gates, hardware, sandbox
 from labkit.workbench.gates import HardwareUnavailable
 from labkit.workbench.widgets import FigureView
 
+#: under pytest-xdist (make test) every test of this file runs in one worker: the CPU benchmark of its module fixture
+#: runs once, not once per worker
+pytestmark = pytest.mark.xdist_group("fp8_bench_widgets")
+
 SIZE = 1 / 512
 #: where the small runs go: "cpu" under the interpreter, "one_gpu" on a GPU machine's compiled tier
 HERE = model.local_placement()

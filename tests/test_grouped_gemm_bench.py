@@ -15,6 +15,10 @@ from labkit.labs.grouped_gemm import baselines, bench, distributions, gemm_plots
 from labkit.labs.grouped_gemm.distributions import describe, token_counts
 from labkit.workbench import tier
 
+#: under pytest-xdist (make test) every test of this file runs in one worker: the CPU benchmark of its module fixture
+#: runs once, not once per worker
+pytestmark = pytest.mark.xdist_group("grouped_gemm_bench")
+
 DEV = tier.kernel_device()
 
 

@@ -19,6 +19,10 @@ from labkit.labs.memory_model import plots, sweep
 from labkit.workbench import results, tier
 from labkit.workbench.errors import UsageError
 
+#: under pytest-xdist (make test) every test of this file runs in one worker: the CPU benchmark of its module fixture
+#: runs once, not once per worker
+pytestmark = pytest.mark.xdist_group("memory_model")
+
 
 @pytest.fixture(scope="module")
 def cpu_records():

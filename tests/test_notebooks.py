@@ -164,6 +164,7 @@ def solutions_run(tmp_path_factory):
 
 
 @pytest.mark.notebook
+@pytest.mark.xdist_group("solutions")  # one pytest-xdist worker runs them all: solutions_run executes once
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
 def test_every_solution_passes_its_check_in_the_notebook(name, solutions_run):
     res = solutions_run[name]

@@ -21,6 +21,10 @@ from labkit.kernels.comm.ranks import run_ranks
 from labkit.workbench import tier
 from labkit.workbench.errors import UsageError
 
+#: under pytest-xdist (make test) every test of this file runs in one worker: the worlds of its module fixtures
+#: runs once, not once per worker
+pytestmark = pytest.mark.xdist_group("plan")
+
 
 @pytest.fixture(scope="module")
 def world():

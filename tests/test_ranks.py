@@ -19,6 +19,10 @@ from labkit.kernels.comm.ranks import RankFailure, RanksResult, run_ranks
 from labkit.workbench.errors import UsageError
 from labkit.workbench.gates import HardwareUnavailable
 
+#: under pytest-xdist (make test) every test of this file runs in one worker: the W=4 world of its module fixture
+#: runs once, not once per worker
+pytestmark = pytest.mark.xdist_group("ranks")
+
 N = 1000  # numbers per rank in the all_reduce
 
 
@@ -110,20 +114,35 @@ def test_without_a_gpu_the_ranks_are_forks_of_one_server_with_the_launchers_envi
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is visible: the ranks are spawned")
-def test_what_a_fork_cannot_honour_is_spawned(monkeypatch):
-    """An ``env`` beyond OMP_NUM_THREADS, or a variable read on import that changed since the
-    server started, must reach the rank before it imports torch: those ranks are spawned."""
+def test_an_env_beyond_the_thread_count_is_spawned():
+    """An ``env`` beyond OMP_NUM_THREADS must reach the rank before it imports torch: spawned."""
     from labkit.kernels.comm import ranks
 
     assert ranks.start_fork_server()
     assert ranks._start_method("cpu", None) == ranks._start_method("cpu", {"OMP_NUM_THREADS": "1"}) == "forkserver"
     assert ranks._start_method("cpu", {"LABKIT_RANKS_PROBE": "1"}) == "spawn"
+    assert ranks._start_method("cuda", None) == "spawn"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is visible: the ranks are spawned")
+def test_a_changed_import_variable_starts_the_server_again(monkeypatch):
+    """A variable read on import that changed since the server started: the server stops, and
+    the world's ranks are forks of a new one that imported with the variable as it is now."""
+    from multiprocessing import forkserver
+
+    from labkit.kernels.comm import ranks
+
+    assert ranks.start_fork_server()
+    first = forkserver._forkserver._forkserver_pid
     monkeypatch.setenv("TRITON_RANKS_PROBE", "1")  # read by nothing, but named like what Triton reads
-    assert ranks._start_method("cpu", None) == "spawn"
-    (seen,) = {tuple(v.items()) for v in run_ranks(rank_fns.origin, 2, "TRITON_RANKS_PROBE", timeout=120).unwrap()}
-    assert dict(seen) == {"ppid": os.getpid(), "value": "1"}  # spawned by this process, the variable set
+    got = run_ranks(rank_fns.origin, 2, "TRITON_RANKS_PROBE", timeout=120).unwrap()
+    second = forkserver._forkserver._forkserver_pid
+    assert second not in (None, first) and got == [{"ppid": second, "value": "1"}] * 2
+    assert ranks._server_env["TRITON_RANKS_PROBE"] == "1"
+    # while a world of this process runs, its server stays: a changed variable spawns instead
+    monkeypatch.setattr(ranks, "_worlds_running", 1)
     monkeypatch.delenv("TRITON_RANKS_PROBE")
-    assert ranks._start_method("cpu", None) == "forkserver"
+    assert ranks._start_method("cpu", None) == "spawn" and forkserver._forkserver._forkserver_pid == second
 
 
 def test_every_variable_labkit_reads_on_import_keeps_ranks_from_a_stale_fork():

@@ -24,6 +24,10 @@ from pathlib import Path
 import jupyterlab_browser as jb
 import pytest
 
+#: under pytest-xdist (make test) every test of this file runs in one worker: the site its module fixture builds
+#: runs once, not once per worker
+pytestmark = pytest.mark.xdist_group("site")
+
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("build_site", ROOT / "scripts" / "build_site.py")
 build_site = importlib.util.module_from_spec(_spec)

@@ -24,6 +24,9 @@ from labkit.kernels.fault import write_out_of_bounds
 from labkit.kernels.grouped_gemm import grouped_mm, grouped_mm_wgrad
 from labkit.kernels.matmul import matmul as triton_matmul  # the module keeps the name `matmul`
 from labkit.kernels.sc import sc_matmul
+from labkit.workbench import interpreter
+
+interpreter.fast_device_calls()  # under the interpreter, before any labkit kernel runs: see there
 
 #: name -> (launcher, make_inputs(generator) -> tuple of CPU tensors)
 LAUNCHERS = {

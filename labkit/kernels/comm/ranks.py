@@ -28,10 +28,10 @@ How it works, and why:
   second where a spawned one takes seconds to import torch (``start_fork_server`` starts the
   server ahead of the first world). The server never touches CUDA; the one thread it holds
   besides its own is numpy's OpenBLAS pool, which OpenBLAS stops and restarts around a fork.
-  A rank gets the launcher's environment of the moment, as a spawned one does;
-  what a fork cannot honour falls back to spawn (``_start_method``): an ``env`` naming more than
-  OMP_NUM_THREADS (it must be set before the rank imports labkit or torch), or a variable that
-  torch, Triton or labkit read when imported (``_IMPORT_ENV``) changed since the server started.
+  A rank gets the launcher's environment of the moment, as a spawned one does, and the server is
+  started again when a variable that torch, Triton or labkit read when imported (``_IMPORT_ENV``)
+  changed since it started. What a fork cannot honour is spawned (``_start_method``): an ``env``
+  naming more than OMP_NUM_THREADS (it must be set before the rank imports labkit or torch).
 * each rank sets its environment before it imports labkit or torch (see ``_BOOTSTRAP``), runs in
   its own session so that the launcher can kill it with everything it started, and exits by
   itself if the launcher dies (a kernel restart).
@@ -125,6 +125,9 @@ _IMPORT_ENV = (
 
 #: the import-time environment of the fork server this process started (None: not started)
 _server_env: dict | None = None
+#: forkserver worlds of this process now running, and the lock over both
+_worlds_running = 0
+_server_lock = threading.Lock()
 
 
 class RankFailure(RuntimeError):
@@ -275,8 +278,9 @@ def run_ranks(
     os.mkdir(scratch_dir)
     port = _free_port()
     procs: list = []
+    method = "spawn"
     try:
-        method = _start_method(device_type, env)
+        method = _start_method(device_type, env, claim=True)
         context = torch.multiprocessing.get_context(method)
         base = dict(os.environ) if method == "forkserver" else None
         start = time.monotonic()
@@ -308,6 +312,8 @@ def run_ranks(
     finally:
         _kill_all(procs)  # also on KeyboardInterrupt in the notebook: no rank outlives the call
         shutil.rmtree(run_dir, ignore_errors=True)
+        if method == "forkserver":
+            _world_ended()
 
 
 # --- the launcher's side -------------------------------------------------------------------
@@ -359,14 +365,20 @@ def _import_env(environ) -> dict:
     return {k: v for k, v in environ.items() if k.startswith(_IMPORT_ENV) and k != "OMP_NUM_THREADS"}
 
 
-def _start_method(device_type: str, env: dict | None) -> str:
-    """ "forkserver" where a fork of the preloaded server gives the rank spawn would, else "spawn".
+def _start_method(device_type: str, env: dict | None, claim: bool = False) -> str:
+    """ "forkserver" where a fork of the preloaded server gives the rank spawn would, else "spawn";
+    ``claim``: a world is about to start its ranks so (counted until ``_world_ended``).
 
     Forks only where no CUDA GPU is visible (a process that probed CUDA must not fork, and CPU
-    ranks on a GPU machine may still use the GPU), only for an ``env`` of at most OMP_NUM_THREADS
-    (applied after the fork, ``_rank_main``), and only while every ``_IMPORT_ENV`` variable is as
-    it was when this process started the server (it starts it at its first forkserver world)."""
-    global _server_env
+    ranks on a GPU machine may still use the GPU) and only for an ``env`` of at most
+    OMP_NUM_THREADS (applied after the fork, ``_rank_main``). The server imports with the
+    ``_IMPORT_ENV`` variables of the moment it starts (this process starts it at its first
+    forkserver world); when one of them has changed since (torch sets TORCHINDUCTOR_CACHE_DIR
+    when inductor first runs, a test sets one), the server is stopped, and the world starts a new
+    one that imports with them as they are now. Spawned instead: while a forkserver world of this
+    process is still running (another thread's: stopping its server would lose its ranks' exit
+    reports), or where this Python's forkserver cannot be stopped."""
+    global _server_env, _worlds_running
     if (
         device_type != "cpu"
         or torch.cuda.is_available()
@@ -376,12 +388,30 @@ def _start_method(device_type: str, env: dict | None) -> str:
         return "spawn"
     from multiprocessing import forkserver
 
-    if _server_env is None:
-        if getattr(forkserver._forkserver, "_forkserver_address", None) is not None:
-            return "spawn"  # a server someone else started: what it imported is unknown
-        forkserver.set_forkserver_preload(list(_PRELOAD))
-        _server_env = _import_env(os.environ)
-    return "forkserver" if _import_env(os.environ) == _server_env else "spawn"
+    server = forkserver._forkserver
+    now = _import_env(os.environ)
+    with _server_lock:
+        if _server_env is None:
+            if getattr(server, "_forkserver_address", None) is not None:
+                return "spawn"  # a server someone else started: what it imported is unknown
+            forkserver.set_forkserver_preload(list(_PRELOAD))
+            _server_env = now
+        elif now != _server_env:
+            if _worlds_running or not hasattr(server, "_stop"):
+                return "spawn"
+            try:
+                server._stop()  # CPython's own (its tests use it): closes the server's pipe, waits for it to exit
+            except OSError:  # already gone and reaped elsewhere: spawn rather than guess its state
+                return "spawn"
+            _server_env = now
+        _worlds_running += claim
+        return "forkserver"
+
+
+def _world_ended() -> None:
+    global _worlds_running
+    with _server_lock:
+        _worlds_running -= 1
 
 
 def _free_port() -> int:

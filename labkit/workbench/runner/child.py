@@ -1,10 +1,11 @@
 """What ``labkit run`` executes in each notebook's child process: papermill, and no more.
 
-The child (:func:`labkit.workbench.sandbox.run_isolated`) imports this module by name; it imports
-neither torch nor the rest of the runner, so the child is ready for papermill in about a second
-rather than the seconds torch takes (the notebook's own kernel, below papermill, imports what the
-notebook uses). ``labkit.TIER`` is decided without torch here: ``labkit run`` gives the child
-TRITON_INTERPRET (``execute.kernel_env``)."""
+The child (:func:`labkit.workbench.sandbox.run_isolated`) imports this module by name, which
+imports papermill and nbformat but not the rest of the runner; under the ``cpu`` profile the child
+imports no torch either (``labkit run`` gives it TRITON_INTERPRET=1, ``execute.kernel_env``, from
+which ``labkit.TIER`` is decided without torch), so it is ready for papermill in about a second
+rather than the seconds torch takes. The notebook's own kernel, below papermill, imports what the
+notebook uses."""
 
 from __future__ import annotations
 
