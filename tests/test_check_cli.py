@@ -99,7 +99,9 @@ def _has_two_gpus() -> bool:
 
 def test_the_plugin_from_the_source_tree(tmp_path):
     suite = _user_suite(tmp_path / "suite")
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{suite}")
+    # Only the plugin named by -p: where labkit is also pip-installed, its pytest11 entry point
+    # would register the same module a second time and pytest would stop before collecting.
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{suite}", PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     env.pop("TRITON_INTERPRET", None)  # as in a fresh shell: labkit must not have set it yet
     res = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "labkit_pytest", "-p", "no:cacheprovider", "-v", "-rs", str(suite)],
@@ -109,7 +111,7 @@ def test_the_plugin_from_the_source_tree(tmp_path):
         text=True,
         timeout=600,
     )
-    assert _outcomes(res.stdout) == _expected_outcomes(_has_two_gpus()), res.stdout[-3000:]
+    assert _outcomes(res.stdout) == _expected_outcomes(_has_two_gpus()), (res.stdout + res.stderr)[-3000:]
     assert "FAILED: host sync" in res.stdout and "user_fns.py" in res.stdout
 
 
