@@ -23,7 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "labkit"
 #: Modules whose strings may name lab modules: the registries behind ``labkit bench``, ``labkit
 #: report`` and the exercises' checks.
-REGISTRY = {"labkit.workbench.benchmarks", "labkit.workbench.report", "labkit.workbench.exercises"}
+REGISTRY = {
+    "labkit.workbench.benchmarks",
+    "labkit.workbench.report",
+    "labkit.workbench.exercises",
+    "labkit.workbench.catch_record",
+}
 #: The one import that reaches up from the top of the package: ``labkit.check`` (a lazy
 #: ``__getattr__`` in labkit/__init__.py) is the product's checkers, exposed at the top.
 TOP_EXPOSES = {("labkit", "labkit.kernels.check")}

@@ -30,6 +30,7 @@ BENCHMARKS = {
     "litmus": ("labkit.labs.memory_model.sweep", "benchmark", "REQUIRED"),
     "litmus_two_gpus": ("labkit.labs.memory_model.sweep", "benchmark_two_gpus", "REQUIRED"),
     "broken_barriers": ("labkit.labs.memory_model.broken_barriers", "benchmark", "REQUIRED"),
+    "checkers": ("labkit.workbench.catch_record", "benchmark", "REQUIRED"),
 }
 
 

@@ -61,7 +61,7 @@ LABS: tuple[Lab, ...] = (
         "timed under the interpreter beside the GPU reference",
         "ready",
         2,
-        ("doctor", "workbench"),
+        ("doctor", "workbench", "checkers"),
         (Part("GPU copy bandwidth at full size", {"gpus": 1, "compiled": True}),),
         short="none: a tour of the tools every lab uses",
         gpu_count="0 (1 if present)",

@@ -49,3 +49,7 @@ def peers_seed(buf):
 
 def peers_fixed(buf):
     return _peers_sum(buf, end_barrier=True)
+
+
+#: what the notebook's cell and ``labkit bench checkers`` run: (checker, fn, make_inputs, kwargs)
+CASES = [("collective", fn, inputs, {"world_size": 2}) for fn in (one_shot_seed, one_shot_fixed)]

@@ -38,3 +38,7 @@ def forward_seed(x, weight):
 def forward_fixed(x, weight):
     """The product's policy: state, update and launch on the layer's device."""
     return _forward("device_aware", x, weight)
+
+
+#: what the notebook's cell and ``labkit bench checkers`` run: (checker, fn, make_inputs, kwargs)
+CASES = [("device_independence", fn, inputs, {}) for fn in (forward_seed, forward_fixed)]

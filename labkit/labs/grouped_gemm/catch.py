@@ -85,3 +85,9 @@ def other_layer(args, kwargs, step) -> None:
     other = torch.randn(EXPERTS, N, K, device=args[0].device)
     for op in (_RESETTING[1], _OWNED[1]):
         op.stage(_addresses(other) if step % 2 else [a + 8 for a in _addresses(other)])
+
+
+#: what the notebook's cell and ``labkit bench checkers`` run: (checker, fn, make_inputs, kwargs)
+CASES = [("no_host_sync", fn, moe_inputs, {}) for fn in (experts_seed, experts_fixed)] + [
+    ("graph_safe", fn, weights_inputs, {"vary": other_layer}) for fn in (staged_seed, staged_fixed)
+]

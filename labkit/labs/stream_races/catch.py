@@ -36,3 +36,7 @@ def wgrad_seed(x, dy) -> list[torch.Tensor]:
 def wgrad_fixed(x, dy) -> list[torch.Tensor]:
     """The fix: views of one block, which the caching allocator owns."""
     return _wgrad("views", x, dy)
+
+
+#: what the notebook's cell and ``labkit bench checkers`` run: (checker, fn, make_inputs, kwargs)
+CASES = [("stream_safety", fn, inputs, {}) for fn in (wgrad_seed, wgrad_fixed)]

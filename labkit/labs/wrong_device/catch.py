@@ -68,3 +68,7 @@ def recorded(machine: str = "h200x2") -> list[str]:
                 f"{'on' if r['peer_access'] else 'off'}: {r['outcome']}"
             )
     return lines
+
+
+#: what the notebook's cell and ``labkit bench checkers`` run: (checker, fn, make_inputs, kwargs)
+CASES = [("device_independence", fn, inputs, {}) for fn in (launch_seed, launch_fixed)]

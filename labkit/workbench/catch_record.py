@@ -1,0 +1,100 @@
+"""Every lab's "catch it in your code" cases run through their checkers, and the verdicts recorded.
+
+Each lab's ``catch`` module lists its cases in ``CASES``: ``(checker, fn, make_inputs, kwargs)``,
+the seed's buggy version (``*_seed``) and its fix (``*_fixed``). ``labkit bench checkers
+--reference`` runs them all on this machine and writes ``reference/<machine>/checkers.json``; a
+notebook's "Catch it in your code" cell then shows, on a machine that cannot run a check in full
+(the CPU tier, too few GPUs), the verdict recorded where it could, labelled with that machine.
+
+A record: lab, checker, target (``module:function``), role ("seed" or "fix"), status, outcome,
+message and the tier it ran on, with the seconds the check took.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+
+from labkit.workbench import results
+
+#: lab -> its catch module (lab 06 has none: its cell runs the litmus model on your choice)
+CATCH_MODULES = {
+    "wrong_device": "labkit.labs.wrong_device.catch",
+    "collectives": "labkit.labs.collectives.catch",
+    "stream_races": "labkit.labs.stream_races.catch",
+    "grouped_gemm": "labkit.labs.grouped_gemm.catch",
+    "fp8_dispatch": "labkit.labs.fp8_dispatch.catch",
+}
+#: the product's checkers, named as a string like the lab modules above: this registry reaches up
+CHECKERS_MODULE = "labkit.kernels.check"
+REQUIRED = ("lab", "checker", "target", "role", "status", "outcome", "message", "tier", "seconds")
+RESULTS_NAME = "checkers"
+
+
+def cases(lab: str) -> list[tuple]:
+    """The lab's ``CASES``: ``(checker, fn, make_inputs, kwargs)``."""
+    if lab not in CATCH_MODULES:
+        raise ValueError(f"catch_record.cases: lab={lab!r}: known labs: {', '.join(CATCH_MODULES)}")
+    return list(importlib.import_module(CATCH_MODULES[lab]).CASES)
+
+
+def role(fn) -> str:
+    """ "seed" or "fix", from the function's name (``*_seed`` / ``*_fixed``)."""
+    name = fn.__name__
+    if name.endswith("_seed"):
+        return "seed"
+    if name.endswith("_fixed"):
+        return "fix"
+    raise ValueError(f"catch_record.role: fn={name!r}: a catch case is named *_seed or *_fixed")
+
+
+def run_case(lab: str, case: tuple) -> dict:
+    """Run one case through its checker; the record ``benchmark`` writes."""
+    check = importlib.import_module(CHECKERS_MODULE)
+    checker, fn, make_inputs, kwargs = case
+    start = time.perf_counter()
+    report = getattr(check, checker)(fn, make_inputs=make_inputs, **kwargs)
+    return {
+        "lab": lab,
+        "checker": checker,
+        "target": report.target,
+        "role": role(fn),
+        "status": report.status,
+        "outcome": report.outcome,
+        "message": report.message,
+        "tier": report.tier,
+        "seconds": round(time.perf_counter() - start, 2),
+    }
+
+
+def benchmark(profile: str) -> list[dict]:
+    """Every lab's cases on this machine (``labkit bench checkers``); ``profile`` is not used: a
+    check's size is the case's own."""
+    del profile
+    return [run_case(lab, case) for lab in CATCH_MODULES for case in cases(lab)]
+
+
+def recorded_lines(lab: str, reference_dir=None) -> list[str]:
+    """The lab's recorded verdicts, one line each, labelled with the machine and the file; where
+    no machine recorded the lab, one line that says so."""
+    lines = []
+    for machine, rs in sorted(results.load_references(RESULTS_NAME, reference_dir).items()):
+        for r in rs.select(lab=lab):
+            if r["status"] == "skipped":  # that machine could not look either
+                continue
+            lines.append(
+                f"RECORDED on {machine} (reference/{machine}/{RESULTS_NAME}.json, not this machine): "
+                f"{r['checker']}({r['target']}) [{r['role']}]: {r['status'].upper()}: {r['outcome']}: {r['message']}"
+            )
+    return lines or [f"(no machine has recorded lab {lab}'s checks: `labkit bench {RESULTS_NAME} --reference` on GPUs)"]
+
+
+def show(lab: str, reports, reference_dir=None) -> None:
+    """Print each live report's summary; if any of them could not look in full here (skipped, or
+    run on the CPU tier), the recorded GPU verdicts after them, labelled."""
+    reports = list(reports)
+    for r in reports:
+        print(r.summary())
+    if any(r.skipped or r.tier != "gpu" for r in reports):
+        print()
+        print("\n".join(recorded_lines(lab, reference_dir)))
