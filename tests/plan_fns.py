@@ -261,6 +261,7 @@ def fast_path_on_gpu(ctx, n: int = (1 << 16) + 8) -> dict:
     """GPU tier: plans launch through Triton's compiled launcher and stay right on new inputs, on
     a side stream, with another device current, under CUDA-graph capture, and with the fast path
     switched off."""
+    from labkit.kernels.check.graphs import replay_with_fresh_inputs
     from labkit.kernels.comm import collectives as C
     from labkit.kernels.comm import plan as P
     from labkit.kernels.comm import symm
@@ -324,19 +325,10 @@ def fast_path_on_gpu(ctx, n: int = (1 << 16) + 8) -> dict:
         found["other device current"] = _close(y, xs, dtype, w)
 
     # CUDA-graph capture of a plan, replayed on new inputs
-    g = torch.cuda.CUDAGraph()
-    s.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(s):
-        p()
-        with torch.cuda.graph(g, stream=s):
-            p()
-    torch.cuda.current_stream(dev).wait_stream(s)
-    ok = []
-    for seed in (16, 17):
-        xs = fresh(seed)
-        g.replay()
-        ok.append(_close(out, xs, dtype, w))
-    found["graph replay"] = all(ok)
+    replayed = replay_with_fresh_inputs(
+        p, lambda step: fresh(16 + step), lambda step, _, xs: not _close(out, xs, dtype, w), replays=2, warmup=1
+    )
+    found["graph replay"] = replayed.ok
 
     # the eager calls' cached plans go fast too
     buf._plans.clear()
@@ -366,6 +358,7 @@ def ops_under_graphs_on_gpu(ctx, n: int = 1 << 14) -> dict:
     """GPU tier: torch.ops.labkit.all_reduce captured in a CUDA graph and under
     torch.compile(fullgraph=True) with Inductor."""
     import labkit.kernels.ops  # noqa: F401
+    from labkit.kernels.check.graphs import replay_with_fresh_inputs
     from labkit.kernels.comm import symm
 
     dtype = torch.float32
@@ -375,21 +368,20 @@ def ops_under_graphs_on_gpu(ctx, n: int = 1 << 14) -> dict:
     name = symm.register(buf, "graph_test")
     x = torch.empty(n, dtype=dtype, device=dev)
     found = {}
-    s = torch.cuda.Stream(dev)
-    s.wait_stream(torch.cuda.current_stream(dev))
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        torch.ops.labkit.all_reduce(x, name, "one_shot")
-        with torch.cuda.graph(g, stream=s):
-            y = torch.ops.labkit.all_reduce(x, name, "one_shot")
-    torch.cuda.current_stream(dev).wait_stream(s)
-    ok = []
-    for seed in (1, 2):
-        v, xs = _inputs(ctx, n, dtype, seed)
+
+    def refill(step):
+        v, xs = _inputs(ctx, n, dtype, 1 + step)
         x.copy_(v)
-        g.replay()
-        ok.append(_close(y, xs, dtype, w))
-    found["graph"] = all(ok)
+        return xs
+
+    replayed = replay_with_fresh_inputs(
+        lambda: torch.ops.labkit.all_reduce(x, name, "one_shot"),
+        refill,
+        lambda step, y, xs: not _close(y, xs, dtype, w),
+        replays=2,
+        warmup=1,
+    )
+    found["graph"] = replayed.ok
 
     def step(t):
         return torch.ops.labkit.all_reduce(t * 2, name, "one_shot") + 1

@@ -10,6 +10,7 @@ notebook, every lab 01-06 has at least three exercises of at least two kinds, a 
 raises, and ``labkit run --solutions`` runs the solutions in place of the starters.
 """
 
+import functools
 import json
 import linecache
 import zlib
@@ -49,13 +50,20 @@ def _answer(name: str, source: str):
     return namespace[EXERCISES[name].answer]
 
 
+@functools.cache
+def _verdict(name: str, source: str) -> tuple[bool, str]:
+    """The verdict on an answer cell's text, computed once per test session (a check that runs a
+    checker, such as 02.barrier's emulated world, takes seconds)."""
+    return exercises.verdict(name, _answer(name, source))
+
+
 def _mutants():
     return [(p.parent.name, p) for p in sorted(MUTANTS.glob("*/*.py"))]
 
 
 @pytest.mark.parametrize("name", sorted(EXERCISES))
 def test_the_solution_passes(name):
-    passed, line = exercises.verdict(name, _answer(name, EXERCISES[name].solution()))
+    passed, line = _verdict(name, EXERCISES[name].solution())
     assert passed, line
 
 
@@ -68,8 +76,55 @@ def test_the_starter_fails(name):
 @pytest.mark.parametrize(("name", "path"), _mutants(), ids=[f"{n}-{p.stem}" for n, p in _mutants()])
 def test_a_wrong_answer_fails(name, path):
     assert name in EXERCISES, f"{path}: no exercise {name}"
-    passed, line = exercises.verdict(name, _answer(name, path.read_text()))
+    passed, line = _verdict(name, path.read_text())
     assert not passed, f"{path.name} passed the check of {name}: {line}"
+
+
+def test_02_barrier_runs_labkit_check_collective_and_its_failure_reaches_the_learner():
+    """The solution's line says the checker passed; a wait that is one compare-and-swap, not a loop,
+    has the right atomics (the probe passes it) and fails only through labkit.check.collective."""
+    from labkit.labs.collectives import atomics_probe
+
+    passed, line = _verdict("02.barrier", EXERCISES["02.barrier"].solution())
+    assert passed and "labkit.check.collective passes" in line, line
+    source = (MUTANTS / "02.barrier" / "wait_once.py").read_text()
+    rec = atomics_probe.run_recorded(
+        _answer("02.barrier", source), {"peer_slot": 0, "my_slot": 1}, "peer_slot", "my_slot"
+    )
+    assert rec.memory == {"peer_slot": 1, "my_slot": 0}, "the probe alone should see the right protocol"
+    passed, line = _verdict("02.barrier", source)
+    assert not passed and "labkit.check.collective says: " in line, line
+
+
+@pytest.mark.gpu
+def test_03_record_runs_labkit_check_stream_safety_on_a_gpu():
+    """On a GPU the check's second half is labkit.check.stream_safety on catch.backward_with: it
+    passes the solution and fails every wrong answer by itself (not only through the recording
+    streams of the first half)."""
+    from labkit.kernels.check import stream_safety
+    from labkit.labs.stream_races import catch
+
+    passed, line = _verdict("03.record", EXERCISES["03.record"].solution())
+    assert passed and "labkit.check.stream_safety also passes" in line, line
+    for path in sorted((MUTANTS / "03.record").glob("*.py")):
+        r = stream_safety(catch.backward_with(_answer("03.record", path.read_text())), catch.inputs)
+        assert r.status == "failed", f"{path.name}: {r.text()}"
+
+
+@pytest.mark.multigpu
+def test_05_state_runs_labkit_check_device_independence_on_two_gpus():
+    """With two GPUs the check also runs labkit.check.device_independence on catch.forward_with_state:
+    it passes the solution and fails every wrong answer by itself."""
+    from labkit.kernels.check import device_independence
+    from labkit.labs.fp8_dispatch import catch
+
+    passed, line = _verdict("05.state", EXERCISES["05.state"].solution())
+    assert passed and "labkit.check.device_independence passes" in line, line
+    for path in sorted((MUTANTS / "05.state").glob("*.py")):
+        r = device_independence(
+            catch.forward_with_state(_answer("05.state", path.read_text())), catch.inputs, isolate=False
+        )
+        assert not r.ok, f"{path.name}: {r.text()}"
 
 
 @pytest.mark.parametrize("name", sorted(EXERCISES))

@@ -17,6 +17,9 @@ checker                       the bug it provokes (the lab that proves it)
 ``graph_safe``                host values and host memory baked into a CUDA graph (04, 05)
 ============================  ==============================================================
 
+``replay_with_fresh_inputs`` is the capture-once, refill, replay and check loop that
+``graph_safe``, ``collective`` and the collectives' graph tests share.
+
 ``labkit check MODULE:FUNCTION --inputs MODULE:FACTORY --checker NAME`` runs one from a shell;
 the pytest plugin's ``labkit_check`` fixture runs one in a test. docs/checkers.md: an example of
 each, and what each cannot see.
@@ -24,7 +27,7 @@ each, and what each cannot see.
 
 from labkit.kernels.check.collective import collective
 from labkit.kernels.check.devices import device_independence
-from labkit.kernels.check.graphs import EmulatedGraph, graph_safe
+from labkit.kernels.check.graphs import CaptureFailed, EmulatedGraph, Replays, graph_safe, replay_with_fresh_inputs
 from labkit.kernels.check.launches import Finding, WrongDeviceLaunch, watch_launches
 from labkit.kernels.check.report import STATUSES, CheckFailed, Report
 from labkit.kernels.check.streams import stream_safety
@@ -42,16 +45,19 @@ CHECKERS = {
 __all__ = [
     "CHECKERS",
     "STATUSES",
+    "CaptureFailed",
     "CheckFailed",
     "EmulatedGraph",
     "Finding",
     "HostReads",
+    "Replays",
     "Report",
     "WrongDeviceLaunch",
     "collective",
     "device_independence",
     "graph_safe",
     "no_host_sync",
+    "replay_with_fresh_inputs",
     "stream_safety",
     "watch_launches",
 ]

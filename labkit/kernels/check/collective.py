@@ -116,21 +116,36 @@ def _rank(ctx, fn_spec: str, inputs_spec: str, rounds: int, late_ms: float, refe
             wrong.append({"round": t, "late": lates[i], "wrong": bad[0], "of": outs[i].numel(), "max_error": bad[1]})
     graph = None
     if on_gpu:
+        from labkit.kernels.check.graphs import replay_with_fresh_inputs
+
         ctx.barrier()
-        g = torch.cuda.CUDAGraph()
-        buf.tensor.copy_(calls[0][0][0])
-        torch.cuda.synchronize(ctx.device)
-        ctx.barrier()
-        with torch.cuda.graph(g):
-            y = fn(buf, *calls[0][0][1:], **calls[0][1])
-        t = rounds + 1
-        buf.tensor.copy_(calls[t][0][0])
-        torch.cuda.synchronize(ctx.device)
-        ctx.barrier()
-        g.replay()
-        torch.cuda.synchronize(ctx.device)
-        bad = _compare(y, [e[t] for e in everyone], reference, ctx.rank, x0.dtype)
-        graph = None if bad is None else {"wrong": bad[0], "of": y.numel(), "max_error": bad[1]}
+
+        def before_capture():
+            buf.tensor.copy_(calls[0][0][0])
+            torch.cuda.synchronize(ctx.device)
+            ctx.barrier()
+
+        def refill(step):  # the spare inputs after the rounds: new values in the same buffer
+            t = rounds + 1
+            buf.tensor.copy_(calls[t][0][0])
+            torch.cuda.synchronize(ctx.device)
+            ctx.barrier()  # every rank's input written before any replay reads it
+            return t
+
+        def check(step, y, t):
+            return _compare(y, [e[t] for e in everyone], reference, ctx.rank, x0.dtype)
+
+        ran = replay_with_fresh_inputs(
+            lambda: fn(buf, *calls[0][0][1:], **calls[0][1]),
+            refill,
+            check,
+            replays=1,
+            warmup=0,  # the rounds above warmed it up
+            before_capture=before_capture,
+        )
+        if ran.wrong:
+            bad = ran.wrong[0][1]
+            graph = {"wrong": bad[0], "of": ran.outputs.numel(), "max_error": bad[1]}
         ctx.barrier()
     return {"rank": ctx.rank, "wrong": wrong, "graph": graph, "graph_ran": on_gpu}
 

@@ -28,6 +28,7 @@ real capture fail, fails the emulated one too.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
 
 import torch
@@ -226,6 +227,133 @@ class _CudaGraph:
         torch.cuda.synchronize(self.device)
 
 
+class CaptureFailed(RuntimeError):
+    """:func:`replay_with_fresh_inputs`: the warm-up or the capture of ``fn`` raised (the cause is
+    chained). ``graph`` is the graph it was captured into: on the CPU tier its ``host_reads`` name
+    any host read of a tensor's values during the capture."""
+
+    def __init__(self, message: str, graph):
+        super().__init__(message)
+        self.graph = graph
+
+
+@dataclasses.dataclass
+class Replays:
+    """What :func:`replay_with_fresh_inputs` saw."""
+
+    outputs: object  # what fn returned at capture: the graph's outputs, rewritten by every replay
+    wrong: list[tuple[int, object]]  # (replay, what check returned) for each replay check found wrong
+    replays: int  # how many replays ran (fewer than asked when stop_at_first stopped early)
+    kind: str  # "CUDA graph" or "emulated graph"
+
+    @property
+    def ok(self) -> bool:
+        return not self.wrong
+
+
+def replay_with_fresh_inputs(
+    fn,
+    refill,
+    check,
+    *,
+    replays: int = 2,
+    warmup: int = 2,
+    before_capture=None,
+    stop_at_first: bool = False,
+) -> Replays:
+    """Capture ``fn()`` once in a graph, then replay it on new inputs written on the device, and
+    check every replay: the loop ``graph_safe``, ``collective`` and the collectives' graph tests
+    share.
+
+    On a GPU the graph is a ``torch.cuda.CUDAGraph`` on the current device, after ``warmup`` eager
+    calls of ``fn`` on a side stream (lazy initialisation and autotuning must not happen inside
+    the capture, as ``torch.cuda.graphs`` asks); the caller's device and stream are restored even
+    when the capture fails. On the CPU tier it is an :class:`EmulatedGraph` (no warm-up needed).
+    Then, for each replay ``step``: ``filled = refill(step)``, the graph replays (and the device
+    synchronises), and ``check(step, outputs, filled)`` says what is wrong.
+
+    Args:
+        fn: a callable of no arguments: the work to capture. It reads its inputs from tensors that
+            stay put (the graph's static inputs); what it returns is ``outputs``.
+        refill: ``refill(step)`` writes replay ``step``'s input values into those tensors, in
+            place, on the device (a host tensor's address is baked into a graph; its values are
+            not), and returns whatever ``check`` needs to know about them (e.g. the reference).
+        check: ``check(step, outputs, filled)``: None (or anything false) when the replay's
+            outputs are right, else what is wrong (kept as it is in :attr:`Replays.wrong`).
+        replays: how many times to refill, replay and check.
+        warmup: eager calls before the capture, on a GPU (0 when the caller warmed ``fn`` up).
+        before_capture: called after the warm-up, right before the capture (restore the inputs
+            the warm-up changed; a barrier between ranks).
+        stop_at_first: stop at the first wrong replay (default: run them all and list them).
+
+    Returns:
+        a :class:`Replays`: ``outputs``, ``wrong``, ``replays`` (how many ran), ``kind``; ``.ok``.
+
+    Raises:
+        CaptureFailed: the warm-up or the capture raised (the cause chained, the graph attached).
+        ValueError: a bad argument, naming it.
+
+    Note:
+        ``refill``'s and ``check``'s own errors propagate unchanged. A rank of a multi-rank world
+        calls it on every rank with the same ``replays``: each replay of a collective meets its
+        peers' replays.
+
+    Example::
+
+        >>> x, out = torch.randn(1024, device="cuda"), torch.empty(1024, device="cuda")  # doctest: +SKIP
+        >>> def refill(step):  # doctest: +SKIP
+        ...     x.copy_(torch.randn_like(x))
+        ...     return x * 2
+        >>> r = replay_with_fresh_inputs(lambda: torch.mul(x, 2, out=out), refill,  # doctest: +SKIP
+        ...                              lambda step, y, want: None if torch.equal(y, want) else "differs")
+        >>> r.ok, r.replays  # doctest: +SKIP
+        (True, 2)
+    """
+    for name, value in (("fn", fn), ("refill", refill), ("check", check)):
+        if not callable(value):
+            raise ValueError(f"replay_with_fresh_inputs: {name}: expected a callable, got {type(value).__name__}")
+    if before_capture is not None and not callable(before_capture):
+        raise ValueError(
+            f"replay_with_fresh_inputs: before_capture: expected a callable or None, got {before_capture!r:.60}"
+        )
+    for name, value, least in (("replays", replays, 1), ("warmup", warmup, 0)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"replay_with_fresh_inputs: {name}={value!r}: expected an int >= {least}")
+    on_gpu = _on_gpu()
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else None
+    graph = _CudaGraph(device) if on_gpu else EmulatedGraph()
+    kind = "CUDA graph" if on_gpu else "emulated graph"
+    try:
+        if on_gpu and warmup:
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(warmup):
+                    fn()
+            torch.cuda.current_stream(device).wait_stream(side)
+            torch.cuda.synchronize(device)
+        if before_capture is not None:
+            before_capture()
+        with graph.capture():
+            outputs = fn()
+    except Exception as e:
+        raise CaptureFailed(
+            f"the {kind}'s warm-up or capture raised {type(e).__name__}: {R.first_line(e)}", graph
+        ) from e
+    wrong: list[tuple[int, object]] = []
+    ran = 0
+    for step in range(replays):
+        filled = refill(step)
+        graph.replay()
+        ran += 1
+        verdict = check(step, outputs, filled)
+        if verdict:
+            wrong.append((step, verdict))
+            if stop_at_first:
+                break
+    return Replays(outputs, wrong, ran, kind)
+
+
 def _on_gpu() -> bool:
     return tier.TIER == "gpu" and torch.cuda.is_available()
 
@@ -383,26 +511,10 @@ def _check(fn, make_inputs, vary, target: str, replays: int, rtol, atol) -> R.Re
             status="inconclusive",
         )
     _restore(args, kwargs, saved)
-    graph = _CudaGraph(device) if on_gpu else EmulatedGraph()
-    try:
-        if on_gpu:  # warm up on a side stream, as torch.cuda.graphs asks (lazy init, autotuning)
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    fn(*static_args, **static_kwargs)
-            torch.cuda.current_stream(device).wait_stream(side)
-            torch.cuda.synchronize(device)
-            _restore(static_args, static_kwargs, saved)
-        with graph.capture():
-            result = fn(*static_args, **static_kwargs)
-    except Exception as e:
-        reads = getattr(graph, "host_reads", [])
-        at = "" if reads else f"; at {R.user_line(tb=e.__traceback__)}"
-        return fail("not capturable", f"capture failed ({kind}): {type(e).__name__}: {R.first_line(e)}{at}", reads[:5])
-    named = R.outputs(NAME, result, static_args, static_kwargs)
     changed = False
-    for step in range(replays):
+
+    def refill(step):
+        nonlocal changed
         before = R.snapshot(R.tensors_in((static_args, static_kwargs)))
         try:
             vary(static_args, static_kwargs, step)
@@ -410,20 +522,38 @@ def _check(fn, make_inputs, vary, target: str, replays: int, rtol, atol) -> R.Re
             raise
         except Exception as e:
             raise R.UsageError(f"{NAME}: vary raised {type(e).__name__}: {R.first_line(e)}") from e
-        changed |= bool(R.differences(before, R.snapshot(R.tensors_in((static_args, static_kwargs)))))
         varied = R.snapshot(R.tensors_in((static_args, static_kwargs)))
-        graph.replay()
-        replayed = R.snapshot(named)
+        changed |= bool(R.differences(before, varied))
+        return varied
+
+    def check(step, result, varied):
+        replayed = R.snapshot(R.outputs(NAME, result, static_args, static_kwargs))
         eager = _eager(fn, static_args, static_kwargs, varied, 0)
         _restore(static_args, static_kwargs, varied)  # the graph's next replay starts from the varied values
-        diffs = R.differences(eager, replayed, rtol=rtol, atol=atol)
-        if diffs:
-            return fail(
-                "replay differs from eager",
-                f"replay {step + 1} of the {kind} on new inputs differs from an "
-                "eager call on them: a host value or host memory was baked in at capture",
-                diffs[:5],
-            )
+        return R.differences(eager, replayed, rtol=rtol, atol=atol)
+
+    try:
+        ran = replay_with_fresh_inputs(
+            lambda: fn(*static_args, **static_kwargs),
+            refill,
+            check,
+            replays=replays,
+            before_capture=lambda: _restore(static_args, static_kwargs, saved),
+            stop_at_first=True,
+        )
+    except CaptureFailed as failed:
+        e = failed.__cause__
+        reads = getattr(failed.graph, "host_reads", [])
+        at = "" if reads else f"; at {R.user_line(tb=e.__traceback__)}"
+        return fail("not capturable", f"capture failed ({kind}): {type(e).__name__}: {R.first_line(e)}{at}", reads[:5])
+    if ran.wrong:
+        step, diffs = ran.wrong[0]
+        return fail(
+            "replay differs from eager",
+            f"replay {step + 1} of the {kind} on new inputs differs from an "
+            "eager call on them: a host value or host memory was baked in at capture",
+            diffs[:5],
+        )
     if not changed:
         return fail(
             "inputs never changed",

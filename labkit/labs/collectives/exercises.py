@@ -4,14 +4,21 @@
   (:mod:`labkit.labs.collectives.atomics_probe`) and reads the ``sem`` and ``scope`` of the atomic
   that signals and of the one that consumes the signal. A race cannot decide it: the emulated
   world runs on x86, where relaxed and release/acquire order alike, and the recorded GPU runs saw
-  no wrong result from relaxed atomics either.
+  no wrong result from relaxed atomics either. An answer with the right atomics then meets
+  ``labkit.check.collective``: it becomes both barriers of an all-reduce on two ranks
+  (``catch.peers_with_your_barrier``), run back to back with a late rank in turn and compared with
+  fp64, in the emulated world on the CPU tier and on two GPUs on the GPU tier (skipped with one
+  GPU). That catches what one run of the probe cannot: a wait that does not wait.
 * 02.order (predict): judged by the all-gather kernel's read order (``gather_order.read_order``).
 * 02.contention (predict): judged by the recorded comparisons of the two orders
   (``reference/<machine>/collectives.json``, kind ``gather_order``).
 """
 
-from labkit.labs.collectives import atomics_probe, gather_order
-from labkit.workbench import results
+import os
+
+from labkit.kernels.check import report as check_report
+from labkit.labs.collectives import atomics_probe, catch, gather_order
+from labkit.workbench import results, tier
 from labkit.workbench.exercises import Wrong, exercise
 
 RELEASES = ("release", "acq_rel")
@@ -21,6 +28,44 @@ ACQUIRES = ("acquire", "acq_rel")
 def _said(op) -> str:
     how = "a plain store" if op.what == "store" else f"{op.what}(sem={op.sem!r}, scope={op.scope!r})"
     return f"{how} on {op.slot}, {op.old} -> {op.new}"
+
+
+#: seconds the two-rank world of 02.barrier's collective may take before its barrier counts as a hang
+COLLECTIVE_TIMEOUT_S = 120.0
+
+
+def _collective_with(signal_then_wait) -> str:
+    """``labkit.check.collective`` on an all-reduce whose two barriers are the learner's
+    (``catch.peers_with_your_barrier``), on two GPUs or in the emulated world; '' on a GPU tier
+    with fewer than two GPUs. The answer reaches the ranks as text (``catch.BARRIER_SOURCE_ENV``)."""
+    if tier.TIER == "gpu" and check_report.cuda_count() < 2:
+        return ""
+    from labkit.kernels.check import collective
+
+    saved = os.environ.get(catch.BARRIER_SOURCE_ENV)
+    os.environ[catch.BARRIER_SOURCE_ENV] = catch.barrier_source(signal_then_wait)
+    try:
+        r = collective(
+            "labkit.labs.collectives.catch:peers_with_your_barrier",
+            2,
+            "labkit.labs.collectives.catch:inputs",
+            timeout=COLLECTIVE_TIMEOUT_S,
+        )
+    finally:
+        if saved is None:
+            os.environ.pop(catch.BARRIER_SOURCE_ENV, None)
+        else:
+            os.environ[catch.BARRIER_SOURCE_ENV] = saved
+    where = "two GPUs" if tier.TIER == "gpu" else "the emulated world"
+    if not r.ok:
+        raise Wrong(
+            f"your barrier, as both barriers of an all-reduce on two ranks ({where}): labkit.check.collective "
+            f"says: {r.outcome}: {r.message[:200]}."
+        )
+    return (
+        f" labkit.check.collective passes an all-reduce with your barrier at both ends ({where}: back to back, "
+        "a late rank in turn, right against fp64)."
+    )
 
 
 @exercise(
@@ -57,7 +102,9 @@ def judge_barrier(signal_then_wait) -> str:
         wrong.append("a scope narrower than the system (the peer is another GPU)")
     if wrong:
         raise Wrong("; ".join(wrong) + f". Observed: {seen}.")
-    return f"observed {seen}: the signal releases and the wait acquires, at system scope."
+    return f"observed {seen}: the signal releases and the wait acquires, at system scope." + _collective_with(
+        signal_then_wait
+    )
 
 
 #: 02.order asks about this world size

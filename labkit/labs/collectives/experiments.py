@@ -622,14 +622,12 @@ def fid_trials(
     )
     graph_wrong = []
     if graph_replays and ctx.device.type == "cuda":
+        from labkit.kernels.check.graphs import replay_with_fresh_inputs
+
         x_static = inputs[0][0].clone()
         out_static = torch.empty_like(x_static)
-        fid.all_reduce(x_static, box, out_static)  # compiled and armed before capture
-        torch.cuda.synchronize(ctx.device)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fid.all_reduce(x_static, box, out_static)
-        for i in range(graph_replays):
+
+        def refill(i):
             # every rank's input of replay i, from the same seeds on every rank (fp64 reference)
             xs = [
                 torch.randn(
@@ -640,14 +638,18 @@ def fid_trials(
                 for r in range(ctx.world_size)
             ]
             x_static.copy_(xs[ctx.rank])
-            g.replay()
+            return xs
+
+        def check(i, out, xs):
             ref = sum(v.double() for v in xs)
             scale = sum(v.double().abs() for v in xs)
-            if not bool(
-                ((out_static.double() - ref).abs() <= sum_tolerance(dtype, ctx.world_size) * scale + 1e-30).all()
-            ):
-                graph_wrong.append(i)
-        torch.cuda.synchronize(ctx.device)
+            return not bool(((out.double() - ref).abs() <= sum_tolerance(dtype, ctx.world_size) * scale + 1e-30).all())
+
+        # one eager call first (on a side stream): compiled and armed before capture
+        ran = replay_with_fresh_inputs(
+            lambda: fid.all_reduce(x_static, box, out_static), refill, check, replays=graph_replays, warmup=1
+        )
+        graph_wrong = [i for i, _ in ran.wrong]
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     ctx.barrier()  # every rank done: the inbox must be armed again

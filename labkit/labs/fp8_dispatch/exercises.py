@@ -3,8 +3,14 @@
 The two fixes are judged on any machine by where the learner's state ends up: on the CPU tier the
 ``meta`` device stands in for "the current device" (as in section 3's demonstration), so a state
 made on the current device lands on ``meta`` while the layer lives on the CPU, and a state that
-does not move with ``.to("meta")`` stays on the CPU. The prediction is judged by the recorded
-two-GPU matrix (``reference/<machine>/fp8.json``, kind ``matrix``).
+does not move with ``.to("meta")`` stays on the CPU. With two GPUs (compiled kernels), ``05.state``
+also runs ``labkit.check.device_independence`` on an FP8 layer's forward whose state the
+learner's ``make_state`` makes (``catch.forward_with_state``): the data on each GPU while the other
+is current, bit-identical to the call with the data's GPU current. ``05.moves`` asks for buffers,
+which no checker targets: the lab's "Catch it in your code" cells run
+``labkit.check.device_independence`` on ``catch.forward_seed`` and ``catch.forward_fixed``
+instead. The prediction is judged by the recorded two-GPU matrix (``reference/<machine>/fp8.json``,
+kind ``matrix``).
 """
 
 import contextlib
@@ -12,8 +18,8 @@ import contextlib
 import torch
 
 from labkit.kernels.fp8.recipe import FP8Meta
-from labkit.labs.fp8_dispatch import naive
-from labkit.workbench import results
+from labkit.labs.fp8_dispatch import catch, naive
+from labkit.workbench import results, tier
 from labkit.workbench.exercises import Wrong, exercise
 
 FIELDS = ("scale", "scale_inv", "amax_history")
@@ -33,6 +39,22 @@ def current_device_is(device: str):
 
 def _devices(meta) -> dict[str, str]:
     return {f: str(getattr(meta, f).device) for f in FIELDS}
+
+
+def _device_independence_on_two_gpus(make_state) -> str:
+    """With two GPUs, ``labkit.check.device_independence`` (in this process: the learner's
+    function lives in the notebook) on a forward whose state ``make_state`` makes; '' elsewhere."""
+    if tier.interpreted() or not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        return ""
+    from labkit.kernels.check import device_independence
+
+    r = device_independence(catch.forward_with_state(make_state), catch.inputs, isolate=False)
+    if not r.ok:
+        raise Wrong(f"on two GPUs, labkit.check.device_independence says: {r.outcome}: {r.message[:200]}.")
+    return (
+        " On two real GPUs, labkit.check.device_independence passes an FP8 layer with your state: "
+        "bit-identical on either GPU's data."
+    )
 
 
 @exercise(
@@ -59,7 +81,7 @@ def judge_state(make_state) -> str:
         seen.append(f"layer on {layer_on}, current device {current}: state on {meta.device}")
         if set(where.values()) != {layer_on}:
             raise Wrong("; ".join(seen) + f" (the layer's weight is on {layer_on}).")
-    return "; ".join(seen) + ": the state follows the layer."
+    return "; ".join(seen) + ": the state follows the layer." + _device_independence_on_two_gpus(make_state)
 
 
 def _stale(value, path: str, found: list[str], depth: int = 0) -> None:

@@ -4,7 +4,9 @@
   recording ``Tensor.record_stream``; the check applies the caching allocator's rule to what it
   saw (a block is held back for a stream only if ``record_stream`` reached a storage the allocator
   owns: a view's, never a raw pointer's) and says whether the block would be handed out again while
-  the side stream still writes. On a GPU it also runs the race itself: 0 elements corrupted.
+  the side stream still writes. On a GPU it also runs ``labkit.check.stream_safety`` on a backward
+  step whose side stream, started late, writes into the learner's pieces after they are dropped
+  (``catch.backward_with``): memory the main stream takes next must stay untouched.
 * ``03.delay`` (predict): judged by the recorded race (``reference/h200x1/streams.json``).
 * ``03.pad`` (write): the learner's ``padded_numel`` cuts views from a 256-byte aligned block and
   the check reads each piece's pointer.
@@ -17,7 +19,7 @@ import math
 
 import torch
 
-from labkit.labs.stream_races import race
+from labkit.labs.stream_races import catch
 from labkit.workbench import results, tier
 from labkit.workbench.exercises import Wrong, exercise, expect_choices
 
@@ -56,29 +58,20 @@ def _recording_streams(main: _Stream):
 RECORD_SHAPES = [(64, 48)] * 4
 
 
-def _race_on_gpu(wgrad_buffers) -> str:
-    """The race of section 2 with the learner's pieces, on this GPU: the side stream, busy, writes
-    into the pieces after the owner dropped them; a fresh tensor must stay all zeros."""
+def _stream_safety_on_gpu(wgrad_buffers) -> str:
+    """On a GPU, ``labkit.check.stream_safety`` on a backward step whose side stream writes into
+    the learner's pieces (``catch.backward_with``); '' elsewhere."""
     if tier.interpreted() or not torch.cuda.is_available():
         return ""
-    device = torch.device("cuda", torch.cuda.current_device())
-    numel = 1 << 20
-    with torch.cuda.device(device):
-        main, side = torch.cuda.current_stream(), race.side_stream(device)
-        race.load_trial_kernels(device, torch.float32, numel, lambda: torch.empty(numel, device=device).fill_(7.0))
-        pieces = wgrad_buffers([(numel,)], device, side)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            race._sleep_ms(5.0, device)
-            for p in pieces:
-                p.fill_(race.SENTINEL)
-        del pieces, p
-        fresh = torch.zeros(numel, device=device)
-        torch.cuda.synchronize()
-        corrupted = int((fresh != 0).sum().item())
-    if corrupted:
-        raise Wrong(f"on this GPU the race corrupted {corrupted} of {numel} elements of the fresh tensor.")
-    return " On this GPU the race (side stream busy 5 ms) corrupted 0 elements."
+    from labkit.kernels.check import stream_safety
+
+    r = stream_safety(catch.backward_with(wgrad_buffers), catch.inputs)
+    if not r.ok:
+        raise Wrong(f"on this GPU, labkit.check.stream_safety says: {r.outcome}: {r.message[:200]}.")
+    return (
+        " On this GPU labkit.check.stream_safety also passes: the side stream, started late, wrote into your "
+        "pieces after they were dropped, and fresh memory stayed untouched."
+    )
 
 
 @exercise(
@@ -120,7 +113,7 @@ def judge_record(wgrad_buffers) -> str:
             f"same size gets it while the side stream still writes into it."
         )
     held = f"{said}: the allocator holds the block back until the side stream's writes are done."
-    return held + _race_on_gpu(wgrad_buffers)
+    return held + _stream_safety_on_gpu(wgrad_buffers)
 
 
 #: the recorded race 03.delay is judged by, and the cases it asks about
