@@ -251,3 +251,23 @@ def test_auto_without_an_inbox_or_with_a_launch_given_keeps_the_barrier_algorith
     assert C.auto_algorithm(Buf(1024, object()), False, launch_given=True) == C.choose(4096, 2)
     assert C.auto_algorithm(Buf(1024, object()), True, variant="relaxed") == "two_shot"
     assert C.auto_algorithm(Buf(1025, object()), False) == C.choose(4100, 2)
+
+
+@needs_world
+def test_call_costs_times_every_public_call_interleaved_after_checking_it():
+    from labkit.labs.collectives import host_cost
+
+    per_rank = run_ranks(host_cost.call_costs, 2, 256, "float32", 2, 2, timeout=300).unwrap()
+    for recs in per_rank:
+        by = {r["impl"]: r for r in recs}
+        assert list(by) == list(host_cost.HOST_CALLS)
+        timed = [r for r in recs if r["us"] is not None]
+        assert {r["impl"] for r in timed} >= {"labkit_push", "labkit_fid", "labkit_all_reduce_fid", "labkit_all_reduce"}
+        for r in timed:
+            assert r["correct"] is True, r
+            assert 0 < r["us_min"] <= r["us_p25"] <= r["us"] <= r["us_p75"] <= r["us_max"], r
+            assert r["rounds"] == 2 and r["calls"] == 2 and r["bytes"] == 1024
+        if not GPUS:
+            assert by["torch_two_shot"]["us"] is None and "CUDA" in by["torch_two_shot"]["absent"]
+    lines = host_cost.call_costs_summary([r for rs in per_rank for r in rs])
+    assert len(lines) == 1 and "labkit_fid" in lines[0] and "rank 0" in lines[0]

@@ -624,18 +624,23 @@ def host_cost_records(
     """Records of kind "host_cost": the breakdowns of ``cases`` (default
     ``labkit.labs.collectives.host_cost.BENCH_CASES``) on ``w`` ranks, every rank's records (one eager
     call, stage by stage, per path), with the fields every record of this benchmark carries
-    (``REQUIRED``)."""
+    (``REQUIRED``); then records of kind "host_call": ``host_cost.call_costs`` at 4 KiB of bf16
+    (each public call's host µs, push, flag-in-data and torch's two-shot interleaved)."""
     from labkit.kernels.comm.ranks import run_ranks
     from labkit.labs.collectives import host_cost
 
     per_rank = run_ranks(
         host_cost.measure_cases, w, cases or host_cost.BENCH_CASES, "bfloat16", reps, launch_reps, timeout=timeout
     ).unwrap()
-    return [
+    records = [
         dict(r, kind="host_cost", impl="labkit_all_reduce", busbw_GBps=None, correct=None)
         for rs in per_rank
         for r in rs
     ]
+    # the public calls' host µs side by side (push, flag-in-data, all_reduce, torch's two-shot),
+    # interleaved in one process: 4 KiB of bf16, every rank's records
+    per_rank = run_ranks(host_cost.call_costs, w, 2048, "bfloat16", timeout=timeout).unwrap()
+    return records + [dict(r, kind="host_call", busbw_GBps=None) for rs in per_rank for r in rs]
 
 
 def _world_records(fn, w: int, kind: str, impl: str, op: str, timeout: float, rank0_only: bool) -> list[dict]:
