@@ -271,3 +271,20 @@ def test_call_costs_times_every_public_call_interleaved_after_checking_it():
             assert by["torch_two_shot"]["us"] is None and "CUDA" in by["torch_two_shot"]["absent"]
     lines = host_cost.call_costs_summary([r for rs in per_rank for r in rs])
     assert len(lines) == 1 and "labkit_fid" in lines[0] and "rank 0" in lines[0]
+
+
+def test_the_push_part_records_the_host_calls_beside_the_push_comparison(monkeypatch):
+    from labkit.labs.collectives import bench, host_cost, push_bench
+
+    asked = []
+    monkeypatch.setattr(push_bench, "push_records", lambda w: [{"kind": "push", "world_size": w}])
+
+    def world(fn, w, kind, impl, op, timeout, rank0_only):
+        asked.append((fn, w, kind, rank0_only))
+        return [{"impl": "labkit_fid", "rank": r, "us": 1.0} for r in range(w)]
+
+    monkeypatch.setattr(bench, "_world_records", world)
+    records = bench._push_part(2)
+    assert asked == [(host_cost.call_costs, 2, "host_call", False)]
+    assert [r["kind"] for r in records] == ["push", "host_call", "host_call"]
+    assert all(r["busbw_GBps"] is None for r in records[1:])

@@ -624,23 +624,18 @@ def host_cost_records(
     """Records of kind "host_cost": the breakdowns of ``cases`` (default
     ``labkit.labs.collectives.host_cost.BENCH_CASES``) on ``w`` ranks, every rank's records (one eager
     call, stage by stage, per path), with the fields every record of this benchmark carries
-    (``REQUIRED``); then records of kind "host_call": ``host_cost.call_costs`` at 4 KiB of bf16
-    (each public call's host µs, push, flag-in-data and torch's two-shot interleaved)."""
+    (``REQUIRED``)."""
     from labkit.kernels.comm.ranks import run_ranks
     from labkit.labs.collectives import host_cost
 
     per_rank = run_ranks(
         host_cost.measure_cases, w, cases or host_cost.BENCH_CASES, "bfloat16", reps, launch_reps, timeout=timeout
     ).unwrap()
-    records = [
+    return [
         dict(r, kind="host_cost", impl="labkit_all_reduce", busbw_GBps=None, correct=None)
         for rs in per_rank
         for r in rs
     ]
-    # the public calls' host µs side by side (push, flag-in-data, all_reduce, torch's two-shot),
-    # interleaved in one process: 4 KiB of bf16, every rank's records
-    per_rank = run_ranks(host_cost.call_costs, w, 2048, "bfloat16", timeout=timeout).unwrap()
-    return records + [dict(r, kind="host_call", busbw_GBps=None) for rs in per_rank for r in rs]
 
 
 def _world_records(fn, w: int, kind: str, impl: str, op: str, timeout: float, rank0_only: bool) -> list[dict]:
@@ -717,9 +712,13 @@ def _sweep_part(w: int) -> list[dict]:
 
 
 def _push_part(w: int) -> list[dict]:
-    from labkit.labs.collectives import push_bench  # the push one-shot beside the pull one and torch's ops
+    """The push and flag-in-data one-shots beside the pull one, ``all_reduce`` and torch's ops
+    (kind "push"), then each public call's host µs at 4 KiB of bf16, interleaved in one process
+    (kind "host_call": ``host_cost.call_costs``, every rank's records)."""
+    from labkit.labs.collectives import host_cost, push_bench
 
-    return push_bench.push_records(w)
+    calls = _world_records(host_cost.call_costs, w, "host_call", "labkit_fid", "all_reduce", 300, rank0_only=False)
+    return push_bench.push_records(w) + [dict(r, kind="host_call", busbw_GBps=None) for r in calls]
 
 
 def _into_part(w: int) -> list[dict]:

@@ -576,9 +576,12 @@ def call_costs(
 
 
 def call_costs_summary(records: list[dict]) -> list[str]:
-    """One line per (size, rank shown): each call's host µs, median over rounds with its quartiles,
-    from ``call_costs`` records (the lowest rank's)."""
-    recs = [r for r in records if "impl" in r and r["impl"] in HOST_CALLS]
+    """One line per size: each call's host µs, median over rounds with its quartiles, from
+    ``call_costs`` records (kind "host_call" in a reference file), the lowest rank's. A failed
+    run's record (no rank) is left out."""
+    recs = [
+        r for r in records if r.get("impl") in HOST_CALLS and "rank" in r and r.get("kind", "host_call") == "host_call"
+    ]
     if not recs:
         return []
     rank = min(r["rank"] for r in recs)
