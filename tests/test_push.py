@@ -91,7 +91,7 @@ def bad_inputs(ctx) -> list[str]:
         try:
             call()
         except (TypeError, ValueError) as e:
-            errors.append(str(e).split(":", 1)[0])
+            errors.append(str(e).split(":", 2)[1].strip())  # "<function>: <argument>: ..."
         else:
             errors.append("no error")
     return errors

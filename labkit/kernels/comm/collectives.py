@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 import triton
+import triton.language as tl
 
-from labkit.kernels.comm import one_shot, plan, scatter_gather, tree, two_shot
+from labkit.kernels.comm import flag_in_data, inbox_call, one_shot, plan, scatter_gather, tree, two_shot
 from labkit.kernels.comm.signals import SEM_ACQ_REL, SEM_GPU_SCOPE, SEM_RELAXED, barrier_kernel
 from labkit.kernels.comm.symm import WORKSPACE_UNIT, SymmBuffer, check_buffer
 from labkit.kernels.launch_helpers import overlaps
@@ -31,6 +32,9 @@ ALGORITHMS = ("one_shot", "two_shot", "tree")
 #: what ``all_reduce(buf, buf.tensor)`` (in place) can run: two-shot with the reduced shards
 #: pushed; "two_shot_ce" also has the copy engines do the first shot (needs ``buf.workspace``)
 IN_PLACE_ALGORITHMS = ("two_shot", "two_shot_ce")
+#: what a buffer with a flag-in-data inbox (``symm.empty(..., inbox=True)``) can also run, in
+#: place or not: the flag-in-data one-shot (``labkit.kernels.comm.flag_in_data``)
+INBOX_ALGORITHMS = ("flag_in_data",)
 #: deliberately broken variants, for the lab: (what changes, which algorithms have it)
 VARIANTS = {
     "correct": "the kernels as they should be",
@@ -272,6 +276,91 @@ def choose_in_place(nbytes: int, world_size: int, has_workspace: bool) -> str:
     return "two_shot_ce" if has_workspace and limit is not None and nbytes >= limit else "two_shot"
 
 
+#: (in place) -> (flag-in-data's impl, the impl of what ``auto`` runs on a buffer without an
+#: inbox): the pair of records of the push comparison (reference/<machine>/collectives.json, kind
+#: "push", timing "graph", field "us"; ``labkit.labs.collectives.push_bench``) that
+#: ``fid_limits_from`` compares.
+FID_COMPARED = {
+    False: ("labkit_fid_one_shot", "labkit_all_reduce"),
+    True: ("labkit_fid_one_shot_in_place", "labkit_all_reduce_in_place"),
+}
+
+
+def fid_limits_from(records: list[dict]) -> dict:
+    """(world size, in place) -> the largest message size (bytes) up to which the recorded
+    flag-in-data one-shot beat what ``auto`` runs without an inbox, at every recorded size from
+    the smallest: ``FID_COMPARED``'s two impls, kind "push", timing "graph" (the kernels' own
+    time, as the crossover's), field "us" (median of the same interleaved rounds), correct
+    records only. The first recorded size at which flag-in-data is not faster ends the run; a
+    world size (or in/out of place) whose smallest size it loses, or without both impls, has no
+    entry. No size between two recorded ones is guessed: the limit is a recorded size."""
+    times: dict = {}
+    for r in records:
+        if r.get("kind") == "push" and r.get("timing") == "graph" and r.get("correct") and r.get("us"):
+            times.setdefault((r["world_size"], r["impl"]), {})[r["bytes"]] = r["us"]
+    table = {}
+    for w in sorted({w for w, _ in times}):
+        for in_place, (fid_impl, other_impl) in FID_COMPARED.items():
+            fid, other = times.get((w, fid_impl), {}), times.get((w, other_impl), {})
+            limit = None
+            for b in sorted(set(fid) & set(other)):
+                if not fid[b] < other[b]:
+                    break
+                limit = b
+            if limit is not None:
+                table[(w, in_place)] = limit
+    return table
+
+
+@functools.lru_cache(maxsize=8)
+def measured_fid_limits(reference_dir=None) -> dict:
+    """``fid_limits_from`` over the committed reference files (reference/<machine>/collectives.json),
+    the smallest limit where machines of one world size differ (flag-in-data only where every
+    recording of that world size shows it faster). Read once per process and cached (``choose``'s
+    reasons); callers must not modify the returned dict."""
+    from labkit.workbench import results
+
+    table: dict = {}
+    for rs in results.load_references("collectives", reference_dir).values():
+        for key, limit in fid_limits_from(rs.records).items():
+            table[key] = min(limit, table.get(key, limit))
+    return table
+
+
+def auto_algorithm(buf: SymmBuffer, in_place: bool, *, launch_given: bool = False, variant: str = "correct") -> str:
+    """What ``algorithm="auto"`` runs on a checked ``buf``: the whole rule, in one place.
+
+    1. The flag-in-data one-shot (``labkit.kernels.comm.flag_in_data``) when all of these hold:
+
+       * ``buf`` has an inbox (``symm.empty(..., inbox=True)``). Attaching one checked that it
+         fits: the same dtype (bf16 and fp32 alike: the sentinel exists for 2- and 4-byte
+         floats) and device, a capacity of at least the buffer's elements, the same world, and
+         (made by ``flag_in_data.inbox``) at most one program per SM;
+       * the caller fixed no launch (``blocks``, ``config``) and asked for the correct variant:
+         flag-in-data's launch is its inbox's, and it has no broken variants;
+       * the message is at most ``measured_fid_limits()[(W, in_place)]`` bytes: the largest size
+         up to which the recorded comparison shows flag-in-data faster than what this rule would
+         run otherwise (reference/<machine>/collectives.json, kind "push", timing "graph", impls
+         ``FID_COMPARED``, field "us"; see ``fid_limits_from``). Why a measured limit: the
+         protocol has no barrier and no flag round trip, which wins while latency decides; it
+         stores every element into W - 1 inboxes and polls each, which loses to two-shot's
+         reduce-scatter traffic once bandwidth decides. Where that turns depends on the links,
+         so it is read from the recording, not guessed; a world size without one never
+         takes flag-in-data by itself (``algorithm="flag_in_data"`` still does).
+
+    2. Otherwise, in place: ``choose_in_place`` (two-shot, or ``two_shot_ce`` for large messages
+       on a buffer with a workspace); out of place: ``choose`` (one-shot up to the crossover,
+       two-shot above)."""
+    x = buf.tensor
+    nbytes = x.numel() * x.element_size()
+    w = buf.world_size
+    if buf.inbox is not None and not launch_given and variant == "correct":
+        limit = measured_fid_limits().get((w, in_place))
+        if limit is not None and nbytes <= limit:
+            return "flag_in_data"
+    return choose_in_place(nbytes, w, buf.workspace is not None) if in_place else choose(nbytes, w)
+
+
 def all_reduce(
     buf: SymmBuffer,
     out: torch.Tensor | None = None,
@@ -285,11 +374,13 @@ def all_reduce(
 
     out=buf.tensor computes in place, as ``torch.distributed.all_reduce`` does: two-shot with
     the reduced shards pushed into every buffer (``two_shot_all_reduce_in_place_kernel``), or
-    "two_shot_ce", whose first shot the copy engines do (buffers made with ``workspace=True``);
-    "auto" then means ``choose_in_place``, and one-shot or the tree is refused (they read every
-    buffer to the end). Any other ``out`` must not share memory with a symmetric buffer.
+    "two_shot_ce", whose first shot the copy engines do (buffers made with ``workspace=True``),
+    or "flag_in_data"; one-shot or the tree is refused (they read every buffer to the end). Any
+    other ``out`` must not share memory with a symmetric buffer (nor with an inbox).
 
-    algorithm: "one_shot", "two_shot", "tree" or "auto" (``choose``); blocks: programs to
+    algorithm: "one_shot", "two_shot", "tree", "flag_in_data" (buffers made with ``inbox=True``:
+    ``labkit.kernels.comm.flag_in_data``, no barrier, the data its own flag) or "auto"
+    (``auto_algorithm``: the whole rule, with its reasons); blocks: programs to
     launch (default: as many as useful, up to ``config.programs`` and the buffer's signal pad);
     variant: "correct" or a broken one (``VARIANTS``), for the lab; config: ``LaunchConfig``
     (default: ``default_config`` for this size).
@@ -339,6 +430,11 @@ def check_all_reduce(buf, out, algorithm: str) -> CheckedAllReduce:
     buf = check_buffer("buf", buf)
     x = buf.tensor
     in_place = _is_in_place(out, buf)
+    if algorithm == "flag_in_data" and buf.inbox is None:
+        raise UsageError(
+            "algorithm 'flag_in_data': buf has no flag-in-data inbox; allocate it with "
+            "symm.empty(..., inbox=True) (or inbox=<a flag_in_data.inbox(...) of at least its size>)"
+        )
     if in_place:
         if algorithm in ("one_shot", "tree"):
             raise UsageError(
@@ -356,6 +452,8 @@ def check_all_reduce(buf, out, algorithm: str) -> CheckedAllReduce:
         if algorithm == "two_shot_ce":
             raise UsageError("algorithm 'two_shot_ce' works in place only: pass out=buf.tensor")
         out = _out("out", out, tuple(x.shape), x, buf)
+        if out is not None and buf.inbox is not None:  # the peers store into the inboxes during a call
+            inbox_call.outside_inboxes("out", out, buf.inbox)
     return CheckedAllReduce(buf, out, in_place)
 
 
@@ -374,7 +472,9 @@ class AllReduceChoice:
     """``all_reduce``'s choices for a checked buffer (``choose_all_reduce``)."""
 
     algorithm: str  # what runs ("auto" resolved)
-    launch: CommonLaunch  # its barriers, launch configuration, block and constexprs
+    launch: (
+        CommonLaunch | None
+    )  # its barriers, launch configuration, block and constexprs (None: flag_in_data's, fixed by its inbox)
     steps: tuple  # the launches in order: plan.KernelLaunch (grid, arguments, output as OUT), plan.CopySteps
 
 
@@ -391,13 +491,15 @@ def choose_all_reduce(
     x = buf.tensor
     n = x.numel()
     if algorithm == "auto":
-        algorithm = (
-            choose_in_place(n * x.element_size(), buf.world_size, buf.workspace is not None)
-            if in_place
-            else choose(n * x.element_size(), buf.world_size)
+        algorithm = auto_algorithm(
+            buf, in_place, launch_given=blocks is not None or config is not None, variant=variant
         )
-    if algorithm not in ALGORITHMS + IN_PLACE_ALGORITHMS:
-        raise UsageError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS + IN_PLACE_ALGORITHMS} or 'auto'")
+    if algorithm not in ALGORITHMS + IN_PLACE_ALGORITHMS + INBOX_ALGORITHMS:
+        raise UsageError(
+            f"algorithm: {algorithm!r} is not one of {ALGORITHMS + IN_PLACE_ALGORITHMS + INBOX_ALGORITHMS} or 'auto'"
+        )
+    if algorithm == "flag_in_data":
+        return AllReduceChoice(algorithm, None, _flag_in_data(buf, blocks, variant, config))
     launch = launch_common(buf, variant, algorithm, config)
     config, block, constexprs = launch.config, launch.block, launch.constexprs
     dev, OUT = x.device, plan.OUT
@@ -437,6 +539,41 @@ def choose_all_reduce(
             ),
         )
     return AllReduceChoice(algorithm, launch, steps)
+
+
+def _flag_in_data(buf: SymmBuffer, blocks, variant: str, config) -> tuple:
+    """The flag-in-data one-shot on ``buf``'s inbox (``labkit.kernels.comm.flag_in_data``): one
+    kernel, which reads ``buf.tensor`` (this rank's input, local) and writes the output (which may
+    be ``buf.tensor``: in place). Its launch is the inbox's, fixed when it was made (the protocol
+    needs every call on an inbox to map elements to programs alike), so ``blocks`` and ``config``
+    are refused, as is any variant but "correct" (the protocol has no broken variants here)."""
+    if blocks is not None:
+        raise UsageError(
+            f"blocks: {blocks!r}, but algorithm 'flag_in_data' launches the programs its inbox was made with "
+            f"({buf.inbox.programs}); pass blocks=None"
+        )
+    if config is not None:
+        raise UsageError("config: algorithm 'flag_in_data' launches as its inbox was made; pass config=None")
+    if variant != "correct":
+        raise UsageError(f"variant: {variant!r}: algorithm 'flag_in_data' has only the 'correct' variant")
+    box, x = buf.inbox, buf.tensor
+    size = x.element_size()
+    return (
+        plan.KernelLaunch(
+            flag_in_data.fid_one_shot_kernel,
+            (box.programs,),
+            (x, box.buf.data_ptrs, box.buf.pad_ptrs, plan.OUT, x.numel(), box.capacity, buf.rank),
+            {
+                "WORLD": buf.world_size,
+                "MAX_BLOCKS": box.programs,
+                "BLOCK": box.block,
+                "BITS": tl.int16 if size == 2 else tl.int32,
+                "SENTINEL": flag_in_data.SENTINEL_BITS[size],
+                "num_warps": box.num_warps,
+            },
+            x.device,
+        ),
+    )
 
 
 def launch_common(buf: SymmBuffer, variant: str, algorithm: str, config: LaunchConfig | None) -> CommonLaunch:

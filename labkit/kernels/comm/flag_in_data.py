@@ -71,11 +71,8 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.kernels.comm import symm
-from labkit.kernels.comm.plan import OUT, KernelLaunch, _hooks
-from labkit.kernels.launch_helpers import overlaps
+from labkit.kernels.comm import inbox_call, symm
 from labkit.workbench import tier
-from labkit.workbench.guard import on_device
 
 #: epochs count modulo this (even: the slot parity keeps alternating across the wrap)
 EPOCH_MODULUS = 1 << 30
@@ -83,8 +80,6 @@ EPOCH_MODULUS = 1 << 30
 CAPACITY_UNIT = 64
 #: the sentinel an armed element holds, per element size: -0.0's bits, as a signed integer
 SENTINEL_BITS = {2: -(1 << 15), 4: -(1 << 31)}
-#: launches kept per inbox (one per call size)
-MAX_LAUNCHES = 8
 #: signal-pad channel of the epoch counters (and disagreement counts); headers of slot s: 1 + s
 COUNTERS = tl.constexpr(0)
 
@@ -185,8 +180,8 @@ class Inbox:
     programs: int
     block: int
     num_warps: int
-    launches: dict = dataclasses.field(default_factory=dict)  # elements -> _Launch, oldest first
-    checked: set = dataclasses.field(default_factory=set)  # (x address, out address, elements) checked in full
+    #: (x address, out address, elements, ()) -> its ``inbox_call.InputLaunch``, oldest first
+    launches: dict = dataclasses.field(default_factory=dict)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -307,53 +302,6 @@ def set_epochs(box: Inbox, epoch: int) -> None:
         torch.cuda.synchronize(box.device)
 
 
-def _check(x, box: Inbox, out) -> torch.Tensor:
-    """The full checks of a call this inbox has not seen (see ``all_reduce``); returns the out."""
-    if not isinstance(box, Inbox):
-        raise TypeError(
-            f"all_reduce: box: expected a labkit.kernels.comm.flag_in_data.Inbox (flag_in_data.inbox(...)), "
-            f"got {type(box).__name__}"
-        )
-    symm.check_buffer("box.buf", box.buf)
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"all_reduce: x: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dtype != box.dtype:
-        raise TypeError(f"all_reduce: x: dtype {x.dtype} differs from the inbox's {box.dtype}")
-    if x.device != box.device:
-        raise ValueError(f"all_reduce: x: on {x.device}, the inbox on {box.device}: they must be on the same device")
-    if not x.is_contiguous():
-        raise ValueError("all_reduce: x: expected a contiguous tensor")
-    if x.numel() == 0 or x.numel() > box.capacity:
-        raise ValueError(f"all_reduce: x: {x.numel()} elements; the inbox takes 1 to {box.capacity}")
-    _outside_inboxes("x", x, box)
-    if out is None:
-        return torch.empty_like(x)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"all_reduce: out: expected a torch.Tensor or None, got {type(out).__name__}")
-    if out.dtype != x.dtype or out.device != x.device or out.shape != x.shape or not out.is_contiguous():
-        raise ValueError(
-            f"all_reduce: out: expected a contiguous {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}, "
-            f"got {'a contiguous' if out.is_contiguous() else 'a non-contiguous'} {out.dtype} tensor of "
-            f"shape {tuple(out.shape)} on {out.device}"
-        )
-    if out.data_ptr() != x.data_ptr() and overlaps(out, x):
-        raise ValueError("all_reduce: out: overlaps x without being x (in place means out is x)")
-    _outside_inboxes("out", out, box)
-    return out
-
-
-def _outside_inboxes(name: str, t: torch.Tensor, box: Inbox) -> None:
-    """Peers store into every rank's inbox while this rank reads ``x`` and writes ``out``: neither
-    may live inside one."""
-    for r, peer in enumerate(box.buf.peers):
-        if overlaps(t, peer):
-            whose = "this rank's" if r == box.buf.rank else f"rank {r}'s"
-            raise ValueError(
-                f"all_reduce: {name}: shares memory with {whose} inbox, which the peers write during the "
-                "call; pass a tensor of its own"
-            )
-
-
 def all_reduce(x: torch.Tensor, box: Inbox, out: torch.Tensor | None = None) -> torch.Tensor:
     """Sum of ``x`` over all ranks into ``out`` (a new tensor by default; ``out=x``: in place), by
     the flag-in-data protocol of this module. Collective: every rank calls it with the same number
@@ -367,101 +315,43 @@ def all_reduce(x: torch.Tensor, box: Inbox, out: torch.Tensor | None = None) -> 
 
     Note:
         The first call with a given (x address, out address, size) checks everything; later calls
-        with the same addresses check types, shapes, dtypes and devices (O(1) compares) and launch
-        through Triton's compiled launcher (``labkit.kernels.comm.plan.KernelLaunch``). Ranks whose
-        element counts differ are caught by the protocol: every rank's output is NaN for that call
-        and ``box.disagreements()`` counts it. -0.0 inputs are summed as +0.0 (the sentinel), so a
-        sum that would be -0.0 is +0.0; NaN and inf propagate as in any sum.
+        with the same addresses find their launch with one dict lookup, check types, shapes,
+        dtypes and devices (O(1) compares) and launch through Triton's compiled launcher
+        (``labkit.kernels.comm.inbox_call``). Ranks whose element counts differ are caught by the
+        protocol: every rank's output is NaN for that call and ``box.disagreements()`` counts it.
+        -0.0 inputs are summed as +0.0 (the sentinel), so a sum that would be -0.0 is +0.0; NaN
+        and inf propagate as in any sum.
 
     Example::
 
         box = flag_in_data.inbox(4096, torch.bfloat16)
         y = flag_in_data.all_reduce(x, box)
     """
-    if type(box) is Inbox and type(x) is torch.Tensor and (out is None or type(out) is torch.Tensor):
-        n = x.numel()
-        launch = box.launches.get(n)
-        if (
-            launch is not None
-            and x.dtype == launch.dtype
-            and x.device == launch.device
-            and (x.data_ptr(), None if out is None else out.data_ptr(), n) in box.checked
-            and x.is_contiguous()
-            and (out is None or (out.dtype == launch.dtype and out.shape == x.shape and out.is_contiguous()))
-        ):
-            target = torch.empty_like(x) if out is None else out
-            with launch.guard:
-                launch.run(x, target)
-            return target
-    target = _check(x, box, out)
-    n = x.numel()
-    if n not in box.launches:
-        if len(box.launches) >= MAX_LAUNCHES:
-            box.launches.pop(next(iter(box.launches)))
-        box.launches[n] = _Launch(x, box)
-    if len(box.checked) >= 4 * MAX_LAUNCHES:
-        box.checked.pop()
-    box.checked.add((x.data_ptr(), None if out is None else out.data_ptr(), n))
-    launch = box.launches[n]
-    with launch.guard:
-        launch.run(x, target)
-    return target
+    return inbox_call.call(box, x, out, Inbox, _check, _launch)
 
 
-class _X:
-    """Marks the input's place among a launch's arguments (given on every call, as ``OUT``)."""
+def _check(x, box, out) -> torch.Tensor:
+    """The full checks of a call this inbox has not seen (``inbox_call.check_call``)."""
+    return inbox_call.check_call(x, box, out, Inbox, "flag_in_data.inbox(...)")
 
 
-class _Launch(KernelLaunch):
-    """The kernel's launch for one size on one inbox, with the input and the output given per
-    call: after the first launch both go straight to Triton's compiled launcher (``KernelLaunch``
-    arms it), and no tensor of a call is kept (the cache holds no caller's memory)."""
-
-    __slots__ = ("guard", "dtype", "_x_aligned")
-
-    def __init__(self, x: torch.Tensor, box: Inbox):
-        b = box.buf
-        super().__init__(
-            fid_one_shot_kernel,
-            (box.programs,),
-            (_X, b.data_ptrs, b.pad_ptrs, OUT, x.numel(), box.capacity, b.rank),
-            dict(
-                WORLD=b.world_size,
-                MAX_BLOCKS=box.programs,
-                BLOCK=box.block,
-                BITS=tl.int16 if x.element_size() == 2 else tl.int32,
-                SENTINEL=SENTINEL_BITS[x.element_size()],
-                num_warps=box.num_warps,
-            ),
-            x.device,
-        )
-        self.guard = on_device(x.device)
-        self.dtype = x.dtype
-
-    def run(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        c = self.compiled
-        if (
-            c is not None
-            and (x.data_ptr() % 16 == 0) == self._x_aligned
-            and (out.data_ptr() % 16 == 0) == self._aligned
-            and _hooks()[0] is None  # a profiler's hook gets Triton's own path, tensors and all
-        ):
-            args = list(self._full)
-            args[0], args[self._full_out_pos] = x.data_ptr(), out.data_ptr()
-            c.run(*self._grid3, self._stream(self.device.index), c.function, c.packed_metadata, None, None, None, *args)
-            return
-        args = (x,) + self.args[1 : self.out_pos] + (out,) + self.args[self.out_pos + 1 :]
-        compiled = self.kernel[self.grid](*args, **self.kwargs)
-        if c is None:
-            self._arm(compiled, args)
-            if self.compiled is not None:
-                # Keep no tensor of this call, and hand the launcher addresses, not tensors: it
-                # takes an int as the pointer itself (a tensor costs a data_ptr() call and a
-                # pointer-attribute query per argument). The tables live as long as the inbox.
-                full = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in self._full]
-                full[0] = full[self._full_out_pos] = None
-                self._full = tuple(full)
-                self._x_aligned = x.data_ptr() % 16 == 0
+def _launch(x: torch.Tensor, box: Inbox) -> inbox_call.InputLaunch:
+    """The kernel's launch for ``x``'s size on ``box``, the input and output given per call."""
+    b = box.buf
+    return inbox_call.InputLaunch(
+        fid_one_shot_kernel,
+        (box.programs,),
+        (inbox_call.X, b.data_ptrs, b.pad_ptrs, inbox_call.OUT, x.numel(), box.capacity, b.rank),
+        dict(
+            WORLD=b.world_size,
+            MAX_BLOCKS=box.programs,
+            BLOCK=box.block,
+            BITS=tl.int16 if x.element_size() == 2 else tl.int32,
+            SENTINEL=SENTINEL_BITS[x.element_size()],
+            num_warps=box.num_warps,
+        ),
+        x,
+    )
 
 
 __all__ = ["EPOCH_MODULUS", "Inbox", "all_reduce", "fid_one_shot_kernel", "inbox", "set_epochs"]

@@ -421,6 +421,15 @@ class CollectivePlan:
                     f"plan.launch: out: shares memory with {whose} symmetric buffer, which the kernels read "
                     "while they write out; pass a separate tensor"
                 )
+        inbox = getattr(buf, "inbox", None)
+        if inbox is not None:  # the peers store into every inbox during a flag-in-data call
+            for r, peer in enumerate(inbox.buf.peers):
+                if overlaps(out, peer):
+                    whose = "this rank's" if r == self.rank else f"rank {r}'s"
+                    raise UsageError(
+                        f"plan.launch: out: shares memory with {whose} flag-in-data inbox, which the peers "
+                        "write during a call; pass a separate tensor"
+                    )
 
     def _refuse_out(self, out) -> None:
         """An in-place plan given an out other than ``buf.tensor``."""

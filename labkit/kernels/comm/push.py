@@ -57,11 +57,9 @@ import torch
 import triton
 import triton.language as tl
 
-from labkit.kernels.comm import symm
+from labkit.kernels.comm import inbox_call, symm
 from labkit.kernels.comm.signals import pad_slot, slow_down
-from labkit.kernels.launch_helpers import overlaps
 from labkit.workbench import tier
-from labkit.workbench.guard import on_device_of
 
 #: epochs count modulo this (a power of two, so the slot parity keeps alternating across the wrap)
 EPOCH_MODULUS = 1 << 30
@@ -193,6 +191,8 @@ class Inbox:
     programs: int
     block: int
     num_warps: int
+    #: (x address, out address, elements, (slots, delay, slow rank)) -> its ``inbox_call.InputLaunch``
+    launches: dict = dataclasses.field(default_factory=dict)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -236,7 +236,7 @@ def inbox(
     programs, block, num_warps: the fixed launch (default: ``_default_launch``)
     """
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-        raise ValueError(f"capacity: expected a positive int (elements per rank), got {capacity!r}")
+        raise ValueError(f"inbox: capacity: expected a positive int (elements per rank), got {capacity!r}")
     world = symm._world()[1]
     dev = (
         torch.device(device)
@@ -247,55 +247,17 @@ def inbox(
     programs, block, num_warps = programs or d_programs, block or d_block, num_warps or d_warps
     for name, v in (("programs", programs), ("block", block), ("num_warps", num_warps)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+            raise ValueError(f"inbox: {name}: expected a positive int, got {v!r}")
     if block & (block - 1):
-        raise ValueError(f"block: expected a power of two (Triton's arange), got {block}")
+        raise ValueError(f"inbox: block: expected a power of two (Triton's arange), got {block}")
     capacity = -(-capacity // CAPACITY_UNIT) * CAPACITY_UNIT
     buf = symm.empty((2, world, capacity), dtype, device=dev, max_blocks=programs, scratch_dir=scratch_dir)
     return Inbox(buf, capacity, programs, block, num_warps)
 
 
-def _check(x, box: Inbox, out) -> torch.Tensor:
-    if not isinstance(box, Inbox):
-        raise TypeError(f"box: expected a labkit.kernels.comm.push.Inbox (push.inbox(...)), got {type(box).__name__}")
-    symm.check_buffer("box.buf", box.buf)
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dtype != box.dtype:
-        raise TypeError(f"x: dtype {x.dtype} differs from the inbox's {box.dtype}")
-    if x.device != box.device:
-        raise ValueError(f"x: on {x.device}, the inbox on {box.device}: they must be on the same device")
-    if not x.is_contiguous():
-        raise ValueError("x: expected a contiguous tensor")
-    if x.numel() == 0 or x.numel() > box.capacity:
-        raise ValueError(f"x: {x.numel()} elements; the inbox takes 1 to {box.capacity}")
-    _outside_inboxes("x", x, box)
-    if out is None:
-        return torch.empty_like(x)
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out: expected a torch.Tensor or None, got {type(out).__name__}")
-    if out.dtype != x.dtype or out.device != x.device or out.shape != x.shape or not out.is_contiguous():
-        raise ValueError(
-            f"out: expected a contiguous {x.dtype} tensor of shape {tuple(x.shape)} on {x.device}, got "
-            f"{'a contiguous' if out.is_contiguous() else 'a non-contiguous'} {out.dtype} tensor of "
-            f"shape {tuple(out.shape)} on {out.device}"
-        )
-    if out.data_ptr() != x.data_ptr() and overlaps(out, x):
-        raise ValueError("out: overlaps x without being x (in place means out is x)")
-    _outside_inboxes("out", out, box)
-    return out
-
-
-def _outside_inboxes(name: str, t: torch.Tensor, box: Inbox) -> None:
-    """Peers store into every rank's inbox while this rank reads ``x`` and writes ``out``: neither
-    may live inside one."""
-    for r, peer in enumerate(box.buf.peers):
-        if overlaps(t, peer):
-            whose = "this rank's" if r == box.buf.rank else f"rank {r}'s"
-            raise ValueError(
-                f"{name}: shares memory with {whose} inbox, which the peers write during the call; "
-                "pass a tensor of its own"
-            )
+def _check(x, box, out) -> torch.Tensor:
+    """The full checks of a call this inbox has not seen (``inbox_call.check_call``)."""
+    return inbox_call.check_call(x, box, out, Inbox, "push.inbox(...)")
 
 
 def all_reduce(x: torch.Tensor, box: Inbox, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -303,18 +265,23 @@ def all_reduce(x: torch.Tensor, box: Inbox, out: torch.Tensor | None = None) -> 
     by the push protocol of this module. Collective: every rank calls it with the same number of
     elements on the same inbox, in the same order.
 
-    Checked on every call, on this rank alone (host, O(W)): ``box`` is an inbox; ``x`` a
-    contiguous tensor of the inbox's dtype and device with 1 to ``box.capacity`` elements; ``out``
-    None, ``x``, or a contiguous tensor like ``x`` that does not overlap it; neither inside any
-    rank's inbox. Errors name the argument.
+    Checked on this rank alone (host, O(W) the first time, O(1) compares after: see below):
+    ``box`` is an inbox; ``x`` a contiguous tensor of the inbox's dtype and device with 1 to
+    ``box.capacity`` elements; ``out`` None, ``x``, or a contiguous tensor like ``x`` that does
+    not overlap it; neither inside any rank's inbox. Errors name the function and the argument.
 
     Not checked (nothing is exchanged between ranks, so that a call costs no more than its kernel
     and can be replayed in a CUDA graph): that every rank passes the same number of elements. A
     mismatch is not detected and gives wrong sums, silently: a rank with more elements sums its
     extra ones with whatever a peer left in the inbox slot from an earlier call (a protocol that
     carries the count in the flag word would see it; this one does not). A rank that skips a call
-    leaves the others waiting in the kernel until the world's timeout."""
-    return all_reduce_variant(x, box, out)
+    leaves the others waiting in the kernel until the world's timeout.
+
+    The first call with a given (x address, out address, size) checks everything; later calls with
+    the same addresses find their launch with one dict lookup, repeat the O(1) compares (dtype,
+    device, shape, contiguity) and launch through Triton's compiled launcher
+    (``labkit.kernels.comm.inbox_call``)."""
+    return _call(x, box, out)
 
 
 def all_reduce_variant(
@@ -325,28 +292,37 @@ def all_reduce_variant(
     ``delay`` volatile loads on ``slow_rank`` between its wait and its sum make that peer slow.
     Do not mix ``slots`` on one inbox (the epochs would name the wrong slot)."""
     if slots not in (1, 2):
-        raise ValueError(f"slots: expected 1 (the broken variant) or 2, got {slots!r}")
+        raise ValueError(f"all_reduce_variant: slots: expected 1 (the broken variant) or 2, got {slots!r}")
     if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
-        raise ValueError(f"delay: expected an int >= 0 (volatile loads), got {delay!r}")
-    out = _check(x, box, out)
-    b = box.buf
-    if delay and not 0 <= slow_rank < b.world_size:
-        raise ValueError(f"slow_rank: expected a rank in 0..{b.world_size - 1}, got {slow_rank!r}")
-    with on_device_of(x=x):
-        push_one_shot_kernel[(box.programs,)](
+        raise ValueError(f"all_reduce_variant: delay: expected an int >= 0 (volatile loads), got {delay!r}")
+    if delay and (isinstance(slow_rank, bool) or not isinstance(slow_rank, int)):
+        raise ValueError(f"all_reduce_variant: slow_rank: expected a rank (int), got {slow_rank!r}")
+    return _call(x, box, out, slots, delay, slow_rank if delay else 0)
+
+
+def _call(x, box, out, slots: int = 2, delay: int = 0, slow_rank: int = 0) -> torch.Tensor:
+    """The launch kept on ``box`` for this call (``inbox_call.call``; the switches are part of its key)."""
+
+    def make(x: torch.Tensor, box: Inbox) -> inbox_call.InputLaunch:
+        b = box.buf
+        if delay and not 0 <= slow_rank < b.world_size:
+            raise ValueError(
+                f"all_reduce_variant: slow_rank: expected a rank in 0..{b.world_size - 1}, got {slow_rank!r}"
+            )
+        return inbox_call.InputLaunch(
+            push_one_shot_kernel,
+            (box.programs,),
+            (inbox_call.X, b.data_ptrs, b.pad_ptrs, inbox_call.OUT, x.numel(), box.capacity, b.rank),
+            dict(
+                WORLD=b.world_size,
+                MAX_BLOCKS=box.programs,
+                BLOCK=box.block,
+                SLOTS=slots,
+                DELAY=delay,
+                SLOW_RANK=slow_rank,
+                num_warps=box.num_warps,
+            ),
             x,
-            b.data_ptrs,
-            b.pad_ptrs,
-            out,
-            x.numel(),
-            box.capacity,
-            b.rank,
-            WORLD=b.world_size,
-            MAX_BLOCKS=box.programs,
-            BLOCK=box.block,
-            SLOTS=slots,
-            DELAY=delay,
-            SLOW_RANK=slow_rank if delay else 0,
-            num_warps=box.num_warps,
         )
-    return out
+
+    return inbox_call.call(box, x, out, Inbox, _check, make, (slots, delay, slow_rank))

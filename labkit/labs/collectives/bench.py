@@ -712,9 +712,13 @@ def _sweep_part(w: int) -> list[dict]:
 
 
 def _push_part(w: int) -> list[dict]:
-    from labkit.labs.collectives import push_bench  # the push one-shot beside the pull one and torch's ops
+    """The push and flag-in-data one-shots beside the pull one, ``all_reduce`` and torch's ops
+    (kind "push"), then each public call's host µs at 4 KiB of bf16, interleaved in one process
+    (kind "host_call": ``host_cost.call_costs``, every rank's records)."""
+    from labkit.labs.collectives import host_cost, push_bench
 
-    return push_bench.push_records(w)
+    calls = _world_records(host_cost.call_costs, w, "host_call", "labkit_fid", "all_reduce", 300, rank0_only=False)
+    return push_bench.push_records(w) + [dict(r, kind="host_call", busbw_GBps=None) for r in calls]
 
 
 def _into_part(w: int) -> list[dict]:

@@ -503,6 +503,42 @@ def check_dtypes(ctx, n: int, dtype_names=("bfloat16", "float32"), seed: int = 0
     return rows
 
 
+def back_to_back(ctx, inputs: list, call, late_s=None) -> list[torch.Tensor]:
+    """The loop ``push_trials`` and ``fid_trials`` share: one all-reduce per input, back to back
+    without a host barrier between them (a fast rank may run calls ahead). ``inputs``: this
+    rank's input and every rank's, per call (``rank_inputs``); ``call(x)``: one all-reduce of a
+    fresh copy ``x`` of this rank's input (in place may overwrite it), returning the result;
+    ``late_s(c)``: seconds this rank sleeps before call c (None: never). Returns the results,
+    the device synchronised."""
+    outs = []
+    for c, (x, _) in enumerate(inputs):
+        pause = late_s(c) if late_s is not None else 0.0
+        if pause:
+            time.sleep(pause)
+        outs.append(call(x.clone()))
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    return outs
+
+
+def wrong_calls(outs: list, inputs: list, dtype, w: int, keep=None) -> list[int]:
+    """The calls whose result is not within ``sum_tolerance`` of the fp64 sum of every rank's
+    input; ``keep``: the elements compared (default all)."""
+    pick = (lambda v: v) if keep is None else (lambda v: v[keep])
+    return [
+        c
+        for c, (y, (_, xs)) in enumerate(zip(outs, inputs))
+        if not close_to_sum(pick(y), [pick(v) for v in xs], dtype, w)
+    ]
+
+
+def digests(outs: list) -> list[str]:
+    """A short hash of each result's bytes: ranks that computed the same bits have equal lists."""
+    import hashlib
+
+    return [hashlib.sha1(y.cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16] for y in outs]
+
+
 def push_trials(
     ctx,
     n: int,
@@ -522,30 +558,23 @@ def push_trials(
     ``late_rank`` sleeps ``late_s`` before every other call; ``delay`` slows rank 1 inside the
     kernel between its wait and its sum; ``slots=1`` is the broken one-slot protocol. Returns which
     calls were wrong on this rank (against the fp64 sum of every rank's input) and the epochs."""
-    import hashlib
-
     from labkit.kernels.comm import push
 
     dtype = getattr(torch, dtype_name)
     box = push.inbox(capacity or n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
     inputs = [rank_inputs(ctx, n, dtype, seed * 1000 + c) for c in range(calls)]
-    outs = []
-    for c, (x, _) in enumerate(inputs):
-        if late_rank == ctx.rank and c % 2 == 0:
-            time.sleep(late_s)
-        x = x.clone()
-        outs.append(push.all_reduce_variant(x, box, x if in_place else None, slots=slots, delay=delay))
-    if ctx.device.type == "cuda":
-        torch.cuda.synchronize(ctx.device)
-    wrong = [c for c, (y, (_, xs)) in enumerate(zip(outs, inputs)) if not close_to_sum(y, xs, dtype, ctx.world_size)]
+    outs = back_to_back(
+        ctx,
+        inputs,
+        lambda x: push.all_reduce_variant(x, box, x if in_place else None, slots=slots, delay=delay),
+        (lambda c: late_s if c % 2 == 0 else 0.0) if late_rank == ctx.rank else None,
+    )
     return {
         "rank": ctx.rank,
         "calls": calls,
-        "wrong": wrong,
+        "wrong": wrong_calls(outs, inputs, dtype, ctx.world_size),
         "epochs": box.epochs(),
-        "digests": [
-            hashlib.sha1(y.cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16] for y in outs
-        ],
+        "digests": digests(outs),
     }
 
 
@@ -578,8 +607,6 @@ def fid_trials(
     Returns, on this rank: the calls whose result was wrong (against the fp64 sum of every rank's
     input), the epochs, digests of the results, the disagreements the inbox counted, whether
     the inbox is armed again at the end, and for the graph the replays that were wrong."""
-    import hashlib
-
     from labkit.kernels.comm import flag_in_data as fid
 
     dtype = getattr(torch, dtype_name)
@@ -602,21 +629,14 @@ def fid_trials(
                     v[1] = float("nan")
                 if r == 1:
                     v[3] = float("inf")
-    outs = []
-    for c, (x, _) in enumerate(inputs):
-        if late_s and c % ctx.world_size == ctx.rank:
-            time.sleep(late_s)
-        x = x.clone()
-        outs.append(fid.all_reduce(x, box, x if in_place else None))
-    if ctx.device.type == "cuda":
-        torch.cuda.synchronize(ctx.device)
+    outs = back_to_back(
+        ctx,
+        inputs,
+        lambda x: fid.all_reduce(x, box, x if in_place else None),
+        lambda c: late_s if c % ctx.world_size == ctx.rank else 0.0,
+    )
     special = [1, 3] if specials else []
-    keep = [i for i in range(mine) if i not in special]
-    wrong = [
-        c
-        for c, (y, (_, xs)) in enumerate(zip(outs, inputs))
-        if not close_to_sum(y[keep], [v[keep] for v in xs], dtype, ctx.world_size)
-    ]
+    wrong = wrong_calls(outs, inputs, dtype, ctx.world_size, [i for i in range(mine) if i not in special])
     specials_ok = (
         all(bool(torch.isnan(y[1]).item()) and y[3].item() == float("inf") for y in outs) if specials else None
     )
@@ -670,9 +690,7 @@ def fid_trials(
         "armed": armed,
         "graph_wrong": graph_wrong,
         "specials_ok": specials_ok,
-        "digests": [
-            hashlib.sha1(y.cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()[:16] for y in outs
-        ],
+        "digests": digests(outs),
     }
 
 

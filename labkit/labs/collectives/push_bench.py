@@ -10,9 +10,13 @@ its time over torch's fastest op of the same round, paired, with quartiles. Afte
 replays the push all-reduce is checked again: its epoch counters live on the device, so replays
 must leave every rank's counters in step (``correct_after``).
 
-The push candidates read a plain local tensor and write a plain output (only the inbox is
-symmetric), so they need no copy into a symmetric buffer; the pull one-shot and torch's ops read
-a symmetric buffer that holds the input already (what their callers must arrange).
+The push and flag-in-data candidates read a plain local tensor and write a plain output (only the
+inbox is symmetric), so they need no copy into a symmetric buffer; the pull one-shot, the public
+``all_reduce`` calls and torch's ops read a symmetric buffer that holds the input already (what
+their callers must arrange). ``labkit_all_reduce`` (and ``_in_place``) is what ``all_reduce``'s
+auto runs on a buffer without an inbox: the graph times of it and of ``labkit_fid_one_shot`` give
+the limit up to which auto takes flag-in-data (``collectives.fid_limits_from``);
+``labkit_all_reduce_fid`` is flag-in-data through the public call, its plan kept on the buffer.
 """
 
 from __future__ import annotations
@@ -37,8 +41,10 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
     fbox = flag_in_data.inbox(n, dtype, device=dev)
     out, mine = torch.empty_like(x), x.clone()
     f_out, f_mine = torch.empty_like(x), x.clone()
-    buf = symm.empty(n, dtype, device=dev)
-    pull_out = torch.empty_like(x)
+    buf = symm.empty(n, dtype, device=dev)  # no inbox: what auto runs without one
+    pull_out, auto_out = torch.empty_like(x), torch.empty_like(x)
+    ibuf = symm.empty(n, dtype, device=dev, inbox=fbox)  # the public call, on the same inbox (one stream)
+    i_out = torch.empty_like(x)
     group = dist.group.WORLD.group_name
     st = symm_mem.empty(n, dtype=dtype, device=dev)
     symm_mem.rendezvous(st, group)
@@ -69,6 +75,29 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
             lambda: C.all_reduce(buf, pull_out, algorithm="one_shot"),
             lambda: (buf.tensor.copy_(x), close(C.all_reduce(buf, pull_out, algorithm="one_shot")))[-1],
         ),
+        # what all_reduce's auto runs on a buffer without an inbox: what the flag-in-data limit
+        # (collectives.fid_limits_from) compares flag-in-data with
+        "labkit_all_reduce": (
+            {"in_place": False, "algorithm": C.auto_algorithm(buf, False)},
+            lambda: C.all_reduce(buf, auto_out),
+            lambda: (buf.tensor.copy_(x), close(C.all_reduce(buf, auto_out)))[-1],
+        ),
+        "labkit_all_reduce_in_place": (
+            {"in_place": True, "algorithm": C.auto_algorithm(buf, True)},
+            lambda: C.all_reduce(buf, buf.tensor),
+            lambda: (buf.tensor.copy_(x), close(C.all_reduce(buf, buf.tensor)))[-1],
+        ),
+        # flag-in-data through the public call (its plan kept on the buffer): its host path
+        "labkit_all_reduce_fid": (
+            {"in_place": False, "algorithm": "flag_in_data"},
+            lambda: C.all_reduce(ibuf, i_out, algorithm="flag_in_data"),
+            lambda: (ibuf.tensor.copy_(x), close(C.all_reduce(ibuf, i_out, algorithm="flag_in_data")))[-1],
+        ),
+        "labkit_all_reduce_fid_in_place": (
+            {"in_place": True, "algorithm": "flag_in_data"},
+            lambda: C.all_reduce(ibuf, ibuf.tensor, algorithm="flag_in_data"),
+            lambda: (ibuf.tensor.copy_(x), close(C.all_reduce(ibuf, ibuf.tensor, algorithm="flag_in_data")))[-1],
+        ),
     }
     one = getattr(torch.ops.symm_mem, "one_shot_all_reduce", None)
     if one is not None:
@@ -84,7 +113,7 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
             lambda: two(st, "sum", group),
             lambda: (st.copy_(x), two(st, "sum", group), close(st))[-1],
         )
-    return cands, (box, fbox), (out, f_out)
+    return cands, (box, fbox, ibuf), (out, f_out, i_out)
 
 
 def _paired(cmp, name: str, best: str | None) -> dict:
@@ -104,7 +133,7 @@ def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
         n, x, ref, scale = lab02.message(ctx, nbytes, dtype, seed=7000 + nbytes % 997)
         iters = lab02.iters_for(nbytes)
         close = lambda y, ref=ref, scale=scale: lab02.close_to_ref(y, ref, w, scale)  # noqa: E731
-        cands, (box, fbox), (out, f_out) = _candidates(ctx, n, dtype, x, close)
+        cands, (box, fbox, ibuf), (out, f_out, i_out) = _candidates(ctx, n, dtype, x, close)
         base = {"kind": "push", "op": "all_reduce", "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name}
         ok, rows = lab02.check_candidates(cands, base, dev)
         torch_names = [nm for nm in ok if nm.startswith("torch_")]
@@ -126,16 +155,28 @@ def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
                 else:
                     rec.setdefault("us", None)
                 records.append(rec)
-        for name, again in (
-            ("labkit_push", lambda x=x, box=box, out=out: push.all_reduce(x, box, out)),
-            ("labkit_fid", lambda x=x, fbox=fbox, f_out=f_out: flag_in_data.all_reduce(x, fbox, f_out)),
+        for checked, prefix, again in (
+            ("labkit_push_one_shot", "labkit_push", lambda x=x, box=box, out=out: push.all_reduce(x, box, out)),
+            (
+                "labkit_fid_one_shot",
+                "labkit_fid",
+                lambda x=x, fbox=fbox, f_out=f_out: flag_in_data.all_reduce(x, fbox, f_out),
+            ),
+            (
+                "labkit_all_reduce_fid",
+                "labkit_all_reduce_fid",
+                lambda x=x, ibuf=ibuf, i_out=i_out: (
+                    ibuf.tensor.copy_(x),
+                    C.all_reduce(ibuf, i_out, algorithm="flag_in_data"),
+                )[-1],
+            ),
         ):
-            if name + "_one_shot" in ok:  # the epochs stayed in step through the replays
+            if checked in ok:  # the epochs stayed in step through the replays
                 after = lab02.agreed_everywhere(bool(close(again())), dev)
                 for rec in records[-2 * len(rows) :]:
-                    if rec["impl"].startswith(name):
+                    if rec["impl"].startswith(prefix):
                         rec["correct_after"] = after
-        del cands, box, out, fbox, f_out
+        del cands, box, out, fbox, f_out, ibuf, i_out
         torch.cuda.synchronize(dev)
         ctx.barrier()
     return records
@@ -168,7 +209,11 @@ def summary(records: list[dict]) -> list[str]:
     """One line per protocol and timing: the push (and flag-in-data) all-reduce's time and its
     ratio to torch's best op, per size."""
     lines = []
-    protocols = (("labkit_push_one_shot", "push one-shot"), ("labkit_fid_one_shot", "flag-in-data one-shot"))
+    protocols = (
+        ("labkit_push_one_shot", "push one-shot"),
+        ("labkit_fid_one_shot", "flag-in-data one-shot"),
+        ("labkit_all_reduce_fid", "all_reduce, flag-in-data"),
+    )
     for impl, label in protocols:
         for timing in ("graph", "eager"):
             for in_place in (False, True):
@@ -210,6 +255,12 @@ SERIES = (
         dict(color="tab:red", marker="D", ls="--"),
     ),
     ("labkit_one_shot", "labkit pull one-shot (out of place)", dict(color="tab:blue", marker="s")),
+    (
+        "labkit_all_reduce_fid",
+        "labkit all_reduce(buf, out, algorithm='flag_in_data')",
+        dict(color="tab:purple", marker="x"),
+    ),
+    ("labkit_all_reduce", "labkit all_reduce(buf, out), no inbox (auto)", dict(color="tab:cyan", marker="s")),
     ("torch_one_shot", "torch one_shot_all_reduce", dict(color="0.45", marker="^", ls=":")),
     ("torch_two_shot", "torch two_shot_all_reduce_ (in place)", dict(color="black", marker="v", ls=":")),
 )
