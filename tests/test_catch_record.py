@@ -70,3 +70,11 @@ def test_show_adds_the_recording_only_where_a_check_could_not_look_in_full(tmp_p
     catch_record.show("fp8_dispatch", [skipped], ref)
     out = capsys.readouterr().out
     assert out.startswith("device_independence(m:forward_seed): SKIPPED") and "RECORDED on h200x2" in out
+
+
+def test_a_case_this_machine_cannot_run_is_recorded_as_skipped_with_the_checkers_words():
+    from labkit.labs.collectives import catch
+
+    row = catch_record.run_case("collectives", ("collective", catch.one_shot_fixed, catch.inputs, {"world_size": 1}))
+    assert row["status"] == "skipped" and row["outcome"] == "cannot run here"
+    assert row["message"].startswith("collective: world_size=1") and row["role"] == "fix"

@@ -16,6 +16,7 @@ import importlib
 import time
 
 from labkit.workbench import results
+from labkit.workbench.errors import UsageError
 
 #: lab -> its catch module (lab 06 has none: its cell runs the litmus model on your choice)
 CATCH_MODULES = {
@@ -53,7 +54,10 @@ def run_case(lab: str, case: tuple) -> dict:
     check = importlib.import_module(CHECKERS_MODULE)
     checker, fn, make_inputs, kwargs = case
     start = time.perf_counter()
-    report = getattr(check, checker)(fn, make_inputs=make_inputs, **kwargs)
+    try:
+        report = getattr(check, checker)(fn, make_inputs=make_inputs, **kwargs)
+    except UsageError as e:  # e.g. a world larger than this machine's GPUs: recorded as not looked at
+        report = check.Report(checker, f"{fn.__module__}:{fn.__name__}", "skipped", "cannot run here", str(e))
     return {
         "lab": lab,
         "checker": checker,
