@@ -376,20 +376,36 @@ def test_one_graph_serves_every_token_distribution():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", gg.OPS)
 @pytest.mark.parametrize(
     "E, M, K, N", [(4, 8192, 1024, 1024), (8, 4096, 1024, 1024), (64, 4096, 512, 704), (128, 2048, 512, 384)]
 )
-def test_hopper_configs_at_lab_shapes(E, M, K, N):
-    """Each configuration forward_config picks (by tokens per expert) against the loop, skewed:
-    between them the shapes reach every row of HOPPER_FORWARD (checked first)."""
+def test_device_tables_at_lab_shapes(op, E, M, K, N):
+    """Each configuration this GPU's table for ``op`` picks (by tokens per expert), skewed splits,
+    against float64: between them the shapes reach every row of the table (checked first)."""
+    table = gg.config_table(torch.device("cuda"), op)
+    if table is None:
+        pytest.skip(f"no table for {op} on {torch.cuda.get_device_name()}: the generic config")
     if E == 4:
-        assert {gg.hopper_config(*s) for s in ((8192, 4), (4096, 8), (4096, 64))} == {c for _, c in gg.HOPPER_FORWARD}
+        picks = {table.pick(m // e) for m, e in ((8192, 4), (4096, 8), (4096, 64), (2048, 128))}
+        assert picks == {c for _, c in table.rows}
     g = torch.Generator(device="cuda").manual_seed(E)
     splits = random_splits(random.Random(E), E, M)
+    counts = torch.tensor(splits, device="cuda")
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
     w = torch.randn(E, K, N, device="cuda", dtype=torch.bfloat16, generator=g)
-    out = gg.grouped_mm(x, w, torch.tensor(splits, device="cuda"))
-    assert rel_err(out, loop_reference(x, w, splits)) < TOL[torch.bfloat16]
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=g)
+    if op == "forward":
+        assert rel_err(gg.grouped_mm(x, w, counts), loop_reference(x, w, splits)) < TOL[torch.bfloat16]
+    elif op == "dgrad":
+        wt = w.transpose(1, 2)
+        assert rel_err(gg.grouped_mm(dy, wt, counts), loop_reference(dy, wt, splits)) < TOL[torch.bfloat16]
+    else:
+        dw, row = gg.grouped_mm_wgrad(x, dy, counts), 0
+        for e, m in enumerate(splits):
+            ref = x[row : row + m].double().T @ dy[row : row + m].double()
+            assert (dw[e].abs().max() == 0) if m == 0 else rel_err(dw[e], ref) < 1e-3, (E, e)
+            row += m
 
 
 def test_grouped_linear_names_in_features_for_a_wrong_width():

@@ -1,7 +1,10 @@
 """Lab 04's benchmarks: labkit's grouped GEMM against PyTorch's and against the story's loop.
 
-``labkit bench`` runs ``benchmark(profile)`` (the comparison) and ``tune_benchmark(profile)``
-(the launch configurations ``labkit.kernels.grouped_gemm.HOPPER_FORWARD`` is chosen from).
+``labkit bench grouped_gemm`` runs ``benchmark(profile)`` (the comparison: forward, then dgrad
+and wgrad, ``compare_backward_case``) and ``labkit bench grouped_gemm_tune`` runs
+``tune_benchmark(profile)`` (the sweep the per-GPU tables ``labkit.kernels.grouped_gemm.TABLES``
+are chosen from, by ``table_winners``; ``python -m labkit.labs.grouped_gemm.bench --table FILE``
+prints a recorded sweep's tables).
 
 The comparison, for each shape (E experts, M tokens, K, N; bf16) and each split of the tokens
 (``distributions.token_counts``: "uniform" or Zipf-"skewed" with empty experts):
