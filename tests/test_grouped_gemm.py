@@ -258,19 +258,77 @@ def test_counts_on_another_gpu_are_refused():
         gg.grouped_mm(x, w, torch.tensor([3, 4], device="cuda:1"))
 
 
-@pytest.mark.parametrize("K, N, tma", [(64, 32, True), (64, 33, False), (67, 32, False)])
-def test_tma_and_pointer_loads_give_the_same_product(K, N, tma, monkeypatch):
+@pytest.mark.parametrize("K, N", [(64, 32), (64, 33), (67, 32)])
+@pytest.mark.parametrize("op", ["forward", "dgrad", "wgrad"])
+def test_tma_and_pointer_loads_give_the_same_product(op, K, N, monkeypatch):
     """With a configuration that asks for TMA, aligned layouts load through TMA descriptors and
-    others through pointers: both paths checked on both tiers (on a GPU, TMA needs sm_90)."""
-    cfg = gg.forward_config(40, 4, DEV, torch.float32)
-    monkeypatch.setattr(gg, "forward_config", lambda M, E, device, dtype=None: dataclasses.replace(cfg, tma=True))
-    g = torch.Generator().manual_seed(K + N)
-    splits = [9, 0, 30, 1]
+    others through pointers: forward (w N-contiguous), dgrad (w K-contiguous, the transposed
+    view backward passes) and wgrad (rows past an expert's end zeroed in registers), each against
+    float64 on fresh splits with empty experts; both tiers (on a GPU, TMA needs sm_90)."""
+    cfg = dataclasses.replace(gg.forward_config(40, 4, DEV, torch.float32), tma=True)
+    monkeypatch.setattr(gg, "forward_config", lambda M, E, device, dtype=None, op="forward": cfg)
+    monkeypatch.setattr(gg, "wgrad_config", lambda M, E, device, dtype=None: cfg)
+    seed = random.randrange(1 << 30)
+    g = torch.Generator().manual_seed(seed)
+    splits = random_splits(random.Random(seed), 4, 40)
     x = torch.randn(sum(splits), K, generator=g).to(DEV)
-    w = torch.randn(4, K, N, generator=g).to(DEV)
     has_tma = DEV.type != "cuda" or torch.cuda.get_device_capability()[0] >= 9
-    assert gg.tma_ok(x, w) == (tma and has_tma)
-    assert rel_err(gg.grouped_mm(x, w, splits), loop_reference(x, w, splits)) < 1e-5
+    # 16-byte strides: x's rows (K fp32 values) always; N's only where a stride runs along N
+    # (dgrad's stored w is [E, N, K]: its strides are multiples of K)
+    tma = K % 4 == 0 and (op == "dgrad" or N % 4 == 0)
+    if op == "wgrad":
+        dy = torch.randn(sum(splits), N, generator=g).to(DEV)
+        assert gg.tma_ok_wgrad(x, dy) == (tma and has_tma)
+        dw, row = gg.grouped_mm_wgrad(x, dy, splits), 0
+        for e, m in enumerate(splits):
+            ref = x[row : row + m].double().T @ dy[row : row + m].double()
+            assert (dw[e].abs().max() == 0) if m == 0 else rel_err(dw[e], ref) < 1e-5, (seed, splits, e)
+            row += m
+        return
+    w = torch.randn(4, K, N, generator=g).to(DEV)
+    if op == "dgrad":  # x plays dy [M, K]; w [E, N, K] stored, multiplied as its transpose
+        w = torch.randn(4, N, K, generator=g).to(DEV).transpose(1, 2)  # [E, K, N], unit stride along K
+        assert w.stride(1) == 1
+    assert gg.tma_ok(x, w) == (tma and has_tma), (op, w.stride())
+    assert rel_err(gg.grouped_mm(x, w, splits), loop_reference(x, w, splits)) < 1e-5, (seed, splits)
+
+
+def test_grouped_mm_looks_up_the_dgrad_table_for_a_k_contiguous_w(monkeypatch):
+    """grouped_mm asks forward_config for op "dgrad" when w's unit stride is along K (backward's
+    ``w.transpose(1, 2)``) and "forward" otherwise; the product is right either way."""
+    asked = []
+    original = gg.forward_config
+
+    def spy(M, E, device, dtype=torch.bfloat16, op="forward"):
+        asked.append(op)
+        return original(M, E, device, dtype, op)
+
+    monkeypatch.setattr(gg, "forward_config", spy)
+    g = torch.Generator().manual_seed(random.randrange(1 << 30))
+    x, w = torch.randn(12, 16, generator=g).to(DEV), torch.randn(3, 16, 8, generator=g).to(DEV)
+    splits = [5, 0, 7]
+    for weight in (w, torch.randn(3, 8, 16, generator=g).to(DEV).transpose(1, 2)):
+        assert rel_err(gg.grouped_mm(x, weight, splits), loop_reference(x, weight, splits)) < 1e-5
+    assert asked == ["forward", "dgrad"]
+    with pytest.raises(ValueError, match="config_table: op 'fwd' is not one of"):
+        gg.config_table(DEV, "fwd")
+    if DEV.type != "cuda":
+        assert gg.config_table(DEV, "dgrad") is None and gg.config_source(DEV) == "interpreter config"
+
+
+def test_config_tables_are_well_formed():
+    """Every table: its key's device and op, thresholds falling to 0 (every shape reaches a row),
+    and a source that names a recorded file (or None, a default said so)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for (device, op), table in gg.TABLES.items():
+        assert (table.device, table.op) == (device, op) and op in gg.OPS
+        thresholds = [t for t, _ in table.rows]
+        assert thresholds == sorted(thresholds, reverse=True) and thresholds[-1] == 0, table
+        assert table.source is None or (root / table.source).is_file(), table.source
+    assert set(gg.HOPPER_DEFAULTS) == set(gg.OPS)
+    assert gg.HOPPER_FORWARD == gg.HOPPER_DEFAULTS["forward"].rows
 
 
 @pytest.mark.gpu
@@ -318,20 +376,36 @@ def test_one_graph_serves_every_token_distribution():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("op", gg.OPS)
 @pytest.mark.parametrize(
     "E, M, K, N", [(4, 8192, 1024, 1024), (8, 4096, 1024, 1024), (64, 4096, 512, 704), (128, 2048, 512, 384)]
 )
-def test_hopper_configs_at_lab_shapes(E, M, K, N):
-    """Each configuration forward_config picks (by tokens per expert) against the loop, skewed:
-    between them the shapes reach every row of HOPPER_FORWARD (checked first)."""
+def test_device_tables_at_lab_shapes(op, E, M, K, N):
+    """Each configuration this GPU's table for ``op`` picks (by tokens per expert), skewed splits,
+    against float64: between them the shapes reach every row of the table (checked first)."""
+    table = gg.config_table(torch.device("cuda"), op)
+    if table is None:
+        pytest.skip(f"no table for {op} on {torch.cuda.get_device_name()}: the generic config")
     if E == 4:
-        assert {gg.hopper_config(*s) for s in ((8192, 4), (4096, 8), (4096, 64))} == {c for _, c in gg.HOPPER_FORWARD}
+        picks = {table.pick(m // e) for m, e in ((8192, 4), (4096, 8), (4096, 64), (2048, 128))}
+        assert picks == {c for _, c in table.rows}
     g = torch.Generator(device="cuda").manual_seed(E)
     splits = random_splits(random.Random(E), E, M)
+    counts = torch.tensor(splits, device="cuda")
     x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16, generator=g)
     w = torch.randn(E, K, N, device="cuda", dtype=torch.bfloat16, generator=g)
-    out = gg.grouped_mm(x, w, torch.tensor(splits, device="cuda"))
-    assert rel_err(out, loop_reference(x, w, splits)) < TOL[torch.bfloat16]
+    dy = torch.randn(M, N, device="cuda", dtype=torch.bfloat16, generator=g)
+    if op == "forward":
+        assert rel_err(gg.grouped_mm(x, w, counts), loop_reference(x, w, splits)) < TOL[torch.bfloat16]
+    elif op == "dgrad":
+        wt = w.transpose(1, 2)
+        assert rel_err(gg.grouped_mm(dy, wt, counts), loop_reference(dy, wt, splits)) < TOL[torch.bfloat16]
+    else:
+        dw, row = gg.grouped_mm_wgrad(x, dy, counts), 0
+        for e, m in enumerate(splits):
+            ref = x[row : row + m].double().T @ dy[row : row + m].double()
+            assert (dw[e].abs().max() == 0) if m == 0 else rel_err(dw[e], ref) < 1e-3, (E, e)
+            row += m
 
 
 def test_grouped_linear_names_in_features_for_a_wrong_width():

@@ -3,6 +3,7 @@
 # On the CPU tier the benchmark runs its tiny profile under the Triton interpreter (labkit and
 # the host-sync loop, method="cpu_clock"); the GPU tests check torch's grouped GEMM against
 # labkit's and the capture experiment's claims.
+import dataclasses
 import json
 import math
 
@@ -227,6 +228,64 @@ def test_benchmark_times_labkit_and_the_loop_and_checks_them_first(cpu_records):
     assert all(r["ratio_vs_loop"] is None for r in labkit_recs if r["method"] == "graph")
 
 
+def test_benchmark_records_dgrad_and_wgrad_beside_the_forward(cpu_records):
+    """kind "gemm_backward": each backward product at every shape and split, labkit timed and
+    checked against float32 first, with the forward's fields; torch's calls (direct and through
+    autograd) checked where its op runs, timed only where its device path does."""
+    back = [r for r in cpu_records if r["kind"] == "gemm_backward"]
+    cases = {(r["op"], r["experts"], r["skew"]) for r in back}
+    assert cases == {
+        (op, s[0], skew) for op in bench.BACKWARD_OPS for s in bench.SHAPES["cpu"] for skew in distributions.SKEWS
+    }
+    for r in back:
+        assert set(bench._GEMM_FIELDS) <= set(r) and r["config_source"]
+        assert r["correct"] is True and r["max_rel_err"] <= bench.TOLERANCE, r
+    labkit_recs = [r for r in back if r["impl"] == "labkit"]
+    assert len(labkit_recs) == len(cases) * (1 if DEV.type == "cpu" else 2)  # cpu_clock; eager and graph
+    for r in labkit_recs:
+        assert math.isfinite(r["ms"]) and r["ms"] > 0 and r["block_m"] is not None
+        assert r["tflops"] == pytest.approx(gg.flops(r["tokens"], r["N"], r["K"]) / r["ms"] / 1e9)
+        assert r["ratio_vs_loop"] is None
+    torch_recs = [r for r in back if r["impl"] == "torch_grouped_mm"]
+    if baselines.op_name() is not None:
+        assert {(r["op"], r["w_layout"]) for r in torch_recs} == {
+            ("dgrad", "N-contiguous"),
+            ("dgrad", "K-contiguous"),
+            ("dgrad", "autograd"),
+            ("wgrad", None),
+            ("wgrad", "autograd"),
+        }
+    if DEV.type == "cpu":
+        assert all(r["ms"] is None and r["error"].startswith("not timed") for r in torch_recs)
+    with pytest.raises(ValueError, match="op"):
+        bench.compare_backward_case(4, 96, 32, 32, "uniform", "fgrad", DEV, bench.TIMING["cpu"])
+
+
+def test_torch_backward_baselines_are_autograds_products():
+    """The direct calls timed as torch's dgrad and wgrad equal autograd's gradients of its op
+    (same op, same products), and both agree with float64, where this torch runs the op here."""
+    if baselines.op_name() is None:
+        pytest.skip(f"torch {torch.__version__} has no grouped GEMM op")
+    counts = token_counts(4, 40, "skewed", seed=3)
+    g = torch.Generator().manual_seed(5)
+    x, w, dy = (torch.randn(*s, generator=g).bfloat16().to(DEV) for s in ((40, 16), (4, 16, 24), (40, 24)))
+    try:
+        dx = baselines.torch_grouped_mm_dgrad(dy, w, counts)
+    except RuntimeError as e:
+        pytest.skip(f"torch's grouped GEMM does not run here: {e}")
+    dw = baselines.torch_grouped_mm_wgrad(x, dy, counts)
+    assert torch.equal(dx, baselines.torch_autograd_backward(x, w, counts, dy, "x")())
+    assert torch.equal(dw, baselines.torch_autograd_backward(x, w, counts, dy, "w")())
+    row = 0
+    for e, m in enumerate(counts):
+        xe, ge = x[row : row + m].double(), dy[row : row + m].double()
+        torch.testing.assert_close(dx[row : row + m].double(), ge @ w[e].double().T, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(dw[e].double(), xe.T @ ge, rtol=2e-2, atol=5e-2)
+        row += m
+    with pytest.raises(ValueError, match="wrt"):
+        baselines.torch_autograd_backward(x, w, counts, dy, "bias")
+
+
 def test_benchmark_records_the_capture_experiment(cpu_records):
     caps = [r for r in cpu_records if r["kind"] == "capture"]
     assert {r["impl"] for r in caps} >= {"labkit", "host_sync_loop"}
@@ -245,10 +304,11 @@ def test_benchmark_refuses_an_unknown_profile():
 
 def test_forced_config_is_used_and_put_back():
     cfg = gg.GroupedConfig(block_m=16, block_n=32, block_k=32, group_m=4, num_warps=4, num_stages=1)
-    original = gg.forward_config
+    original, original_wgrad = gg.forward_config, gg.wgrad_config
     with bench.forced_config(cfg):
-        assert gg.forward_config(100, 4, DEV) == cfg
-    assert gg.forward_config is original
+        assert gg.forward_config(100, 4, DEV) == cfg == gg.forward_config(100, 4, DEV, op="dgrad")
+        assert gg.wgrad_config(100, 4, DEV) == cfg
+    assert gg.forward_config is original and gg.wgrad_config is original_wgrad
     with pytest.raises(KeyError):
         with bench.forced_config(cfg):
             raise KeyError("inside")
@@ -259,9 +319,20 @@ def test_forced_config_is_used_and_put_back():
 
 
 def test_candidate_configs_drop_what_shared_memory_cannot_hold():
-    gpu = bench.candidate_configs(bench.TUNE_GRID["gpu"])
+    gpu = bench.candidate_configs(bench.TUNE_GRID["gpu"], extra=bench._extra("gpu", "forward", 64))
     assert len(gpu) == 18 and all(bench.smem_bytes(c) <= bench.SMEM_LIMIT for c in gpu)  # 16 + 2 two-per-SM
     assert all(cfg in gpu for _, cfg in gg.HOPPER_FORWARD)  # the shipped choices are measured
+    for op in gg.OPS:  # every default is in its op's sweep at every lab shape
+        for E, M, _, _ in bench.SHAPES["gpu"]:
+            swept = bench.candidate_configs(bench.TUNE_GRID["gpu"], extra=bench._extra("gpu", op, E))
+            assert gg.HOPPER_DEFAULTS[op].pick(M // E) in swept, (op, E)
+    # E=8 gets the wider sweep: BLOCK_K 128, L2 group sizes, deeper pipelines, all fitting
+    wide = bench.candidate_configs(bench.TUNE_GRID["gpu"], extra=bench._extra("gpu", "forward", 8))
+    assert len(wide) > len(gpu) and all(bench.smem_bytes(c) <= bench.SMEM_LIMIT for c in wide)
+    assert {c.block_k for c in wide} == {64, 128} and {c.group_m for c in wide} >= {4, 8, 16, 32}
+    assert max(c.num_stages for c in wide) == 5 and len(wide) - len(gpu) == len(
+        set(bench.TUNE_EXTRA["gpu"]["forward"][8])
+    )
     big = dict(bench.TUNE_GRID["gpu"], block_k=(64, 128))
     kept = bench.candidate_configs(big)
     assert len(kept) < 32 and all(bench.smem_bytes(c) <= bench.SMEM_LIMIT for c in kept)
@@ -274,16 +345,92 @@ def test_candidate_configs_drop_what_shared_memory_cannot_hold():
 
 
 def test_tune_benchmark_marks_the_chosen_and_the_best_config():
-    recs = bench.tune_benchmark("cpu", shapes=[(4, 96, 32, 32)], skews=("skewed",), progress=False)
+    recs = bench.tune_benchmark("cpu", shapes=[(4, 96, 32, 40)], skews=("skewed",), progress=False)
     assert recs and all(r["kind"] == "tune" for r in recs)
     assert all(k in r for r in recs for k in bench.REQUIRED)
-    assert sum(r["chosen"] for r in recs) == 1 and sum(bool(r["best"]) for r in recs) == 1
-    assert all(r["correct"] and r["ms"] > 0 and r["tflops"] > 0 for r in recs)
-    chosen = next(r for r in recs if r["chosen"])
-    assert chosen["ratio_vs_chosen"] == pytest.approx(1.0)
+    assert {r["op"] for r in recs} == set(gg.OPS)
+    for op in gg.OPS:
+        mine = [r for r in recs if r["op"] == op]
+        assert sum(r["chosen"] for r in mine) == 1 and sum(bool(r["best"]) for r in mine) == 1, op
+        assert all(r["correct"] and r["ms"] > 0 and r["tflops"] > 0 and r["case_s"] > 0 for r in mine), op
+        chosen = next(r for r in mine if r["chosen"])
+        assert chosen["ratio_vs_chosen"] == pytest.approx(1.0)
     rows = bench.best_configs(recs)
-    assert len(rows) == 1 and rows[0]["chosen"] == chosen["config"]
+    assert len(rows) == 3 and all(row["chosen"] for row in rows)
     json.dumps(recs)
+    with pytest.raises(ValueError, match="ops"):
+        bench.tune_benchmark("cpu", ops=("bwd",), progress=False)
+
+
+def _made_up_sweep(op: str, ms_of: dict) -> list[dict]:
+    """Tune records of one op at the GPU profile's shapes: ``ms_of[(config, experts, skew)]``."""
+    recs = []
+    for (cfg, E, skew), ms in ms_of.items():
+        M = next(s[1] for s in bench.SHAPES["gpu"] if s[0] == E)
+        recs.append(
+            {"kind": "tune", "op": op, "experts": E, "tokens": M, "K": 1, "N": 1, "skew": skew, "ms": ms}
+            | {"correct": True, "error": None, "gpu": "X", **dataclasses.asdict(cfg)}
+        )
+    return recs
+
+
+def test_table_winners_sum_both_splits_and_need_every_case():
+    """The rule the tables are written by: per row, the least total time over the cases that
+    reach it; a config missing from a case cannot win."""
+    a, b, c = (gg._cfg(64, n, 64, 8, 8, 4) for n in (64, 128, 256))
+    table = gg.ConfigTable(device="X", op="wgrad", source=None, rows=((1024, a), (0, a)))
+    recs = _made_up_sweep(
+        "wgrad",
+        {
+            (a, 8, "uniform"): 1.0,
+            (a, 8, "skewed"): 1.0,
+            (b, 8, "uniform"): 0.5,  # fastest uniform, slow skewed: loses on the total
+            (b, 8, "skewed"): 1.6,
+            (c, 8, "uniform"): 0.1,  # fastest of all, but measured at one split only
+            (a, 64, "uniform"): 1.0,
+            (a, 64, "skewed"): 1.0,
+            (b, 64, "uniform"): 0.9,
+            (b, 64, "skewed"): 0.9,
+        },
+    )
+    recs += _made_up_sweep("forward", {(c, 64, "uniform"): 0.01, (c, 64, "skewed"): 0.01})  # another op
+    assert bench.table_winners(recs, table) == {1024: a, 0: b}
+    text = bench.table_text(recs, "wgrad", "X", "reference/x/grouped_gemm_tune.json")
+    assert "source='reference/x/grouped_gemm_tune.json'" in text and "(0, _cfg(64, 128, 64, 8, 8, 4))" in text
+
+
+def _tune_files() -> list:
+    from pathlib import Path
+
+    return sorted((Path(__file__).resolve().parents[1] / "reference").glob("*/grouped_gemm_tune.json"))
+
+
+def test_each_table_row_is_its_recorded_sweeps_winner():
+    """Every table naming a sweep: each row is that sweep's winner for the shapes reaching it
+    (``bench.table_winners``), every row reached; the sweep is of the table's GPU. And every
+    recorded sweep has its GPU's tables for each op it holds, naming it (a new sweep fails here
+    until its tables are pasted in: ``python -m labkit.labs.grouped_gemm.bench --table FILE``)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    checked = 0
+    for table in gg.TABLES.values():
+        if table.source is None:
+            continue
+        records = json.loads((root / table.source).read_text())["records"]
+        assert {r["gpu"] for r in records if r["kind"] == "tune"} == {table.device}, table.source
+        winners = bench.table_winners(records, table)
+        assert set(winners) == {at for at, _ in table.rows}, (table.device, table.op, "rows no sweep case reaches")
+        for at, cfg in table.rows:
+            assert cfg == winners[at], (table.device, table.op, at, bench.config_name(winners[at]))
+            checked += 1
+    assert checked
+    for path in _tune_files():
+        records = [r for r in json.loads(path.read_text())["records"] if r["kind"] == "tune"]
+        source = str(path.relative_to(root))
+        for gpu, op in {(r["gpu"], r.get("op") or "forward") for r in records}:
+            table = gg.TABLES.get((gpu, op))
+            assert table is not None and table.source == source, (source, gpu, op, "no table from this sweep")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,9 +441,29 @@ def _gpu_like_records():
     """Records shaped as the GPU profile writes them (made up numbers): torch in two layouts,
     eager and graph, the host cost, a datasheet-listed GPU."""
     rows = []
-    for E, M, K, N in bench.SHAPES["gpu"]:
+    for i, (E, M, K, N) in enumerate(bench.SHAPES["gpu"]):
         for skew in distributions.SKEWS:
             for method in ("eager", "graph"):
+                for impl, best, ms in (("labkit", None, 0.8 + 0.01 * i), ("torch_grouped_mm", True, 1.0)):
+                    rows.append(
+                        {
+                            "kind": "gemm_backward",
+                            "op": "wgrad",
+                            "impl": impl,
+                            "w_layout": None,
+                            "experts": E,
+                            "tokens": M,
+                            "K": K,
+                            "N": N,
+                            "skew": skew,
+                            "method": method,
+                            "ms": ms,
+                            "tflops": gg.flops(M, N, K) / ms / 1e9,
+                            "gpu": "NVIDIA H200",
+                            "torch_layout_best": best,
+                            "ratio_vs_torch": ms / 1.0,
+                        }
+                    )
                 for impl, layout, best, ms in (
                     ("labkit", "N-contiguous", None, 1.0),
                     ("torch_grouped_mm", "N-contiguous", False, 1.2),
@@ -338,20 +505,39 @@ def test_plots_draw(which, cpu_records):
     import matplotlib.pyplot as plt
 
     records = {"cpu": cpu_records, "gpu_like": _gpu_like_records(), "empty": []}[which]
-    fig, axes = plt.subplots(1, 5, figsize=(20, 3))
-    gemm_plots.plot_tflops_vs_experts(records, axes[0], "TFLOP/s")
-    gemm_plots.plot_tflops_vs_experts(records, axes[1], "TFLOP/s eager", method="eager")
-    gemm_plots.plot_ratio(records, axes[2], "vs torch")
-    gemm_plots.plot_ratio(records, axes[3], "vs loop", against="loop")
-    gemm_plots.plot_cpu_cost(records, axes[4], "host cost")
+    shapes = gemm_plots.shapes_of(records)
+    fig, panels = plt.subplots(1, max(len(shapes), 1), figsize=(15, 3), squeeze=False)
+    gemm_plots.plot_tflops_panels(records, panels[0], method="eager" if which == "gpu_like" else None)
+    fig2, axes = plt.subplots(1, 4, figsize=(16, 3))
+    gemm_plots.plot_ratio(records, axes[0], "vs torch")
+    gemm_plots.plot_ratio(records, axes[1], "vs torch, wgrad", op="wgrad")
+    gemm_plots.plot_ratio(records, axes[2], "vs loop", against="loop")
+    gemm_plots.plot_cpu_cost(records, axes[3], "host cost")
     fig.canvas.draw()
+    fig2.canvas.draw()
     if which == "gpu_like":
-        labels = [t.get_text() for t in axes[0].get_legend().get_texts()]
+        assert shapes == sorted(bench.SHAPES["gpu"])  # one panel per shape
+        for ax, shape in zip(panels[0], shapes):
+            assert ax.get_title().startswith(f"E={shape[0]}:")
+            # the ceiling in every panel, and labkit's ratio from each of its records above its bar
+            assert any(line.get_ydata()[0] == pytest.approx(989.4) for line in ax.get_lines())
+            ratios = {t.get_text() for t in ax.texts}
+            expected = {
+                f"×{r['ratio_vs_torch']:.2f}"
+                for r in records
+                if r["impl"] == "labkit" and r["method"] == "eager" and (r["experts"], r["tokens"]) == shape[:2]
+            }
+            assert ratios == expected and len(expected) == 2  # two made-up ratios per shape (forward, wgrad)
+        labels = [t.get_text() for t in panels[0][0].get_legend().get_texts()]
         assert any("datasheet bf16 dense peak" in s and "989.4" in s for s in labels)
-        assert len(axes[2].patches) == 2 * len(bench.SHAPES["gpu"]) * len(distributions.SKEWS)
+        assert len(axes[0].patches) == 2 * len(bench.SHAPES["gpu"]) * len(distributions.SKEWS)
+        assert len(axes[1].patches) == 2 * len(bench.SHAPES["gpu"]) * len(distributions.SKEWS)
     plt.close(fig)
+    plt.close(fig2)
     with pytest.raises(ValueError, match="against"):
         gemm_plots.ratio_rows(records, against="cublas")
+    with pytest.raises(ValueError, match="op"):
+        gemm_plots.ratio_rows(records, op="fgrad")
 
 
 def test_datasheet_peak_is_only_for_listed_gpus():

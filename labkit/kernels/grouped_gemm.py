@@ -69,67 +69,158 @@ class GroupedConfig:
     block_m: int
     block_n: int
     block_k: int
-    group_m: int
+    group_m: int  # tile-rows per L2 swizzle group (``_tile_of``): programs running together share w's column blocks
     num_warps: int
     num_stages: int
     programs_per_sm: int = 1  # persistent programs per SM (2 when two fit in shared memory)
-    tma: bool = False  # load tiles through TMA descriptors where the layout allows (tma_ok)
+    tma: bool = False  # load tiles through TMA descriptors where the layout allows (tma_ok / tma_ok_wgrad)
 
 
-#: Hopper (sm_90) forward/dgrad configurations, by tokens per expert (M / E, known on the host
-#: without reading the counts). Chosen from the sweep labkit.labs.grouped_gemm.bench.tune_benchmark
-#: (18 configurations x the lab's three shapes x two splits), recorded on one H200 in
-#: reference/h200x1/grouped_gemm_tune.json (graph replays; per record ``tflops``, ``chosen`` on
-#: ``forward_config``'s pick, ``best`` on the fastest of its shape and split):
-#: - 2048 tokens per expert (E=8, K=N=4096): 64-row tiles, 4 stages, TMA loads: the fastest,
-#:   uniform and skewed. Big experts still gain from half-height tiles: twice the tiles (1024 for
-#:   132 SMs) spread the last wave thinner; TMA frees the warps from address math.
-#: - 256 tokens per expert (E=64): 128x256, 4 stages, pointer loads: the fastest uniform; skewed,
-#:   128x128 with TMA is a few percent faster, within the spread of one split, so kept simple.
-#: - 64 tokens per expert (E=128): 64x128 tiles, 4 warps, two programs per SM: the fastest uniform
-#:   (a 128-row tile would be half padding); skewed, the same tile with TMA loads is faster, a
-#:   candidate this table does not use.
-HOPPER_FORWARD = (
-    # (tokens per expert at least, config)
-    (1024, GroupedConfig(block_m=64, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=4, tma=True)),
-    (128, GroupedConfig(block_m=128, block_n=256, block_k=64, group_m=8, num_warps=8, num_stages=4)),
-    (0, GroupedConfig(block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4, programs_per_sm=2)),
-)
+#: The products a configuration table is for. "forward": x @ w[e] with w N-contiguous (as
+#: ``GroupedLinear`` holds it); "dgrad": the same kernel given a K-contiguous w (dy @ w[e]^T
+#: through ``w.transpose(1, 2)``, which is how backward calls it; ``grouped_mm`` tells the two
+#: apart by w's strides); "wgrad": ``grouped_mm_wgrad``.
+OPS = ("forward", "dgrad", "wgrad")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ConfigTable:
+    """One GPU's configurations for one product, keyed by tokens per expert (M // E: known on
+    the host without reading the counts).
+
+    ``rows``: (tokens per expert at least, config), largest threshold first; the first row a
+    shape reaches is its config. ``source``: the recorded sweep the picks are the winners of
+    (``labkit bench grouped_gemm_tune --reference`` on that GPU; a test reads it and checks every
+    row against it), or None for a table no sweep has chosen (a default, said so)."""
+
+    device: str  # the name the GPU reports (torch.cuda.get_device_name)
+    op: str  # one of OPS
+    source: str | None
+    rows: tuple[tuple[int, GroupedConfig], ...]
+
+    def pick(self, per_expert: int) -> GroupedConfig:
+        return next(cfg for at_least, cfg in self.rows if per_expert >= at_least)
+
+
+def _cfg(m, n, k, g, w, s, p=1, tma=False) -> GroupedConfig:
+    return GroupedConfig(
+        block_m=m, block_n=n, block_k=k, group_m=g, num_warps=w, num_stages=s, programs_per_sm=p, tma=tma
+    )
+
+
+H200 = "NVIDIA H200"
+H100 = "NVIDIA H100 80GB HBM3"
+_H200_SWEEP = "reference/h200x1/grouped_gemm_tune.json"
+
+#: Per-GPU tables, keyed by (device name, op). Each row is the winner of its source sweep for
+#: the lab shapes that reach it: the config with the least total median time over the shape's
+#: uniform and skewed splits (``bench.table_winners``; tests/test_grouped_gemm_bench.py checks it).
+#: The lab shapes reach the rows one each: E=8 (2048 tokens per expert), E=64 (256), E=128 (64).
+TABLES: dict[tuple[str, str], ConfigTable] = {
+    (H200, "forward"): ConfigTable(
+        device=H200,
+        op="forward",
+        source=_H200_SWEEP,
+        rows=(
+            (1024, _cfg(64, 256, 64, 8, 8, 4, tma=True)),
+            (128, _cfg(128, 256, 64, 8, 8, 4, tma=True)),
+            (0, _cfg(64, 128, 64, 8, 4, 4, p=2, tma=True)),
+        ),
+    ),
+}
+
+#: What an sm_90 GPU without a table of its own (an H100 until its sweep is recorded, or an op
+#: no sweep has covered) launches with: the H200 forward table where there is one (same SM
+#: count, same 228 KB of shared memory per SM: the nearest recorded sweep), else these defaults.
+#: ``config_source`` says which, and the bench records it beside every timing.
+HOPPER_DEFAULTS: dict[str, ConfigTable] = {
+    "forward": TABLES[(H200, "forward")],
+    # dgrad: the forward's tiles with pointer loads (TMA on a K-contiguous w is for the sweep to show)
+    "dgrad": ConfigTable(
+        device="sm_90 default",
+        op="dgrad",
+        source=None,
+        rows=(
+            (1024, _cfg(64, 256, 64, 8, 8, 4)),
+            (128, _cfg(128, 256, 64, 8, 8, 4)),
+            (0, _cfg(64, 128, 64, 8, 4, 4, p=2)),
+        ),
+    ),
+    "wgrad": ConfigTable(device="sm_90 default", op="wgrad", source=None, rows=((0, _cfg(128, 128, 64, 8, 8, 3)),)),
+}
+#: The forward table of the H200 by its old name (the rows an sm_90 GPU falls back to).
+HOPPER_FORWARD = HOPPER_DEFAULTS["forward"].rows
 #: fp32 inputs on any GPU (tf32 or ieee dots): half the bytes per stage of the 2-byte configs.
 FP32 = GroupedConfig(block_m=64, block_n=128, block_k=32, group_m=8, num_warps=4, num_stages=3)
 #: Other GPUs: a safe middle (less shared memory than Hopper's 228 KB per SM).
 GENERIC_FORWARD = GroupedConfig(block_m=128, block_n=128, block_k=32, group_m=8, num_warps=4, num_stages=3)
-#: wgrad: output tiles of [BLOCK_M along K, BLOCK_N along N], reduction steps of BLOCK_K rows.
-HOPPER_WGRAD = GroupedConfig(block_m=128, block_n=128, block_k=64, group_m=8, num_warps=8, num_stages=3)
 GENERIC_WGRAD = GroupedConfig(block_m=64, block_n=64, block_k=32, group_m=8, num_warps=4, num_stages=3)
+#: wgrad: output tiles of [BLOCK_M along K, BLOCK_N along N], reduction steps of BLOCK_K rows.
+HOPPER_WGRAD = HOPPER_DEFAULTS["wgrad"].rows[0][1]
 #: Under the interpreter: large tiles, few programs (each costs about 1 ms per tile op).
 INTERPRETER = GroupedConfig(block_m=32, block_n=32, block_k=32, group_m=4, num_warps=4, num_stages=1)
 INTERPRETER_PROGRAMS = 4
 
 
-def forward_config(M: int, E: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> GroupedConfig:
-    """The configuration ``grouped_mm`` launches with for M rows over E experts on ``device``."""
+@functools.cache
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def config_table(device: torch.device | str, op: str = "forward") -> ConfigTable | None:
+    """The table ``op`` launches from on ``device``: its own (by the name the GPU reports), else
+    on sm_90 ``HOPPER_DEFAULTS[op]``; None elsewhere (the generic configs, and every non-CUDA
+    device: the interpreter's)."""
+    if op not in OPS:
+        raise ValueError(f"config_table: op {op!r} is not one of {OPS}")
+    device = torch.device(device)
+    if tier.interpreted() or device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    own = TABLES.get((_device_name(index), op))
+    if own is not None:
+        return own
+    return HOPPER_DEFAULTS[op] if torch.cuda.get_device_capability(index)[0] == 9 else None
+
+
+def config_source(device: torch.device | str, op: str = "forward") -> str:
+    """Where ``op``'s configurations on ``device`` come from, in one line (what bench records carry)."""
+    table = config_table(device, op)
+    device = torch.device(device)
+    if table is None:
+        return "interpreter config" if device.type != "cuda" or tier.interpreted() else "generic config (no table)"
+    name = _device_name(device.index if device.index is not None else torch.cuda.current_device())
+    where = table.source or "not swept: a default"
+    return where if table.device == name else f"{where} (fallback: no table of {name}'s own for {op})"
+
+
+def forward_config(
+    M: int, E: int, device: torch.device, dtype: torch.dtype = torch.bfloat16, op: str = "forward"
+) -> GroupedConfig:
+    """The configuration ``grouped_mm`` launches with for M rows over E experts on ``device``;
+    ``op`` "dgrad" for a K-contiguous w (the transposed weights of backward)."""
     if tier.interpreted() or device.type != "cuda":
         return INTERPRETER
     if dtype == torch.float32:  # 4-byte tiles: the 2-byte configs would overflow shared memory
         return FP32
-    if torch.cuda.get_device_capability(device)[0] != 9:
-        return GENERIC_FORWARD
-    return hopper_config(M, E)
+    table = config_table(device, op)
+    return GENERIC_FORWARD if table is None else table.pick(M // max(E, 1))
 
 
 def hopper_config(M: int, E: int) -> GroupedConfig:
-    """The Hopper configuration for M rows over E experts (what an H100/H200 launches with)."""
-    per_expert = M // max(E, 1)
-    return next(cfg for at_least, cfg in HOPPER_FORWARD if per_expert >= at_least)
+    """The sm_90 fallback configuration for M rows over E experts (``HOPPER_FORWARD``; what the
+    schedule figures draw with, on any machine)."""
+    return HOPPER_DEFAULTS["forward"].pick(M // max(E, 1))
 
 
-def wgrad_config(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> GroupedConfig:
+def wgrad_config(M: int, E: int, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> GroupedConfig:
+    """The configuration ``grouped_mm_wgrad`` launches with for M rows over E experts on ``device``."""
     if tier.interpreted() or device.type != "cuda":
         return INTERPRETER
     if dtype == torch.float32:
         return FP32
-    return HOPPER_WGRAD if torch.cuda.get_device_capability(device)[0] == 9 else GENERIC_WGRAD
+    table = config_table(device, "wgrad")
+    return GENERIC_WGRAD if table is None else table.pick(M // max(E, 1))
 
 
 @functools.cache
@@ -185,7 +276,8 @@ def _grouped_mm_kernel(
     UPCAST: tl.constexpr,  # convert tiles to fp32 before tl.dot (interpreter + bf16)
     INPUT_PRECISION: tl.constexpr,  # "ieee" or "tf32": tl.dot on fp32 inputs
     INT64: tl.constexpr,  # element offsets in int64 (an operand spans >= 2**31 elements)
-    USE_TMA: tl.constexpr,  # load x and w tiles through TMA descriptors (16-byte aligned, unit column strides)
+    USE_TMA: tl.constexpr,  # load x and w tiles through TMA descriptors (16-byte aligned, one unit stride each)
+    W_KMAJOR: tl.constexpr,  # with USE_TMA: w's unit stride is along K (dgrad's w.transpose(1, 2))
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -197,9 +289,14 @@ def _grouped_mm_kernel(
         # past its own expert's K rows; x's rows past an expert's end belong to the next
         # expert: computed, never stored.
         x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_M, BLOCK_K])
-        w_desc = tl.make_tensor_descriptor(
-            w_ptr, shape=[E, K, N], strides=[stride_we, stride_wk, 1], block_shape=[1, BLOCK_K, BLOCK_N]
-        )
+        if W_KMAJOR:  # tiles of w[e]^T as stored, [BLOCK_N, BLOCK_K], transposed in registers
+            w_desc = tl.make_tensor_descriptor(
+                w_ptr, shape=[E, N, K], strides=[stride_we, stride_wn, 1], block_shape=[1, BLOCK_N, BLOCK_K]
+            )
+        else:
+            w_desc = tl.make_tensor_descriptor(
+                w_ptr, shape=[E, K, N], strides=[stride_we, stride_wk, 1], block_shape=[1, BLOCK_K, BLOCK_N]
+            )
     tile = pid  # the next tile (in the global numbering) this program computes
     first_tile = 0  # global number of expert e's first tile
     row0 = 0  # expert e's first row in x and out: a running sum of the counts
@@ -231,7 +328,10 @@ def _grouped_mm_kernel(
             for step in range(tl.cdiv(K, BLOCK_K)):
                 if USE_TMA:
                     a = x_desc.load([row0 + tile_m * BLOCK_M, step * BLOCK_K])
-                    b = w_desc.load([e, step * BLOCK_K, tile_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
+                    if W_KMAJOR:
+                        b = tl.trans(w_desc.load([e, tile_n * BLOCK_N, step * BLOCK_K]).reshape(BLOCK_N, BLOCK_K))
+                    else:
+                        b = w_desc.load([e, step * BLOCK_K, tile_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
                 elif EVEN_K:
                     a = tl.load(x_ptrs)
                     b = tl.load(w_ptrs, mask=col_ok[None, :], other=0.0)
@@ -280,9 +380,17 @@ def _grouped_wgrad_kernel(
     UPCAST: tl.constexpr,  # convert tiles to fp32 before tl.dot (interpreter + bf16)
     INPUT_PRECISION: tl.constexpr,
     INT64: tl.constexpr,  # element offsets in int64
+    USE_TMA: tl.constexpr,  # load x and dy tiles through TMA descriptors (16-byte aligned, unit column strides)
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
+    if USE_TMA:
+        # Rows past an expert's end are the next expert's (inside the tensor: not zero-filled by
+        # the copy engine); they are zeroed in registers before the product.
+        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_K, BLOCK_M])
+        dy_desc = tl.make_tensor_descriptor(
+            dy_ptr, shape=[M, N], strides=[stride_dm, 1], block_shape=[BLOCK_K, BLOCK_N]
+        )
     tiles_m = tl.cdiv(K, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     expert_tiles = tiles_m * tiles_n  # the same for every expert: dW_e is K x N whatever m_e is
@@ -309,17 +417,21 @@ def _grouped_wgrad_kernel(
             # knows. A zero-token expert runs no step and gets dW_e = 0.
             for r in range(0, m, BLOCK_K):
                 r_ok = r + rs < m
-                rows = start + r + rs
-                xt = tl.load(
-                    x_ptr + rows[None, :] * stride_xm + kk[:, None] * stride_xk,
-                    mask=r_ok[None, :] & k_ok[:, None],
-                    other=0.0,
-                )  # [BLOCK_M, BLOCK_K] = x_e^T
-                g = tl.load(
-                    dy_ptr + rows[:, None] * stride_dm + nn[None, :] * stride_dn,
-                    mask=r_ok[:, None] & n_ok[None, :],
-                    other=0.0,
-                )  # [BLOCK_K, BLOCK_N]
+                if USE_TMA:
+                    xt = tl.trans(tl.where(r_ok[:, None], x_desc.load([row0 + r, tile_m * BLOCK_M]), 0.0))
+                    g = tl.where(r_ok[:, None], dy_desc.load([row0 + r, tile_n * BLOCK_N]), 0.0)
+                else:
+                    rows = start + r + rs
+                    xt = tl.load(
+                        x_ptr + rows[None, :] * stride_xm + kk[:, None] * stride_xk,
+                        mask=r_ok[None, :] & k_ok[:, None],
+                        other=0.0,
+                    )  # [BLOCK_M, BLOCK_K] = x_e^T
+                    g = tl.load(
+                        dy_ptr + rows[:, None] * stride_dm + nn[None, :] * stride_dn,
+                        mask=r_ok[:, None] & n_ok[None, :],
+                        other=0.0,
+                    )  # [BLOCK_K, BLOCK_N]
                 if UPCAST:
                     xt = xt.to(tl.float32)
                     g = g.to(tl.float32)
@@ -388,7 +500,8 @@ def grouped_mm(
         _check_out("out", out, (M, N), x.dtype)
     if M == 0 or N == 0 or E == 0:
         return out
-    cfg = forward_config(M, E, x.device, x.dtype)
+    w_kmajor = w.stride(1) == 1 and w.stride(2) != 1 and N > 1
+    cfg = forward_config(M, E, x.device, x.dtype, op="dgrad" if w_kmajor else "forward")
     int64 = needs_int64(x, w, out, pad=cfg.block_m)
     use_tma = cfg.tma and not int64 and tma_ok(x, w)
     if use_tma:
@@ -422,6 +535,7 @@ def grouped_mm(
             INPUT_PRECISION=_input_precision(x.dtype),
             INT64=int64,
             USE_TMA=use_tma,
+            W_KMAJOR=use_tma and w.stride(2) != 1,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
@@ -480,10 +594,16 @@ def grouped_mm_wgrad(
     counts = device_counts("m_splits", m_splits, E, M, x.device, check=check_splits)
     if E == 0 or K == 0 or N == 0:
         return out
-    cfg = wgrad_config(x.device, x.dtype)
+    cfg = wgrad_config(M, E, x.device, x.dtype)
     mode = 2 if mask is not None else int(bool(accumulate))
+    int64 = needs_int64(x, dy, out, pad=cfg.block_m)
+    use_tma = cfg.tma and not int64 and tma_ok_wgrad(x, dy)
+    if use_tma:
+        _ensure_scratch_allocator()
     with on_device_of(x=x, dy=dy, out=out):
-        _grouped_wgrad_kernel[(_programs(x.device, E * triton.cdiv(K, cfg.block_m) * triton.cdiv(N, cfg.block_n)),)](
+        _grouped_wgrad_kernel[
+            (_programs(x.device, E * triton.cdiv(K, cfg.block_m) * triton.cdiv(N, cfg.block_n), cfg.programs_per_sm),)
+        ](
             x,
             dy,
             out,
@@ -506,7 +626,8 @@ def grouped_mm_wgrad(
             MODE=mode,
             UPCAST=tier.interpreted() and x.dtype == torch.bfloat16,
             INPUT_PRECISION=_input_precision(x.dtype),
-            INT64=needs_int64(x, dy, out, pad=cfg.block_m),
+            INT64=int64,
+            USE_TMA=use_tma,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
@@ -584,17 +705,38 @@ def _check_out(name: str, out: torch.Tensor, shape: tuple, dtype: torch.dtype | 
 
 
 def tma_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether the forward can load through TMA descriptors: a GPU with TMA (sm_90+) or the
-    interpreter, unit column strides, and 16-byte aligned base pointers and row strides (what
+    """Whether ``grouped_mm`` can load through TMA descriptors: a GPU with TMA (sm_90+) or the
+    interpreter, x with unit column stride, w with a unit stride along N (forward) or along K
+    (dgrad's ``w.transpose(1, 2)``), and 16-byte aligned base pointers and other strides (what
     the hardware requires). Otherwise the pointer path runs: same results, any layout."""
-    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
+    if not _tma_device(x.device) or x.stride(1) != 1:
         return False
-    if not hasattr(tl, "make_tensor_descriptor") or x.stride(1) != 1 or w.stride(2) != 1:
+    if w.stride(2) == 1:
+        other = (w.stride(0), w.stride(1))
+    elif w.stride(1) == 1:
+        other = (w.stride(0), w.stride(2))
+    else:
         return False
-    size = x.element_size()
-    return all(
-        v % 16 == 0 for v in (x.data_ptr(), w.data_ptr(), x.stride(0) * size, w.stride(0) * size, w.stride(1) * size)
+    return _aligned(x, w, x.stride(0), *other)
+
+
+def tma_ok_wgrad(x: torch.Tensor, dy: torch.Tensor) -> bool:
+    """Whether ``grouped_mm_wgrad`` can load x and dy through TMA descriptors: as ``tma_ok``,
+    both with unit column strides."""
+    return (
+        _tma_device(x.device) and x.stride(1) == 1 and dy.stride(1) == 1 and _aligned(x, dy, x.stride(0), dy.stride(0))
     )
+
+
+def _tma_device(device: torch.device) -> bool:
+    if not hasattr(tl, "make_tensor_descriptor"):
+        return False
+    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def _aligned(a: torch.Tensor, b: torch.Tensor, *strides: int) -> bool:
+    size = a.element_size()
+    return all(v % 16 == 0 for v in (a.data_ptr(), b.data_ptr(), *(s * size for s in strides)))
 
 
 def _scratch(size: int, alignment: int, stream):
@@ -626,13 +768,21 @@ def _input_precision(dtype: torch.dtype) -> str:
 __all__ = [
     "COUNT_DTYPES",
     "DTYPES",
+    "OPS",
+    "TABLES",
+    "ConfigTable",
     "GroupedConfig",
+    "HOPPER_DEFAULTS",
     "HOPPER_FORWARD",
+    "config_source",
+    "config_table",
     "device_counts",
     "flops",
     "forward_config",
     "grouped_mm",
     "hopper_config",
     "grouped_mm_wgrad",
+    "tma_ok",
+    "tma_ok_wgrad",
     "wgrad_config",
 ]

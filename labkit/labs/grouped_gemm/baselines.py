@@ -7,6 +7,12 @@
 * ``torch_grouped_mm``: PyTorch's own grouped GEMM with the offsets on the device,
   ``torch.nn.functional.grouped_mm`` where this torch has it (2.13 does), else ``torch._grouped_mm``
   (torch 2.8 on); the public function only forwards to the private op.
+* backward (dgrad and wgrad), what PyTorch gives a model that calls the op: autograd of it
+  (``torch_autograd_backward``; derivatives.yaml maps ``_grouped_mm``'s inputs to
+  ``_grouped_mm_mat1_backward`` / ``_grouped_mm_mat2_backward``, each one more call of the op),
+  and the same products called directly (``torch_grouped_mm_dgrad`` with w in either layout,
+  ``torch_grouped_mm_wgrad``), without autograd's bookkeeping. The benchmark times all of them
+  and compares labkit with the fastest.
 
 What torch's op asks of its inputs (read from the sources: ``_grouped_mm_validate_inputs`` and
 ``check_valid_strides_and_return_transposed`` in aten/src/ATen/native/GroupedMMUtils.h,
@@ -113,6 +119,43 @@ def torch_grouped_mm(x: torch.Tensor, w: torch.Tensor, counts: Counts) -> torch.
     return op(x, w, offs=end_offsets(counts, x.device))
 
 
+def torch_grouped_mm_dgrad(dy: torch.Tensor, w: torch.Tensor, counts: Counts) -> torch.Tensor:
+    """dx_e = dy_e @ w[e]^T by torch's grouped GEMM: the call autograd of ``torch._grouped_mm``
+    makes for its first input (``_grouped_mm_mat1_backward``: the op on ``w.transpose(-2, -1)``).
+    dy: [M, N]; w: [E, K, N] in either layout. Returns a new [M, K] tensor."""
+    if not isinstance(w, torch.Tensor) or w.dim() != 3:
+        raise ValueError(f"w: expected a 3-D tensor [E, K, N], got {_what(w)}")
+    return torch_grouped_mm(dy, w.transpose(-2, -1), counts)
+
+
+def torch_grouped_mm_wgrad(x: torch.Tensor, dy: torch.Tensor, counts: Counts) -> torch.Tensor:
+    """dW_e = x_e^T @ dy_e by torch's grouped GEMM, the ragged dimension being the reduction: the
+    call autograd makes for the weight (``_grouped_mm_mat2_backward``: the op on ``x.t()`` and dy,
+    2-D by 2-D with ``offs``). Returns a new [E, K, N] tensor in x's dtype."""
+    op = _op()
+    if op is None:
+        raise RuntimeError(f"torch {torch.__version__} has no grouped GEMM op (torch._grouped_mm appeared in 2.8)")
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D tensor [M, K], got {_what(x)}")
+    if not isinstance(dy, torch.Tensor) or dy.dim() != 2 or dy.shape[0] != x.shape[0]:
+        raise ValueError(f"dy: expected a 2-D tensor [M, N] with M = {x.shape[0]}, got {_what(dy)}")
+    return op(x.t(), dy, offs=end_offsets(counts, x.device))
+
+
+def torch_autograd_backward(x: torch.Tensor, w: torch.Tensor, counts: Counts, dy: torch.Tensor, wrt: str):
+    """A call that runs autograd's backward of ``torch_grouped_mm(x, w, counts)`` for one input:
+    ``wrt`` "x" (dgrad) or "w" (wgrad). The forward runs once, here, and its graph is kept
+    (``retain_graph``); each call of the returned function runs ``torch.autograd.grad`` on it
+    and returns the gradient (a new tensor): what a PyTorch model's backward pays for the op."""
+    if wrt not in ("x", "w"):
+        raise ValueError(f"wrt: {wrt!r} is not 'x' or 'w'")
+    xr = x.detach().requires_grad_(wrt == "x")
+    wr = w.detach().requires_grad_(wrt == "w")
+    y = torch_grouped_mm(xr, wr, counts)
+    target = xr if wrt == "x" else wr
+    return lambda: torch.autograd.grad(y, target, dy, retain_graph=True)[0]
+
+
 def k_major(w: torch.Tensor) -> torch.Tensor:
     """The same [E, K, N] values with K contiguous (stride 1 along K): the "column-major" layout,
     a copy made once, outside any timed call."""
@@ -151,4 +194,14 @@ def _what(t) -> str:
     return type(t).__name__
 
 
-__all__ = ["end_offsets", "host_sync_loop", "k_major", "op_name", "torch_grouped_mm", "torch_grouped_mm_available"]
+__all__ = [
+    "end_offsets",
+    "host_sync_loop",
+    "k_major",
+    "op_name",
+    "torch_autograd_backward",
+    "torch_grouped_mm",
+    "torch_grouped_mm_available",
+    "torch_grouped_mm_dgrad",
+    "torch_grouped_mm_wgrad",
+]

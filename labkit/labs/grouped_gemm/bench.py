@@ -1,7 +1,10 @@
 """Lab 04's benchmarks: labkit's grouped GEMM against PyTorch's and against the story's loop.
 
-``labkit bench`` runs ``benchmark(profile)`` (the comparison) and ``tune_benchmark(profile)``
-(the launch configurations ``labkit.kernels.grouped_gemm.HOPPER_FORWARD`` is chosen from).
+``labkit bench grouped_gemm`` runs ``benchmark(profile)`` (the comparison: forward, then dgrad
+and wgrad, ``compare_backward_case``) and ``labkit bench grouped_gemm_tune`` runs
+``tune_benchmark(profile)`` (the sweep the per-GPU tables ``labkit.kernels.grouped_gemm.TABLES``
+are chosen from, by ``table_winners``; ``python -m labkit.labs.grouped_gemm.bench --table FILE``
+prints a recorded sweep's tables).
 
 The comparison, for each shape (E experts, M tokens, K, N; bf16) and each split of the tokens
 (``distributions.token_counts``: "uniform" or Zipf-"skewed" with empty experts):
@@ -42,7 +45,7 @@ import itertools
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -77,8 +80,11 @@ _CANDIDATES = {
     "host_sync_loop": ("host_sync_loop", "N-contiguous"),
     "torch_grouped_mm": ("torch_grouped_mm", "N-contiguous"),
     "torch_grouped_mm[K]": ("torch_grouped_mm", "K-contiguous"),
+    "torch_autograd": ("torch_grouped_mm", "autograd"),  # backward: torch.autograd.grad of the op
 }
-_TORCH_NAMES = ("torch_grouped_mm", "torch_grouped_mm[K]")
+_TORCH_NAMES = ("torch_grouped_mm", "torch_grouped_mm[K]", "torch_autograd")
+#: the backward products timed beside the forward (kind "gemm_backward", field ``op``)
+BACKWARD_OPS = ("dgrad", "wgrad")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -309,6 +315,8 @@ def compare_case(
         "torch_reason": torch_why,
         "torch_op": baselines.op_name(),
         "flops": gg.flops(M, N, K),
+        "op": "forward",
+        "config_source": gg.config_source(device, "forward"),
     }
     chosen = gg.forward_config(M, E, device)
     records: list[dict] = []
@@ -357,6 +365,24 @@ def compare_case(
             if name in errors:  # checked on the CPU, not timed: the reason says why
                 records.append(record(name, "cpu_clock", error=f"not timed: {torch_why}"))
 
+    records += _timed_records(fns, timed, record, device, timing, gg.flops(M, N, K))
+    return records
+
+
+def _timed_records(
+    fns: dict[str, Callable[[], object]],
+    timed: list[str],
+    record: Callable[..., dict],
+    device: torch.device,
+    timing: dict,
+    flop_count: int,
+) -> list[dict]:
+    """Steps 2-4 of a comparison: the ``timed`` candidates of ``fns`` eager (CUDA events) and, on
+    a GPU, as graph replays (each captured first: one that cannot is recorded with its error),
+    interleaved in one ``bench.compare`` per method; paired ratios against the fastest torch
+    candidate (``_TORCH_NAMES``) and the host-sync loop where timed; host cost per call (eager)."""
+    cuda = device.type == "cuda"
+    records: list[dict] = []
     # 2. eager, interleaved
     methods = [("eager", "cuda_events")] if cuda else [("cpu_clock", "cpu_clock")]
     # 3. graph replays (the loop cannot be captured: see capture_check)
@@ -398,7 +424,7 @@ def compare_case(
                 "ms_min": t.min_us / 1e3,
                 "samples": len(t.samples_us),
                 "inner": t.inner,
-                "tflops": _tflops(E, M, K, N, ms),
+                "tflops": flop_count / ms / 1e9,
                 "torch_layout_best": (n == best) if n in _TORCH_NAMES else None,
             }
             for key, base in (
@@ -411,6 +437,130 @@ def compare_case(
                 fields["cpu_us"] = _host_us(fns[n], timing["inner"], timing["host_rounds"], cuda)
             records.append(record(n, method, **fields))
     return records
+
+
+def compare_backward_case(
+    E: int, M: int, K: int, N: int, skew: str, op: str, device: torch.device, timing: dict, seed: int = 0
+) -> list[dict]:
+    """Records (kind ``gemm_backward``) of one backward product of the forward x [M, K] @ w[e]
+    [K, N], at one shape and split: ``op`` "dgrad" (dx = dy_e @ w[e]^T, [M, K]) or "wgrad"
+    (dW_e = x_e^T @ dy_e, [E, K, N], written in bf16 as torch's is).
+
+    labkit runs its kernels as ``GroupedLinear``'s backward calls them (``grouped_mm`` on
+    ``w.transpose(1, 2)``; ``grouped_mm_wgrad``), into preallocated outputs. "What PyTorch gives
+    you" is autograd of ``torch._grouped_mm``: timed as ``torch.autograd.grad`` on a kept forward
+    graph (``torch_autograd``), and as the op called directly for the same products
+    (``baselines.torch_grouped_mm_dgrad`` with w in both layouts, ``torch_grouped_mm_wgrad``),
+    which is autograd without its bookkeeping. ``ratio_vs_torch`` is against the fastest of them
+    in the same rounds (``torch_layout_best`` marks it; ``w_layout`` "autograd" is the autograd
+    call). Correctness first (float32 on the checked experts), then eager and graph timings as in
+    ``compare_case``; no host-sync loop here (its backward is the story's, not a baseline)."""
+    if op not in BACKWARD_OPS:
+        raise ValueError(f"op: {op!r} is not one of {BACKWARD_OPS}")
+    cuda = device.type == "cuda"
+    counts = distributions.token_counts(E, M, skew, seed=seed)
+    desc = distributions.describe(counts)
+    counts_dev = torch.tensor(counts, dtype=torch.int32, device=device)
+    x, w = _operands(E, M, K, N, device, seed=1 + seed)
+    g = torch.Generator(device=device).manual_seed(2 + seed)
+    dy = torch.randn(M, N, generator=g, device=device).to(DTYPE)
+    torch_ok, torch_why = baselines.torch_grouped_mm_available(device)
+    runs_torch = torch_ok or (baselines.op_name() is not None and not cuda)
+    fns: dict[str, Callable[[], object]] = {}
+    if op == "dgrad":
+        out = torch.empty(M, K, dtype=DTYPE, device=device)
+        w_t = w.transpose(1, 2)
+        fns["labkit"] = lambda: gg.grouped_mm(dy, w_t, counts_dev, out=out)
+        if runs_torch:
+            w_k = baselines.k_major(w)
+            fns["torch_grouped_mm"] = lambda: baselines.torch_grouped_mm_dgrad(dy, w, counts_dev)
+            fns["torch_grouped_mm[K]"] = lambda: baselines.torch_grouped_mm_dgrad(dy, w_k, counts_dev)
+    else:
+        out = torch.empty(E, K, N, dtype=DTYPE, device=device)
+        fns["labkit"] = lambda: gg.grouped_mm_wgrad(x, dy, counts_dev, out=out)
+        if runs_torch:
+            fns["torch_grouped_mm"] = lambda: baselines.torch_grouped_mm_wgrad(x, dy, counts_dev)
+    if runs_torch:
+        try:
+            fns["torch_autograd"] = baselines.torch_autograd_backward(
+                x, w, counts_dev, dy, "x" if op == "dgrad" else "w"
+            )
+        except Exception as e:  # recorded below as the candidate's error
+            fns["torch_autograd"] = _raiser(e)
+    checked = _checked_experts(counts)
+    starts = list(itertools.accumulate([0] + counts[:-1]))
+
+    def rel_err(y: torch.Tensor) -> float:
+        worst, scale = 0.0, 0.0
+        for e in checked:
+            rows = slice(starts[e], starts[e] + counts[e])
+            if op == "dgrad":
+                ref, got = dy[rows].float() @ w[e].float().T, y[rows].float()
+            else:
+                ref, got = x[rows].float().T @ dy[rows].float(), y[e].float()
+            worst = max(worst, float((got - ref).abs().max()))
+            scale = max(scale, float(ref.abs().max()))
+        return worst / scale if scale else worst
+
+    case = {
+        "experts": E,
+        "tokens": M,
+        "K": K,
+        "N": N,
+        "skew": skew,
+        "dtype": "bfloat16",
+        "op": op,
+        "counts": counts,
+        "max_over_mean": desc["max_over_mean"],
+        "zero_experts": desc["zero_experts"],
+        "counts_text": desc["text"],
+        "gpu": _gpu_name(device),
+        "tier": tier.TIER,
+        "torch_available": torch_ok,
+        "torch_reason": torch_why,
+        "torch_op": baselines.op_name(),
+        "flops": gg.flops(M, N, K),
+        "config_source": gg.config_source(device, op),
+    }
+    chosen = gg.forward_config(M, E, device, op="dgrad") if op == "dgrad" else gg.wgrad_config(M, E, device)
+    errors, failed = {}, {}
+    for name, fn in fns.items():
+        try:
+            errors[name] = rel_err(fn())
+        except Exception as e:
+            failed[name] = _one_line(e)
+
+    def record(name: str, method: str, **fields) -> dict:
+        impl, layout = _CANDIDATES[name]
+        return _blank(
+            {
+                "kind": "gemm_backward",
+                **case,
+                **_GEMM_FIELDS,
+                "impl": impl,
+                "w_layout": layout if (op == "dgrad" or layout == "autograd") else None,
+                "method": method,
+                "max_rel_err": errors.get(name),
+                "correct": (errors[name] <= TOLERANCE) if name in errors else None,
+                **_config_fields(chosen if impl == "labkit" else None),
+                **fields,
+            }
+        )
+
+    records = [record(name, "eager" if cuda else "cpu_clock", error=why) for name, why in failed.items()]
+    if not cuda:
+        records += [
+            record(name, "cpu_clock", error=f"not timed: {torch_why}") for name in _TORCH_NAMES if name in errors
+        ]
+    timed = [n for n in fns if n not in failed and (cuda and torch_ok or n not in _TORCH_NAMES)]
+    return records + _timed_records(fns, timed, record, device, timing, gg.flops(M, N, K))
+
+
+def _raiser(error: Exception) -> Callable[[], object]:
+    def call():
+        raise error
+
+    return call
 
 
 def capture_check(E: int, M: int, K: int, N: int, seed: int = 0) -> list[dict]:
@@ -490,9 +640,11 @@ def benchmark(
     progress: bool = True,
     moe: bool = True,
     staging: bool = True,
+    backward: tuple[str, ...] = BACKWARD_OPS,
 ) -> list[dict]:
     """Entry point of ``labkit bench grouped_gemm``: every shape of ``SHAPES[profile]`` (or
-    ``shapes``: (E, M, K, N) tuples) and split, compared (``compare_case``), then the capture
+    ``shapes``: (E, M, K, N) tuples) and split, compared forward (``compare_case``) and for each
+    of ``backward`` (``compare_backward_case``: dgrad, wgrad), then the capture
     check; then the MoE layer's records (``moe_bench.moe_records``: timings, graph vs eager, the
     sync check, timelines) and the staging-buffer scenarios (``staging.all_scenarios``), each
     with the fields of REQUIRED that do not apply to it set to None. ``timing`` overrides
@@ -507,6 +659,8 @@ def benchmark(
     records = []
     for (E, M, K, N), skew in tqdm(cases, desc="grouped GEMM", unit="case", disable=not progress):
         records += compare_case(E, M, K, N, skew, device, timing)
+        for op in backward:
+            records += compare_backward_case(E, M, K, N, skew, op, device, timing)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     if capture:
@@ -534,7 +688,8 @@ def _with_required(record: dict) -> dict:
 # The configuration sweep
 
 
-#: candidate tile grids per profile (every combination, minus those over SMEM_LIMIT)
+#: candidate tile grids per profile (every combination, minus those over SMEM_LIMIT), for the
+#: forward and dgrad (the same kernel; dgrad's w K-contiguous) and for wgrad
 TUNE_GRID = {
     # 8 warps beat 4 at every shape in a probe on one H100 (not kept in reference/), so the GPU
     # grid keeps 4 warps only for 64-row tiles, where two programs per SM can fit; TMA on and off
@@ -559,6 +714,32 @@ TUNE_GRID = {
         "tma": (False, True),
     },
 }
+_c = gg._cfg  # (block_m, block_n, block_k, group_m, num_warps, num_stages, programs_per_sm, tma)
+#: configurations added to the grid, per profile and op: "any" at every shape, an int at that
+#: number of experts only
+TUNE_EXTRA: dict[str, dict[str, dict]] = {
+    "gpu": {
+        "forward": {
+            # two programs per SM where two fit (64-row tiles, 4 warps)
+            "any": [_c(64, 128, 64, 8, 4, 4, 2), _c(64, 128, 64, 8, 4, 4, 2, True)],
+            # E=8 (2048 tokens per expert, K = N = 4096): the shape where torch's CUTLASS kernel
+            # is hardest to beat. L2-grouped tile order (GROUP_M: tile-rows sharing w's column
+            # blocks), a deeper reduction step (BLOCK_K 128, fewer stages to fit) and deeper
+            # pipelines, around the recorded winner, pointer and TMA loads.
+            8: [
+                *(_c(64, 256, 64, g, 8, 4, 1, t) for g in (4, 16, 32) for t in (False, True)),
+                *(_c(128, 256, 64, g, 8, 3, 1, True) for g in (4, 16)),
+                *(_c(m, n, 128, 8, 8, s, 1, t) for m, n, s in ((64, 256, 2), (128, 128, 3)) for t in (False, True)),
+                _c(128, 256, 128, 8, 8, 2, 1, True),
+                *(_c(m, n, 64, 8, 8, 5, 1, t) for m, n in ((64, 256), (128, 128)) for t in (False, True)),
+            ],
+        },
+        "dgrad": {"any": [_c(64, 128, 64, 8, 4, 4, 2), _c(64, 128, 64, 8, 4, 4, 2, True)]},
+        "wgrad": {"any": []},
+    },
+    "cpu": {"forward": {"any": []}, "dgrad": {"any": []}, "wgrad": {"any": []}},
+}
+del _c
 TUNE_TIMING = {"gpu": {"warmup": 3, "reps": 10, "inner": 10}, "cpu": {"warmup": 1, "reps": 2, "inner": 1}}
 #: shared memory a config may ask for (H100/H200: 228 KiB per SM, 227 KiB per block at most)
 SMEM_LIMIT = 200 * 1024
@@ -569,67 +750,118 @@ def smem_bytes(cfg: gg.GroupedConfig, itemsize: int = 2) -> int:
     return (cfg.block_m * cfg.block_k + cfg.block_k * cfg.block_n) * itemsize * cfg.num_stages
 
 
-def candidate_configs(grid: dict, chosen: gg.GroupedConfig | None = None) -> list[gg.GroupedConfig]:
-    """Every combination of ``grid`` whose ``smem_bytes`` fits SMEM_LIMIT, plus ``chosen`` (what
-    ``forward_config`` picks, measured whatever it asks for)."""
+def candidate_configs(
+    grid: dict, chosen: gg.GroupedConfig | None = None, extra: Sequence[gg.GroupedConfig] = ()
+) -> list[gg.GroupedConfig]:
+    """Every combination of ``grid`` whose ``smem_bytes`` fits SMEM_LIMIT, then ``extra`` (those
+    that fit, not already there), plus ``chosen`` (what the kernel picks, measured whatever it
+    asks for)."""
     keys = [f.name for f in dataclasses.fields(gg.GroupedConfig)]
     missing = [k for k in keys if k not in grid]
     if missing:
         raise ValueError(f"grid: lacks {missing}")
     configs = [gg.GroupedConfig(**dict(zip(keys, values))) for values in itertools.product(*(grid[k] for k in keys))]
     configs = [c for c in configs if smem_bytes(c) <= SMEM_LIMIT]
-    if grid is TUNE_GRID["gpu"]:  # two programs per SM where two fit (64-row tiles, 4 warps)
-        configs += [
-            gg.GroupedConfig(
-                block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4, programs_per_sm=2
-            ),
-            gg.GroupedConfig(
-                block_m=64, block_n=128, block_k=64, group_m=8, num_warps=4, num_stages=4, programs_per_sm=2, tma=True
-            ),
-        ]
+    configs += [c for c in dict.fromkeys(extra) if c not in configs and smem_bytes(c) <= SMEM_LIMIT]
     if chosen is not None and chosen not in configs:
         configs.insert(0, chosen)
     return configs
 
 
+def _extra(profile: str, op: str, experts: int) -> list[gg.GroupedConfig]:
+    table = TUNE_EXTRA[profile][op]
+    return list(table.get("any", ())) + list(table.get(experts, ()))
+
+
 @contextlib.contextmanager
 def forced_config(cfg: gg.GroupedConfig) -> Iterator[None]:
-    """Benchmark-only hook: while inside, ``grouped_mm`` launches with ``cfg`` whatever the shape.
-    It swaps ``labkit.kernels.grouped_gemm.forward_config`` (which ``grouped_mm`` looks up on each
-    call) and puts it back on exit; not thread-safe, not for use outside the sweep."""
+    """Benchmark-only hook: while inside, ``grouped_mm`` and ``grouped_mm_wgrad`` launch with
+    ``cfg`` whatever the shape. It swaps ``labkit.kernels.grouped_gemm.forward_config`` and
+    ``wgrad_config`` (looked up on each call) and puts them back on exit; not thread-safe, not
+    for use outside the sweep."""
     if not isinstance(cfg, gg.GroupedConfig):
         raise TypeError(f"cfg: expected a GroupedConfig, got {type(cfg).__name__}")
-    original = gg.forward_config
-    gg.forward_config = lambda M, E, device, dtype=None: cfg
+    originals = gg.forward_config, gg.wgrad_config
+    gg.forward_config = lambda M, E, device, dtype=None, op="forward": cfg
+    gg.wgrad_config = lambda M, E, device, dtype=None: cfg
     try:
         yield
     finally:
-        gg.forward_config = original
+        gg.forward_config, gg.wgrad_config = originals
 
 
-def _forced_call(cfg, x, w, counts, out):
-    with forced_config(cfg):
-        return gg.grouped_mm(x, w, counts, out=out)
+def _chosen(op: str, M: int, E: int, device: torch.device) -> gg.GroupedConfig:
+    if op == "wgrad":
+        return gg.wgrad_config(M, E, device)
+    return gg.forward_config(M, E, device, op=op)
+
+
+def config_name(cfg: gg.GroupedConfig) -> str:
+    """A config in one short string, as tune records name it ("m64 n256 k64 g8 w8 s4 p1 tma")."""
+    return (
+        f"m{cfg.block_m} n{cfg.block_n} k{cfg.block_k} g{cfg.group_m} w{cfg.num_warps} s{cfg.num_stages}"
+        f" p{cfg.programs_per_sm}" + (" tma" if cfg.tma else "")
+    )
 
 
 def tune_case(
-    E: int, M: int, K: int, N: int, skew: str, device: torch.device, grid: dict, timing: dict, seed: int = 0, bar=None
+    E: int,
+    M: int,
+    K: int,
+    N: int,
+    skew: str,
+    device: torch.device,
+    grid: dict,
+    timing: dict,
+    seed: int = 0,
+    bar=None,
+    op: str = "forward",
+    extra: Sequence[gg.GroupedConfig] = (),
 ) -> list[dict]:
-    """Records of one shape and split: each candidate config checked against float32, then all
-    timed in one comparison (graph replays on a GPU), paired against ``forward_config``'s choice."""
+    """Records of one product (``op``: "forward", "dgrad" or "wgrad" of the forward x [M, K] @
+    w[e] [K, N]) at one shape and split: each candidate config checked against float32, then all
+    timed in one comparison (graph replays on a GPU), paired against the kernel's own choice."""
+    if op not in gg.OPS:
+        raise ValueError(f"op: {op!r} is not one of {gg.OPS}")
     cuda = device.type == "cuda"
+    started = time.perf_counter()
     counts = distributions.token_counts(E, M, skew, seed=seed)
     desc = distributions.describe(counts)
     counts_dev = torch.tensor(counts, dtype=torch.int32, device=device)
     x, w = _operands(E, M, K, N, device, seed=1 + seed)
-    out = torch.empty(M, N, dtype=DTYPE, device=device)
-    chosen = gg.forward_config(M, E, device)
-    configs = candidate_configs(grid, chosen)
-    ref = _reference(x, w, counts)
+    if op == "forward":
+        out = torch.empty(M, N, dtype=DTYPE, device=device)
+        call = lambda: gg.grouped_mm(x, w, counts_dev, out=out)  # noqa: E731
+        ref = _reference(x, w, counts)
+        result = lambda y: y  # noqa: E731
+    else:
+        g = torch.Generator(device=device).manual_seed(2 + seed)
+        dy = torch.randn(M, N, generator=g, device=device).to(DTYPE)
+        if op == "dgrad":
+            w_t = w.transpose(1, 2)
+            out = torch.empty(M, K, dtype=DTYPE, device=device)
+            call = lambda: gg.grouped_mm(dy, w_t, counts_dev, out=out)  # noqa: E731
+            ref = _reference(dy, w_t, counts)
+            result = lambda y: y  # noqa: E731
+        else:  # wgrad, checked as rows of x^T: expert e's [K, N] block stacked at row e * K
+            out = torch.empty(E, K, N, dtype=DTYPE, device=device)
+            call = lambda: gg.grouped_mm_wgrad(x, dy, counts_dev, out=out)  # noqa: E731
+            starts = list(itertools.accumulate([0] + counts[:-1]))
+            ref = {
+                e: (
+                    e * K,
+                    x[starts[e] : starts[e] + counts[e]].float().T @ dy[starts[e] : starts[e] + counts[e]].float(),
+                )
+                for e in _checked_experts(counts)
+            }
+            result = lambda y: y.reshape(E * K, N)  # noqa: E731
+    chosen = _chosen(op, M, E, device)
+    configs = candidate_configs(grid, chosen, extra)
     method = "graph" if cuda else "cpu_clock"
     base = {
         "kind": "tune",
         "impl": "labkit",
+        "op": op,
         "experts": E,
         "tokens": M,
         "K": K,
@@ -642,18 +874,21 @@ def tune_case(
         "zero_experts": desc["zero_experts"],
         "gpu": _gpu_name(device),
         "tier": tier.TIER,
+        "config_source": gg.config_source(device, op),
         **_TUNE_FIELDS,
     }
+
+    def forced(cfg):
+        with forced_config(cfg):
+            return call()
+
     records, fns, errors = [], {}, {}
     for cfg in configs:
-        name = (
-            f"m{cfg.block_m} n{cfg.block_n} k{cfg.block_k} g{cfg.group_m} w{cfg.num_warps} s{cfg.num_stages}"
-            f" p{cfg.programs_per_sm}" + (" tma" if cfg.tma else "")
-        )
+        name = config_name(cfg)
         fields = dict(base, config=name, **dataclasses.asdict(cfg), smem_bytes=smem_bytes(cfg), chosen=cfg == chosen)
         try:
-            errors[name] = _rel_err(_forced_call(cfg, x, w, counts_dev, out), ref)
-            err = _capture_error(lambda cfg=cfg: _forced_call(cfg, x, w, counts_dev, out), device) if cuda else None
+            errors[name] = _rel_err(result(forced(cfg)), ref)
+            err = _capture_error(lambda cfg=cfg: forced(cfg), device) if cuda else None
             if err:
                 raise RuntimeError(f"capture failed: {err}")
             fns[name] = (cfg, fields)
@@ -666,7 +901,7 @@ def tune_case(
     chosen_name = next((n for n, (cfg, _) in fns.items() if cfg == chosen), next(iter(fns)))
     try:
         cmp = bench.compare(
-            {n: (lambda cfg=cfg: _forced_call(cfg, x, w, counts_dev, out)) for n, (cfg, _) in fns.items()},
+            {n: (lambda cfg=cfg: forced(cfg)) for n, (cfg, _) in fns.items()},
             baseline=chosen_name,
             device=device if cuda else None,
             warmup=timing["warmup"],
@@ -680,6 +915,7 @@ def tune_case(
             for n, (_, fields) in fns.items()
         ]
     best = min(fns, key=lambda n: cmp.timings[n].median_us)
+    case_s = time.perf_counter() - started
     for name, (_, fields) in fns.items():
         t = cmp.timings[name]
         ms = t.median_us / 1e3
@@ -700,6 +936,7 @@ def tune_case(
                     best=name == best,
                     max_rel_err=errors[name],
                     correct=errors[name] <= TOLERANCE,
+                    case_s=case_s,
                 )
             )
         )
@@ -713,9 +950,13 @@ def tune_benchmark(
     grid: dict | None = None,
     timing: dict | None = None,
     progress: bool = True,
+    ops: Sequence[str] = gg.OPS,
 ) -> list[dict]:
-    """Entry point of ``labkit bench grouped_gemm_tune``: ``tune_case`` for every shape and split
-    of the profile, labkit only. ``chosen`` marks ``forward_config``'s pick, ``best`` the fastest."""
+    """Entry point of ``labkit bench grouped_gemm_tune``: ``tune_case`` for every op, shape and
+    split of the profile, labkit only. ``chosen`` marks the kernel's pick, ``best`` the fastest,
+    ``case_s`` the seconds a case took (compiles included: the sweep's budget is about 4 minutes
+    on one H200). On an H100 ``--reference`` writes reference/h100x1/grouped_gemm_tune.json:
+    the source of that GPU's tables (``labkit.kernels.grouped_gemm.TABLES``)."""
     from tqdm.auto import tqdm
 
     profile = _profile(profile)
@@ -723,35 +964,43 @@ def tune_benchmark(
     shapes = list(shapes or SHAPES[profile])
     grid = grid or TUNE_GRID[profile]
     timing = dict(TUNE_TIMING[profile], **(timing or {}))
-    cases = [(shape, skew) for shape in shapes for skew in skews]
-    total = sum(len(candidate_configs(grid, gg.forward_config(s[1], s[0], device))) for s, _ in cases)
+    bad = [op for op in ops if op not in gg.OPS]
+    if bad:
+        raise ValueError(f"ops: {bad} not in {gg.OPS}")
+    cases = [(op, shape, skew) for op in ops for shape in shapes for skew in skews]
+    total = sum(
+        len(candidate_configs(grid, _chosen(op, s[1], s[0], device), _extra(profile, op, s[0]))) for op, s, _ in cases
+    )
     records = []
     with tqdm(total=total, desc="grouped GEMM configs", unit="config", disable=not progress) as bar:
-        for (E, M, K, N), skew in cases:
-            records += tune_case(E, M, K, N, skew, device, grid, timing, bar=bar)
+        for op, (E, M, K, N), skew in cases:
+            extra = _extra(profile, op, E)
+            records += tune_case(E, M, K, N, skew, device, grid, timing, bar=bar, op=op, extra=extra)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return records
 
 
 def best_configs(records: list[dict]) -> list[dict]:
-    """Per (experts, tokens, K, N, skew) of ``tune`` records: the fastest correct config and the
-    chosen one's TFLOP/s beside it (the evidence for ``HOPPER_FORWARD``, or against it)."""
+    """Per (op, experts, tokens, K, N, skew) of ``tune`` records: the fastest correct config and
+    the chosen one's TFLOP/s beside it (the evidence for the tables, or against them)."""
     groups: dict = {}
     for r in records:
         if r.get("kind") == "tune" and r.get("ms") and r.get("correct"):
-            groups.setdefault((r["experts"], r["tokens"], r["K"], r["N"], r["skew"]), []).append(r)
+            key = (r.get("op") or "forward", r["experts"], r["tokens"], r["K"], r["N"], r["skew"])
+            groups.setdefault(key, []).append(r)
     rows = []
     for key, rs in sorted(groups.items()):
         top = min(rs, key=lambda r: r["ms"])
         chosen = next((r for r in rs if r.get("chosen")), None)
         rows.append(
             {
-                "experts": key[0],
-                "tokens": key[1],
-                "K": key[2],
-                "N": key[3],
-                "skew": key[4],
+                "op": key[0],
+                "experts": key[1],
+                "tokens": key[2],
+                "K": key[3],
+                "N": key[4],
+                "skew": key[5],
                 "best": top["config"],
                 "best_tflops": top["tflops"],
                 "chosen": chosen["config"] if chosen else None,
@@ -760,3 +1009,74 @@ def best_configs(records: list[dict]) -> list[dict]:
             }
         )
     return rows
+
+
+def table_winners(records: list[dict], table: gg.ConfigTable) -> dict[int, gg.GroupedConfig]:
+    """The winner of each row of ``table`` in a sweep's ``tune`` records of the table's op: among
+    the configs measured (correct, timed) at every case that reaches the row (each shape whose
+    tokens per expert pick it, each split), the least total median time. Rows no case reaches
+    are left out. The rule the tables are written by, and checked against."""
+    cases: dict[int, dict] = {}
+    for r in records:
+        if r.get("kind") != "tune" or (r.get("op") or "forward") != table.op or r.get("error"):
+            continue
+        if not (r.get("ms") and r.get("correct")):
+            continue
+        per_expert = r["tokens"] // max(r["experts"], 1)
+        row = next(at for at, _ in table.rows if per_expert >= at)
+        case = (r["experts"], r["tokens"], r["K"], r["N"], r["skew"])
+        cfg = gg.GroupedConfig(**{f.name: r[f.name] for f in dataclasses.fields(gg.GroupedConfig)})
+        cases.setdefault(row, {}).setdefault(cfg, {})[case] = r["ms"]
+    winners = {}
+    for row, by_cfg in cases.items():
+        every = set().union(*(set(c) for c in by_cfg.values()))
+        complete = {cfg: sum(t.values()) for cfg, t in by_cfg.items() if set(t) == every}
+        if complete:
+            winners[row] = min(complete, key=complete.get)
+    return winners
+
+
+def table_text(records: list[dict], op: str, device: str, source: str) -> str:
+    """Python text of a ``ConfigTable`` of ``device``'s ``op`` from a sweep's records, rows at
+    the thresholds of ``HOPPER_DEFAULTS[op]``: what to paste into ``TABLES`` after recording a
+    sweep on a new GPU (``python -m labkit.labs.grouped_gemm.bench --table FILE``)."""
+    rows = gg.HOPPER_DEFAULTS[op].rows
+    probe = gg.ConfigTable(device=device, op=op, source=source, rows=rows)
+    winners = table_winners(records, probe)
+    lines = [f"    ({device!r}, {op!r}): ConfigTable(", f"        device={device!r},", f"        op={op!r},"]
+    lines += [f"        source={source!r},", "        rows=("]
+    for at, default in rows:
+        c = winners.get(at, default)
+        args = f"{c.block_m}, {c.block_n}, {c.block_k}, {c.group_m}, {c.num_warps}, {c.num_stages}"
+        args += f", p={c.programs_per_sm}" if c.programs_per_sm != 1 else ""
+        args += ", tma=True" if c.tma else ""
+        note = "" if at in winners else "  # no case of the sweep reaches this row: the default"
+        lines.append(f"            ({at}, _cfg({args})),{note}")
+    lines += ["        ),", "    ),"]
+    return "\n".join(lines)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m labkit.labs.grouped_gemm.bench --table reference/<machine>/grouped_gemm_tune.json``:
+    print the ``TABLES`` entries that file's winners make, one per op it holds."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m labkit.labs.grouped_gemm.bench")
+    parser.add_argument("--table", metavar="FILE", required=True, help="a recorded grouped_gemm_tune.json")
+    args = parser.parse_args(argv)
+    data = json.loads(open(args.table).read())
+    records = data["records"]
+    devices = {r["gpu"] for r in records if r.get("kind") == "tune"}
+    if len(devices) != 1:
+        parser.error(f"--table: expected the records of one GPU, found {sorted(devices)}")
+    device = devices.pop()
+    source = "reference/" + "/".join(args.table.replace("\\", "/").split("/")[-2:])
+    for op in gg.OPS:
+        if any((r.get("op") or "forward") == op for r in records if r.get("kind") == "tune"):
+            print(table_text(records, op, device, source))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,14 +1,15 @@
 """Figures of the grouped-GEMM benchmark (``labkit.labs.grouped_gemm.bench`` records).
 
-* ``plot_tflops_vs_experts``: TFLOP/s per shape (by its number of experts), one line per
-  implementation, uniform split solid and skewed dashed, under the datasheet's bf16 dense
-  tensor-core peak where the GPU is listed (a ceiling labelled as a datasheet figure).
+* ``plot_tflops_panels``: TFLOP/s, one panel per shape, bars per implementation for each
+  product (forward, dgrad, wgrad) and split, under the datasheet's bf16 dense tensor-core peak
+  where the GPU is listed (a ceiling labelled as a datasheet figure), labkit's ratio to torch
+  from the record above its bar.
 * ``plot_ratio``: labkit's time over torch's (or the loop's) in the same rounds, per shape and
   split, eager and graph side by side, with the line at 1.0.
 * ``plot_cpu_cost``: host microseconds per call of each implementation (log scale).
 
-torch is timed with w in two layouts; these plots show its faster one per comparison
-(``torch_layout_best``), the baseline the ratios use.
+torch is timed with w in two layouts (and in backward through autograd too); these plots show
+its faster call per comparison (``torch_layout_best``), the baseline the ratios use.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from labkit.workbench import hardware
 IMPL_COLORS = {"labkit": "tab:blue", "torch_grouped_mm": "tab:orange", "host_sync_loop": "tab:red"}
 SKEW_STYLES = {"uniform": "-", "skewed": "--"}
 METHOD_ORDER = ("graph", "eager", "cpu_clock")
+#: forward records are kind "gemm", backward ones "gemm_backward" (field ``op``: dgrad, wgrad)
+GEMM_KINDS = ("gemm", "gemm_backward")
+OPS_ORDER = ("forward", "dgrad", "wgrad")
 
 
 def datasheet_bf16_tflops(gpu_name: str | None) -> float | None:
@@ -26,12 +30,13 @@ def datasheet_bf16_tflops(gpu_name: str | None) -> float | None:
     return hardware.datasheet_dense_tflops(gpu_name, "bf16")
 
 
-def _shown(records: list[dict]) -> list[dict]:
-    """Timed gemm records, torch only in its faster layout of each comparison."""
+def _shown(records: list[dict], kinds: tuple[str, ...] = ("gemm",)) -> list[dict]:
+    """Timed records of ``kinds`` (the forward's "gemm" unless told), torch only in its faster
+    call of each comparison."""
     return [
         r
         for r in records
-        if r.get("kind") == "gemm"
+        if r.get("kind") in kinds
         and r.get("ms")
         and (r.get("impl") != "torch_grouped_mm" or r.get("torch_layout_best") in (True, None))
     ]
@@ -62,54 +67,94 @@ def _empty(ax, title: str, text: str) -> None:
     ax.set_yticks([])
 
 
-def plot_tflops_vs_experts(records: list[dict], ax, title: str, method: str | None = None) -> None:
-    """TFLOP/s (2·M·N·K over the median time) per shape, ordered by experts; one colour per
-    implementation, uniform split solid, skewed dashed. ``method``: "graph", "eager" or
-    "cpu_clock" (default: the first of these the records hold)."""
-    rs = _shown(records)
+def shapes_of(records: list[dict]) -> list[tuple]:
+    """The (experts, tokens, K, N) shapes of timed grouped-GEMM records, fewest experts first:
+    one panel each in ``plot_tflops_panels``."""
+    return sorted({_shape(r) for r in _shown(records, kinds=GEMM_KINDS)})
+
+
+def _op(r: dict) -> str:
+    return r.get("op") or "forward"
+
+
+def plot_tflops_panels(records: list[dict], axes, method: str | None = None, title: str = "") -> None:
+    """TFLOP/s (2·M·N·K over the median time), one panel per shape (``shapes_of``; ``axes``: as
+    many): bars per implementation (torch in its faster call of each comparison) for each product
+    (forward, dgrad, wgrad) and split, under the GPU's datasheet bf16 dense peak where it is
+    listed (``hardware.DATASHEET_DENSE_TFLOPS``: the ceiling, a datasheet figure). Above labkit's
+    bar: its ``ratio_vs_torch`` from the same record (time over torch's; below 1 is faster).
+    ``method``: "graph", "eager" or "cpu_clock" (default: the first the records hold)."""
+    rs = _shown(records, kinds=GEMM_KINDS)
     if method is None:
         method = next((m for m in METHOD_ORDER if any(r["method"] == m for r in rs)), None)
     rs = [r for r in rs if r["method"] == method]
-    if not rs:
-        return _empty(ax, title, f"no timed grouped-GEMM records for method {method!r}")
     shapes = sorted({_shape(r) for r in rs})
-    pos = {s: i for i, s in enumerate(shapes)}
-    for impl in IMPL_COLORS:
-        for skew, style in SKEW_STYLES.items():
-            pts = sorted((pos[_shape(r)], r["tflops"]) for r in rs if r["impl"] == impl and r["skew"] == skew)
-            if pts:
-                ax.plot(
-                    [p[0] for p in pts],
-                    [p[1] for p in pts],
-                    style,
-                    marker="o",
-                    ms=4,
-                    color=IMPL_COLORS[impl],
-                    label=f"{impl}, {skew}",
-                )
+    axes = list(axes)
+    if not rs:
+        return _empty(axes[0], title, f"no timed grouped-GEMM records for method {method!r}")
     gpus = {r.get("gpu") for r in rs}
     peak = datasheet_bf16_tflops(next(iter(gpus))) if len(gpus) == 1 else None
-    if peak:
-        ax.axhline(
-            peak, color="0.3", ls=":", lw=1.2, label=f"datasheet bf16 dense peak:\n{peak:g} TFLOP/s (the ceiling)"
-        )
-        ax.set_ylim(0, peak * 1.08)
-    else:
-        ax.set_ylim(bottom=0)
-    ax.set_xticks(range(len(shapes)), [_shape_label(s) for s in shapes], fontsize=7)
-    ax.set_xlabel("experts (tokens M × K × N)")
-    ax.set_ylabel("TFLOP/s (2·M·N·K / median time)")
-    ax.set_title(f"{title}\nmethod: {method}", fontsize=9)
-    # below the axes, two columns: panels side by side keep their width
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.24), ncol=2, frameon=False)
-    ax.grid(alpha=0.3)
+    impls = [i for i in IMPL_COLORS if any(r["impl"] == i for r in rs)]
+    for ax, shape in zip(axes, shapes):
+        mine = [r for r in rs if _shape(r) == shape]
+        groups = sorted({(_op(r), r["skew"]) for r in mine}, key=lambda g: (OPS_ORDER.index(g[0]), g[1] != "uniform"))
+        width = 0.8 / len(impls)
+        for j, impl in enumerate(impls):
+            at = {(_op(r), r["skew"]): r for r in mine if r["impl"] == impl}
+            xs = [i + (j - (len(impls) - 1) / 2) * width for i, g in enumerate(groups) if g in at]
+            sel = [at[g] for g in groups if g in at]
+            ax.bar(xs, [r["tflops"] for r in sel], width, color=IMPL_COLORS[impl], label=impl)
+            if impl == "labkit":
+                for x, r in zip(xs, sel):
+                    if r.get("ratio_vs_torch") is not None:
+                        ax.annotate(
+                            f"×{r['ratio_vs_torch']:.2f}",
+                            (x, r["tflops"]),
+                            textcoords="offset points",
+                            xytext=(0, 2),
+                            ha="center",
+                            fontsize=6,
+                        )
+        if peak:
+            ax.axhline(peak, color="0.3", ls=":", lw=1.2, label=f"datasheet bf16 dense peak: {peak:g} TFLOP/s")
+            ax.set_ylim(0, peak * 1.1)
+        else:
+            ax.set_ylim(bottom=0)
+        ax.set_xticks(range(len(groups)), [f"{op}\n{skew}" for op, skew in groups], fontsize=7)
+        E, M, K, N = shape
+        ax.set_title(f"E={E}: {M} tokens, K={K}, N={N}", fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    for ax in axes[len(shapes) :]:
+        ax.axis("off")
+    axes[0].set_ylabel(f"TFLOP/s (2·M·N·K / median time)\nmethod: {method}", fontsize=8)
+    # one legend, below the first panel; "×r" above labkit's bars is its time over torch's
+    handles, labels = axes[0].get_legend_handles_labels()
+    axes[0].legend(
+        handles + [matplotlib_text_handle()],
+        labels + ["×r: labkit time / torch's (paired median)"],
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(0.0, -0.18),
+        ncol=len(labels) + 1,
+        frameon=False,
+    )
 
 
-def ratio_rows(records: list[dict], against: str = "torch") -> list[dict]:
-    """labkit's paired ratio per (shape, split, method): {"shape", "skew", "method", "ratio",
-    "p25", "p75"} from ``ratio_vs_torch`` or ``ratio_vs_loop``."""
+def matplotlib_text_handle():
+    """An empty legend handle (a line of no width) for a legend entry that is only words."""
+    from matplotlib.lines import Line2D
+
+    return Line2D([], [], lw=0)
+
+
+def ratio_rows(records: list[dict], against: str = "torch", op: str = "forward") -> list[dict]:
+    """labkit's paired ratio per (shape, split, method) of one product (``op``: forward, dgrad
+    or wgrad): {"shape", "skew", "method", "ratio", "p25", "p75"} from ``ratio_vs_torch`` or
+    ``ratio_vs_loop``."""
     if against not in ("torch", "loop"):
         raise ValueError(f"against: {against!r} is not 'torch' or 'loop'")
+    if op not in OPS_ORDER:
+        raise ValueError(f"op: {op!r} is not one of {OPS_ORDER}")
     key = f"ratio_vs_{against}"
     return [
         {
@@ -120,16 +165,16 @@ def ratio_rows(records: list[dict], against: str = "torch") -> list[dict]:
             "p25": r.get(f"{key}_p25"),
             "p75": r.get(f"{key}_p75"),
         }
-        for r in _shown(records)
-        if r["impl"] == "labkit" and r.get(key) is not None
+        for r in _shown(records, kinds=GEMM_KINDS)
+        if r["impl"] == "labkit" and _op(r) == op and r.get(key) is not None
     ]
 
 
-def plot_ratio(records: list[dict], ax, title: str, against: str = "torch") -> None:
+def plot_ratio(records: list[dict], ax, title: str, against: str = "torch", op: str = "forward") -> None:
     """labkit's time over torch's grouped GEMM (``against="torch"``) or over the host-sync loop
-    (``"loop"``), paired per round: median bars, quartile whiskers, per shape and split, one bar
-    per method; the line at 1.0 is "as fast as" the other."""
-    rows = ratio_rows(records, against)
+    (``"loop"``, forward only), paired per round, for one product (``op``): median bars, quartile
+    whiskers, per shape and split, one bar per method; the line at 1.0 is "as fast as" the other."""
+    rows = ratio_rows(records, against, op)
     other = "torch's grouped GEMM" if against == "torch" else "the host-sync loop"
     if not rows:
         return _empty(
@@ -198,4 +243,11 @@ def plot_cpu_cost(records: list[dict], ax, title: str) -> None:
     ax.grid(alpha=0.3, axis="y")
 
 
-__all__ = ["datasheet_bf16_tflops", "plot_cpu_cost", "plot_ratio", "plot_tflops_vs_experts", "ratio_rows"]
+__all__ = [
+    "datasheet_bf16_tflops",
+    "plot_cpu_cost",
+    "plot_ratio",
+    "plot_tflops_panels",
+    "ratio_rows",
+    "shapes_of",
+]
