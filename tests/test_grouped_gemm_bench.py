@@ -438,6 +438,21 @@ def test_each_table_row_is_its_recorded_sweeps_winner():
 # plots
 
 
+def _made_up_record(kind: str, case: dict, impl: str, layout: str | None, best: bool | None, ms: float) -> dict:
+    """One record as the GPU profile writes it: ``case`` names the shape, split and method."""
+    flops = gg.flops(case["tokens"], case["N"], case["K"])
+    return {
+        "kind": kind,
+        "impl": impl,
+        "w_layout": layout,
+        **case,
+        "ms": ms,
+        "tflops": flops / ms / 1e9,
+        "gpu": "NVIDIA H200",
+        "torch_layout_best": best,
+    }
+
+
 def _gpu_like_records():
     """Records shaped as the GPU profile writes them (made up numbers): torch in two layouts,
     eager and graph, the host cost, a datasheet-listed GPU."""
@@ -445,26 +460,10 @@ def _gpu_like_records():
     for i, (E, M, K, N) in enumerate(bench.SHAPES["gpu"]):
         for skew in distributions.SKEWS:
             for method in ("eager", "graph"):
+                case = {"experts": E, "tokens": M, "K": K, "N": N, "skew": skew, "method": method}
                 for impl, best, ms in (("labkit", None, 0.8 + 0.01 * i), ("torch_grouped_mm", True, 1.0)):
-                    rows.append(
-                        {
-                            "kind": "gemm_backward",
-                            "op": "wgrad",
-                            "impl": impl,
-                            "w_layout": None,
-                            "experts": E,
-                            "tokens": M,
-                            "K": K,
-                            "N": N,
-                            "skew": skew,
-                            "method": method,
-                            "ms": ms,
-                            "tflops": gg.flops(M, N, K) / ms / 1e9,
-                            "gpu": "NVIDIA H200",
-                            "torch_layout_best": best,
-                            "ratio_vs_torch": ms / 1.0,
-                        }
-                    )
+                    record = _made_up_record("gemm_backward", case, impl, None, best, ms)
+                    rows.append(record | {"op": "wgrad", "ratio_vs_torch": ms / 1.0})
                 for impl, layout, best, ms in (
                     ("labkit", "N-contiguous", None, 1.0),
                     ("torch_grouped_mm", "N-contiguous", False, 1.2),
@@ -474,20 +473,8 @@ def _gpu_like_records():
                     if method == "graph" and impl == "host_sync_loop":
                         continue
                     rows.append(
-                        {
-                            "kind": "gemm",
-                            "impl": impl,
-                            "w_layout": layout,
-                            "experts": E,
-                            "tokens": M,
-                            "K": K,
-                            "N": N,
-                            "skew": skew,
-                            "method": method,
-                            "ms": ms,
-                            "tflops": gg.flops(M, N, K) / ms / 1e9,
-                            "gpu": "NVIDIA H200",
-                            "torch_layout_best": best,
+                        _made_up_record("gemm", case, impl, layout, best, ms)
+                        | {
                             "ratio_vs_torch": ms / 1.1,
                             "ratio_vs_torch_p25": ms / 1.15,
                             "ratio_vs_torch_p75": ms / 1.05,

@@ -236,6 +236,43 @@ _GEMM_FIELDS = dict.fromkeys(
 )
 
 
+def _shape_fields(E: int, M: int, K: int, N: int, skew: str) -> dict:
+    """The fields naming one case of a comparison or a sweep: shape, split and dtype."""
+    return {"experts": E, "tokens": M, "K": K, "N": N, "skew": skew, "dtype": "bfloat16"}
+
+
+def _case_fields(
+    E: int,
+    M: int,
+    K: int,
+    N: int,
+    skew: str,
+    op: str,
+    counts: list[int],
+    device: torch.device,
+    torch_ok: bool,
+    torch_why: str,
+) -> dict:
+    """The fields every ``gemm`` and ``gemm_backward`` record of one case carries: the case, its
+    token split, the GPU, whether torch's grouped GEMM runs there, the FLOPs and the config source."""
+    desc = distributions.describe(counts)
+    return {
+        **_shape_fields(E, M, K, N, skew),
+        "counts": counts,
+        "max_over_mean": desc["max_over_mean"],
+        "zero_experts": desc["zero_experts"],
+        "counts_text": desc["text"],
+        "gpu": _gpu_name(device),
+        "tier": tier.TIER,
+        "torch_available": torch_ok,
+        "torch_reason": torch_why,
+        "torch_op": baselines.op_name(),
+        "flops": gg.flops(M, N, K),
+        "op": op,
+        "config_source": gg.config_source(device, op),
+    }
+
+
 def _blank(row: dict) -> dict:
     for k in REQUIRED:
         row.setdefault(k, None)
@@ -258,7 +295,6 @@ def compare_case(
     every implementation in one comparison each, and the host cost per call."""
     cuda = device.type == "cuda"
     counts = distributions.token_counts(E, M, skew, seed=seed)
-    desc = distributions.describe(counts)
     counts_dev = torch.tensor(counts, dtype=torch.int32, device=device)
     x, w = _operands(E, M, K, N, device, seed=1 + seed)
     torch_ok, torch_why = baselines.torch_grouped_mm_available(device)
@@ -275,26 +311,7 @@ def compare_case(
         fns["torch_grouped_mm"] = lambda: baselines.torch_grouped_mm(x, w, counts_dev)
         fns["torch_grouped_mm[K]"] = lambda: baselines.torch_grouped_mm(x, w_k, counts_dev)
 
-    case = {
-        "experts": E,
-        "tokens": M,
-        "K": K,
-        "N": N,
-        "skew": skew,
-        "dtype": "bfloat16",
-        "counts": counts,
-        "max_over_mean": desc["max_over_mean"],
-        "zero_experts": desc["zero_experts"],
-        "counts_text": desc["text"],
-        "gpu": _gpu_name(device),
-        "tier": tier.TIER,
-        "torch_available": torch_ok,
-        "torch_reason": torch_why,
-        "torch_op": baselines.op_name(),
-        "flops": gg.flops(M, N, K),
-        "op": "forward",
-        "config_source": gg.config_source(device, "forward"),
-    }
+    case = _case_fields(E, M, K, N, skew, "forward", counts, device, torch_ok, torch_why)
     chosen = gg.forward_config(M, E, device)
     records: list[dict] = []
 
@@ -436,7 +453,6 @@ def compare_backward_case(
         raise ValueError(f"op: {op!r} is not one of {BACKWARD_OPS}")
     cuda = device.type == "cuda"
     counts = distributions.token_counts(E, M, skew, seed=seed)
-    desc = distributions.describe(counts)
     counts_dev = torch.tensor(counts, dtype=torch.int32, device=device)
     x, w = _operands(E, M, K, N, device, seed=1 + seed)
     g = torch.Generator(device=device).manual_seed(2 + seed)
@@ -479,26 +495,7 @@ def compare_backward_case(
             scale = max(scale, float(ref.abs().max()))
         return worst / scale if scale else worst
 
-    case = {
-        "experts": E,
-        "tokens": M,
-        "K": K,
-        "N": N,
-        "skew": skew,
-        "dtype": "bfloat16",
-        "op": op,
-        "counts": counts,
-        "max_over_mean": desc["max_over_mean"],
-        "zero_experts": desc["zero_experts"],
-        "counts_text": desc["text"],
-        "gpu": _gpu_name(device),
-        "tier": tier.TIER,
-        "torch_available": torch_ok,
-        "torch_reason": torch_why,
-        "torch_op": baselines.op_name(),
-        "flops": gg.flops(M, N, K),
-        "config_source": gg.config_source(device, op),
-    }
+    case = _case_fields(E, M, K, N, skew, op, counts, device, torch_ok, torch_why)
     chosen = gg.forward_config(M, E, device, op="dgrad") if op == "dgrad" else gg.wgrad_config(M, E, device)
     errors, failed = {}, {}
     for name, fn in fns.items():

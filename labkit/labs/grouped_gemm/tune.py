@@ -40,6 +40,7 @@ from labkit.labs.grouped_gemm.bench import (
     _profile,
     _reference,
     _rel_err,
+    _shape_fields,
 )
 from labkit.workbench import bench, tier
 
@@ -241,12 +242,7 @@ def tune_case(
         "kind": "tune",
         "impl": "labkit",
         "op": op,
-        "experts": E,
-        "tokens": M,
-        "K": K,
-        "N": N,
-        "skew": skew,
-        "dtype": "bfloat16",
+        **_shape_fields(E, M, K, N, skew),
         "method": method,
         "timing_method": "cuda_graph" if cuda else "cpu_clock",
         "max_over_mean": desc["max_over_mean"],
