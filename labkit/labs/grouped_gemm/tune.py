@@ -42,6 +42,9 @@ from labkit.labs.grouped_gemm.bench import (
     _rel_err,
     _shape_fields,
 )
+from labkit.labs.grouped_gemm.bench import (
+    REQUIRED as REQUIRED,  # re-exported: the fields every record has (labkit.workbench.benchmarks reads it)
+)
 from labkit.workbench import bench, tier
 
 #: fields every tune record carries (None where they do not apply), so tables line up
