@@ -1,4 +1,5 @@
-# labkit.labs.grouped_gemm: token splits, the two baselines, the benchmark records and plots.
+# labkit.labs.grouped_gemm: token splits, the two baselines, the benchmark records, the configuration
+# sweep (tune) and plots.
 #
 # On the CPU tier the benchmark runs its tiny profile under the Triton interpreter (labkit and
 # the host-sync loop, method="cpu_clock"); the GPU tests check torch's grouped GEMM against
@@ -12,7 +13,7 @@ import torch
 
 import labkit  # noqa: F401  (first: picks the tier before any kernel module is imported)
 from labkit.kernels import grouped_gemm as gg
-from labkit.labs.grouped_gemm import baselines, bench, distributions, gemm_plots
+from labkit.labs.grouped_gemm import baselines, bench, distributions, gemm_plots, tune
 from labkit.labs.grouped_gemm.distributions import describe, token_counts
 from labkit.workbench import tier
 
@@ -305,47 +306,47 @@ def test_benchmark_refuses_an_unknown_profile():
 def test_forced_config_is_used_and_put_back():
     cfg = gg.GroupedConfig(block_m=16, block_n=32, block_k=32, group_m=4, num_warps=4, num_stages=1)
     original, original_wgrad = gg.forward_config, gg.wgrad_config
-    with bench.forced_config(cfg):
+    with tune.forced_config(cfg):
         assert gg.forward_config(100, 4, DEV) == cfg == gg.forward_config(100, 4, DEV, op="dgrad")
         assert gg.wgrad_config(100, 4, DEV) == cfg
     assert gg.forward_config is original and gg.wgrad_config is original_wgrad
     with pytest.raises(KeyError):
-        with bench.forced_config(cfg):
+        with tune.forced_config(cfg):
             raise KeyError("inside")
     assert gg.forward_config is original
     with pytest.raises(TypeError, match="cfg"):
-        with bench.forced_config((16, 32)):
+        with tune.forced_config((16, 32)):
             pass
 
 
 def test_candidate_configs_drop_what_shared_memory_cannot_hold():
-    gpu = bench.candidate_configs(bench.TUNE_GRID["gpu"], extra=bench._extra("gpu", "forward", 64))
-    assert len(gpu) == 18 and all(bench.smem_bytes(c) <= bench.SMEM_LIMIT for c in gpu)  # 16 + 2 two-per-SM
+    gpu = tune.candidate_configs(tune.TUNE_GRID["gpu"], extra=tune._extra("gpu", "forward", 64))
+    assert len(gpu) == 18 and all(tune.smem_bytes(c) <= tune.SMEM_LIMIT for c in gpu)  # 16 + 2 two-per-SM
     assert all(cfg in gpu for _, cfg in gg.HOPPER_FORWARD)  # the shipped choices are measured
     for op in gg.OPS:  # every default is in its op's sweep at every lab shape
         for E, M, _, _ in bench.SHAPES["gpu"]:
-            swept = bench.candidate_configs(bench.TUNE_GRID["gpu"], extra=bench._extra("gpu", op, E))
+            swept = tune.candidate_configs(tune.TUNE_GRID["gpu"], extra=tune._extra("gpu", op, E))
             assert gg.HOPPER_DEFAULTS[op].pick(M // E) in swept, (op, E)
     # E=8 gets the wider sweep: BLOCK_K 128, L2 group sizes, deeper pipelines, all fitting
-    wide = bench.candidate_configs(bench.TUNE_GRID["gpu"], extra=bench._extra("gpu", "forward", 8))
-    assert len(wide) > len(gpu) and all(bench.smem_bytes(c) <= bench.SMEM_LIMIT for c in wide)
+    wide = tune.candidate_configs(tune.TUNE_GRID["gpu"], extra=tune._extra("gpu", "forward", 8))
+    assert len(wide) > len(gpu) and all(tune.smem_bytes(c) <= tune.SMEM_LIMIT for c in wide)
     assert {c.block_k for c in wide} == {64, 128} and {c.group_m for c in wide} >= {4, 8, 16, 32}
     assert max(c.num_stages for c in wide) == 5 and len(wide) - len(gpu) == len(
-        set(bench.TUNE_EXTRA["gpu"]["forward"][8])
+        set(tune.TUNE_EXTRA["gpu"]["forward"][8])
     )
-    big = dict(bench.TUNE_GRID["gpu"], block_k=(64, 128))
-    kept = bench.candidate_configs(big)
-    assert len(kept) < 32 and all(bench.smem_bytes(c) <= bench.SMEM_LIMIT for c in kept)
+    big = dict(tune.TUNE_GRID["gpu"], block_k=(64, 128))
+    kept = tune.candidate_configs(big)
+    assert len(kept) < 32 and all(tune.smem_bytes(c) <= tune.SMEM_LIMIT for c in kept)
     chosen = gg.GroupedConfig(
         block_m=256, block_n=256, block_k=128, group_m=8, num_warps=8, num_stages=4
     )  # over the limit, still measured when chosen
-    assert bench.candidate_configs(big, chosen)[0] == chosen
+    assert tune.candidate_configs(big, chosen)[0] == chosen
     with pytest.raises(ValueError, match="grid"):
-        bench.candidate_configs({"block_m": (64,)})
+        tune.candidate_configs({"block_m": (64,)})
 
 
 def test_tune_benchmark_marks_the_chosen_and_the_best_config():
-    recs = bench.tune_benchmark("cpu", shapes=[(4, 96, 32, 40)], skews=("skewed",), progress=False)
+    recs = tune.tune_benchmark("cpu", shapes=[(4, 96, 32, 40)], skews=("skewed",), progress=False)
     assert recs and all(r["kind"] == "tune" for r in recs)
     assert all(k in r for r in recs for k in bench.REQUIRED)
     assert {r["op"] for r in recs} == set(gg.OPS)
@@ -355,11 +356,22 @@ def test_tune_benchmark_marks_the_chosen_and_the_best_config():
         assert all(r["correct"] and r["ms"] > 0 and r["tflops"] > 0 and r["case_s"] > 0 for r in mine), op
         chosen = next(r for r in mine if r["chosen"])
         assert chosen["ratio_vs_chosen"] == pytest.approx(1.0)
-    rows = bench.best_configs(recs)
+    rows = tune.best_configs(recs)
     assert len(rows) == 3 and all(row["chosen"] for row in rows)
     json.dumps(recs)
     with pytest.raises(ValueError, match="ops"):
-        bench.tune_benchmark("cpu", ops=("bwd",), progress=False)
+        tune.tune_benchmark("cpu", ops=("bwd",), progress=False)
+
+
+def test_the_bench_registry_finds_the_sweep_and_its_required_fields():
+    """``labkit bench grouped_gemm_tune`` resolves its entry point and REQUIRED in ``tune``."""
+    import importlib
+
+    from labkit.workbench import benchmarks
+
+    module, fn, required = benchmarks.BENCHMARKS["grouped_gemm_tune"]
+    sweep = importlib.import_module(module)
+    assert getattr(sweep, fn) is tune.tune_benchmark and getattr(sweep, required) == bench.REQUIRED
 
 
 def _made_up_sweep(op: str, ms_of: dict) -> list[dict]:
@@ -394,8 +406,8 @@ def test_table_winners_sum_both_splits_and_need_every_case():
         },
     )
     recs += _made_up_sweep("forward", {(c, 64, "uniform"): 0.01, (c, 64, "skewed"): 0.01})  # another op
-    assert bench.table_winners(recs, table) == {1024: a, 0: b}
-    text = bench.table_text(recs, "wgrad", "X", "reference/x/grouped_gemm_tune.json")
+    assert tune.table_winners(recs, table) == {1024: a, 0: b}
+    text = tune.table_text(recs, "wgrad", "X", "reference/x/grouped_gemm_tune.json")
     assert "source='reference/x/grouped_gemm_tune.json'" in text and "(0, _cfg(64, 128, 64, 8, 8, 4))" in text
 
 
@@ -407,9 +419,9 @@ def _tune_files() -> list:
 
 def test_each_table_row_is_its_recorded_sweeps_winner():
     """Every table naming a sweep: each row is that sweep's winner for the shapes reaching it
-    (``bench.table_winners``), every row reached; the sweep is of the table's GPU. And every
+    (``tune.table_winners``), every row reached; the sweep is of the table's GPU. And every
     recorded sweep has its GPU's tables for each op it holds, naming it (a new sweep fails here
-    until its tables are pasted in: ``python -m labkit.labs.grouped_gemm.bench --table FILE``)."""
+    until its tables are pasted in: ``python -m labkit.labs.grouped_gemm.tune --table FILE``)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
@@ -419,10 +431,10 @@ def test_each_table_row_is_its_recorded_sweeps_winner():
             continue
         records = json.loads((root / table.source).read_text())["records"]
         assert {r["gpu"] for r in records if r["kind"] == "tune"} == {table.device}, table.source
-        winners = bench.table_winners(records, table)
+        winners = tune.table_winners(records, table)
         assert set(winners) == {at for at, _ in table.rows}, (table.device, table.op, "rows no sweep case reaches")
         for at, cfg in table.rows:
-            assert cfg == winners[at], (table.device, table.op, at, bench.config_name(winners[at]))
+            assert cfg == winners[at], (table.device, table.op, at, tune.config_name(winners[at]))
             checked += 1
     assert checked
     for path in _tune_files():
@@ -437,6 +449,21 @@ def test_each_table_row_is_its_recorded_sweeps_winner():
 # plots
 
 
+def _made_up_record(kind: str, case: dict, impl: str, layout: str | None, best: bool | None, ms: float) -> dict:
+    """One record as the GPU profile writes it: ``case`` names the shape, split and method."""
+    flops = gg.flops(case["tokens"], case["N"], case["K"])
+    return {
+        "kind": kind,
+        "impl": impl,
+        "w_layout": layout,
+        **case,
+        "ms": ms,
+        "tflops": flops / ms / 1e9,
+        "gpu": "NVIDIA H200",
+        "torch_layout_best": best,
+    }
+
+
 def _gpu_like_records():
     """Records shaped as the GPU profile writes them (made up numbers): torch in two layouts,
     eager and graph, the host cost, a datasheet-listed GPU."""
@@ -444,26 +471,10 @@ def _gpu_like_records():
     for i, (E, M, K, N) in enumerate(bench.SHAPES["gpu"]):
         for skew in distributions.SKEWS:
             for method in ("eager", "graph"):
+                case = {"experts": E, "tokens": M, "K": K, "N": N, "skew": skew, "method": method}
                 for impl, best, ms in (("labkit", None, 0.8 + 0.01 * i), ("torch_grouped_mm", True, 1.0)):
-                    rows.append(
-                        {
-                            "kind": "gemm_backward",
-                            "op": "wgrad",
-                            "impl": impl,
-                            "w_layout": None,
-                            "experts": E,
-                            "tokens": M,
-                            "K": K,
-                            "N": N,
-                            "skew": skew,
-                            "method": method,
-                            "ms": ms,
-                            "tflops": gg.flops(M, N, K) / ms / 1e9,
-                            "gpu": "NVIDIA H200",
-                            "torch_layout_best": best,
-                            "ratio_vs_torch": ms / 1.0,
-                        }
-                    )
+                    record = _made_up_record("gemm_backward", case, impl, None, best, ms)
+                    rows.append(record | {"op": "wgrad", "ratio_vs_torch": ms / 1.0})
                 for impl, layout, best, ms in (
                     ("labkit", "N-contiguous", None, 1.0),
                     ("torch_grouped_mm", "N-contiguous", False, 1.2),
@@ -473,20 +484,8 @@ def _gpu_like_records():
                     if method == "graph" and impl == "host_sync_loop":
                         continue
                     rows.append(
-                        {
-                            "kind": "gemm",
-                            "impl": impl,
-                            "w_layout": layout,
-                            "experts": E,
-                            "tokens": M,
-                            "K": K,
-                            "N": N,
-                            "skew": skew,
-                            "method": method,
-                            "ms": ms,
-                            "tflops": gg.flops(M, N, K) / ms / 1e9,
-                            "gpu": "NVIDIA H200",
-                            "torch_layout_best": best,
+                        _made_up_record("gemm", case, impl, layout, best, ms)
+                        | {
                             "ratio_vs_torch": ms / 1.1,
                             "ratio_vs_torch_p25": ms / 1.15,
                             "ratio_vs_torch_p75": ms / 1.05,

@@ -25,7 +25,7 @@ BENCHMARKS = {
     "collectives_tune": ("labkit.labs.collectives.bench", "tune_benchmark", "REQUIRED"),
     "links": ("labkit.labs.collectives.links", "benchmark", "REQUIRED"),
     "grouped_gemm": ("labkit.labs.grouped_gemm.bench", "benchmark", "REQUIRED"),
-    "grouped_gemm_tune": ("labkit.labs.grouped_gemm.bench", "tune_benchmark", "REQUIRED"),
+    "grouped_gemm_tune": ("labkit.labs.grouped_gemm.tune", "tune_benchmark", "REQUIRED"),
     "fp8": ("labkit.labs.fp8_dispatch.bench", "benchmark", "REQUIRED"),
     "litmus": ("labkit.labs.memory_model.sweep", "benchmark", "REQUIRED"),
     "litmus_two_gpus": ("labkit.labs.memory_model.sweep", "benchmark_two_gpus", "REQUIRED"),

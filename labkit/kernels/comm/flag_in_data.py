@@ -337,20 +337,12 @@ def _check(x, box, out) -> torch.Tensor:
 
 def _launch(x: torch.Tensor, box: Inbox) -> inbox_call.InputLaunch:
     """The kernel's launch for ``x``'s size on ``box``, the input and output given per call."""
-    b = box.buf
-    return inbox_call.InputLaunch(
+    return inbox_call.one_shot_launch(
         fid_one_shot_kernel,
-        (box.programs,),
-        (inbox_call.X, b.data_ptrs, b.pad_ptrs, inbox_call.OUT, x.numel(), box.capacity, b.rank),
-        dict(
-            WORLD=b.world_size,
-            MAX_BLOCKS=box.programs,
-            BLOCK=box.block,
-            BITS=tl.int16 if x.element_size() == 2 else tl.int32,
-            SENTINEL=SENTINEL_BITS[x.element_size()],
-            num_warps=box.num_warps,
-        ),
         x,
+        box,
+        BITS=tl.int16 if x.element_size() == 2 else tl.int32,
+        SENTINEL=SENTINEL_BITS[x.element_size()],
     )
 
 

@@ -1,6 +1,7 @@
 """What the one-shot protocols with an inbox (``push``, ``flag_in_data``) share on the host: the
-checks of a call, and the call's launch kept on the inbox, so that a repeated call costs one
-dict lookup and a few compares before Triton's compiled launcher.
+checks of a call, the one-shot kernel's launch (``one_shot_launch``: both kernels take the same
+arguments), and the call's launch kept on the inbox, so that a repeated call costs one dict
+lookup and a few compares before Triton's compiled launcher.
 
 Both protocols read a plain local ``x`` and write a plain ``out`` (``out`` may be ``x``: in
 place); only the inbox is symmetric, and the peers store into every rank's inbox during a call.
@@ -125,6 +126,22 @@ def call(box, x, out, inbox_type: type, check, make, variant: tuple = ()) -> tor
     return target
 
 
+def one_shot_launch(kernel, x: torch.Tensor, box, **constexprs) -> InputLaunch:
+    """The launch of a protocol's one-shot kernel (``push_one_shot_kernel``,
+    ``fid_one_shot_kernel``) for ``x``'s size on ``box``: both take (x, the inboxes' data and pad
+    pointer tables, out, elements, capacity, rank), one program per block of the inbox, and the
+    constexprs WORLD, MAX_BLOCKS and BLOCK; ``constexprs``: the protocol's own (its bit width,
+    slots, delays)."""
+    b = box.buf
+    return InputLaunch(
+        kernel,
+        (box.programs,),
+        (X, b.data_ptrs, b.pad_ptrs, OUT, x.numel(), box.capacity, b.rank),
+        dict(WORLD=b.world_size, MAX_BLOCKS=box.programs, BLOCK=box.block, **constexprs, num_warps=box.num_warps),
+        x,
+    )
+
+
 class X:
     """Marks the input's place among an ``InputLaunch``'s arguments (given on every call, as ``OUT``)."""
 
@@ -174,4 +191,4 @@ class InputLaunch(KernelLaunch):
                 self._x_aligned = x.data_ptr() % 16 == 0
 
 
-__all__ = ["MAX_LAUNCHES", "OUT", "X", "InputLaunch", "call", "check_call", "outside_inboxes"]
+__all__ = ["MAX_LAUNCHES", "OUT", "X", "InputLaunch", "call", "check_call", "one_shot_launch", "outside_inboxes"]

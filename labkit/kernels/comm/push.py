@@ -304,25 +304,9 @@ def _call(x, box, out, slots: int = 2, delay: int = 0, slow_rank: int = 0) -> to
     """The launch kept on ``box`` for this call (``inbox_call.call``; the switches are part of its key)."""
 
     def make(x: torch.Tensor, box: Inbox) -> inbox_call.InputLaunch:
-        b = box.buf
-        if delay and not 0 <= slow_rank < b.world_size:
-            raise ValueError(
-                f"all_reduce_variant: slow_rank: expected a rank in 0..{b.world_size - 1}, got {slow_rank!r}"
-            )
-        return inbox_call.InputLaunch(
-            push_one_shot_kernel,
-            (box.programs,),
-            (inbox_call.X, b.data_ptrs, b.pad_ptrs, inbox_call.OUT, x.numel(), box.capacity, b.rank),
-            dict(
-                WORLD=b.world_size,
-                MAX_BLOCKS=box.programs,
-                BLOCK=box.block,
-                SLOTS=slots,
-                DELAY=delay,
-                SLOW_RANK=slow_rank,
-                num_warps=box.num_warps,
-            ),
-            x,
-        )
+        world = box.buf.world_size
+        if delay and not 0 <= slow_rank < world:
+            raise ValueError(f"all_reduce_variant: slow_rank: expected a rank in 0..{world - 1}, got {slow_rank!r}")
+        return inbox_call.one_shot_launch(push_one_shot_kernel, x, box, SLOTS=slots, DELAY=delay, SLOW_RANK=slow_rank)
 
     return inbox_call.call(box, x, out, Inbox, _check, make, (slots, delay, slow_rank))
