@@ -1,5 +1,5 @@
 """``collectives.all_reduce`` reaching the flag-in-data one-shot: on a buffer with an inbox
-(``symm.empty(..., inbox=...)``), ``auto`` takes it up to the measured limit and explicit
+(``flag_in_data.attach``), ``auto`` takes it up to the measured limit and explicit
 ``algorithm="flag_in_data"`` always; checked against an fp64 sum on fresh inputs every call, a
 rotating late rank, in place and out of place, calls alternating paths (push, flag-in-data,
 one-shot, two-shot) back to back on the same buffers, and ranks whose counts disagree caught.
@@ -49,8 +49,9 @@ def alternating(ctx, n: int, dtype_name: str, seed: int, late_s: float) -> dict:
     C.measured_fid_limits = lambda reference_dir=None: {(w, False): limit, (w, True): limit}
     box = fid.inbox(2 * n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
     pbox = push.inbox(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
-    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, inbox=box)
-    big = symm.empty(2 * n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, inbox=box)
+    buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    big = symm.empty(2 * n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    fid.attach(buf, box), fid.attach(big, box)
     out = torch.empty(n, dtype=dtype, device=ctx.device)
     big_out = torch.empty(2 * n, dtype=dtype, device=ctx.device)
     found = {}
@@ -152,8 +153,11 @@ def test_auto_reaches_flag_in_data_and_every_path_sums_right_back_to_back(w, dty
 def bad_inputs(ctx) -> list[str]:
     """Each misuse of the inbox path, with the argument its error names."""
     box = fid.inbox(64, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
-    buf = symm.empty(64, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir, inbox=box)
+    buf = symm.empty(64, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    fid.attach(buf, box)
     plain = symm.empty(64, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    other_dtype = symm.empty(64, torch.bfloat16, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    larger = symm.empty(65, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
     found = []
     for call in (
         lambda: C.all_reduce(plain, algorithm="flag_in_data"),
@@ -162,9 +166,10 @@ def bad_inputs(ctx) -> list[str]:
         lambda: C.all_reduce(buf, algorithm="flag_in_data", variant="relaxed"),
         lambda: C.all_reduce(buf, box.buf.tensor[1, 0], algorithm="one_shot"),
         lambda: C.all_reduce_plan(buf).launch(box.buf.tensor[0, 1]),
-        lambda: symm.empty(64, torch.bfloat16, device=ctx.device, scratch_dir=ctx.scratch_dir, inbox=box),
-        lambda: symm.empty(65, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir, inbox=box),
-        lambda: symm.empty(64, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir, inbox="yes"),
+        lambda: fid.attach(other_dtype, box),
+        lambda: fid.attach(larger, box),
+        lambda: fid.attach(plain, "yes"),
+        lambda: fid.attach(box, None),
     ):
         try:
             call()
@@ -173,6 +178,8 @@ def bad_inputs(ctx) -> list[str]:
             found.append(msg.split(":", 2)[1].strip() if msg.startswith(("all_reduce:", "plan.launch:")) else msg)
         else:
             found.append("no error")
+    refused = (other_dtype, larger, plain)
+    found.append(f"refused buffers have no inbox: {all(b.inbox is None for b in refused)}")
     buf.tensor.fill_(1.0)
     found.append(f"sum {float(C.all_reduce(buf, algorithm='flag_in_data')[0])}")  # nothing half-done
     return found
@@ -184,9 +191,10 @@ def test_bad_input_on_the_inbox_path_is_refused_naming_the_argument():
     assert first[0].startswith("algorithm 'flag_in_data': buf has no flag-in-data inbox"), first[0]
     assert first[1].startswith("blocks: 2") and first[2].startswith("config:") and first[3].startswith("variant:")
     assert first[4] == "out" and first[5] == "out", first[4:6]
-    assert first[6].startswith("inbox: its dtype") and first[7].startswith("inbox: its capacity is 64"), first[6:8]
-    assert first[8].startswith("inbox: expected True, False or"), first[8]
-    assert first[9] == "sum 2.0"
+    assert first[6].startswith("attach: box: its dtype") and first[7].startswith("attach: box: its capacity is 64")
+    assert first[8].startswith("attach: box: expected None or a flag_in_data.Inbox"), first[8]
+    assert first[9].startswith("attach: buf: expected a symm.SymmBuffer"), first[9]
+    assert first[10] == "refused buffers have no inbox: True" and first[11] == "sum 2.0", first[10:]
 
 
 def _rec(w, impl, nbytes, us, in_place=False, correct=True):

@@ -32,7 +32,7 @@ ALGORITHMS = ("one_shot", "two_shot", "tree")
 #: what ``all_reduce(buf, buf.tensor)`` (in place) can run: two-shot with the reduced shards
 #: pushed; "two_shot_ce" also has the copy engines do the first shot (needs ``buf.workspace``)
 IN_PLACE_ALGORITHMS = ("two_shot", "two_shot_ce")
-#: what a buffer with a flag-in-data inbox (``symm.empty(..., inbox=True)``) can also run, in
+#: what a buffer with a flag-in-data inbox (``flag_in_data.attach``) can also run, in
 #: place or not: the flag-in-data one-shot (``labkit.kernels.comm.flag_in_data``)
 INBOX_ALGORITHMS = ("flag_in_data",)
 #: deliberately broken variants, for the lab: (what changes, which algorithms have it)
@@ -332,7 +332,7 @@ def auto_algorithm(buf: SymmBuffer, in_place: bool, *, launch_given: bool = Fals
 
     1. The flag-in-data one-shot (``labkit.kernels.comm.flag_in_data``) when all of these hold:
 
-       * ``buf`` has an inbox (``symm.empty(..., inbox=True)``). Attaching one checked that it
+       * ``buf`` has an inbox (``flag_in_data.attach``). Attaching one checked that it
          fits: the same dtype (bf16 and fp32 alike: the sentinel exists for 2- and 4-byte
          floats) and device, a capacity of at least the buffer's elements, the same world, and
          (made by ``flag_in_data.inbox``) at most one program per SM;
@@ -378,7 +378,7 @@ def all_reduce(
     or "flag_in_data"; one-shot or the tree is refused (they read every buffer to the end). Any
     other ``out`` must not share memory with a symmetric buffer (nor with an inbox).
 
-    algorithm: "one_shot", "two_shot", "tree", "flag_in_data" (buffers made with ``inbox=True``:
+    algorithm: "one_shot", "two_shot", "tree", "flag_in_data" (buffers given an inbox by ``flag_in_data.attach``:
     ``labkit.kernels.comm.flag_in_data``, no barrier, the data its own flag) or "auto"
     (``auto_algorithm``: the whole rule, with its reasons); blocks: programs to
     launch (default: as many as useful, up to ``config.programs`` and the buffer's signal pad);
@@ -432,8 +432,8 @@ def check_all_reduce(buf, out, algorithm: str) -> CheckedAllReduce:
     in_place = _is_in_place(out, buf)
     if algorithm == "flag_in_data" and buf.inbox is None:
         raise UsageError(
-            "algorithm 'flag_in_data': buf has no flag-in-data inbox; allocate it with "
-            "symm.empty(..., inbox=True) (or inbox=<a flag_in_data.inbox(...) of at least its size>)"
+            "algorithm 'flag_in_data': buf has no flag-in-data inbox; give it one with "
+            "flag_in_data.attach(buf) (or attach(buf, box) with a flag_in_data.inbox(...) of at least its size)"
         )
     if in_place:
         if algorithm in ("one_shot", "tree"):

@@ -289,6 +289,53 @@ def inbox(
     return Inbox(buf, capacity, programs, block, num_warps)
 
 
+def attach(buf: symm.SymmBuffer, box: Inbox | None = None, *, scratch_dir: str | None = None) -> Inbox:
+    """Give ``buf`` a flag-in-data inbox, through which ``collectives.all_reduce(buf, ...)`` may
+    take this protocol (``algorithm="flag_in_data"``, or ``"auto"`` up to its measured limit).
+
+    Args:
+        buf: a symmetric buffer (``symm.empty``).
+        box: None: allocate a new inbox of ``buf``'s size, dtype and device (collective, as
+            ``inbox``: every rank calls it alike); or an inbox already made, shared by several
+            buffers (its capacity at least ``buf``'s elements, the same dtype, device and world
+            size; checked on this rank, no exchange).
+        scratch_dir: the emulated world's shared folder for a new inbox (``RankContext.scratch_dir``).
+
+    Returns:
+        the inbox, also ``buf.inbox``.
+
+    Note:
+        Buffers that share an inbox share its epochs: their calls must follow each other on one
+        stream, as every call on one inbox must.
+
+    Example::
+
+        buf = symm.empty(4096, torch.bfloat16)
+        flag_in_data.attach(buf)
+        collectives.all_reduce(buf, out, algorithm="flag_in_data")
+    """
+    if not isinstance(buf, symm.SymmBuffer):
+        raise TypeError(f"attach: buf: expected a symm.SymmBuffer, got {type(buf).__name__}")
+    numel = buf.tensor.numel()
+    if box is None:
+        box = inbox(numel, buf.tensor.dtype, device=buf.tensor.device, scratch_dir=scratch_dir)
+    elif not isinstance(box, Inbox):
+        raise TypeError(f"attach: box: expected None or a flag_in_data.Inbox, got {type(box).__name__}")
+    elif box.dtype != buf.tensor.dtype:
+        raise TypeError(f"attach: box: its dtype {box.dtype} differs from the buffer's {buf.tensor.dtype}")
+    elif box.device != buf.tensor.device:
+        raise ValueError(f"attach: box: on {box.device}, the buffer on {buf.tensor.device}: they must share a device")
+    elif box.capacity < numel:
+        raise ValueError(
+            f"attach: box: its capacity is {box.capacity} elements, the buffer has {numel}; make one of at "
+            f"least {numel} (flag_in_data.inbox({numel}, ...)) or pass box=None"
+        )
+    elif box.buf.world_size != buf.world_size:
+        raise ValueError(f"attach: box: made in a world of {box.buf.world_size} ranks, this one has {buf.world_size}")
+    buf.inbox = box
+    return box
+
+
 def set_epochs(box: Inbox, epoch: int) -> None:
     """Test hook: set every program's epoch counter on this rank to ``epoch`` (collective in
     effect: every rank must set the same value between calls, with no call in flight). The tests

@@ -66,8 +66,8 @@ class SymmBuffer:
     #: a second symmetric allocation (``empty(..., workspace=True)``) where peers deposit
     #: shards for this rank: W slots of ``workspace_shard`` elements (``two_shot_ce``)
     workspace: SymmBuffer | None = None
-    #: a flag-in-data inbox (``labkit.kernels.comm.flag_in_data.Inbox``; ``empty(..., inbox=True)``
-    #: or ``inbox=<an inbox>``) through which ``collectives.all_reduce`` may run that protocol
+    #: a flag-in-data inbox (``labkit.kernels.comm.flag_in_data.attach``) through which
+    #: ``collectives.all_reduce`` may run that protocol; None: the buffer has none
     inbox: object | None = None
     #: this process's count of ``empty`` calls when it made the buffer: the same number names the
     #: same allocation on every rank, since ``empty`` is collective
@@ -168,7 +168,6 @@ def empty(
     max_blocks: int = DEFAULT_MAX_BLOCKS,
     scratch_dir: str | None = None,
     workspace: bool = False,
-    inbox=False,
 ) -> SymmBuffer:
     """Allocate a symmetric buffer of ``shape`` on every rank (collective).
 
@@ -176,11 +175,6 @@ def empty(
     max_blocks:  how many programs a kernel on this buffer may run (sizes the signal pads)
     workspace:   also allocate ``SymmBuffer.workspace`` (about as large again): what the
                  in-place ``two_shot_ce`` all-reduce needs
-    inbox:       True: also allocate a flag-in-data inbox of this buffer's size, dtype and device
-                 (``labkit.kernels.comm.flag_in_data.inbox``: 2 x W times the buffer), or an
-                 inbox already made (shared by several buffers: its capacity at least this
-                 buffer's elements, the same dtype and device): ``SymmBuffer.inbox``, through
-                 which ``collectives.all_reduce`` may take the flag-in-data one-shot
     scratch_dir: CPU emulation only: a folder all ranks share and may write
                  (``RankContext.scratch_dir``; default $LABKIT_SYMM_DIR). Each allocation puts two
                  files per rank there, named with a random token the ranks agree on, created
@@ -207,7 +201,6 @@ def empty(
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
-    _check_inbox(inbox, math.prod(shape), dtype, device, world)
     token = _check_same_everywhere(shape, dtype, max_blocks, world)
     if device.type == "cpu" and not tier.interpreted():
         # A compiled kernel given a CPU pointer fails at launch ("Pointer argument cannot be
@@ -241,37 +234,7 @@ def empty(
     )
     if workspace:
         buf.workspace = empty(world * buf.workspace_shard, dtype, device=device, max_blocks=1, scratch_dir=scratch_dir)
-    if inbox is True:
-        from labkit.kernels.comm import flag_in_data
-
-        buf.inbox = flag_in_data.inbox(math.prod(shape), dtype, device=device, scratch_dir=scratch_dir)
-    elif inbox is not False and inbox is not None:
-        buf.inbox = inbox
     return buf
-
-
-def _check_inbox(inbox, numel: int, dtype: torch.dtype, device: torch.device, world: int) -> None:
-    """``empty``'s ``inbox`` argument, on this rank: False, None, True, or a flag-in-data inbox
-    that fits a buffer of ``numel`` elements of ``dtype`` on ``device`` in a world of ``world``."""
-    if inbox is False or inbox is None or inbox is True:
-        return
-    from labkit.kernels.comm import flag_in_data
-
-    if not isinstance(inbox, flag_in_data.Inbox):
-        raise TypeError(
-            f"inbox: expected True, False or a labkit.kernels.comm.flag_in_data.Inbox, got {type(inbox).__name__}"
-        )
-    if inbox.dtype != dtype:
-        raise TypeError(f"inbox: its dtype {inbox.dtype} differs from the buffer's {dtype}")
-    if inbox.device != device:
-        raise ValueError(f"inbox: on {inbox.device}, the buffer on {device}: they must be on the same device")
-    if inbox.capacity < numel:
-        raise ValueError(
-            f"inbox: its capacity is {inbox.capacity} elements, the buffer has {numel}; make one of at "
-            f"least {numel} (flag_in_data.inbox({numel}, ...)) or pass inbox=True"
-        )
-    if inbox.buf.world_size != world:
-        raise ValueError(f"inbox: made in a world of {inbox.buf.world_size} ranks, this one has {world}")
 
 
 def _file_alloc(shape, dtype, pad_shape, folder, rank, world, name):

@@ -461,7 +461,8 @@ def _host_call_candidates(ctx, n: int, dtype) -> tuple[dict, dict]:
     scratch = getattr(ctx, "scratch_dir", None)
     pbox = push.inbox(n, dtype, device=dev, scratch_dir=scratch)
     fbox = flag_in_data.inbox(n, dtype, device=dev, scratch_dir=scratch)
-    ibuf = symm.empty(n, dtype, device=dev, scratch_dir=scratch, inbox=fbox)  # shares the inbox: one stream
+    ibuf = symm.empty(n, dtype, device=dev, scratch_dir=scratch)
+    flag_in_data.attach(ibuf, fbox)  # shares the inbox: one stream
     buf = symm.empty(n, dtype, device=dev, scratch_dir=scratch)
     x, p_out, f_out, i_out, a_out = (torch.empty(n, dtype=dtype, device=dev) for _ in range(5))
     cands = {

@@ -43,7 +43,8 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
     f_out, f_mine = torch.empty_like(x), x.clone()
     buf = symm.empty(n, dtype, device=dev)  # no inbox: what auto runs without one
     pull_out, auto_out = torch.empty_like(x), torch.empty_like(x)
-    ibuf = symm.empty(n, dtype, device=dev, inbox=fbox)  # the public call, on the same inbox (one stream)
+    ibuf = symm.empty(n, dtype, device=dev)
+    flag_in_data.attach(ibuf, fbox)  # the public call, on the same inbox (one stream)
     i_out = torch.empty_like(x)
     group = dist.group.WORLD.group_name
     st = symm_mem.empty(n, dtype=dtype, device=dev)
