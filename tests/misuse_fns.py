@@ -175,24 +175,26 @@ def ranks_disagree(ctx, n: int = 4096) -> dict:
 
 def push_counts_differ(ctx, capacity: int = 256) -> dict:
     """``push.all_reduce`` after two good calls, with ``capacity`` elements on rank 0 and half as
-    many on rank 1: what each rank got (an error, or its result's distinct values past the
-    shorter count)."""
+    many on rank 1, then one more call with ``capacity`` elements on both: whether the
+    disagreeing call's result is NaN everywhere, the disagreements the inbox counted, and the
+    next call's result against the sum of the inputs (fresh random values on every rank)."""
     from labkit.kernels.comm import push
 
-    dev, r = ctx.device, ctx.rank
+    dev, r, w = ctx.device, ctx.rank, ctx.world_size
     box = push.inbox(capacity, torch.float32, device=dev, scratch_dir=ctx.scratch_dir)
     for c in (1, 2):  # two good calls: rank r pushes 10 c (r + 1) everywhere
         push.all_reduce(torch.full((capacity,), 10.0 * c * (r + 1), device=dev), box)
     n = capacity if r == 0 else capacity // 2
     found = {"n": n}
-    try:
-        y = push.all_reduce(torch.full((n,), float(r + 1), device=dev), box)
-    except Exception as e:
-        found["error"] = f"{type(e).__name__}: {e}"
-    else:
-        found["error"] = "no error"
-        found["head"] = sorted(set(y[: capacity // 2].tolist()))
-        found["tail"] = sorted(set(y[capacity // 2 :].tolist()))
+    y = push.all_reduce(torch.full((n,), float(r + 1), device=dev), box)
+    found["all NaN"] = bool(torch.isnan(y).all())
+    xs = [
+        torch.randn(capacity, generator=torch.Generator().manual_seed(7919 + q), dtype=torch.float64) for q in range(w)
+    ]
+    after = push.all_reduce(xs[r].float().to(dev), box)
+    found["next call's error"] = float((after.double().cpu() - sum(xs)).abs().max())
+    found["next call's scale"] = float(sum(v.abs() for v in xs).max())
+    found["disagreements"] = box.disagreements()
     _sync(ctx)
     ctx.barrier()
     return found

@@ -1,6 +1,7 @@
 """labkit.kernels.comm.push: the push one-shot all-reduce against an fp64 sum on fresh inputs
 every call, back to back without host barriers, with a late rank and a slow reader; the one-slot
-variant shows the race the second slot prevents; bad input refused by name."""
+variant shows the race the second slot prevents; counts that disagree caught on every rank; bad
+input refused by name."""
 
 import secrets
 
@@ -51,6 +52,22 @@ def test_a_late_rank_and_a_slow_reader_change_nothing():
     n = 3000 if tier.interpreted() else 1 << 16
     seed, parts = _run(2, n, calls=6, late_rank=0, late_s=0.2, delay=400 if tier.interpreted() else 100_000)
     assert all(p["wrong"] == [] for p in parts), f"seed {seed}: {parts}"
+
+
+@pytest.mark.parametrize("w", _world_sizes())
+def test_counts_that_disagree_are_caught_on_every_rank_and_the_next_calls_sum_right(w):
+    """A rotating late rank, and in the middle call one rank passes fewer elements: that call's
+    output is NaN on every rank and every rank counts it once; the calls before and after sum
+    right (fp64 reference) and every program counted every call."""
+    n = 900 * w + 5 if tier.interpreted() else (1 << 18) + 5
+    calls = 2 * w + 1
+    late = 0.15 if tier.interpreted() else 0.02
+    seed, parts = _run(w, n, calls=calls, rotate_late=True, late_s=late, short_call=w)
+    assert all(p["nan_calls"] == [w] for p in parts), f"seed {seed}: {parts}"
+    assert all(p["disagreements"] == 1 for p in parts), f"seed {seed}: {parts}"
+    assert all(p["wrong"] == [] for p in parts), f"seed {seed}: {parts}"
+    assert len({tuple(p["digests"]) for p in parts}) == 1, f"seed {seed}: ranks computed different bits"
+    assert all(set(p["epochs"]) == {calls} for p in parts), f"seed {seed}: {parts}"
 
 
 def test_one_slot_races_when_a_reader_is_slow():

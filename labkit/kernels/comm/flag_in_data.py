@@ -199,9 +199,8 @@ class Inbox:
     def disagreements(self) -> int:
         """Calls in which this rank saw a peer's element count differ from its own (the call's
         output was NaN): the most over the programs. Reads the device (a sync)."""
-        pad = self.buf.local_pad[COUNTERS.value, : self.programs]
         other = (self.buf.rank + 1) % self.buf.world_size
-        return max(int(pad[b, other]) for b in range(self.programs))
+        return inbox_call.disagreements(self.buf, COUNTERS.value, self.programs, other)
 
     def armed(self) -> bool:
         """True when every element of this rank's inbox holds the sentinel and no count header

@@ -130,16 +130,23 @@ def one_shot_launch(kernel, x: torch.Tensor, box, **constexprs) -> InputLaunch:
     """The launch of a protocol's one-shot kernel (``push_one_shot_kernel``,
     ``fid_one_shot_kernel``) for ``x``'s size on ``box``: both take (x, the inboxes' data and pad
     pointer tables, out, elements, capacity, rank), one program per block of the inbox, and the
-    constexprs WORLD, MAX_BLOCKS and BLOCK; ``constexprs``: the protocol's own (its bit width,
-    slots, delays)."""
+    constexprs WORLD, MAX_BLOCKS (the signal pad's rows, as the inbox allocated it) and BLOCK;
+    ``constexprs``: the protocol's own (its bit width, slots, delays)."""
     b = box.buf
     return InputLaunch(
         kernel,
         (box.programs,),
         (X, b.data_ptrs, b.pad_ptrs, OUT, x.numel(), box.capacity, b.rank),
-        dict(WORLD=b.world_size, MAX_BLOCKS=box.programs, BLOCK=box.block, **constexprs, num_warps=box.num_warps),
+        dict(WORLD=b.world_size, MAX_BLOCKS=b.max_blocks, BLOCK=box.block, **constexprs, num_warps=box.num_warps),
         x,
     )
+
+
+def disagreements(buf: symm.SymmBuffer, channel: int, programs: int, column: int) -> int:
+    """The calls in which a protocol's kernel saw counts that disagree, as its programs counted
+    them into (``channel``, program b, ``column``) of this rank's pad: the most over the
+    ``programs`` (every program of such a call counts it). Reads the device (a sync)."""
+    return int(buf.local_pad[channel, :programs, column].max())
 
 
 class X:
@@ -191,4 +198,14 @@ class InputLaunch(KernelLaunch):
                 self._x_aligned = x.data_ptr() % 16 == 0
 
 
-__all__ = ["MAX_LAUNCHES", "OUT", "X", "InputLaunch", "call", "check_call", "one_shot_launch", "outside_inboxes"]
+__all__ = [
+    "MAX_LAUNCHES",
+    "OUT",
+    "X",
+    "InputLaunch",
+    "call",
+    "check_call",
+    "disagreements",
+    "one_shot_launch",
+    "outside_inboxes",
+]

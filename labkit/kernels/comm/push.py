@@ -8,22 +8,33 @@ barrier is replaced by double buffering. What is left on the critical path: the 
 release per peer and one acquire wait per peer.
 
 Memory (``inbox``, collective): per rank a symmetric allocation of ``2 x W x capacity`` elements,
-``[slot][source rank][element]``, and its signal pad. Pad channel 0, slot (program b, source s) of
-rank r holds the newest epoch that program b of rank s has pushed to r; channel 1, slot (b, 0)
-is program b's own epoch counter (read and written only by program b of this rank).
+``[slot][source rank][element]``, and its signal pad, int32 ``[3, 2 x programs, W]`` (twice the
+programs' rows: channel 2 holds one row per slot and program). Channel 0 (FLAGS), slot (program
+b, source s) of rank r holds the newest epoch that program b of rank s has pushed to r; channel 1
+(COUNTERS), slot (b, 0) is program b's own epoch counter and slot (b, 1) counts the calls in which
+program b saw a count that differs from its own (both read and written only by program b of this
+rank); channel 2 (HEADERS), slot (s x programs + b, q) holds the count header program b of rank q
+wrote for inbox slot s (its element count + 1). Channels 0 and 1 use rows below ``programs`` only.
 
-The protocol, per program b of rank r, one call:
+The protocol, per program b of rank r, one call of n elements:
 
 1. ``e = counter[b] + 1`` (modulo 2^30), ``slot = e % 2``;
 2. push: for every element i program b owns, store ``x[i]`` into ``inbox_p[slot][r][i]`` of every
    peer p;
+   2a. the count: store ``n + 1`` into ``header_p[slot][b][r]`` of every peer p (a plain store:
+   the release of step 3 publishes it with the data);
 3. signal: a CTA barrier, then ``flag_p[b][r] = e`` with a release store at system scope, to
-   every peer p (release is cumulative: every store of step 2 by any thread of the program is
-   visible to whoever acquires the flag);
+   every peer p (release is cumulative: every store of steps 2 and 2a by any thread of the
+   program is visible to whoever acquires the flag);
 4. wait: for every peer p, spin on an acquire load of ``flag_r[b][p]`` until it reads e or e + 1;
    then a CTA barrier;
-5. sum, in rank order (so every rank computes the same bits): own ``x[i]``, peers'
-   ``inbox_r[slot][p][i]``; store ``out[i]``; ``counter[b] = e``.
+   4a. read every peer's ``header_r[slot][b][p]``; the call's counts disagree if any differs
+   from ``n + 1``;
+5. counts that agree: sum, in rank order (so every rank computes the same bits): own ``x[i]``,
+   peers' ``inbox_r[slot][p][i]``; store ``out[i]``;
+   counts that disagree: store NaN into every ``out[i]`` program b owns and add 1 to
+   ``disagreements[b]``;
+   then ``counter[b] = e``.
 
 Why no end barrier is needed (the correctness argument). A peer p writes into my slot s during
 its call e (s = e % 2) and next into the same slot during its call e + 2. Its call e + 2 starts
@@ -31,22 +42,33 @@ only after its call e + 1 has finished, and that call waited for MY signal of ep
 my program b sends only in my call e + 1, after my call e had finished reading slot s (stream
 order: my call e + 1 starts when my call e has ended). So a peer never overwrites a slot I may
 still read. Nor can a peer be more than one call ahead of me: its call e + 1 cannot finish
-before my signal e + 1. So while I wait for epoch e a flag reads e or e + 1, and two slots suffice.
-The same argument holds per program because
-every call uses the same grid and the same element-to-program mapping (fixed when the inbox is
-made, not by the call's size): program b of every rank owns the same elements in every call.
+before my signal e + 1. So while I wait for epoch e a flag reads e or e + 1, and two slots
+suffice. The same argument holds per program because every call uses the same grid and the same
+element-to-program mapping (fixed when the inbox is made, not by the call's size): program b of
+every rank owns the same elements in every call.
 
-Requirements that follow: every rank calls with the same number of elements (a collective; not
-checked: see ``all_reduce``);
-calls on one inbox are stream-ordered on each rank (one stream, or events between streams); the
-epoch counters live on the device, so CUDA-graph replay keeps counting (no host argument changes
-between calls). Epochs count modulo 2^30 and are compared by their distance modulo 2^30, so the
-counters never overflow. ``x`` and ``out`` are ordinary tensors (``out`` may be ``x``): only the
-inbox is symmetric, and nobody else reads a rank's ``x``.
+The count headers follow the data's rule, slot for slot: the header I read in step 4a for slot
+s was stored by the peer's call e before its release of epoch e (step 2a, then step 3), and my
+acquire of e or e + 1 (the peer releases e + 1 after e, in program order) makes it visible; the
+peer's next store into that header is its call e + 2's, which waits for my call e + 1, as above.
+A peer one call ahead writes the other slot's header. So the header read belongs to this epoch,
+and no header needs clearing (each call overwrites the one of two calls before).
+
+A count that disagrees is caught, not summed: every rank reads every peer's n in step 4a, so
+every rank of the call outputs NaN and counts it (``Inbox.disagreements()``). The pushes of such
+a call stay within the inbox (each rank pushes its own n, at most the capacity), and the next
+call overwrites every element it sums, so a call after a disagreement sums right. (A rank that
+skips a call altogether leaves its peers waiting in the kernel, as with any collective.)
+
+Requirements that follow: calls on one inbox are stream-ordered on each rank (one stream, or
+events between streams); the epoch counters live on the device, so CUDA-graph replay keeps
+counting (no host argument changes between calls). Epochs count modulo 2^30 and are compared by
+their distance modulo 2^30, so the counters never overflow. ``x`` and ``out`` are ordinary
+tensors (``out`` may be ``x``): only the inbox is symmetric, and nobody else reads a rank's ``x``.
 
 Tested on the CPU tier (processes over shared memory, the Triton interpreter) against an fp64
-sum with fresh inputs on every call and a late rank; the GPU timings are the sweep's
-(``labkit bench collectives``, implementation ``labkit_push_one_shot``).
+sum with fresh inputs on every call, a late rank and counts that disagree; the GPU timings are
+the sweep's (``labkit bench collectives``, implementation ``labkit_push_one_shot``).
 """
 
 from __future__ import annotations
@@ -66,7 +88,9 @@ EPOCH_MODULUS = 1 << 30
 #: capacities are rounded up to this many elements: every region of the inbox starts aligned
 CAPACITY_UNIT = 64
 #: the signal-pad channels this protocol uses (constexpr: compiled kernels may read only those globals)
-FLAGS, COUNTERS = tl.constexpr(0), tl.constexpr(1)
+FLAGS, COUNTERS, HEADERS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+#: column of a program's COUNTERS row that counts its disagreements (column 0: its epoch counter)
+DISAGREEMENTS = tl.constexpr(1)
 
 
 @triton.jit
@@ -123,6 +147,13 @@ def _sum(
 
 
 @triton.jit
+def _header(pad_ptrs, rank_of_pad, slot, block, src, WORLD: tl.constexpr, MAX_BLOCKS: tl.constexpr):
+    """Address of the count header that program ``block`` of rank ``src`` writes for inbox slot
+    ``slot`` into rank ``rank_of_pad``'s pad: channel HEADERS, row slot x programs + block."""
+    return pad_slot(pad_ptrs, rank_of_pad, HEADERS, slot * (MAX_BLOCKS // 2) + block, src, WORLD, MAX_BLOCKS)
+
+
+@triton.jit
 def push_one_shot_kernel(
     x_ptr,  # *T [N]: this rank's input (ordinary local memory)
     inbox_ptrs,  # int64 [W]: every rank's inbox, T [2, W, CAP]
@@ -132,7 +163,7 @@ def push_one_shot_kernel(
     cap,  # CAP: inbox capacity per source rank and slot
     rank,  # this rank
     WORLD: tl.constexpr,  # number of ranks (2..8)
-    MAX_BLOCKS: tl.constexpr,  # rows of the signal pad (== the grid: fixed per inbox)
+    MAX_BLOCKS: tl.constexpr,  # rows of the signal pad: 2 x the grid (one header row per slot and program)
     BLOCK: tl.constexpr,  # elements per program per step
     SLOTS: tl.constexpr = 2,  # 2: double buffering; 1: the broken variant (one slot, no end barrier)
     DELAY: tl.constexpr = 0,  # a slow reader: volatile loads on SLOW_RANK between the wait and the sum
@@ -144,6 +175,7 @@ def push_one_shot_kernel(
     cap = tl.multiple_of(cap, 64)  # inbox() rounds it up: every source's region starts 128-byte aligned
     local_pad = tl.load(pad_ptrs + rank).to(tl.pointer_type(tl.int32))
     counter = local_pad + (COUNTERS * MAX_BLOCKS + pid) * WORLD
+    # 1. this call's epoch and slot
     epoch = (tl.load(counter) + 1) & 0x3FFFFFFF
     slot = epoch % SLOTS
     # 2. push this program's elements into every peer's inbox (posted stores, no waiting);
@@ -154,6 +186,10 @@ def push_one_shot_kernel(
             _push(x_ptr, inbox_ptrs, offs, None, slot, cap, rank, WORLD, ELEM, False)
         else:
             _push(x_ptr, inbox_ptrs, offs, offs < n, slot, cap, rank, WORLD, ELEM, True)
+    # 2a. this call's count into every peer's header for this slot (published by step 3's release)
+    for p in tl.static_range(WORLD):
+        if p != rank:
+            tl.store(_header(pad_ptrs, p, slot, pid, rank, WORLD, MAX_BLOCKS), n + 1)
     # 3. one release per peer: every store above happens-before whoever acquires this flag
     tl.debug_barrier()
     for p in tl.static_range(WORLD):
@@ -168,15 +204,30 @@ def push_one_shot_kernel(
             while _epoch_distance(tl.atomic_add(flag, 0, sem="acquire", scope="sys"), epoch) > 1:
                 pass
     tl.debug_barrier()
+    # 4a. every peer's count for this slot (stored before the release just acquired)
+    disagree = 0
+    for p in tl.static_range(WORLD):
+        if p != rank:
+            disagree = disagree | (tl.load(_header(pad_ptrs, rank, slot, pid, p, WORLD, MAX_BLOCKS)) != n + 1).to(
+                tl.int32
+            )
     slow_down(pad_ptrs, rank, DELAY, SLOW_RANK)
-    # 5. sum in rank order: the same bits on every rank
-    mine = tl.multiple_of(tl.load(inbox_ptrs + rank).to(tl.pointer_type(ELEM)), 16) + slot * WORLD * cap
-    for start in range(pid * BLOCK, n, nprog * BLOCK):
-        offs = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
-        if start + BLOCK <= n:
-            _sum(x_ptr, mine, out_ptr, offs, None, cap, rank, WORLD, ELEM, BLOCK, False)
-        else:
-            _sum(x_ptr, mine, out_ptr, offs, offs < n, cap, rank, WORLD, ELEM, BLOCK, True)
+    if disagree == 0:
+        # 5. sum in rank order: the same bits on every rank
+        mine = tl.multiple_of(tl.load(inbox_ptrs + rank).to(tl.pointer_type(ELEM)), 16) + slot * WORLD * cap
+        for start in range(pid * BLOCK, n, nprog * BLOCK):
+            offs = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+            if start + BLOCK <= n:
+                _sum(x_ptr, mine, out_ptr, offs, None, cap, rank, WORLD, ELEM, BLOCK, False)
+            else:
+                _sum(x_ptr, mine, out_ptr, offs, offs < n, cap, rank, WORLD, ELEM, BLOCK, True)
+    else:
+        # 5. counts that disagree: NaN on every element this program owns, and count the call
+        for start in range(pid * BLOCK, n, nprog * BLOCK):
+            offs = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
+            tl.store(out_ptr + offs, tl.full([BLOCK], float("nan"), tl.float32).to(ELEM), mask=offs < n)
+        seen = counter + DISAGREEMENTS
+        tl.store(seen, tl.load(seen) + 1)
     tl.store(counter, epoch)
 
 
@@ -186,7 +237,7 @@ class Inbox:
     docstring). ``programs`` and ``block`` are fixed here, not per call: the protocol needs every
     call to map elements to programs alike."""
 
-    buf: symm.SymmBuffer  # T [2, W, capacity] per rank, and the signal pad holding the epochs
+    buf: symm.SymmBuffer  # T [2, W, capacity] per rank; its signal pad (2 x programs rows) holds the epochs and counts
     capacity: int
     programs: int
     block: int
@@ -206,6 +257,13 @@ class Inbox:
         """Every program's epoch counter on this rank (calls made, modulo 2^30): all equal, and
         equal across ranks, after every completed call."""
         return [int(v) for v in self.buf.local_pad[COUNTERS.value, : self.programs, 0].tolist()]
+
+    def disagreements(self) -> int:
+        """Calls in which this rank saw a peer's element count differ from its own (the call's
+        output was NaN): the most over the programs. Reads the device (a sync)."""
+        if self.buf.world_size == 1:
+            return 0  # no peer, no count to disagree with (and no column 1 in the pad)
+        return inbox_call.disagreements(self.buf, COUNTERS.value, self.programs, DISAGREEMENTS.value)
 
 
 def _default_launch(capacity: int, elem_size: int, device: torch.device) -> tuple[int, int, int]:
@@ -251,7 +309,8 @@ def inbox(
     if block & (block - 1):
         raise ValueError(f"inbox: block: expected a power of two (Triton's arange), got {block}")
     capacity = -(-capacity // CAPACITY_UNIT) * CAPACITY_UNIT
-    buf = symm.empty((2, world, capacity), dtype, device=dev, max_blocks=programs, scratch_dir=scratch_dir)
+    # twice the programs' pad rows: the count headers take one row per inbox slot and program
+    buf = symm.empty((2, world, capacity), dtype, device=dev, max_blocks=2 * programs, scratch_dir=scratch_dir)
     return Inbox(buf, capacity, programs, block, num_warps)
 
 
@@ -270,11 +329,9 @@ def all_reduce(x: torch.Tensor, box: Inbox, out: torch.Tensor | None = None) -> 
     ``box.capacity`` elements; ``out`` None, ``x``, or a contiguous tensor like ``x`` that does
     not overlap it; neither inside any rank's inbox. Errors name the function and the argument.
 
-    Not checked (nothing is exchanged between ranks, so that a call costs no more than its kernel
-    and can be replayed in a CUDA graph): that every rank passes the same number of elements. A
-    mismatch is not detected and gives wrong sums, silently: a rank with more elements sums its
-    extra ones with whatever a peer left in the inbox slot from an earlier call (a protocol that
-    carries the count in the flag word would see it; this one does not). A rank that skips a call
+    Ranks whose element counts differ are caught by the protocol, with nothing exchanged on the
+    host (a call costs no more than its kernel and can be replayed in a CUDA graph): every rank's
+    output is NaN for that call and ``box.disagreements()`` counts it. A rank that skips a call
     leaves the others waiting in the kernel until the world's timeout.
 
     The first call with a given (x address, out address, size) checks everything; later calls with

@@ -551,30 +551,48 @@ def push_trials(
     delay: int = 0,
     late_rank: int | None = None,
     late_s: float = 0.0,
+    rotate_late: bool = False,
     capacity: int | None = None,
+    short_call: int | None = None,
 ) -> dict:
     """``calls`` push all-reduces (``labkit.kernels.comm.push``) back to back on one inbox, fresh
     inputs every call, no host barrier between them (a fast rank may run a call ahead). Rank
-    ``late_rank`` sleeps ``late_s`` before every other call; ``delay`` slows rank 1 inside the
-    kernel between its wait and its sum; ``slots=1`` is the broken one-slot protocol. Returns which
-    calls were wrong on this rank (against the fp64 sum of every rank's input) and the epochs."""
+    ``late_rank`` sleeps ``late_s`` before every other call (``rotate_late``: call c makes rank
+    c % W sleep ``late_s`` first instead); ``delay`` slows rank 1 inside the kernel between its
+    wait and its sum; ``slots=1`` is the broken one-slot protocol. ``short_call``: in that call,
+    rank ``short_call % W`` passes about two thirds of its elements (counts that disagree, which
+    the protocol must catch). Returns which other calls were wrong on this rank (against the fp64
+    sum of every rank's input), the calls whose output was NaN everywhere, the disagreements the
+    inbox counted, the epochs and digests of the results."""
     from labkit.kernels.comm import push
 
     dtype = getattr(torch, dtype_name)
     box = push.inbox(capacity or n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
     inputs = [rank_inputs(ctx, n, dtype, seed * 1000 + c) for c in range(calls)]
+    short = short_call is not None and short_call % ctx.world_size == ctx.rank
+    if short:
+        x, xs = inputs[short_call]
+        inputs[short_call] = (x[: n - n // 3], xs)
+    if rotate_late:
+        late = lambda c: late_s if c % ctx.world_size == ctx.rank else 0.0  # noqa: E731
+    else:
+        late = (lambda c: late_s if c % 2 == 0 else 0.0) if late_rank == ctx.rank else None
     outs = back_to_back(
         ctx,
         inputs,
         lambda x: push.all_reduce_variant(x, box, x if in_place else None, slots=slots, delay=delay),
-        (lambda c: late_s if c % 2 == 0 else 0.0) if late_rank == ctx.rank else None,
+        late,
     )
+    agreeing = [c for c in range(calls) if c != short_call]
+    wrong = wrong_calls([outs[c] for c in agreeing], [inputs[c] for c in agreeing], dtype, ctx.world_size)
     return {
         "rank": ctx.rank,
         "calls": calls,
-        "wrong": wrong_calls(outs, inputs, dtype, ctx.world_size),
+        "wrong": [agreeing[i] for i in wrong],
+        "nan_calls": [c for c, y in enumerate(outs) if bool(torch.isnan(y).all())],
+        "disagreements": box.disagreements(),
         "epochs": box.epochs(),
-        "digests": digests(outs),
+        "digests": digests([outs[c] for c in agreeing]),
     }
 
 
