@@ -70,6 +70,15 @@ def test_counts_that_disagree_are_caught_on_every_rank_and_the_next_calls_sum_ri
     assert all(set(p["epochs"]) == {calls} for p in parts), f"seed {seed}: {parts}"
 
 
+def test_the_protocol_without_count_headers_sums_right():
+    """``counts=False``, the bench's baseline for what the headers cost, is the same protocol
+    less steps 2a and 4a: it sums right with a rotating late rank."""
+    n = 2000 if tier.interpreted() else 1 << 16
+    seed, parts = _run(2, n, calls=4, rotate_late=True, late_s=0.1 if tier.interpreted() else 0.02, counts=False)
+    assert all(p["wrong"] == [] and p["nan_calls"] == [] for p in parts), f"seed {seed}: {parts}"
+    assert all(p["disagreements"] == 0 and set(p["epochs"]) == {4} for p in parts), f"seed {seed}: {parts}"
+
+
 def test_one_slot_races_when_a_reader_is_slow():
     """The broken protocol: with one inbox slot the fast rank's next call overwrites what the
     slow rank is still summing. The race needs the slow rank to be slow enough; the emulated
@@ -102,6 +111,7 @@ def bad_inputs(ctx) -> list[str]:
         lambda: push.all_reduce(x, box, out=box.buf.tensor[1, 0]),
         lambda: push.all_reduce_variant(x, box, slots=3),
         lambda: push.all_reduce_variant(x, box, delay=-1),
+        lambda: push.all_reduce_variant(x, box, counts=1),
         lambda: push.inbox(0, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir),
         lambda: push.inbox(64, torch.float32, device=ctx.device, block=1000, scratch_dir=ctx.scratch_dir),
     ):
@@ -116,7 +126,21 @@ def bad_inputs(ctx) -> list[str]:
 
 def test_bad_input_is_refused_naming_the_argument():
     first = run_ranks(bad_inputs, 2, timeout=120).unwrap()[0]
-    assert first == ["x", "x", "x", "box", "out", "out", "x", "out", "slots", "delay", "capacity", "block"]
+    assert first == [
+        "x",
+        "x",
+        "x",
+        "box",
+        "out",
+        "out",
+        "x",
+        "out",
+        "slots",
+        "delay",
+        "counts",
+        "capacity",
+        "block",
+    ]
 
 
 def test_the_push_summary_reads_records():
@@ -136,6 +160,10 @@ def test_the_push_summary_reads_records():
         "push one-shot, out of place, graph: 4 KiB 3.50 µs (0.55x torch's best), 1 MiB 9.00 µs (0.90x torch's best)",
         "push one-shot, in place, eager: 4 KiB 8.00 µs",
     ]
+    recs[0].update(count_check_ratio=1.04, count_check_p25=1.01, count_check_p75=1.08)
+    assert push_bench.summary(recs)[-1] == (
+        "push one-shot's count check, graph: time over the protocol without it: 4 KiB 1.04x (1.01 to 1.08)"
+    )
     assert push_bench.summary([]) == []
 
 

@@ -68,7 +68,10 @@ tensors (``out`` may be ``x``): only the inbox is symmetric, and nobody else rea
 
 Tested on the CPU tier (processes over shared memory, the Triton interpreter) against an fp64
 sum with fresh inputs on every call, a late rank and counts that disagree; the GPU timings are
-the sweep's (``labkit bench collectives``, implementation ``labkit_push_one_shot``).
+the sweep's (``labkit bench collectives``, implementation ``labkit_push_one_shot``). What the
+count headers cost is timed there too, in the same rounds: ``labkit_push_one_shot_unchecked`` is
+the protocol without them (``all_reduce_variant(counts=False)``), and each ``labkit_push_one_shot``
+record carries its time over that one (``count_check_ratio``).
 """
 
 from __future__ import annotations
@@ -168,6 +171,7 @@ def push_one_shot_kernel(
     SLOTS: tl.constexpr = 2,  # 2: double buffering; 1: the broken variant (one slot, no end barrier)
     DELAY: tl.constexpr = 0,  # a slow reader: volatile loads on SLOW_RANK between the wait and the sum
     SLOW_RANK: tl.constexpr = 0,  # the rank DELAY slows
+    COUNTS: tl.constexpr = True,  # False: no count headers (steps 2a, 4a): the bench's baseline for their cost
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -187,9 +191,10 @@ def push_one_shot_kernel(
         else:
             _push(x_ptr, inbox_ptrs, offs, offs < n, slot, cap, rank, WORLD, ELEM, True)
     # 2a. this call's count into every peer's header for this slot (published by step 3's release)
-    for p in tl.static_range(WORLD):
-        if p != rank:
-            tl.store(_header(pad_ptrs, p, slot, pid, rank, WORLD, MAX_BLOCKS), n + 1)
+    if COUNTS:
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                tl.store(_header(pad_ptrs, p, slot, pid, rank, WORLD, MAX_BLOCKS), n + 1)
     # 3. one release per peer: every store above happens-before whoever acquires this flag
     tl.debug_barrier()
     for p in tl.static_range(WORLD):
@@ -206,11 +211,11 @@ def push_one_shot_kernel(
     tl.debug_barrier()
     # 4a. every peer's count for this slot (stored before the release just acquired)
     disagree = 0
-    for p in tl.static_range(WORLD):
-        if p != rank:
-            disagree = disagree | (tl.load(_header(pad_ptrs, rank, slot, pid, p, WORLD, MAX_BLOCKS)) != n + 1).to(
-                tl.int32
-            )
+    if COUNTS:
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                h = tl.load(_header(pad_ptrs, rank, slot, pid, p, WORLD, MAX_BLOCKS))
+                disagree = disagree | (h != n + 1).to(tl.int32)
     slow_down(pad_ptrs, rank, DELAY, SLOW_RANK)
     if disagree == 0:
         # 5. sum in rank order: the same bits on every rank
@@ -242,7 +247,7 @@ class Inbox:
     programs: int
     block: int
     num_warps: int
-    #: (x address, out address, elements, (slots, delay, slow rank)) -> its ``inbox_call.InputLaunch``
+    #: (x address, out address, elements, (slots, delay, slow rank, counts)) -> its ``inbox_call.InputLaunch``
     launches: dict = dataclasses.field(default_factory=dict)
 
     @property
@@ -342,28 +347,42 @@ def all_reduce(x: torch.Tensor, box: Inbox, out: torch.Tensor | None = None) -> 
 
 
 def all_reduce_variant(
-    x: torch.Tensor, box: Inbox, out: torch.Tensor | None = None, *, slots: int = 2, delay: int = 0, slow_rank: int = 1
+    x: torch.Tensor,
+    box: Inbox,
+    out: torch.Tensor | None = None,
+    *,
+    slots: int = 2,
+    delay: int = 0,
+    slow_rank: int = 1,
+    counts: bool = True,
 ) -> torch.Tensor:
     """``all_reduce`` with the lab's switches: ``slots=1`` is the broken protocol (one inbox slot
     and no end barrier: a fast rank's next call overwrites what a slow peer is still summing);
-    ``delay`` volatile loads on ``slow_rank`` between its wait and its sum make that peer slow.
-    Do not mix ``slots`` on one inbox (the epochs would name the wrong slot)."""
+    ``delay`` volatile loads on ``slow_rank`` between its wait and its sum make that peer slow;
+    ``counts=False`` leaves out the count headers (steps 2a and 4a: counts that disagree go
+    unseen), the baseline against which the bench measures what they cost.
+    Do not mix ``slots`` or ``counts`` on one inbox (the epochs would name the wrong slot; a
+    call with counts would read a header left by a call two or more before it)."""
     if slots not in (1, 2):
         raise ValueError(f"all_reduce_variant: slots: expected 1 (the broken variant) or 2, got {slots!r}")
     if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
         raise ValueError(f"all_reduce_variant: delay: expected an int >= 0 (volatile loads), got {delay!r}")
     if delay and (isinstance(slow_rank, bool) or not isinstance(slow_rank, int)):
         raise ValueError(f"all_reduce_variant: slow_rank: expected a rank (int), got {slow_rank!r}")
-    return _call(x, box, out, slots, delay, slow_rank if delay else 0)
+    if not isinstance(counts, bool):
+        raise TypeError(f"all_reduce_variant: counts: expected a bool, got {type(counts).__name__}")
+    return _call(x, box, out, slots, delay, slow_rank if delay else 0, counts)
 
 
-def _call(x, box, out, slots: int = 2, delay: int = 0, slow_rank: int = 0) -> torch.Tensor:
+def _call(x, box, out, slots: int = 2, delay: int = 0, slow_rank: int = 0, counts: bool = True) -> torch.Tensor:
     """The launch kept on ``box`` for this call (``inbox_call.call``; the switches are part of its key)."""
 
     def make(x: torch.Tensor, box: Inbox) -> inbox_call.InputLaunch:
         world = box.buf.world_size
         if delay and not 0 <= slow_rank < world:
             raise ValueError(f"all_reduce_variant: slow_rank: expected a rank in 0..{world - 1}, got {slow_rank!r}")
-        return inbox_call.one_shot_launch(push_one_shot_kernel, x, box, SLOTS=slots, DELAY=delay, SLOW_RANK=slow_rank)
+        return inbox_call.one_shot_launch(
+            push_one_shot_kernel, x, box, SLOTS=slots, DELAY=delay, SLOW_RANK=slow_rank, COUNTS=counts
+        )
 
-    return inbox_call.call(box, x, out, Inbox, _check, make, (slots, delay, slow_rank))
+    return inbox_call.call(box, x, out, Inbox, _check, make, (slots, delay, slow_rank, counts))

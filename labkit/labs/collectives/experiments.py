@@ -554,16 +554,18 @@ def push_trials(
     rotate_late: bool = False,
     capacity: int | None = None,
     short_call: int | None = None,
+    counts: bool = True,
 ) -> dict:
     """``calls`` push all-reduces (``labkit.kernels.comm.push``) back to back on one inbox, fresh
     inputs every call, no host barrier between them (a fast rank may run a call ahead). Rank
     ``late_rank`` sleeps ``late_s`` before every other call (``rotate_late``: call c makes rank
     c % W sleep ``late_s`` first instead); ``delay`` slows rank 1 inside the kernel between its
-    wait and its sum; ``slots=1`` is the broken one-slot protocol. ``short_call``: in that call,
-    rank ``short_call % W`` passes about two thirds of its elements (counts that disagree, which
-    the protocol must catch). Returns which other calls were wrong on this rank (against the fp64
-    sum of every rank's input), the calls whose output was NaN everywhere, the disagreements the
-    inbox counted, the epochs and digests of the results."""
+    wait and its sum; ``slots=1`` is the broken one-slot protocol; ``counts=False`` the protocol
+    without its count headers. ``short_call``: in that call, rank ``short_call % W`` passes about
+    two thirds of its elements (counts that disagree, which the protocol must catch). Returns
+    which other calls were wrong on this rank (against the fp64 sum of every rank's input), the
+    calls whose output was NaN everywhere, the disagreements the inbox counted, the epochs and
+    digests of the results."""
     from labkit.kernels.comm import push
 
     dtype = getattr(torch, dtype_name)
@@ -580,7 +582,7 @@ def push_trials(
     outs = back_to_back(
         ctx,
         inputs,
-        lambda x: push.all_reduce_variant(x, box, x if in_place else None, slots=slots, delay=delay),
+        lambda x: push.all_reduce_variant(x, box, x if in_place else None, slots=slots, delay=delay, counts=counts),
         late,
     )
     agreeing = [c for c in range(calls) if c != short_call]

@@ -29,6 +29,8 @@ from labkit.kernels.comm import flag_in_data, push, symm
 #: message sizes per rank (bytes); 4 KiB .. 1 MiB is where latency decides, 256 MiB bandwidth
 SIZES = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
 REQUIRED = ("kind", "impl", "timing", "bytes", "world_size", "us", "correct")
+#: the push one-shot without its count headers: the baseline of ``count_check_ratio``
+UNCHECKED = "labkit_push_one_shot_unchecked"
 
 
 def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
@@ -38,8 +40,9 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
 
     dev = ctx.device
     box = push.inbox(n, dtype, device=dev)
+    ubox = push.inbox(n, dtype, device=dev)  # the protocol without count headers: an inbox of its own
     fbox = flag_in_data.inbox(n, dtype, device=dev)
-    out, mine = torch.empty_like(x), x.clone()
+    out, mine, u_out = torch.empty_like(x), x.clone(), torch.empty_like(x)
     f_out, f_mine = torch.empty_like(x), x.clone()
     buf = symm.empty(n, dtype, device=dev)  # no inbox: what auto runs without one
     pull_out, auto_out = torch.empty_like(x), torch.empty_like(x)
@@ -54,6 +57,12 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
             {"in_place": False},
             lambda: push.all_reduce(x, box, out),
             lambda: close(push.all_reduce(x, box, out)),
+        ),
+        # the same without the count headers (steps 2a, 4a): what catching disagreeing counts costs
+        "labkit_push_one_shot_unchecked": (
+            {"in_place": False, "counts": False},
+            lambda: push.all_reduce_variant(x, ubox, u_out, counts=False),
+            lambda: close(push.all_reduce_variant(x, ubox, u_out, counts=False)),
         ),
         # in place: the input is replaced by the sum (timed repeatedly, the values grow: timing only)
         "labkit_push_one_shot_in_place": (
@@ -114,7 +123,7 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
             lambda: two(st, "sum", group),
             lambda: (st.copy_(x), two(st, "sum", group), close(st))[-1],
         )
-    return cands, (box, fbox, ibuf), (out, f_out, i_out)
+    return cands, (box, ubox, fbox, ibuf), (out, u_out, f_out, i_out)
 
 
 def _paired(cmp, name: str, best: str | None) -> dict:
@@ -134,7 +143,7 @@ def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
         n, x, ref, scale = lab02.message(ctx, nbytes, dtype, seed=7000 + nbytes % 997)
         iters = lab02.iters_for(nbytes)
         close = lambda y, ref=ref, scale=scale: lab02.close_to_ref(y, ref, w, scale)  # noqa: E731
-        cands, (box, fbox, ibuf), (out, f_out, i_out) = _candidates(ctx, n, dtype, x, close)
+        cands, (box, ubox, fbox, ibuf), (out, u_out, f_out, i_out) = _candidates(ctx, n, dtype, x, close)
         base = {"kind": "push", "op": "all_reduce", "world_size": w, "bytes": n * dtype.itemsize, "dtype": dtype_name}
         ok, rows = lab02.check_candidates(cands, base, dev)
         torch_names = [nm for nm in ok if nm.startswith("torch_")]
@@ -152,6 +161,10 @@ def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
                         iters=iters,
                         **_paired(cmp, name, best),
                     )
+                    if name == "labkit_push_one_shot" and UNCHECKED in cmp.timings:
+                        # what the count headers cost: time over the protocol without them, per round
+                        med, p25, p75 = cmp.ratio_to(name, UNCHECKED)
+                        rec.update(count_check_ratio=med, count_check_p25=p25, count_check_p75=p75)
                     rec["busbw_GBps"] = rec["bytes"] / rec["us"] / 1e3 * lab02.BUS_FACTOR["all_reduce"](w)
                 else:
                     rec.setdefault("us", None)
@@ -171,13 +184,18 @@ def push_series(ctx, sizes=SIZES, dtype_name: str = "bfloat16", reps: int = 15, 
                     C.all_reduce(ibuf, i_out, algorithm="flag_in_data"),
                 )[-1],
             ),
+            (
+                UNCHECKED,
+                UNCHECKED,
+                lambda x=x, ubox=ubox, u_out=u_out: push.all_reduce_variant(x, ubox, u_out, counts=False),
+            ),
         ):
             if checked in ok:  # the epochs stayed in step through the replays
                 after = lab02.agreed_everywhere(bool(close(again())), dev)
                 for rec in records[-2 * len(rows) :]:
-                    if rec["impl"].startswith(prefix):
+                    if rec["impl"].startswith(prefix) and (rec["impl"] == UNCHECKED) == (checked == UNCHECKED):
                         rec["correct_after"] = after
-        del cands, box, out, fbox, f_out, ibuf, i_out
+        del cands, box, out, ubox, u_out, fbox, f_out, ibuf, i_out
         torch.cuda.synchronize(dev)
         ctx.barrier()
     return records
@@ -208,7 +226,8 @@ def push_records(w: int, sizes=SIZES, timeout: float = 300.0) -> list[dict]:
 
 def summary(records: list[dict]) -> list[str]:
     """One line per protocol and timing: the push (and flag-in-data) all-reduce's time and its
-    ratio to torch's best op, per size."""
+    ratio to torch's best op, per size; then, per timing, what the push one-shot's count check
+    costs (its time over the protocol without it, median and quartiles of the paired rounds)."""
     lines = []
     protocols = (
         ("labkit_push_one_shot", "push one-shot"),
@@ -235,6 +254,21 @@ def summary(records: list[dict]) -> list[str]:
                     for b, r in pts
                 )
                 lines.append(f"{label}, {'in place' if in_place else 'out of place'}, {timing}: {body}")
+    for timing in ("graph", "eager"):
+        pts = sorted(
+            (r["bytes"], r)
+            for r in records
+            if r.get("kind") == "push"
+            and r.get("timing") == timing
+            and r.get("impl") == "labkit_push_one_shot"
+            and r.get("count_check_ratio") is not None
+        )
+        if pts:
+            body = ", ".join(
+                f"{_size(b)} {r['count_check_ratio']:.2f}x ({r['count_check_p25']:.2f} to {r['count_check_p75']:.2f})"
+                for b, r in pts
+            )
+            lines.append(f"push one-shot's count check, {timing}: time over the protocol without it: {body}")
     return lines
 
 
