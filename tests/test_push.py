@@ -79,6 +79,26 @@ def test_the_protocol_without_count_headers_sums_right():
     assert all(p["disagreements"] == 0 and set(p["epochs"]) == {4} for p in parts), f"seed {seed}: {parts}"
 
 
+def test_gpu_code_stores_the_count_header_before_the_release():
+    """Compiled for sm_90 in a child with TRITON_INTERPRET=0 (no GPU needed), bf16 (the data
+    moves in 16-bit stores): with count headers a 32-bit store (step 2a) comes before the first
+    system-scope release (step 3); without them the first 32-bit store is the epoch counter's,
+    after the acquire. Both signal with a release exchange and wait with acquire loads."""
+    from labkit.workbench import sandbox
+
+    found = {}
+    for counts in (True, False):
+        res = sandbox.run_isolated(
+            "labkit.labs.collectives.ptx:push_memory_ops", 2, "bf16", counts, timeout=300, env={"TRITON_INTERPRET": "0"}
+        )
+        found[counts] = res.unwrap()["ops"]
+    release, acquire, word = "atom.global.sys.release.exch.b32", "ld.global.sys.acquire.b32", "st.global.b32"
+    for counts, ops in found.items():
+        assert release in ops and acquire in ops and word in ops, (counts, ops)
+    assert found[True].index(word) < found[True].index(release), found[True]
+    assert found[False].index(word) > found[False].index(acquire), found[False]
+
+
 def test_one_slot_races_when_a_reader_is_slow():
     """The broken protocol: with one inbox slot the fast rank's next call overwrites what the
     slow rank is still summing. The race needs the slow rank to be slow enough; the emulated

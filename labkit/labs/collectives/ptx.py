@@ -94,6 +94,31 @@ def summarize_all(worlds=(2, 8), algorithms=None) -> list[dict]:
     return [ptx_summary(a, w, sem) for a in (algorithms or SIGNATURES) for w in worlds for sem in (0, 1)]
 
 
+def push_memory_ops(world: int = 2, dtype: str = "bf16", counts: bool = True, arch: int = 90) -> dict:
+    """The push one-shot (``labkit.kernels.comm.push``) compiled for sm_<arch> with its count
+    headers (``counts``) or without: its distinct global memory instructions, in order of first
+    appearance, and the PTX's length in lines."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from labkit.kernels.comm import push
+
+    constexprs = dict(WORLD=world, MAX_BLOCKS=2 * 132, BLOCK=1024, SLOTS=2, DELAY=0, SLOW_RANK=0, COUNTS=counts)
+    signature = {"x_ptr": f"*{dtype}", "inbox_ptrs": "*i64", "pad_ptrs": "*i64", "out_ptr": f"*{dtype}"}
+    signature.update({k: "i32" for k in ("n", "cap", "rank")})
+    signature.update({k: "constexpr" for k in constexprs})
+    ptx = triton.compile(
+        ASTSource(fn=push.push_one_shot_kernel, signature=signature, constexprs=constexprs),
+        target=GPUTarget("cuda", arch, 32),
+        options={"num_warps": 4},
+    ).asm["ptx"]
+    ops = re.findall(r"\b(?:atom|red|fence|membar|ld\.global|st\.global)[\w.]*", ptx)
+    return {"world": world, "counts": counts, "ops": list(dict.fromkeys(ops)), "lines": len(ptx.splitlines())}
+
+
 def all_gather_orders(world: int = 4, sem: int = 0, dtype: str = "bf16", arch: int = 90) -> dict[str, str]:
     """The all-gather's PTX in each order ("rotated", the default, and "naive": ``ROTATE=False``)."""
     return {
