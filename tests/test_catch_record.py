@@ -58,7 +58,9 @@ def test_recorded_lines_name_the_machine_and_file_or_say_nothing_was_recorded(tm
     assert line.startswith("RECORDED on h200x2 (reference/h200x2/checkers.json, not this machine)")
     assert "FAILED: launches on the current device" in line
     (none,) = catch_record.recorded_lines("stream_races", ref)
-    assert "no machine has recorded lab stream_races" in none and "labkit bench checkers --reference" in none
+    assert (
+        "no machine has recorded a verdict on lab stream_races" in none and "labkit bench checkers --reference" in none
+    )
 
 
 def test_show_adds_the_recording_only_where_a_check_could_not_look_in_full(tmp_path, capsys):
@@ -78,3 +80,12 @@ def test_a_case_this_machine_cannot_run_is_recorded_as_skipped_with_the_checkers
     row = catch_record.run_case("collectives", ("collective", catch.one_shot_fixed, catch.inputs, {"world_size": 1}))
     assert row["status"] == "skipped" and row["outcome"] == "cannot run here"
     assert row["message"].startswith("collective: world_size=1") and row["role"] == "fix"
+
+
+def test_a_machine_that_skipped_every_case_of_a_lab_shows_no_verdict(tmp_path):
+    row = dict(lab="fp8_dispatch", checker="device_independence", target="m:forward_seed", role="seed")
+    row.update(status="skipped", outcome="needs 2 GPUs", message="found 1", tier="gpu", seconds=0.0)
+    path = tmp_path / "h200x1" / "checkers.json"
+    results.write_results(path, "checkers", [row], generator="test", required=catch_record.REQUIRED)
+    (line,) = catch_record.recorded_lines("fp8_dispatch", tmp_path)
+    assert line.startswith("(no machine has recorded a verdict on lab fp8_dispatch's checks")

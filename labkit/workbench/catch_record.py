@@ -90,7 +90,10 @@ def recorded_lines(lab: str, reference_dir=None) -> list[str]:
                 f"RECORDED on {machine} (reference/{machine}/{RESULTS_NAME}.json, not this machine): "
                 f"{r['checker']}({r['target']}) [{r['role']}]: {r['status'].upper()}: {r['outcome']}: {r['message']}"
             )
-    return lines or [f"(no machine has recorded lab {lab}'s checks: `labkit bench {RESULTS_NAME} --reference` on GPUs)"]
+    return lines or [
+        f"(no machine has recorded a verdict on lab {lab}'s checks: `labkit bench {RESULTS_NAME} --reference` "
+        "on GPUs enough for them)"
+    ]
 
 
 def show(lab: str, reports, reference_dir=None) -> None:
