@@ -6,6 +6,7 @@ must be set before the ranks import labkit) that several tests inspect, one fail
 hung run.
 """
 
+import datetime
 import os
 import secrets
 import time
@@ -13,6 +14,7 @@ import time
 import pytest
 import rank_fns
 import torch
+import torch.distributed as dist
 
 import labkit  # first: picks the tier
 from labkit.kernels.comm.ranks import RankFailure, RanksResult, run_ranks
@@ -255,3 +257,22 @@ def test_two_gpu_ranks_all_reduce_over_nccl():
     ref = reference_sum(seed, 2)
     for v in values:
         torch.testing.assert_close(v["sum"].double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_rank_zero_keeps_the_store_until_every_rank_has_counted_itself_in(monkeypatch):
+    """Rank 0 hosts the TCP store; leaving before a peer's init has returned closes the store under
+    that peer ("Failed to recv"): a fn that needs no collective can end a world that way under load."""
+    import threading
+
+    from labkit.kernels.comm import ranks
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
+    monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", lambda: store)
+    store.add(ranks._INITIALIZED_KEY, 1)  # rank 0 is in; rank 1 counts itself in 0.3 s later
+    threading.Timer(0.3, lambda: store.add(ranks._INITIALIZED_KEY, 1)).start()
+    start = time.monotonic()
+    ranks._hold_the_store(2, timeout=10)
+    assert 0.25 < time.monotonic() - start < 5
+    start = time.monotonic()
+    ranks._hold_the_store(3, timeout=0.2)  # a rank that never counts itself in: bounded by the timeout
+    assert 0.15 < time.monotonic() - start < 2

@@ -552,6 +552,7 @@ def _rank_main(call: dict) -> None:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         _init_process_group(ctx, call["timeout"])
+        dist.distributed_c10d._get_default_store().add(_INITIALIZED_KEY, 1)
         ok, blob = True, pickle.dumps({"status": "ok", "value": fn(ctx, *args, **kwargs)})
     except BaseException as e:
         ok, blob = False, _exception_blob(e)
@@ -562,12 +563,30 @@ def _rank_main(call: dict) -> None:
     # Tear down after the result is safe: destroy_process_group can block when a peer has died.
     try:
         if dist.is_initialized():
+            if rank == 0:
+                _hold_the_store(call["world_size"], call["timeout"])
             dist.destroy_process_group()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
         # os._exit skips interpreter teardown, which can abort or hang after a CUDA fault.
         os._exit(0 if ok else 1)
+
+
+#: the store key every rank adds 1 to once its ``init_process_group`` has returned
+_INITIALIZED_KEY = "labkit/ranks_initialized"
+
+
+def _hold_the_store(world_size: int, timeout: float) -> None:
+    """Rank 0 hosts the TCP store that every rank's ``init_process_group`` reads. A fn that needs
+    no collective can return on rank 0 while a peer is still inside its init (gloo's mesh set-up
+    reads the store after rank 0's side is done); rank 0 leaving then closes the store under it
+    ("Failed to recv, got 0 bytes"). So rank 0 leaves only once every rank has counted itself in.
+    Bounded: a rank that fails before counting is reported, and the launcher kills the others."""
+    store = dist.distributed_c10d._get_default_store()
+    deadline = time.monotonic() + timeout
+    while store.add(_INITIALIZED_KEY, 0) < world_size and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def _redirect_output(run_dir: str, rank: int) -> None:
