@@ -123,15 +123,26 @@ TABLES: dict[tuple[str, str], ConfigTable] = {
         op="forward",
         source=_H200_SWEEP,
         rows=(
-            (1024, _cfg(64, 256, 64, 8, 8, 4, tma=True)),
+            (1024, _cfg(64, 256, 64, 8, 8, 5, tma=True)),
             (128, _cfg(128, 256, 64, 8, 8, 4, tma=True)),
             (0, _cfg(64, 128, 64, 8, 4, 4, p=2, tma=True)),
         ),
     ),
+    (H200, "dgrad"): ConfigTable(
+        device=H200,
+        op="dgrad",
+        source=_H200_SWEEP,
+        rows=(
+            (1024, _cfg(128, 256, 64, 8, 8, 3)),
+            (128, _cfg(128, 256, 64, 8, 8, 4, tma=True)),
+            (0, _cfg(64, 128, 64, 8, 4, 4, p=2, tma=True)),
+        ),
+    ),
+    (H200, "wgrad"): ConfigTable(device=H200, op="wgrad", source=_H200_SWEEP, rows=((0, _cfg(128, 128, 64, 8, 8, 4)),)),
 }
 
-#: What an sm_90 GPU without a table of its own (an H100 until its sweep is recorded, or an op
-#: no sweep has covered) launches with: the H200 forward table where there is one (same SM
+#: What an sm_90 GPU without a table of its own (an H100 without a recorded sweep, or an op no
+#: sweep has covered) launches with: the H200 forward table where there is one (same SM
 #: count, same 228 KB of shared memory per SM: the nearest recorded sweep), else these defaults.
 #: ``config_source`` says which, and the bench records it beside every timing.
 HOPPER_DEFAULTS: dict[str, ConfigTable] = {
