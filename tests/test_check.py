@@ -277,7 +277,8 @@ def test_replay_with_fresh_inputs_checks_every_replay_against_a_reference():
         return None if torch.allclose(y.double(), want, rtol=1e-6, atol=1e-6) else f"replay {step} differs"
 
     ran = check.replay_with_fresh_inputs(lambda: torch.add(x * scale["k"], 1, out=out), refill, close, replays=3)
-    assert ran.ok and ran.replays == 3 and ran.outputs is out and ran.kind == ("CUDA graph" if on_gpu else "emulated graph")
+    assert ran.ok and ran.replays == 3 and ran.outputs is out
+    assert ran.kind == ("CUDA graph" if on_gpu else "emulated graph")
 
     def refill_and_rescale(step):
         scale["k"] = 3.0 + step  # the graph keeps 3.0: replays 1 and 2 are wrong
