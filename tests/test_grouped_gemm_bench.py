@@ -322,11 +322,12 @@ def test_forced_config_is_used_and_put_back():
 def test_candidate_configs_drop_what_shared_memory_cannot_hold():
     gpu = tune.candidate_configs(tune.TUNE_GRID["gpu"], extra=tune._extra("gpu", "forward", 64))
     assert len(gpu) == 18 and all(tune.smem_bytes(c) <= tune.SMEM_LIMIT for c in gpu)  # 16 + 2 two-per-SM
-    assert all(cfg in gpu for _, cfg in gg.HOPPER_FORWARD)  # the shipped choices are measured
-    for op in gg.OPS:  # every default is in its op's sweep at every lab shape
+    for op in gg.OPS:  # every default and every table's pick is in its op's sweep at every lab shape
+        tables = [gg.HOPPER_DEFAULTS[op]] + [t for (_, o), t in gg.TABLES.items() if o == op]
         for E, M, _, _ in bench.SHAPES["gpu"]:
             swept = tune.candidate_configs(tune.TUNE_GRID["gpu"], extra=tune._extra("gpu", op, E))
-            assert gg.HOPPER_DEFAULTS[op].pick(M // E) in swept, (op, E)
+            for table in tables:
+                assert table.pick(M // E) in swept, (table.device, op, E)
     # E=8 gets the wider sweep: BLOCK_K 128, L2 group sizes, deeper pipelines, all fitting
     wide = tune.candidate_configs(tune.TUNE_GRID["gpu"], extra=tune._extra("gpu", "forward", 8))
     assert len(wide) > len(gpu) and all(tune.smem_bytes(c) <= tune.SMEM_LIMIT for c in wide)
@@ -408,7 +409,10 @@ def test_table_winners_sum_both_splits_and_need_every_case():
     recs += _made_up_sweep("forward", {(c, 64, "uniform"): 0.01, (c, 64, "skewed"): 0.01})  # another op
     assert tune.table_winners(recs, table) == {1024: a, 0: b}
     text = tune.table_text(recs, "wgrad", "X", "reference/x/grouped_gemm_tune.json")
-    assert "source='reference/x/grouped_gemm_tune.json'" in text and "(0, _cfg(64, 128, 64, 8, 8, 4))" in text
+    # table_text writes the rows of the op's defaults (1024, 128, 0): E=64's winner reaches the
+    # 128 row there, and the row no case reaches keeps the default, saying so
+    assert "source='reference/x/grouped_gemm_tune.json'" in text and "(128, _cfg(64, 128, 64, 8, 8, 4))" in text
+    assert "(0, _cfg(128, 128, 64, 8, 8, 3)),  # no case of the sweep reaches this row: the default" in text
 
 
 def _tune_files() -> list:

@@ -58,27 +58,42 @@ def _write(root: Path, name: str, records: list[dict]) -> None:
     results.write_results(root / name, lab, records, generator="tests.test_report")
 
 
-def _push(nbytes, impl, us, ratio=1.0):
-    return {"kind": "push", "timing": "graph", "bytes": nbytes, "impl": impl, "us": us, "ratio_to_torch_best": ratio}
+def _push(nbytes, impl, us, ratio=1.0, w=2):
+    return {
+        "kind": "push",
+        "timing": "graph",
+        "world_size": w,
+        "bytes": nbytes,
+        "impl": impl,
+        "us": us,
+        "ratio_to_torch_best": ratio,
+        "count_check_ratio": 1.05 if impl == "labkit_push_one_shot" else None,
+    }
 
 
-def _collectives_records(nbytes=4096):
+def _collectives_records(nbytes=4096, w=2):
     recs = [
-        _push(nbytes, "labkit_push_one_shot", 4.25, 0.5),
-        _push(nbytes, "labkit_one_shot", 8.5),
-        _push(nbytes, "torch_one_shot", 9.0),
-        _push(nbytes, "torch_two_shot", 8.75),
+        _push(nbytes, "labkit_fid_one_shot", 4.0, 0.45, w),
+        _push(nbytes, "labkit_push_one_shot", 4.25, 0.5, w),
+        _push(nbytes, "labkit_one_shot", 8.5, w=w),
+        _push(nbytes, "labkit_all_reduce", 8.6, w=w),
+        _push(nbytes, "torch_one_shot", 9.0, w=w),
+        _push(nbytes, "torch_two_shot", 8.75, w=w),
     ]
+    if nbytes == 4096:  # the count check's line reads 4 KiB and 1 MiB
+        recs += _collectives_records(1 << 20, w)
     recs.append({"kind": "sweep", "op": "all_reduce", "impl": "nccl", "bytes": nbytes, "graph_us": 12.0})
     return recs
 
 
 def test_a_renderer_reads_its_fields_from_the_file(tmp_path):
-    _write(tmp_path, collectives_findings.DOCS_REFERENCE, _collectives_records())
+    for name, w in zip(collectives_findings.SMALL_REFERENCES, (2, 4)):
+        _write(tmp_path, name, _collectives_records(w=w))
     text = collectives_findings.small_messages_table(report.Reference(tmp_path))
-    row = next(line for line in text.splitlines() if line.startswith("| 4 KiB"))
-    assert row == "| 4 KiB | 4.25 | 8.50 | 9.00 | 8.75 | 12.0 | 0.50x |"
-    assert "`reference/h200x2/collectives.json`" in text
+    rows = [line for line in text.splitlines() if "| 4 KiB |" in line]
+    assert rows[0] == "| 2 | 4 KiB | 4.00 | 4.25 | 8.50 | 8.60 | 9.00 | 8.75 | 12.0 | 0.46x |"
+    assert rows[1].startswith("| 4 | 4 KiB |")
+    assert "`reference/h200x2/collectives.json`" in text and "W=4 1 MiB 1.05x" in text
 
 
 def test_a_missing_file_is_named(tmp_path):
@@ -107,7 +122,8 @@ def test_two_records_where_one_is_asked_for_is_an_error(tmp_path):
 
 
 def test_check_names_a_stale_block_and_write_renders_it(tmp_path, monkeypatch):
-    _write(tmp_path / "reference", collectives_findings.DOCS_REFERENCE, _collectives_records())
+    for name, w in zip(collectives_findings.SMALL_REFERENCES, (2, 4)):
+        _write(tmp_path / "reference", name, _collectives_records(w=w))
     (tmp_path / "docs").mkdir()
     doc = tmp_path / "docs" / "page.md"
     doc.write_text("before\n<!-- report:collectives-small-messages -->\nold numbers\n<!-- /report -->\nafter\n")
@@ -115,7 +131,7 @@ def test_check_names_a_stale_block_and_write_renders_it(tmp_path, monkeypatch):
     assert report.stale(tmp_path, ref) == ["docs/page.md: collectives-small-messages"]
     assert report.write(tmp_path, ref) == [doc]
     text = doc.read_text()
-    assert text.startswith("before\n<!-- report:collectives-small-messages -->\n| all-reduce |")
+    assert text.startswith("before\n<!-- report:collectives-small-messages -->\n| W | size |")
     assert text.endswith("Rendered by `labkit report`.\n<!-- /report -->\nafter\n")
     assert report.stale(tmp_path, ref) == []
 
@@ -271,3 +287,29 @@ def test_cost_in_words_spans_medians_and_tests():
     assert memory_findings.cost_in_words(rows, "m") == (
         "**m**: the semantics' medians span 7.1-8 ns per instance, the tests 2.4-18 ns."
     )
+
+
+def _backward(op, method, gpu, ratio, **tile):
+    cfg = dict(block_m=128, block_n=128, block_k=64, num_stages=4, tma=False) | tile
+    return {
+        "kind": "gemm_backward",
+        "impl": "labkit",
+        "op": op,
+        "method": method,
+        "experts": 8,
+        "tokens": 16384,
+        "skew": "uniform",
+        "gpu": gpu,
+        "ratio_vs_torch": ratio,
+        "tflops": 400.0,
+        **cfg,
+    }
+
+
+@pytest.mark.parametrize(("gpu", "second"), [("NVIDIA H200", " / 64×256×64, 4"), ("a GPU without a table", "")])
+def test_the_backward_table_names_the_tables_pick_where_it_differs_from_the_recorded_tile(tmp_path, gpu, second):
+    recs = [_backward(op, m, gpu, r) for op, r in (("dgrad", 0.95), ("wgrad", 1.5)) for m in ("eager", "graph")]
+    _write(tmp_path, gemm_findings.DOCS_REFERENCE, recs)
+    text = gemm_findings.backward_table(report.Reference(tmp_path))
+    row = next(line for line in text.splitlines() if line.startswith("| 8 | uniform"))
+    assert row == f"| 8 | uniform | 0.95 | 0.95 | 400 | 1.50 | 1.50 | 400 | 128×128×64, 4{second} |"

@@ -138,7 +138,16 @@ TABLES: dict[tuple[str, str], ConfigTable] = {
             (0, _cfg(64, 128, 64, 8, 4, 4, p=2, tma=True)),
         ),
     ),
-    (H200, "wgrad"): ConfigTable(device=H200, op="wgrad", source=_H200_SWEEP, rows=((0, _cfg(128, 128, 64, 8, 8, 4)),)),
+    (H200, "wgrad"): ConfigTable(
+        device=H200,
+        op="wgrad",
+        source=_H200_SWEEP,
+        rows=(
+            (1024, _cfg(64, 256, 64, 8, 8, 4)),
+            (128, _cfg(128, 256, 64, 8, 8, 3)),
+            (0, _cfg(128, 256, 64, 8, 8, 3)),
+        ),
+    ),
 }
 
 #: What an sm_90 GPU without a table of its own (an H100 without a recorded sweep, or an op no
@@ -158,7 +167,18 @@ HOPPER_DEFAULTS: dict[str, ConfigTable] = {
             (0, _cfg(64, 128, 64, 8, 4, 4, p=2)),
         ),
     ),
-    "wgrad": ConfigTable(device="sm_90 default", op="wgrad", source=None, rows=((0, _cfg(128, 128, 64, 8, 8, 3)),)),
+    # wgrad: rows at the same tokens-per-expert thresholds, so a sweep can pick per shape (the
+    # reduction runs over an expert's tokens: its length, not the tile count, is what changes)
+    "wgrad": ConfigTable(
+        device="sm_90 default",
+        op="wgrad",
+        source=None,
+        rows=(
+            (1024, _cfg(128, 128, 64, 8, 8, 3)),
+            (128, _cfg(128, 128, 64, 8, 8, 3)),
+            (0, _cfg(128, 128, 64, 8, 8, 3)),
+        ),
+    ),
 }
 #: The forward table of the H200 by its old name (the rows an sm_90 GPU falls back to).
 HOPPER_FORWARD = HOPPER_DEFAULTS["forward"].rows
@@ -168,7 +188,7 @@ FP32 = GroupedConfig(block_m=64, block_n=128, block_k=32, group_m=8, num_warps=4
 GENERIC_FORWARD = GroupedConfig(block_m=128, block_n=128, block_k=32, group_m=8, num_warps=4, num_stages=3)
 GENERIC_WGRAD = GroupedConfig(block_m=64, block_n=64, block_k=32, group_m=8, num_warps=4, num_stages=3)
 #: wgrad: output tiles of [BLOCK_M along K, BLOCK_N along N], reduction steps of BLOCK_K rows.
-HOPPER_WGRAD = HOPPER_DEFAULTS["wgrad"].rows[0][1]
+HOPPER_WGRAD = HOPPER_DEFAULTS["wgrad"].rows[-1][1]
 #: Under the interpreter: large tiles, few programs (each costs about 1 ms per tile op).
 INTERPRETER = GroupedConfig(block_m=32, block_n=32, block_k=32, group_m=4, num_warps=4, num_stages=1)
 INTERPRETER_PROGRAMS = 4

@@ -259,41 +259,115 @@ def sweep_crossover_rows(records: list[dict]) -> list[dict]:
 
 #: the 2-GPU reference the docs' tables are rendered from (labkit report)
 DOCS_REFERENCE = "h200x2/collectives.json"
-#: the push benchmark's impls, in the docs' column order: labkit's two one-shots, then torch's ops
+#: the 2-GPU reference the docs' large-message table is rendered from (labkit report)
+DOCS_REFERENCE = "h200x2/collectives.json"
+#: the reference files of the small-message tables (labkit report), one per world size
+SMALL_REFERENCES = ("h200x2/collectives.json", "h200x4/collectives.json")
+#: the push benchmark's impls, in the docs' column order: labkit's one-shots, the public call,
+#: then torch's ops (kind "push", out of place)
 PUSH_COLUMNS = (
-    ("labkit_push_one_shot", "push one-shot"),
-    ("labkit_one_shot", "labkit one-shot (pull)"),
+    ("labkit_fid_one_shot", "flag-in-data"),
+    ("labkit_push_one_shot", "push"),
+    ("labkit_one_shot", "pull one-shot"),
+    ("labkit_all_reduce", "`all_reduce` (auto)"),
     ("torch_one_shot", "torch one-shot"),
     ("torch_two_shot", "torch two-shot"),
 )
 
 
+def _world(reference, name) -> int:
+    return reference.records(name, kind="push")[0]["world_size"]
+
+
 def small_messages_table(reference) -> str:
-    """docs block ``collectives-small-messages``: the all-reduce's µs up to 1 MiB under graph replay on
-    2×H200, the push one-shot beside labkit's pull one-shot and torch's ops timed in the same rounds
-    (kind ``push``), with NCCL from the sweep (kind ``sweep``, ``graph_us``)."""
+    """docs block ``collectives-small-messages``: the all-reduce's µs up to 1 MiB under graph replay,
+    on 2 and 4 H200s: labkit's one-shots (flag-in-data, push, pull) and the public call beside
+    torch's ops, timed in the same rounds (kind ``push``, out of place), with NCCL from the sweep
+    (kind ``sweep``, ``graph_us``); the last column is labkit's fastest over torch's fastest."""
     from labkit.workbench.report import number
 
-    name = DOCS_REFERENCE
-    push = reference.records(name, kind="push", timing="graph")
-    sizes = sorted({r["bytes"] for r in push if SMALL[0] <= r["bytes"] <= SMALL[1]})
-    head = [label for _, label in PUSH_COLUMNS] + ["NCCL (sweep)", "push / torch's best"]
-    out = ["| all-reduce | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
-    for size in sizes:
-        cells = [
-            number(reference.value(name, "us", kind="push", timing="graph", impl=i, bytes=size))
-            for i, _ in PUSH_COLUMNS
-        ]
-        nccl = reference.value(name, "graph_us", kind="sweep", op="all_reduce", impl="nccl", bytes=size)
-        ratio = reference.value(
-            name, "ratio_to_torch_best", kind="push", timing="graph", impl=PUSH_COLUMNS[0][0], bytes=size
-        )
-        out.append(f"| {format_bytes(size)} | " + " | ".join([*cells, number(nccl), f"{ratio:.2f}x"]) + " |")
+    head = ["W", "size"] + [label for _, label in PUSH_COLUMNS] + ["NCCL (sweep)", "labkit's best / torch's best"]
+    out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for name in SMALL_REFERENCES:
+        push = reference.records(name, kind="push", timing="graph")
+        for size in sorted({r["bytes"] for r in push if SMALL[0] <= r["bytes"] <= SMALL[1]}):
+            us = {
+                i: reference.value(name, "us", kind="push", timing="graph", impl=i, bytes=size) for i, _ in PUSH_COLUMNS
+            }
+            nccl = reference.value(name, "graph_us", kind="sweep", op="all_reduce", impl="nccl", bytes=size)
+            mine = min(v for i, v in us.items() if i.startswith("labkit"))
+            theirs = min(v for i, v in us.items() if i.startswith("torch"))
+            cells = [str(_world(reference, name)), format_bytes(size), *(number(us[i]) for i, _ in PUSH_COLUMNS)]
+            out.append("| " + " | ".join([*cells, number(nccl), f"{mine / theirs:.2f}x"]) + " |")
     out.append("")
+    files = " and ".join(f"`reference/{n}`" for n in SMALL_REFERENCES)
+    checks = []
+    for name in SMALL_REFERENCES:
+        for size in (SMALL[0], SMALL[1]):
+            ratio = reference.value(
+                name, "count_check_ratio", kind="push", timing="graph", impl="labkit_push_one_shot", bytes=size
+            )
+            checks.append(f"W={_world(reference, name)} {format_bytes(size)} {ratio:.2f}x")
     out.append(
-        f"µs per call, median of CUDA-graph replays, bf16, 2×H200: `reference/{name}`, kind `push` "
-        "(`timing` `graph`, field `us`; the last column `ratio_to_torch_best`) and, for NCCL, kind `sweep` "
-        "(`graph_us`). Rendered by `labkit report`."
+        f"µs per call, median of CUDA-graph replays, bf16, out of place, H200s: {files}, kind `push` "
+        "(`timing` `graph`, field `us`) and, for NCCL, kind `sweep` (`graph_us`). What catching disagreeing "
+        "counts costs the push one-shot (its time over the same protocol without count headers, "
+        "`count_check_ratio`): " + ", ".join(checks) + ". Rendered by `labkit report`."
+    )
+    return "\n".join(out)
+
+
+#: (label, labkit's impl, in place) of the eager table: the public call and the one-shots, out of
+#: place and in place (kind "push", timing "eager")
+EAGER_ROWS = (
+    ("`all_reduce(buf, out)`", "labkit_all_reduce"),
+    ("`all_reduce(buf)` in place", "labkit_all_reduce_in_place"),
+    ("flag-in-data", "labkit_fid_one_shot"),
+    ("push", "labkit_push_one_shot"),
+)
+
+
+def eager_calls_table(reference) -> str:
+    """docs block ``collectives-eager-calls``: each call's µs called back to back from Python (kind
+    ``push``, ``timing`` "eager") over torch's fastest eager op in the same rounds
+    (``ratio_to_torch_best``), at 4 KiB and 1 MiB on 2 and 4 H200s, beside rank 0's host µs per
+    call at 4 KiB (kind ``host_call``)."""
+    from labkit.workbench.report import number
+
+    sizes = (SMALL[0], SMALL[1])
+    head = ["call"] + [f"W={_world(reference, n)}, {format_bytes(b)}" for n in SMALL_REFERENCES for b in sizes]
+    out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for label, impl in EAGER_ROWS:
+        cells = []
+        for name in SMALL_REFERENCES:
+            for size in sizes:
+                us = reference.value(name, "us", kind="push", timing="eager", impl=impl, bytes=size)
+                ratio = reference.value(name, "ratio_to_torch_best", kind="push", timing="eager", impl=impl, bytes=size)
+                cells.append(f"{number(us)} ({ratio:.2f}x)")
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    torch_cells = []
+    for name in SMALL_REFERENCES:
+        for size in sizes:
+            best = min(
+                reference.value(name, "us", kind="push", timing="eager", impl=i, bytes=size)
+                for i in ("torch_one_shot", "torch_two_shot")
+            )
+            torch_cells.append(number(best))
+    out.append("| torch's fastest op | " + " | ".join(torch_cells) + " |")
+    out.append("")
+    host = []
+    for name in SMALL_REFERENCES:
+        calls = {r["impl"]: r["us"] for r in reference.records(name, kind="host_call") if r.get("rank") == 0}
+        host.append(
+            f"W={_world(reference, name)}: `all_reduce` {number(calls['labkit_all_reduce'])}, flag-in-data "
+            f"{number(calls['labkit_fid'])}, torch two-shot {number(calls['torch_two_shot'])}"
+        )
+    out.append(
+        "µs per call back to back (median; in brackets `ratio_to_torch_best`, the median over rounds of the "
+        "call's time over torch's fastest eager op in the same round), "
+        "bf16: kind `push`, `timing` `eager`. Host µs per call at 4 KiB on rank 0 (kind `host_call`): "
+        + "; ".join(host)
+        + ". Rendered by `labkit report`."
     )
     return "\n".join(out)
 

@@ -35,8 +35,8 @@ import torch
 from labkit.kernels.comm import collectives as C
 from labkit.kernels.comm import into, symm
 
-#: message sizes per rank (bytes): from where the copy engines take over in place (128 MiB on 2x
-#: H200, ``collectives.CE_FROM_BYTES``) to the sweep's largest
+#: message sizes per rank (bytes): from around where the copy engines take over in place
+#: (``collectives.CE_FROM_BYTES``) to the sweep's largest
 SIZES = (16 << 20, 64 << 20, 256 << 20)
 KIND = "into"
 BASELINE = "labkit_one_shot"

@@ -3,6 +3,8 @@ docs' generated blocks (``labkit report``) and notebook 04's sentences."""
 
 from __future__ import annotations
 
+import dataclasses
+
 #: the one-GPU reference the docs are rendered from
 DOCS_REFERENCE = "h200x1/grouped_gemm.json"
 
@@ -32,6 +34,61 @@ def versus_torch_table(reference) -> str:
     out.append(
         f"One H200: `reference/{name}`, kind `gemm`, impl `labkit` (`method` `eager` or `graph`; fields `tflops`, "
         "`ratio_vs_torch`, `ratio_vs_loop`: below 1, labkit is faster). Rendered by `labkit report`."
+    )
+    return "\n".join(out)
+
+
+def _tile(cfg: dict) -> str:
+    return f"{cfg['block_m']}×{cfg['block_n']}×{cfg['block_k']}, {cfg['num_stages']}" + (", TMA" if cfg["tma"] else "")
+
+
+def _table_pick(record: dict, op: str):
+    """The config ``TABLES`` picks for the record's GPU and shape, or None where no table is kept for it."""
+    from labkit.kernels import grouped_gemm as gg
+
+    table = gg.TABLES.get((record.get("gpu"), op))
+    return None if table is None else table.pick(record["tokens"] // max(record["experts"], 1))
+
+
+def backward_table(reference) -> str:
+    """docs block ``grouped-gemm-backward``: labkit's dgrad and wgrad per experts and skew, time over
+    PyTorch's fastest backward of ``torch._grouped_mm`` in the same rounds (eager and graph), with
+    labkit's TFLOP/s under graph replay and the configuration each launched with."""
+    from labkit.workbench.report import number
+
+    name = DOCS_REFERENCE
+    rows = reference.records(name, kind="gemm_backward", impl="labkit")
+    out = [
+        "| experts | counts | dgrad / torch's, eager | graph | TFLOP/s | wgrad / torch's, eager | graph | TFLOP/s "
+        "| wgrad tile (M×N×K, stages), recorded / the table's pick |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for experts, skew in sorted({(r["experts"], r["skew"]) for r in rows}, key=lambda k: (k[0], k[1] != "uniform")):
+        cells = []
+        for op in ("dgrad", "wgrad"):
+
+            def at(method, field, op=op, experts=experts, skew=skew):
+                return reference.value(
+                    name, field, kind="gemm_backward", impl="labkit", op=op, experts=experts, skew=skew, method=method
+                )
+
+            cells += [f"{at('eager', 'ratio_vs_torch'):.2f}", f"{at('graph', 'ratio_vs_torch'):.2f}"]
+            cells.append(number(at("graph", "tflops")))
+        rec = reference.one(
+            name, kind="gemm_backward", impl="labkit", op="wgrad", experts=experts, skew=skew, method="graph"
+        )
+        pick = _table_pick(rec, "wgrad")
+        picked = "" if pick is None else _tile(dataclasses.asdict(pick))
+        cells.append(_tile(rec) + (f" / {picked}" if picked and picked != _tile(rec) else ""))
+        out.append(f"| {experts} | {skew} | " + " | ".join(cells) + " |")
+    out.append("")
+    out.append(
+        f"One H200: `reference/{name}`, kind `gemm_backward`, impl `labkit`, `op` `dgrad` or `wgrad` (`method` "
+        "`eager` or `graph`; `ratio_vs_torch` against the fastest of `torch.autograd.grad` and the op called "
+        "directly, below 1 labkit is faster; the tile fields say what the kernel launched with). Where "
+        "the last column names a second tile, `labkit.kernels.grouped_gemm.TABLES` picks another tile for this "
+        "GPU and shape than the one this file timed: the pick comes from the sweep (`grouped_gemm_tune.json`), "
+        "and this file's times are of the first. Rendered by `labkit report`."
     )
     return "\n".join(out)
 
