@@ -89,3 +89,21 @@ def test_a_machine_that_skipped_every_case_of_a_lab_shows_no_verdict(tmp_path):
     results.write_results(path, "checkers", [row], generator="test", required=catch_record.REQUIRED)
     (line,) = catch_record.recorded_lines("fp8_dispatch", tmp_path)
     assert line.startswith("(no machine has recorded a verdict on lab fp8_dispatch's checks")
+
+
+def test_the_docs_table_puts_each_machines_verdicts_beside_the_others(tmp_path):
+    from labkit.workbench import report
+
+    def rec(lab, role, status):
+        return {"lab": lab, "checker": "stream_safety", "target": f"m:{role}", "role": role, "status": status}
+
+    one, two = catch_record.DOCS_REFERENCES
+    results.write_results(tmp_path / one, "checkers", [rec("stream_races", "seed", "failed")], generator="t")
+    results.write_results(
+        tmp_path / two,
+        "checkers",
+        [rec("stream_races", "seed", "failed"), rec("stream_races", "fix", "passed")],
+        generator="t",
+    )
+    text = catch_record.verdicts_table(report.Reference(tmp_path))
+    assert "| stream_races | `stream_safety` | failed | – | failed | passed |" in text.splitlines()

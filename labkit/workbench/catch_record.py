@@ -105,3 +105,30 @@ def show(lab: str, reports, reference_dir=None) -> None:
     if any(r.skipped or r.tier != "gpu" for r in reports):
         print()
         print("\n".join(recorded_lines(lab, reference_dir)))
+
+
+#: the recorded files the docs' verdict table reads (labkit report), in column order
+DOCS_REFERENCES = ("h200x1/checkers.json", "h200x2/checkers.json")
+
+
+def verdicts_table(reference) -> str:
+    """docs block ``checker-verdicts``: per lab and checker, what each recorded machine's run said of
+    the seed and of its fix (``failed``: the checker flagged it; ``skipped``: the machine had too few
+    GPUs for it)."""
+    machines = [name.split("/")[0] for name in DOCS_REFERENCES]
+    out = ["| lab | checker | " + " | ".join(f"seed, {m} | fix, {m}" for m in machines) + " |"]
+    out.append("|---|---" + "|---|---" * len(machines) + "|")
+    rows: dict[tuple, dict] = {}
+    for name, machine in zip(DOCS_REFERENCES, machines):
+        for r in reference.records(name):
+            rows.setdefault((r["lab"], r["checker"]), {})[(machine, r["role"])] = r["status"]
+    for (lab, checker), got in rows.items():
+        cells = [got.get((m, role), "–") for m in machines for role in ("seed", "fix")]
+        out.append(f"| {lab} | `{checker}` | " + " | ".join(cells) + " |")
+    out.append("")
+    files = " and ".join(f"`reference/{n}`" for n in DOCS_REFERENCES)
+    out.append(
+        f"{files} (`labkit bench checkers --reference`; fields `lab`, `checker`, `role`, `status`). "
+        "Rendered by `labkit report`."
+    )
+    return "\n".join(out)
