@@ -9,6 +9,11 @@ import dataclasses
 DOCS_REFERENCE = "h200x1/grouped_gemm.json"
 
 
+def _cases(rows: list[dict]) -> list[tuple]:
+    """(experts, skew) of the records, by experts, uniform before skewed: the tables' row order."""
+    return sorted({(r["experts"], r["skew"]) for r in rows}, key=lambda k: (k[0], k[1] != "uniform"))
+
+
 def versus_torch_table(reference) -> str:
     """docs block ``grouped-gemm-vs-torch``: labkit's grouped GEMM per experts and skew, its TFLOP/s and
     its time over ``torch._grouped_mm``'s (eager and graph) and over the host-sync loop's (eager)."""
@@ -21,7 +26,7 @@ def versus_torch_table(reference) -> str:
         "| time / host-sync loop's, eager |",
         "|---|---|---|---|---|---|",
     ]
-    for experts, skew in sorted({(r["experts"], r["skew"]) for r in rows}, key=lambda k: (k[0], k[1] != "uniform")):
+    for experts, skew in _cases(rows):
 
         def at(method, field, experts=experts, skew=skew):
             return reference.value(name, field, kind="gemm", impl="labkit", experts=experts, skew=skew, method=method)
@@ -63,7 +68,7 @@ def backward_table(reference) -> str:
         "| wgrad tile (M×N×K, stages), recorded / the table's pick |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for experts, skew in sorted({(r["experts"], r["skew"]) for r in rows}, key=lambda k: (k[0], k[1] != "uniform")):
+    for experts, skew in _cases(rows):
         cells = []
         for op in ("dgrad", "wgrad"):
 
