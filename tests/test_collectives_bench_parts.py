@@ -57,6 +57,12 @@ def test_all_parts_tagged_in_order(fake_bench):
     assert parts == list(bench.PARTS)
     assert all(r["world_size"] == 2 for r in records)
     assert [r["timing"] for r in records if r["kind"] == "crossover"] == ["us", "graph_us"]
+    # each part's records say when it started (UTC) and how long it took
+    import datetime
+
+    for r in records:
+        if r["kind"] != "crossover":
+            assert datetime.datetime.fromisoformat(r["part_started"]).tzinfo is not None and r["part_s"] >= 0
 
 
 def test_resume_keeps_other_parts_and_marks_their_commit(fake_bench, tmp_path, monkeypatch):

@@ -765,7 +765,9 @@ def benchmark(profile: str) -> list[dict]:
     one-shot, the out-of-place series into a symmetric output, then the broken variants under load
     and the unguarded-leaf crash (``PARTS``; ``PARTS_ENV`` and ``RESUME_ENV`` split it over calls).
     The crossover records are computed from the sweep records the file holds."""
+    import datetime
     import os
+    import time
 
     import torch
 
@@ -781,7 +783,15 @@ def benchmark(profile: str) -> list[dict]:
     records = []
     for name in PARTS:
         if name in run_now:
-            records += [dict(r, part=name) for r in PARTS[name](w)]
+            # when each part ran, and for how long: what else shared the machine then can be read
+            # off the time (a part kept from an earlier file keeps its own)
+            started = time.time()
+            part = PARTS[name](w)
+            when = {
+                "part_started": datetime.datetime.fromtimestamp(started, datetime.UTC).isoformat(timespec="seconds"),
+                "part_s": round(time.time() - started, 1),
+            }
+            records += [dict(r, part=name, **when) for r in part]
             _progress_main({"phase": f"{name} done"})
         else:
             records += [r for r in kept if r.get("part") == name]
