@@ -72,6 +72,13 @@ def test_show_adds_the_recording_only_where_a_check_could_not_look_in_full(tmp_p
     catch_record.show("fp8_dispatch", [skipped], ref)
     out = capsys.readouterr().out
     assert out.startswith("device_independence(m:forward_seed): SKIPPED") and "RECORDED on h200x2" in out
+    cpu = Report("device_independence", "m:forward_seed", "failed", "launches", "x", tier="cpu")
+    assert [catch_record.needs_recording(r) for r in ([full], [skipped], [cpu], [full, cpu])] == [
+        False,
+        True,
+        True,
+        True,
+    ]
 
 
 def test_a_case_this_machine_cannot_run_is_recorded_as_skipped_with_the_checkers_words():

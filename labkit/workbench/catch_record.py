@@ -96,13 +96,19 @@ def recorded_lines(lab: str, reference_dir=None) -> list[str]:
     ]
 
 
+def needs_recording(reports) -> bool:
+    """Whether any live report could not look in full here (skipped, or run on the CPU tier): then
+    ``show`` prints the recorded GPU verdicts after them."""
+    return any(r.skipped or r.tier != "gpu" for r in reports)
+
+
 def show(lab: str, reports, reference_dir=None) -> None:
-    """Print each live report's summary; if any of them could not look in full here (skipped, or
-    run on the CPU tier), the recorded GPU verdicts after them, labelled."""
+    """Print each live report's summary; if ``needs_recording(reports)``, the recorded GPU
+    verdicts after them, labelled."""
     reports = list(reports)
     for r in reports:
         print(r.summary())
-    if any(r.skipped or r.tier != "gpu" for r in reports):
+    if needs_recording(reports):
         print()
         print("\n".join(recorded_lines(lab, reference_dir)))
 
