@@ -359,6 +359,7 @@ def test_in_place_chooser_takes_the_copy_engines_only_where_measured():
 
 def test_chosen_vs_best_reads_the_in_place_series():
     from labkit.labs.collectives import plots
+    from labkit.workbench.plot import format_bytes
 
     base = {"kind": "sweep", "op": "all_reduce", "world_size": 2}
     big, small = C.CE_FROM_BYTES[2] * 2, 4096
@@ -372,8 +373,9 @@ def test_chosen_vs_best_reads_the_in_place_series():
     assert rows[big]["algorithm"] == "two_shot_ce_in_place" and rows[big]["mine"]["us"] == 750.0
     assert rows[big]["best"]["us"]["impl"] == "nccl" and rows[big]["best"]["graph_us"]["graph_us"] == 890.0
     assert rows[small]["algorithm"] == "two_shot_in_place" and rows[small]["mine"]["graph_us"] == 7.0
+    at = format_bytes(big)  # twice the size the copy engines take over from
     assert plots.chosen_vs_best_verdict(recs, 2, in_place=True).endswith(
-        "back to back 1 of 2 sizes (x0.83 at 256 MiB); graph replay 2 of 2 sizes (x0.83 at 256 MiB)"
+        f"back to back 1 of 2 sizes (x0.83 at {at}); graph replay 2 of 2 sizes (x0.83 at {at})"
     )
 
 
