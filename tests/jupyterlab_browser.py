@@ -282,6 +282,8 @@ class NotebookCheck:
 
 #: Per cell of the open notebook: its prompt and, per top-level output, what the page shows.
 #: Top-level widget outputs are tagged data-labkit-widget="<n>" to be found again.
+#: a prompt that shows an execution count ("[3]:"): the cell ran
+_COUNTED = re.compile(r"\[\s*\d+\s*\]")
 _READ_CELLS = r"""panelSel => {
   const panel = document.querySelector(panelSel);
   if (!panel) return null;
@@ -404,22 +406,28 @@ class NotebookPage:
         t0 = time.monotonic()
         self.running: list[int] = []
         self.menu("Run", "runmenu:run-all")
-        deadline, calm = t0 + timeout_s, 0
-        time.sleep(1.0)
+        deadline, calm_since = t0 + timeout_s, None
+        time.sleep(0.2)
         while time.monotonic() < deadline:
-            if self.dialog():
-                return False, time.monotonic() - t0
-            running = [i for i, c in enumerate(self.cells()) if c["code"] and "*" in c["prompt"]]
+            # the cells first, then the dialog: a kernel that dies at once must still leave the
+            # cell it died in named (read before the dialog replaces what the page shows)
+            cells = self.cells()
+            running = [i for i, c in enumerate(cells) if c["code"] and "*" in c["prompt"]]
             if running:
                 self.running = running[:1]  # the cell running now: the first of those queued
-            busy = bool(running)
-            if not busy and self.status() == "idle" and self.kernel_state().get("execution_state") == "idle":
-                calm += 1
-                if calm >= 2:
-                    return True, time.monotonic() - t0
+            if self.dialog():
+                if not self.running:  # died before a poll saw it run: the first code cell without a count
+                    uncounted = [i for i, c in enumerate(cells) if c["code"] and not _COUNTED.search(c["prompt"])]
+                    self.running = uncounted[:1]
+                return False, time.monotonic() - t0
+            now = time.monotonic()
+            if not running and self.status() == "idle" and self.kernel_state().get("execution_state") == "idle":
+                calm_since = now if calm_since is None else calm_since
+                if now - calm_since >= 1.0 and now - t0 >= 2.0:  # idle at looks a second apart, not at once
+                    return True, now - t0
             else:
-                calm = 0
-            time.sleep(1.0)
+                calm_since = None
+            time.sleep(0.25 if now - t0 < 5 else 1.0)  # quick looks while the first cells start
         return False, time.monotonic() - t0
 
     def dialog(self) -> str:
