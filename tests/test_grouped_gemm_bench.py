@@ -335,6 +335,13 @@ def test_candidate_configs_drop_what_shared_memory_cannot_hold():
     assert max(c.num_stages for c in wide) == 5 and len(wide) - len(gpu) == len(
         set(tune.TUNE_EXTRA["gpu"]["forward"][8])
     )
+    # wgrad: taller tiles and two per SM everywhere; at E=8 BLOCK_K 128 and other group sizes, all fitting
+    wgrad_any = tune.candidate_configs(tune.TUNE_GRID["gpu"], extra=tune._extra("gpu", "wgrad", 64))
+    wgrad_8 = tune.candidate_configs(tune.TUNE_GRID["gpu"], extra=tune._extra("gpu", "wgrad", 8))
+    assert {c.block_m for c in wgrad_any} == {64, 128, 256} and any(c.programs_per_sm == 2 for c in wgrad_any)
+    assert {c.block_k for c in wgrad_8} == {64, 128} and {c.group_m for c in wgrad_8} >= {4, 8, 16}
+    assert len(wgrad_8) - len(wgrad_any) == len(tune.TUNE_EXTRA["gpu"]["wgrad"][8])
+    assert all(tune.smem_bytes(c) <= tune.SMEM_LIMIT for c in wgrad_8)
     big = dict(tune.TUNE_GRID["gpu"], block_k=(64, 128))
     kept = tune.candidate_configs(big)
     assert len(kept) < 32 and all(tune.smem_bytes(c) <= tune.SMEM_LIMIT for c in kept)

@@ -118,7 +118,19 @@ TUNE_EXTRA: dict[str, dict[str, dict]] = {
             ],
         },
         "dgrad": {"any": [_c(64, 128, 64, 8, 4, 4, 2), _c(64, 128, 64, 8, 4, 4, 2, True)]},
-        "wgrad": {"any": []},
+        # wgrad: the largest gap to torch (docs/labs.md's backward table). Its reduction runs over an
+        # expert's tokens (32, 4 and 1 steps of 64 at the lab's E=8, 64 and 128), so the sweep tries
+        # taller tiles and two programs per SM at every shape, and at E=8, where the reduction is
+        # long, BLOCK_K 128 and other L2 group sizes (pointer loads: TMA lost at every wgrad case)
+        "wgrad": {
+            "any": [_c(256, 128, 64, 8, 8, 3), _c(64, 128, 64, 8, 4, 4, 2)],
+            8: [
+                _c(128, 128, 128, 8, 8, 3),
+                _c(64, 256, 128, 8, 8, 2),
+                _c(128, 256, 128, 8, 8, 2),
+                *(_c(64, 256, 64, g, 8, 4) for g in (4, 16)),
+            ],
+        },
     },
     "cpu": {"forward": {"any": []}, "dgrad": {"any": []}, "wgrad": {"any": []}},
 }
