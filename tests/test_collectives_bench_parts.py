@@ -1,6 +1,8 @@
 """``labkit bench collectives`` in parts: a machine whose calls cannot hold the whole benchmark
 records it over several calls (``PARTS_ENV`` picks the parts, ``RESUME_ENV`` keeps the rest)."""
 
+import datetime
+
 import pytest
 
 import labkit  # noqa: F401  (must precede kernel imports)
@@ -58,8 +60,6 @@ def test_all_parts_tagged_in_order(fake_bench):
     assert all(r["world_size"] == 2 for r in records)
     assert [r["timing"] for r in records if r["kind"] == "crossover"] == ["us", "graph_us"]
     # each part's records say when it started (UTC) and how long it took
-    import datetime
-
     for r in records:
         if r["kind"] != "crossover":
             assert datetime.datetime.fromisoformat(r["part_started"]).tzinfo is not None and r["part_s"] >= 0

@@ -167,8 +167,9 @@ HOPPER_DEFAULTS: dict[str, ConfigTable] = {
             (0, _cfg(64, 128, 64, 8, 4, 4, p=2)),
         ),
     ),
-    # wgrad: rows at the same tokens-per-expert thresholds, so a sweep can pick per shape (the
-    # reduction runs over an expert's tokens: its length, not the tile count, is what changes)
+    # wgrad: output tiles of [BLOCK_M along K, BLOCK_N along N], reduction steps of BLOCK_K tokens;
+    # rows at the same tokens-per-expert thresholds, so a sweep can pick per shape (the reduction
+    # runs over an expert's tokens: its length, not the tile count, is what changes)
     "wgrad": ConfigTable(
         device="sm_90 default",
         op="wgrad",
@@ -180,15 +181,13 @@ HOPPER_DEFAULTS: dict[str, ConfigTable] = {
         ),
     ),
 }
-#: The forward table of the H200 by its old name (the rows an sm_90 GPU falls back to).
+#: The forward rows an sm_90 GPU without a table of its own falls back to (the H200's).
 HOPPER_FORWARD = HOPPER_DEFAULTS["forward"].rows
 #: fp32 inputs on any GPU (tf32 or ieee dots): half the bytes per stage of the 2-byte configs.
 FP32 = GroupedConfig(block_m=64, block_n=128, block_k=32, group_m=8, num_warps=4, num_stages=3)
 #: Other GPUs: a safe middle (less shared memory than Hopper's 228 KB per SM).
 GENERIC_FORWARD = GroupedConfig(block_m=128, block_n=128, block_k=32, group_m=8, num_warps=4, num_stages=3)
 GENERIC_WGRAD = GroupedConfig(block_m=64, block_n=64, block_k=32, group_m=8, num_warps=4, num_stages=3)
-#: wgrad: output tiles of [BLOCK_M along K, BLOCK_N along N], reduction steps of BLOCK_K rows.
-HOPPER_WGRAD = HOPPER_DEFAULTS["wgrad"].rows[-1][1]
 #: Under the interpreter: large tiles, few programs (each costs about 1 ms per tile op).
 INTERPRETER = GroupedConfig(block_m=32, block_n=32, block_k=32, group_m=4, num_warps=4, num_stages=1)
 INTERPRETER_PROGRAMS = 4

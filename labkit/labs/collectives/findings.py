@@ -257,8 +257,6 @@ def sweep_crossover_rows(records: list[dict]) -> list[dict]:
     ]
 
 
-#: the 2-GPU reference the docs' tables are rendered from (labkit report)
-DOCS_REFERENCE = "h200x2/collectives.json"
 #: the 2-GPU reference the docs' large-message table is rendered from (labkit report)
 DOCS_REFERENCE = "h200x2/collectives.json"
 #: the reference files of the small-message tables (labkit report), one per world size
@@ -288,8 +286,10 @@ def small_messages_table(reference) -> str:
 
     head = ["W", "size"] + [label for _, label in PUSH_COLUMNS] + ["NCCL (sweep)", "labkit's best / torch's best"]
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    worlds = {}  # each file's world size, read as its rows are (a missing file is named in file order)
     for name in SMALL_REFERENCES:
         push = reference.records(name, kind="push", timing="graph")
+        worlds[name] = _world(reference, name)
         for size in sorted({r["bytes"] for r in push if SMALL[0] <= r["bytes"] <= SMALL[1]}):
             us = {
                 i: reference.value(name, "us", kind="push", timing="graph", impl=i, bytes=size) for i, _ in PUSH_COLUMNS
@@ -297,7 +297,7 @@ def small_messages_table(reference) -> str:
             nccl = reference.value(name, "graph_us", kind="sweep", op="all_reduce", impl="nccl", bytes=size)
             mine = min(v for i, v in us.items() if i.startswith("labkit"))
             theirs = min(v for i, v in us.items() if i.startswith("torch"))
-            cells = [str(_world(reference, name)), format_bytes(size), *(number(us[i]) for i, _ in PUSH_COLUMNS)]
+            cells = [str(worlds[name]), format_bytes(size), *(number(us[i]) for i, _ in PUSH_COLUMNS)]
             out.append("| " + " | ".join([*cells, number(nccl), f"{mine / theirs:.2f}x"]) + " |")
     out.append("")
     files = " and ".join(f"`reference/{n}`" for n in SMALL_REFERENCES)
@@ -307,7 +307,7 @@ def small_messages_table(reference) -> str:
             ratio = reference.value(
                 name, "count_check_ratio", kind="push", timing="graph", impl="labkit_push_one_shot", bytes=size
             )
-            checks.append(f"W={_world(reference, name)} {format_bytes(size)} {ratio:.2f}x")
+            checks.append(f"W={worlds[name]} {format_bytes(size)} {ratio:.2f}x")
     out.append(
         f"µs per call, median of CUDA-graph replays, bf16, out of place, H200s: {files}, kind `push` "
         "(`timing` `graph`, field `us`) and, for NCCL, kind `sweep` (`graph_us`). What catching disagreeing "
@@ -317,8 +317,8 @@ def small_messages_table(reference) -> str:
     return "\n".join(out)
 
 
-#: (label, labkit's impl, in place) of the eager table: the public call and the one-shots, out of
-#: place and in place (kind "push", timing "eager")
+#: (label, labkit's impl) of the eager table's rows: the public call out of place and in place,
+#: then the one-shots (kind "push", timing "eager")
 EAGER_ROWS = (
     ("`all_reduce(buf, out)`", "labkit_all_reduce"),
     ("`all_reduce(buf)` in place", "labkit_all_reduce_in_place"),
@@ -335,7 +335,8 @@ def eager_calls_table(reference) -> str:
     from labkit.workbench.report import number
 
     sizes = (SMALL[0], SMALL[1])
-    head = ["call"] + [f"W={_world(reference, n)}, {format_bytes(b)}" for n in SMALL_REFERENCES for b in sizes]
+    worlds = {name: _world(reference, name) for name in SMALL_REFERENCES}
+    head = ["call"] + [f"W={worlds[n]}, {format_bytes(b)}" for n in SMALL_REFERENCES for b in sizes]
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for label, impl in EAGER_ROWS:
         cells = []
@@ -359,7 +360,7 @@ def eager_calls_table(reference) -> str:
     for name in SMALL_REFERENCES:
         calls = {r["impl"]: r["us"] for r in reference.records(name, kind="host_call") if r.get("rank") == 0}
         host.append(
-            f"W={_world(reference, name)}: `all_reduce` {number(calls['labkit_all_reduce'])}, flag-in-data "
+            f"W={worlds[name]}: `all_reduce` {number(calls['labkit_all_reduce'])}, flag-in-data "
             f"{number(calls['labkit_fid'])}, torch two-shot {number(calls['torch_two_shot'])}"
         )
     out.append(
