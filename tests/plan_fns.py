@@ -290,12 +290,12 @@ def fast_path_on_gpu(ctx, n: int = (1 << 16) + 8) -> dict:
         fresh(10)
         q()
         xs = fresh(11)
-        found[alg] = _close(q(), xs, dtype, w) and q.launch_path == "compiled launcher"
+        found[alg] = _close(q(), xs, dtype, w) and q.launch_path.startswith("compiled launcher")
     ip = C.all_reduce_plan(buf, buf.tensor)
     fresh(12)
     ip()
     xs = fresh(13)
-    found["in place"] = _close(ip().clone(), xs, dtype, w) and ip.launch_path == "compiled launcher"
+    found["in place"] = _close(ip().clone(), xs, dtype, w) and ip.launch_path.startswith("compiled launcher")
 
     # a side stream: the plan launches on the current stream, which is s, not the default one
     # (the default stream sleeps first: a launch there would start after the clone on s read out)
@@ -335,9 +335,9 @@ def fast_path_on_gpu(ctx, n: int = (1 << 16) + 8) -> dict:
     for seed in (18, 19):
         xs = fresh(seed)
         y = C.all_reduce(buf, algorithm="one_shot")
-    found["cached fast"] = _close(y, xs, dtype, w) and [v.launch_path for v in buf._plans.values()] == [
-        "compiled launcher"
-    ]
+    found["cached fast"] = _close(y, xs, dtype, w) and [
+        v.launch_path.startswith("compiled launcher") for v in buf._plans.values()
+    ] == [True]
 
     # switched off: Triton's normal path, the same sums
     P.FAST_LAUNCH = False

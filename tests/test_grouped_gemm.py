@@ -258,6 +258,37 @@ def test_counts_on_another_gpu_are_refused():
         gg.grouped_mm(x, w, torch.tensor([3, 4], device="cuda:1"))
 
 
+@pytest.mark.parametrize("K, N", [(64, 32), (40, 48), (64, 40)])
+def test_wgrad_tma_store_clips_at_each_experts_edge_and_adds_where_asked(K, N, monkeypatch):
+    """A 2-byte out goes back through a 3-D TMA descriptor (the tile staged in shared memory):
+    tiles that cross K's or N's edge (K=40, N=48 and 40 with 32-wide tiles) are clipped at their
+    own expert, partial reduction steps (counts not multiples of BLOCK_K) and empty experts
+    included; overwrite, add, and the per-expert mask, each against float64 on fresh splits.
+    Both tiers (on a GPU, TMA needs sm_90)."""
+    cfg = dataclasses.replace(gg.wgrad_config(40, 4, DEV, torch.float16), tma=True)
+    monkeypatch.setattr(gg, "wgrad_config", lambda M, E, device, dtype=None: cfg)
+    seed = random.randrange(1 << 30)
+    g = torch.Generator().manual_seed(seed)
+    splits = random_splits(random.Random(seed), 4, 90)
+    x = torch.randn(sum(splits), K, generator=g).to(DEV, torch.float16)
+    dy = torch.randn(sum(splits), N, generator=g).to(DEV, torch.float16)
+    before = torch.randn(4, K, N, generator=g).to(DEV, torch.float16)
+    mask = torch.tensor([True, False, True, False], device=DEV)
+    has_tma = DEV.type != "cuda" or torch.cuda.get_device_capability()[0] >= 9
+    assert gg.tma_ok_wgrad(x, dy, before) == has_tma
+    for accumulate in (False, True, mask):
+        dw = gg.grouped_mm_wgrad(x, dy, splits, out=before.clone(), accumulate=accumulate)
+        row = 0
+        for e, m in enumerate(splits):
+            ref = x[row : row + m].double().T @ dy[row : row + m].double()
+            adds = accumulate is True or (isinstance(accumulate, torch.Tensor) and bool(mask[e]))
+            if adds:
+                ref = ref + before[e].double()
+            scale = max(float(ref.abs().max()), 1.0)
+            assert float((dw[e].double() - ref).abs().max()) / scale < 2e-3, (seed, splits, e, accumulate)
+            row += m
+
+
 @pytest.mark.parametrize("K, N", [(64, 32), (64, 33), (67, 32)])
 @pytest.mark.parametrize("op", ["forward", "dgrad", "wgrad"])
 def test_tma_and_pointer_loads_give_the_same_product(op, K, N, monkeypatch):
@@ -278,8 +309,9 @@ def test_tma_and_pointer_loads_give_the_same_product(op, K, N, monkeypatch):
     tma = K % 4 == 0 and (op == "dgrad" or N % 4 == 0)
     if op == "wgrad":
         dy = torch.randn(sum(splits), N, generator=g).to(DEV)
-        assert gg.tma_ok_wgrad(x, dy) == (tma and has_tma)
-        dw, row = gg.grouped_mm_wgrad(x, dy, splits), 0
+        dw = torch.empty(4, K, N, device=DEV)
+        assert gg.tma_ok_wgrad(x, dy, dw) == (tma and has_tma)
+        dw, row = gg.grouped_mm_wgrad(x, dy, splits, out=dw), 0
         for e, m in enumerate(splits):
             ref = x[row : row + m].double().T @ dy[row : row + m].double()
             assert (dw[e].abs().max() == 0) if m == 0 else rel_err(dw[e], ref) < 1e-5, (seed, splits, e)

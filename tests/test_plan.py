@@ -157,8 +157,11 @@ def test_the_fast_path_passes_what_tritons_jit_path_passes(monkeypatch):
     launch(out2)  # then the compiled launcher: grid as 3 ints, stream, handle, metadata, hooks, ALL params
     (call,) = k.compiled.calls
     assert call[:9] == (3, 1, 1, 1234, "fn-handle", "packed", None, None, None)
-    assert call[9] is src and call[10] is out2 and call[11:] == (8, 4, 7)  # constexprs and defaults too
+    # pointers as addresses, constexprs and defaults too
+    assert call[9:] == (src.data_ptr(), out2.data_ptr(), 8, 4, 7)
     assert len(k.slow) == 1
+    # the stand-in has no C launch function to call directly: the wrapper stays, and says why
+    assert not launch.direct and "has no launch function" in launch.direct_reason
 
 
 def test_the_fast_path_passes_hooks_and_metadata_when_a_profiler_listens(monkeypatch):
@@ -174,6 +177,69 @@ def test_the_fast_path_passes_hooks_and_metadata_when_a_profiler_listens(monkeyp
     (call,) = k.compiled.calls
     assert call[6:9] == ("metadata", enter, None)
     assert k.compiled.meta_calls == [((3, 1, 1), 1234, (src, out, 8, 4, 7))]
+
+
+class _Launcher:
+    """Triton's launcher wrapper (CompiledKernel.run): Python that sets up scratch memory, then
+    calls its C function ``launch``. ``style``: "splat" (the kernel's arguments spread out, as
+    triton 3.4-3.6 pass them), "tuple" (one tuple, with signature tables before it, as later
+    versions do), "scratch" (a fresh allocation per launch in the middle)."""
+
+    def __init__(self, style: str):
+        self.style, self.calls, self.signature = style, [], ("*fp32", "*fp32", "i32")
+        self.launch = lambda *a: self.calls.append(a)
+
+    def __call__(self, gx, gy, gz, stream, function, meta, launch_meta, enter, leave, *args):
+        scratch = torch.empty(4) if self.style == "scratch" else None
+        head = (gx, gy, gz, stream, function, False, meta, launch_meta, enter, leave, scratch)
+        if self.style == "tuple":
+            self.launch(*head, self.signature, args)
+        else:
+            self.launch(*head, *args)
+
+
+@pytest.mark.parametrize("style", ["splat", "tuple", "scratch"])
+def test_the_direct_launch_repeats_what_the_wrapper_hands_its_c_function(monkeypatch, style):
+    """The second fast launch records the wrapper's call into its C function; where every other
+    value is a constant of the launcher, the third and later calls make that same call
+    themselves (new addresses in place), and the wrapper runs no more. A wrapper that makes
+    something per launch (scratch memory) stays in the path, and the reason is kept."""
+    k, src, launch = _fast_launch(monkeypatch)
+    launcher = _Launcher(style)
+    k.compiled.run = launcher
+    outs = [torch.zeros(8) for _ in range(4)]
+    launch(outs[0])  # Triton's path
+    launch(outs[1])  # recorded through the wrapper
+    wrapper_calls = []
+    launcher_call = launcher.__call__
+    monkeypatch.setattr(_Launcher, "__call__", lambda self, *a: wrapper_calls.append(a) or launcher_call(*a))
+    launch(outs[2])
+    launch(outs[3])
+    assert len(launcher.calls) == 3 and len(k.slow) == 1
+    for out, call in zip(outs[1:], launcher.calls):
+        args = (src.data_ptr(), out.data_ptr(), 8, 4, 7)
+        assert call[:5] == (3, 1, 1, 1234, "fn-handle")
+        assert (call[-1] == args) if style == "tuple" else (call[-5:] == args)
+    if style == "scratch":
+        assert not launch.direct and "per-launch values (Tensor" in launch.direct_reason
+        assert len(wrapper_calls) == 2
+    else:
+        assert launch.direct and launch.direct_reason is None and wrapper_calls == []
+        end = -1 if style == "tuple" else -5
+        assert launcher.calls[2][5:end] == launcher.calls[1][5:end] == launcher.calls[0][5:end]  # the constants
+    assert "launch" in vars(launcher)  # the recorder is gone: the launcher's own function is back
+    assert launcher.launch.__name__ == "<lambda>"
+
+
+def test_the_direct_launch_can_be_switched_off(monkeypatch):
+    k, src, launch = _fast_launch(monkeypatch)
+    monkeypatch.setattr(P, "DIRECT_LAUNCH", False)
+    launcher = _Launcher("splat")
+    k.compiled.run = launcher
+    for _ in range(3):
+        launch(torch.zeros(8))
+    assert not launch.direct and launch.direct_reason == "switched off (LABKIT_DIRECT_LAUNCH=0)"
+    assert len(launcher.calls) == 2
 
 
 def test_an_output_of_other_alignment_goes_the_normal_way(monkeypatch):
@@ -319,10 +385,12 @@ def test_kernel_launch_goes_fast_on_a_gpu():
     launch = P.KernelLaunch(
         copy_module._copy_kernel, (256,), (src, P.OUT, src.numel()), {"BLOCK": 4096, "num_warps": 8}, dev
     )
-    outs = [torch.empty_like(src) for _ in range(3)]
+    outs = [torch.empty_like(src) for _ in range(5)]
     launch(outs[0])
     assert launch.fast, launch.fallback_reason
-    launch(outs[1])
+    launch(outs[1])  # recorded for the direct launch
+    assert launch.direct or P.DIRECT_LAUNCH is False, launch.direct_reason
+    launch(outs[3])  # direct
     seen = []
     hook = getattr(knobs.runtime, "launch_enter_hook", None)
     if hasattr(hook, "add"):  # triton >= 3.5: a HookChain
@@ -334,6 +402,7 @@ def test_kernel_launch_goes_fast_on_a_gpu():
         assert len(seen) == 1
     else:
         launch(outs[2])
+    launch(outs[4])  # direct again once the hook is gone
     torch.cuda.synchronize()
     assert all(torch.equal(o, src) for o in outs)
 
@@ -342,7 +411,7 @@ def test_kernel_launch_goes_fast_on_a_gpu():
 def test_plans_go_fast_and_stay_right_on_gpus():
     for found in run_ranks(plan_fns.fast_path_on_gpu, 2, timeout=600).unwrap():
         assert found["status"][0], found["status"]
-        assert found["launch_path"] == "compiled launcher"
+        assert found["launch_path"] in ("compiled launcher", "compiled launcher (direct)"), found["launch_path"]
         for k in (
             "plan sums",
             "two_shot",

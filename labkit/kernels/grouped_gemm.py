@@ -411,16 +411,26 @@ def _grouped_wgrad_kernel(
     UPCAST: tl.constexpr,  # convert tiles to fp32 before tl.dot (interpreter + bf16)
     INPUT_PRECISION: tl.constexpr,
     INT64: tl.constexpr,  # element offsets in int64
+    EVEN: tl.constexpr,  # K % BLOCK_M == 0 and N % BLOCK_N == 0: no tile crosses out's edge
     USE_TMA: tl.constexpr,  # load x and dy tiles through TMA descriptors (16-byte aligned, unit column strides)
+    TMA_STORE: tl.constexpr,  # with USE_TMA: store (and read back) out tiles through a descriptor (2-byte out)
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     if USE_TMA:
-        # Rows past an expert's end are the next expert's (inside the tensor: not zero-filled by
-        # the copy engine); they are zeroed in registers before the product.
+        # The copy engine moves whole tiles. Loads read rows past an expert's end too (the next
+        # expert's: inside the tensor, so not zero-filled); only the last, partial step of an
+        # expert's reduction masks them, with pointer loads (phase 2).
         x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_K, BLOCK_M])
         dy_desc = tl.make_tensor_descriptor(
             dy_ptr, shape=[M, N], strides=[stride_dm, 1], block_shape=[BLOCK_K, BLOCK_N]
+        )
+    if TMA_STORE:
+        # 3-D, so a tile's store is clipped at its own expert's K rows and N columns. The tile is
+        # staged in shared memory (BLOCK_M x BLOCK_N x 2 bytes beside the pipeline's stages):
+        # 2-byte outs only, an fp32 tile of the large configs would not fit beside them.
+        out_desc = tl.make_tensor_descriptor(
+            out_ptr, shape=[E, K, N], strides=[stride_oe, stride_ok, 1], block_shape=[1, BLOCK_M, BLOCK_N]
         )
     tiles_m = tl.cdiv(K, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -432,6 +442,7 @@ def _grouped_wgrad_kernel(
     for e in range(E):
         m = tl.load(counts_ptr + e).to(tl.int32)
         m = tl.minimum(tl.maximum(m, 0), M - row0)
+        full = m - m % BLOCK_K  # tokens in whole steps: phase 1 reads them without a row mask
         while tile < first_tile + expert_tiles:
             tile_m, tile_n = _tile_of(tile - first_tile, tiles_m, tiles_n, GROUP_M)
             kk = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -446,35 +457,59 @@ def _grouped_wgrad_kernel(
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             # The reduction runs over expert e's m tokens: a loop whose length only the device
             # knows. A zero-token expert runs no step and gets dW_e = 0.
-            for r in range(0, m, BLOCK_K):
-                r_ok = r + rs < m
+            # Phase 1: the whole steps. No row mask (every row is e's), so TMA tiles go from
+            # shared memory to the tensor cores as loaded.
+            for r in range(0, full, BLOCK_K):
                 if USE_TMA:
-                    xt = tl.trans(tl.where(r_ok[:, None], x_desc.load([row0 + r, tile_m * BLOCK_M]), 0.0))
-                    g = tl.where(r_ok[:, None], dy_desc.load([row0 + r, tile_n * BLOCK_N]), 0.0)
+                    xt = tl.trans(x_desc.load([row0 + r, tile_m * BLOCK_M]))
+                    g = dy_desc.load([row0 + r, tile_n * BLOCK_N])
                 else:
                     rows = start + r + rs
-                    xt = tl.load(
-                        x_ptr + rows[None, :] * stride_xm + kk[:, None] * stride_xk,
-                        mask=r_ok[None, :] & k_ok[:, None],
-                        other=0.0,
-                    )  # [BLOCK_M, BLOCK_K] = x_e^T
-                    g = tl.load(
-                        dy_ptr + rows[:, None] * stride_dm + nn[None, :] * stride_dn,
-                        mask=r_ok[:, None] & n_ok[None, :],
-                        other=0.0,
-                    )  # [BLOCK_K, BLOCK_N]
+                    x_ptrs = x_ptr + rows[None, :] * stride_xm + kk[:, None] * stride_xk
+                    dy_ptrs = dy_ptr + rows[:, None] * stride_dm + nn[None, :] * stride_dn
+                    if EVEN:
+                        xt = tl.load(x_ptrs)  # [BLOCK_M, BLOCK_K] = x_e^T
+                        g = tl.load(dy_ptrs)  # [BLOCK_K, BLOCK_N]
+                    else:
+                        xt = tl.load(x_ptrs, mask=k_ok[:, None], other=0.0)
+                        g = tl.load(dy_ptrs, mask=n_ok[None, :], other=0.0)
                 if UPCAST:
                     xt = xt.to(tl.float32)
                     g = g.to(tl.float32)
                 acc = tl.dot(xt, g, acc, input_precision=INPUT_PRECISION)
-            out_ptrs = out_ptr + expert * stride_oe + kk[:, None] * stride_ok + nn[None, :]
-            ok = k_ok[:, None] & n_ok[None, :]
-            if MODE == 1:
-                acc += tl.load(out_ptrs, mask=ok, other=0.0).to(tl.float32)
+            # Phase 2: the last, partial step (m % BLOCK_K tokens), rows past e's end masked.
+            if full < m:
+                rows = start + full + rs
+                r_ok = full + rs < m
+                xt = tl.load(
+                    x_ptr + rows[None, :] * stride_xm + kk[:, None] * stride_xk,
+                    mask=r_ok[None, :] & k_ok[:, None],
+                    other=0.0,
+                )
+                g = tl.load(
+                    dy_ptr + rows[:, None] * stride_dm + nn[None, :] * stride_dn,
+                    mask=r_ok[:, None] & n_ok[None, :],
+                    other=0.0,
+                )
+                if UPCAST:
+                    xt = xt.to(tl.float32)
+                    g = g.to(tl.float32)
+                acc = tl.dot(xt, g, acc, input_precision=INPUT_PRECISION)
+            # Phase 3: the epilogue, adding into out[e] where asked.
+            add = MODE == 1
             if MODE == 2:
-                if tl.load(accumulate_ptr + e) != 0:
+                add = tl.load(accumulate_ptr + e) != 0
+            if TMA_STORE:
+                where = [e, tile_m * BLOCK_M, tile_n * BLOCK_N]
+                if add:
+                    acc += out_desc.load(where).reshape(BLOCK_M, BLOCK_N).to(tl.float32)
+                out_desc.store(where, acc.to(out_ptr.dtype.element_ty).reshape(1, BLOCK_M, BLOCK_N))
+            else:
+                out_ptrs = out_ptr + expert * stride_oe + kk[:, None] * stride_ok + nn[None, :]
+                ok = k_ok[:, None] & n_ok[None, :]
+                if add:
                     acc += tl.load(out_ptrs, mask=ok, other=0.0).to(tl.float32)
-            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok)
+                tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok)
             tile += programs
         first_tile += expert_tiles
         row0 += m
@@ -628,7 +663,7 @@ def grouped_mm_wgrad(
     cfg = wgrad_config(M, E, x.device, x.dtype)
     mode = 2 if mask is not None else int(bool(accumulate))
     int64 = needs_int64(x, dy, out, pad=cfg.block_m)
-    use_tma = cfg.tma and not int64 and tma_ok_wgrad(x, dy)
+    use_tma = cfg.tma and not int64 and tma_ok_wgrad(x, dy, out)
     if use_tma:
         _ensure_scratch_allocator()
     with on_device_of(x=x, dy=dy, out=out):
@@ -658,7 +693,9 @@ def grouped_mm_wgrad(
             UPCAST=tier.interpreted() and x.dtype == torch.bfloat16,
             INPUT_PRECISION=_input_precision(x.dtype),
             INT64=int64,
+            EVEN=K % cfg.block_m == 0 and N % cfg.block_n == 0,
             USE_TMA=use_tma,
+            TMA_STORE=use_tma and out.element_size() == 2,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )
@@ -751,11 +788,17 @@ def tma_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     return _aligned(x, w, x.stride(0), *other)
 
 
-def tma_ok_wgrad(x: torch.Tensor, dy: torch.Tensor) -> bool:
-    """Whether ``grouped_mm_wgrad`` can load x and dy through TMA descriptors: as ``tma_ok``,
-    both with unit column strides."""
+def tma_ok_wgrad(x: torch.Tensor, dy: torch.Tensor, out: torch.Tensor) -> bool:
+    """Whether ``grouped_mm_wgrad`` can move its tiles through TMA descriptors: as ``tma_ok``,
+    x, dy and out with unit column strides, 16-byte aligned bases and other strides."""
     return (
-        _tma_device(x.device) and x.stride(1) == 1 and dy.stride(1) == 1 and _aligned(x, dy, x.stride(0), dy.stride(0))
+        _tma_device(x.device)
+        and x.stride(1) == 1
+        and dy.stride(1) == 1
+        and out.stride(2) == 1
+        and _aligned(x, dy, x.stride(0), dy.stride(0))
+        and out.data_ptr() % 16 == 0
+        and all(v * out.element_size() % 16 == 0 for v in (out.stride(0), out.stride(1)))
     )
 
 

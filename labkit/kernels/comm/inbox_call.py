@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from labkit.kernels.comm import symm
-from labkit.kernels.comm.plan import OUT, KernelLaunch, _hooks
+from labkit.kernels.comm.plan import OUT, KernelLaunch
 from labkit.kernels.launch_helpers import overlaps
 from labkit.workbench.guard import on_device
 
@@ -173,26 +173,26 @@ class InputLaunch(KernelLaunch):
         self.dtype = x.dtype
 
     def run(self, x: torch.Tensor, out: torch.Tensor) -> None:
-        c = self.compiled
         if (
-            c is not None
+            self.compiled is not None
             and (x.data_ptr() % 16 == 0) == self._x_aligned
             and (out.data_ptr() % 16 == 0) == self._aligned
-            and _hooks()[0] is None  # a profiler's hook gets Triton's own path, tensors and all
         ):
-            args = list(self._full)
+            args = list(self._ints)
             args[0], args[self._full_out_pos] = x.data_ptr(), out.data_ptr()
-            c.run(*self._grid3, self._stream(self.device.index), c.function, c.packed_metadata, None, None, None, *args)
+            self.launch_addresses(args, ((0, x), (self._full_out_pos, out)))
             return
         args = (x,) + self.args[1 : self.out_pos] + (out,) + self.args[self.out_pos + 1 :]
         compiled = self.kernel[self.grid](*args, **self.kwargs)
-        if c is None:
+        if self.compiled is None:
             self._arm(compiled, args)
             if self.compiled is not None:
-                # Keep no tensor of this call, and hand the launcher addresses, not tensors: it
-                # takes an int as the pointer itself (a tensor costs a data_ptr() call and a
-                # pointer-attribute query per argument). The tables live as long as the inbox.
-                full = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in self._full]
+                # Keep no tensor of this call: the input's and output's places hold None and
+                # each call gives their addresses (the tables live as long as the inbox).
+                ints = list(self._ints)
+                ints[0] = ints[self._full_out_pos] = None
+                self._ints = tuple(ints)
+                full = list(self._full)
                 full[0] = full[self._full_out_pos] = None
                 self._full = tuple(full)
                 self._x_aligned = x.data_ptr() % 16 == 0

@@ -46,6 +46,14 @@ the launcher taking every argument, constexprs included), so it is guarded: ``FA
 (environment ``LABKIT_FAST_LAUNCH=0`` turns it off) and ``fast_launch_status()`` say whether it
 is used; under the interpreter (the CPU tier) there is no compiled launcher and every launch
 takes the normal path.
+
+One level further down, ``CompiledKernel.run`` is a Python wrapper (it sets up scratch memory
+and profiler hooks, then calls the C function that launches). The second fast launch records
+what the wrapper hands that C function (``record_launch``); where everything but the grid, the
+stream and the kernel's arguments is a constant of the launcher (no scratch memory, no hooks),
+later launches call the C function with the recorded constants themselves (``DIRECT_LAUNCH``,
+environment ``LABKIT_DIRECT_LAUNCH=0`` turns it off). Arguments go to it as addresses: the fixed
+tensors are held by the launch, so their addresses stay theirs.
 """
 
 from __future__ import annotations
@@ -64,6 +72,9 @@ from labkit.workbench.guard import on_device
 
 #: Launch through ``CompiledKernel.run`` after the first call (see ``fast_launch_status``).
 FAST_LAUNCH = os.environ.get("LABKIT_FAST_LAUNCH", "1") != "0"
+#: After the fast path is armed, call the compiled launcher's C function with its recorded
+#: constants (``record_launch``), skipping ``CompiledKernel.run``'s Python wrapper.
+DIRECT_LAUNCH = os.environ.get("LABKIT_DIRECT_LAUNCH", "1") != "0"
 #: Let ``all_reduce`` / ``reduce_scatter`` / ``all_gather`` keep plans on their buffer.
 CACHE_PLANS = os.environ.get("LABKIT_PLAN_CACHE", "1") != "0"
 #: Plans kept per buffer (one per op, output, algorithm and launch); the oldest is dropped first.
@@ -134,6 +145,71 @@ def _stream_getter():
     return driver.active.get_current_stream
 
 
+_PLAIN = (type(None), bool, int, float, str, bytes)
+
+
+def record_launch(c, grid3: tuple, stream: int, args: tuple):
+    """Launch ``c`` (a ``CompiledKernel``) once through ``c.run`` with ``args`` (the kernel's
+    arguments in order, pointers as addresses, no hooks), recording what its Python wrapper hands
+    the C launch function. Returns ``(launch_fn, constants, splat)`` when a later launch can call
+    ``launch_fn(*grid3, stream, c.function, *constants, *args)`` (``splat``) or
+    ``launch_fn(*grid3, stream, c.function, *constants, args)`` (Triton versions that pass the
+    arguments as one tuple) and do what the wrapper would; else a string saying why not.
+
+    What counts as a constant: None, a bool, a number or a string, ``c.packed_metadata``, or an
+    object the launcher itself holds (its signature tables). Anything else (scratch memory
+    allocated for this launch, a tensor) is made per launch, so the wrapper stays in the path."""
+    launcher = c.run
+    original = getattr(launcher, "launch", None)
+    if not callable(original):
+        c.run(*grid3, stream, c.function, c.packed_metadata, None, None, None, *args)
+        return f"{type(launcher).__name__} has no launch function to call"
+    seen = []
+
+    def recorder(*a):
+        seen.append(a)
+        return original(*a)
+
+    own = "launch" in vars(launcher) if hasattr(launcher, "__dict__") else False
+    try:
+        launcher.launch = recorder
+    except AttributeError:
+        c.run(*grid3, stream, c.function, c.packed_metadata, None, None, None, *args)
+        return f"{type(launcher).__name__}.launch cannot be wrapped"
+    try:
+        c.run(*grid3, stream, c.function, c.packed_metadata, None, None, None, *args)
+    finally:
+        if own:
+            launcher.launch = original
+        else:
+            del launcher.launch
+    if len(seen) != 1:
+        return f"the wrapper called its launch function {len(seen)} times"
+    a = seen[0]
+    if len(a) < 5 or tuple(a[:3]) != tuple(grid3) or a[3] != stream or a[4] is not c.function:
+        return "the wrapper's launch call does not start with the grid, the stream and the function"
+    held = [v for v in vars(launcher).values()] if hasattr(launcher, "__dict__") else []
+
+    def constant(v) -> bool:
+        return type(v) in _PLAIN or v is c.packed_metadata or any(v is h for h in held)
+
+    n = len(args)
+    if len(a) >= 5 + n and all(_same(x, y) for x, y in zip(a[len(a) - n :], args)):
+        middle, splat = a[5 : len(a) - n], True
+    elif isinstance(a[-1], tuple) and len(a[-1]) == n and all(_same(x, y) for x, y in zip(a[-1], args)):
+        middle, splat = a[5:-1], False
+    else:
+        return "the kernel's arguments are not passed through as given"
+    odd = [type(v).__name__ for v in middle if not constant(v)]
+    if odd:
+        return f"the wrapper passes per-launch values ({', '.join(odd)}: scratch memory or hooks)"
+    return original, tuple(middle), splat
+
+
+def _same(x, y) -> bool:
+    return x is y or (type(x) is type(y) and type(x) in _PLAIN and x == y)
+
+
 class KernelLaunch:
     """One Triton launch with every argument resolved: ``kernel[grid](*args, **kwargs)``, the
     output (``OUT`` in ``args``) given per call.
@@ -158,6 +234,8 @@ class KernelLaunch:
         "armable",
         "_full",
         "_full_out_pos",
+        "_ints",
+        "_direct",
         "_aligned",
         "_stream",
         "_grid3",
@@ -173,14 +251,12 @@ class KernelLaunch:
     def __call__(self, out: torch.Tensor | None) -> None:
         c = self.compiled
         if c is not None and (self.out_pos < 0 or (out.data_ptr() % 16 == 0) == self._aligned):
-            args = self._full
-            if self._full_out_pos >= 0:
-                args = list(args)
-                args[self._full_out_pos] = out
-            stream = self._stream(self.device.index)
-            enter, leave = _hooks()
-            meta = c.launch_metadata(self._grid3, stream, *args) if enter is not None else None
-            c.run(*self._grid3, stream, c.function, c.packed_metadata, meta, enter, leave, *args)
+            if self._full_out_pos < 0:
+                self.launch_addresses(self._ints)
+                return
+            args = list(self._ints)
+            args[self._full_out_pos] = out.data_ptr()
+            self.launch_addresses(args, ((self._full_out_pos, out),))
             return
         args = self.args if self.out_pos < 0 else self.args[: self.out_pos] + (out,) + self.args[self.out_pos + 1 :]
         compiled = self.kernel[self.grid](*args, **self.kwargs)
@@ -189,6 +265,35 @@ class KernelLaunch:
                 self._arm(compiled, args)
             else:
                 self.fallback_reason = "a plan for one call (not cached)"
+
+    def launch_addresses(self, args, tensors: tuple = ()) -> None:
+        """The armed launch with every argument given, pointers as addresses (``args``: the
+        kernel's parameters in order): straight to the C launch function where ``record_launch``
+        allowed it, else through ``CompiledKernel.run``. With a profiler's hook registered,
+        ``CompiledKernel.run`` with tensors and the launch metadata, as Triton's JIT path calls it
+        (``tensors``: (position, tensor) pairs for the places a call fills in)."""
+        c = self.compiled
+        stream = self._stream(self.device.index)
+        enter, leave = _hooks()
+        if enter is not None:
+            full = list(self._full)
+            for i, t in tensors:
+                full[i] = t
+            meta = c.launch_metadata(self._grid3, stream, *full)
+            c.run(*self._grid3, stream, c.function, c.packed_metadata, meta, enter, leave, *full)
+            return
+        direct = self._direct
+        if type(direct) is tuple:
+            fn, constants, splat = direct
+            if splat:
+                fn(*self._grid3, stream, c.function, *constants, *args)
+            else:
+                fn(*self._grid3, stream, c.function, *constants, tuple(args))
+            return
+        if direct is None and DIRECT_LAUNCH:
+            self._direct = record_launch(c, self._grid3, stream, tuple(args))  # launches too
+            return
+        c.run(*self._grid3, stream, c.function, c.packed_metadata, None, None, None, *args)
 
     def _arm(self, compiled, args: tuple) -> None:
         """Prepare the fast path from the first launch, or record why there is none."""
@@ -218,6 +323,10 @@ class KernelLaunch:
                 out_pos = i
             full.append(value)
         self._full, self._full_out_pos = tuple(full), out_pos
+        # the launcher takes an int as the pointer itself (a tensor costs a data_ptr() call and a
+        # pointer-attribute query); the tensors stay alive in self.args
+        self._ints = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in full)
+        self._direct = None if DIRECT_LAUNCH else "switched off (LABKIT_DIRECT_LAUNCH=0)"
         self._aligned = out_pos < 0 or args[self.out_pos].data_ptr() % 16 == 0
         self._stream = _stream_getter()
         self._grid3 = (self.grid + (1, 1))[:3]
@@ -227,6 +336,18 @@ class KernelLaunch:
     @property
     def fast(self) -> bool:
         return self.compiled is not None
+
+    @property
+    def direct(self) -> bool:
+        """Whether launches skip ``CompiledKernel.run``'s wrapper (``record_launch``)."""
+        return type(self._direct) is tuple if self.compiled is not None else False
+
+    @property
+    def direct_reason(self) -> str | None:
+        """Why launches go through the wrapper (None: direct, or not armed or recorded yet)."""
+        if self.compiled is None or type(self._direct) is tuple:
+            return None
+        return self._direct
 
 
 class CopySteps:
@@ -297,7 +418,7 @@ class CollectivePlan:
         """How the plan's kernels launch now: "compiled launcher", or "triton (<why>)"."""
         kernels = [s for s in self.steps if isinstance(s, KernelLaunch)]
         if kernels and all(s.fast for s in kernels):
-            return "compiled launcher"
+            return "compiled launcher" + (" (direct)" if all(s.direct for s in kernels) else "")
         return f"triton ({kernels[0].fallback_reason if kernels else 'no kernel'})"
 
     def describe(self) -> list[dict]:

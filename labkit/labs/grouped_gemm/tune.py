@@ -120,8 +120,12 @@ TUNE_EXTRA: dict[str, dict[str, dict]] = {
         "dgrad": {"any": [_c(64, 128, 64, 8, 4, 4, 2), _c(64, 128, 64, 8, 4, 4, 2, True)]},
         # wgrad: the largest gap to torch (docs/labs.md's backward table). Its reduction runs over an
         # expert's tokens (32, 4 and 1 steps of 64 at the lab's E=8, 64 and 128), so the sweep tries
-        # taller tiles and two programs per SM at every shape, and at E=8, where the reduction is
-        # long, BLOCK_K 128 and other L2 group sizes (pointer loads: TMA lost at every wgrad case)
+        # taller tiles and two programs per SM at every shape; at E=8, where the reduction is long,
+        # BLOCK_K 128 and other L2 group sizes; at E=128, where it is one step and the [E, K, N]
+        # output is most of the bytes, two stages (all one step can use) and two programs per SM,
+        # so that one program's loads overlap another's stores. A TMA config also stores through
+        # TMA, its tile staged in shared memory beside the stages (those that do not fit fail to
+        # compile, and the sweep records the error).
         "wgrad": {
             "any": [_c(256, 128, 64, 8, 8, 3), _c(64, 128, 64, 8, 4, 4, 2)],
             8: [
@@ -129,6 +133,11 @@ TUNE_EXTRA: dict[str, dict[str, dict]] = {
                 _c(64, 256, 128, 8, 8, 2),
                 _c(128, 256, 128, 8, 8, 2),
                 *(_c(64, 256, 64, g, 8, 4) for g in (4, 16)),
+            ],
+            128: [
+                *(_c(128, 256, 64, 8, 8, 2, 1, t) for t in (False, True)),
+                *(_c(128, 128, 64, 8, 8, 2, 2, t) for t in (False, True)),
+                *(_c(64, 256, 64, 8, 4, 2, 2, t) for t in (False, True)),
             ],
         },
     },
