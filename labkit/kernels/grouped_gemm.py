@@ -143,9 +143,9 @@ TABLES: dict[tuple[str, str], ConfigTable] = {
         op="wgrad",
         source=_H200_SWEEP,
         rows=(
-            (1024, _cfg(64, 256, 64, 8, 8, 4)),
-            (128, _cfg(128, 256, 64, 8, 8, 3)),
-            (0, _cfg(128, 256, 64, 8, 8, 3)),
+            (1024, _cfg(64, 256, 64, 8, 8, 4, tma=True)),
+            (128, _cfg(128, 256, 64, 8, 8, 3, tma=True)),
+            (0, _cfg(128, 128, 64, 8, 8, 2, p=2, tma=True)),
         ),
     ),
 }
