@@ -111,6 +111,7 @@ def _cfg(m, n, k, g, w, s, p=1, tma=False) -> GroupedConfig:
 H200 = "NVIDIA H200"
 H100 = "NVIDIA H100 80GB HBM3"
 _H200_SWEEP = "reference/h200x1/grouped_gemm_tune.json"
+_H100_SWEEP = "reference/h100x1/grouped_gemm_tune.json"
 
 #: Per-GPU tables, keyed by (device name, op). Each row is the winner of its source sweep for
 #: the lab shapes that reach it: the config with the least total median time over the shape's
@@ -144,6 +145,36 @@ TABLES: dict[tuple[str, str], ConfigTable] = {
         source=_H200_SWEEP,
         rows=(
             (1024, _cfg(64, 256, 64, 8, 8, 4, tma=True)),
+            (128, _cfg(128, 256, 64, 8, 8, 3, tma=True)),
+            (0, _cfg(128, 128, 64, 8, 8, 2, p=2, tma=True)),
+        ),
+    ),
+    (H100, "forward"): ConfigTable(
+        device=H100,
+        op="forward",
+        source=_H100_SWEEP,
+        rows=(
+            (1024, _cfg(64, 256, 64, 8, 8, 4, tma=True)),
+            (128, _cfg(128, 256, 64, 8, 8, 4)),
+            (0, _cfg(64, 128, 64, 8, 4, 4, p=2, tma=True)),
+        ),
+    ),
+    (H100, "dgrad"): ConfigTable(
+        device=H100,
+        op="dgrad",
+        source=_H100_SWEEP,
+        rows=(
+            (1024, _cfg(128, 256, 64, 8, 8, 3)),
+            (128, _cfg(128, 256, 64, 8, 8, 4, tma=True)),
+            (0, _cfg(64, 128, 64, 8, 4, 4, p=2, tma=True)),
+        ),
+    ),
+    (H100, "wgrad"): ConfigTable(
+        device=H100,
+        op="wgrad",
+        source=_H100_SWEEP,
+        rows=(
+            (1024, _cfg(64, 256, 64, 16, 8, 4)),
             (128, _cfg(128, 256, 64, 8, 8, 3, tma=True)),
             (0, _cfg(128, 128, 64, 8, 8, 2, p=2, tma=True)),
         ),
