@@ -306,10 +306,11 @@ def _backward(op, method, gpu, ratio, **tile):
     }
 
 
-@pytest.mark.parametrize(("gpu", "second"), [("NVIDIA H200", " / 64×256×64, 4"), ("a GPU without a table", "")])
+@pytest.mark.parametrize(("gpu", "second"), [("NVIDIA H200", " / 64×256×64, 4, TMA"), ("a GPU without a table", "")])
 def test_the_backward_table_names_the_tables_pick_where_it_differs_from_the_recorded_tile(tmp_path, gpu, second):
     recs = [_backward(op, m, gpu, r) for op, r in (("dgrad", 0.95), ("wgrad", 1.5)) for m in ("eager", "graph")]
     _write(tmp_path, gemm_findings.DOCS_REFERENCE, recs)
     text = gemm_findings.backward_table(report.Reference(tmp_path))
-    row = next(line for line in text.splitlines() if line.startswith("| 8 | uniform"))
-    assert row == f"| 8 | uniform | 0.95 | 0.95 | 400 | 1.50 | 1.50 | 400 | 128×128×64, 4{second} |"
+    row = next(line for line in text.splitlines() if line.startswith("| H200 | 8 | uniform"))
+    assert row == f"| H200 | 8 | uniform | 0.95 | 0.95 | 400 | 1.50 | 1.50 | 400 | 128×128×64, 4{second} |"
+    assert "reference/h100x1" not in text  # a GPU without a recorded file has no rows

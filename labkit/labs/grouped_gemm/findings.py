@@ -5,8 +5,23 @@ from __future__ import annotations
 
 import dataclasses
 
-#: the one-GPU reference the docs are rendered from
-DOCS_REFERENCE = "h200x1/grouped_gemm.json"
+#: the one-GPU references the docs are rendered from, each GPU's rows in turn (a file not recorded
+#: is left out; the first must be there)
+DOCS_REFERENCES = ("h200x1/grouped_gemm.json", "h100x1/grouped_gemm.json")
+DOCS_REFERENCE = DOCS_REFERENCES[0]
+
+
+def _names(reference) -> list[str]:
+    return [DOCS_REFERENCE] + [n for n in DOCS_REFERENCES[1:] if (reference.root / n).is_file()]
+
+
+def _gpu(name: str) -> str:
+    """The GPU a reference folder names: "h200x1/..." -> "H200"."""
+    return name.split("/")[0].rsplit("x", 1)[0].upper()
+
+
+def _sources(names: list[str]) -> str:
+    return " and ".join(f"`reference/{n}`" for n in names)
 
 
 def _cases(rows: list[dict]) -> list[tuple]:
@@ -19,26 +34,30 @@ def versus_torch_table(reference) -> str:
     its time over ``torch._grouped_mm``'s (eager and graph) and over the host-sync loop's (eager)."""
     from labkit.workbench.report import number
 
-    name = DOCS_REFERENCE
-    rows = reference.records(name, kind="gemm", impl="labkit")
+    names = _names(reference)
     out = [
-        "| experts | counts | labkit TFLOP/s (eager) | time / torch's, eager | time / torch's, graph "
+        "| GPU | experts | counts | labkit TFLOP/s (eager) | time / torch's, eager | time / torch's, graph "
         "| time / host-sync loop's, eager |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
-    for experts, skew in _cases(rows):
+    for name in names:
+        rows = reference.records(name, kind="gemm", impl="labkit")
+        for experts, skew in _cases(rows):
 
-        def at(method, field, experts=experts, skew=skew):
-            return reference.value(name, field, kind="gemm", impl="labkit", experts=experts, skew=skew, method=method)
+            def at(method, field, experts=experts, skew=skew, name=name):
+                return reference.value(
+                    name, field, kind="gemm", impl="labkit", experts=experts, skew=skew, method=method
+                )
 
-        out.append(
-            f"| {experts} | {skew} | {number(at('eager', 'tflops'))} | {at('eager', 'ratio_vs_torch'):.2f} | "
-            f"{at('graph', 'ratio_vs_torch'):.2f} | {at('eager', 'ratio_vs_loop'):.2f} |"
-        )
+            out.append(
+                f"| {_gpu(name)} | {experts} | {skew} | {number(at('eager', 'tflops'))} | "
+                f"{at('eager', 'ratio_vs_torch'):.2f} | {at('graph', 'ratio_vs_torch'):.2f} | "
+                f"{at('eager', 'ratio_vs_loop'):.2f} |"
+            )
     out.append("")
     out.append(
-        f"One H200: `reference/{name}`, kind `gemm`, impl `labkit` (`method` `eager` or `graph`; fields `tflops`, "
-        "`ratio_vs_torch`, `ratio_vs_loop`: below 1, labkit is faster). Rendered by `labkit report`."
+        f"One GPU each: {_sources(names)}, kind `gemm`, impl `labkit` (`method` `eager` or `graph`; fields "
+        "`tflops`, `ratio_vs_torch`, `ratio_vs_loop`: below 1, labkit is faster). Rendered by `labkit report`."
     )
     return "\n".join(out)
 
@@ -61,39 +80,47 @@ def backward_table(reference) -> str:
     labkit's TFLOP/s under graph replay and the configuration each launched with."""
     from labkit.workbench.report import number
 
-    name = DOCS_REFERENCE
-    rows = reference.records(name, kind="gemm_backward", impl="labkit")
+    names = _names(reference)
     out = [
-        "| experts | counts | dgrad / torch's, eager | graph | TFLOP/s | wgrad / torch's, eager | graph | TFLOP/s "
-        "| wgrad tile (M×N×K, stages), recorded / the table's pick |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| GPU | experts | counts | dgrad / torch's, eager | graph | TFLOP/s | wgrad / torch's, eager | graph "
+        "| TFLOP/s | wgrad tile (M×N×K, stages), recorded / the table's pick |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for experts, skew in _cases(rows):
-        cells = []
-        for op in ("dgrad", "wgrad"):
+    for name in names:
+        rows = reference.records(name, kind="gemm_backward", impl="labkit")
+        for experts, skew in _cases(rows):
+            cells = []
+            for op in ("dgrad", "wgrad"):
 
-            def at(method, field, op=op, experts=experts, skew=skew):
-                return reference.value(
-                    name, field, kind="gemm_backward", impl="labkit", op=op, experts=experts, skew=skew, method=method
-                )
+                def at(method, field, op=op, experts=experts, skew=skew, name=name):
+                    return reference.value(
+                        name,
+                        field,
+                        kind="gemm_backward",
+                        impl="labkit",
+                        op=op,
+                        experts=experts,
+                        skew=skew,
+                        method=method,
+                    )
 
-            cells += [f"{at('eager', 'ratio_vs_torch'):.2f}", f"{at('graph', 'ratio_vs_torch'):.2f}"]
-            cells.append(number(at("graph", "tflops")))
-        rec = reference.one(
-            name, kind="gemm_backward", impl="labkit", op="wgrad", experts=experts, skew=skew, method="graph"
-        )
-        pick = _table_pick(rec, "wgrad")
-        picked = "" if pick is None else _tile(dataclasses.asdict(pick))
-        cells.append(_tile(rec) + (f" / {picked}" if picked and picked != _tile(rec) else ""))
-        out.append(f"| {experts} | {skew} | " + " | ".join(cells) + " |")
+                cells += [f"{at('eager', 'ratio_vs_torch'):.2f}", f"{at('graph', 'ratio_vs_torch'):.2f}"]
+                cells.append(number(at("graph", "tflops")))
+            rec = reference.one(
+                name, kind="gemm_backward", impl="labkit", op="wgrad", experts=experts, skew=skew, method="graph"
+            )
+            pick = _table_pick(rec, "wgrad")
+            picked = "" if pick is None else _tile(dataclasses.asdict(pick))
+            cells.append(_tile(rec) + (f" / {picked}" if picked and picked != _tile(rec) else ""))
+            out.append(f"| {_gpu(name)} | {experts} | {skew} | " + " | ".join(cells) + " |")
     out.append("")
     out.append(
-        f"One H200: `reference/{name}`, kind `gemm_backward`, impl `labkit`, `op` `dgrad` or `wgrad` (`method` "
-        "`eager` or `graph`; `ratio_vs_torch` against the fastest of `torch.autograd.grad` and the op called "
-        "directly, below 1 labkit is faster; the tile fields say what the kernel launched with). Where "
-        "the last column names a second tile, `labkit.kernels.grouped_gemm.TABLES` picks another tile for this "
-        "GPU and shape than the one this file timed: the pick comes from the sweep (`grouped_gemm_tune.json`), "
-        "and this file's times are of the first. Rendered by `labkit report`."
+        f"One GPU each: {_sources(names)}, kind `gemm_backward`, impl `labkit`, `op` `dgrad` or `wgrad` "
+        "(`method` `eager` or `graph`; `ratio_vs_torch` against the fastest of `torch.autograd.grad` and the op "
+        "called directly, below 1 labkit is faster; the tile fields say what the kernel launched with). Where "
+        "the last column names a second tile, `labkit.kernels.grouped_gemm.TABLES` picks another tile for that "
+        "GPU and shape than the one its file timed: the pick comes from the sweep (`grouped_gemm_tune.json`), "
+        "and the file's times are of the first. Rendered by `labkit report`."
     )
     return "\n".join(out)
 
