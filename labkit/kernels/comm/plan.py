@@ -166,9 +166,9 @@ def record_launch(c, grid3: tuple, stream: int, args: tuple):
         return f"{type(launcher).__name__} has no launch function to call"
     seen = []
 
-    def recorder(*a):
-        seen.append(a)
-        return original(*a)
+    def recorder(*a, **kw):
+        seen.append((a, kw))
+        return original(*a, **kw)
 
     own = "launch" in vars(launcher) if hasattr(launcher, "__dict__") else False
     try:
@@ -185,7 +185,9 @@ def record_launch(c, grid3: tuple, stream: int, args: tuple):
             del launcher.launch
     if len(seen) != 1:
         return f"the wrapper called its launch function {len(seen)} times"
-    a = seen[0]
+    a, kw = seen[0]
+    if kw:
+        return f"the wrapper passes keyword arguments ({', '.join(sorted(kw))}) to its launch function"
     if len(a) < 5 or tuple(a[:3]) != tuple(grid3) or a[3] != stream or a[4] is not c.function:
         return "the wrapper's launch call does not start with the grid, the stream and the function"
     held = [v for v in vars(launcher).values()] if hasattr(launcher, "__dict__") else []
