@@ -374,9 +374,7 @@ def eager_calls_table(reference) -> str:
         "µs per call back to back (median; in brackets `ratio_to_torch_best`, the median over rounds of the "
         "call's time over torch's fastest eager op in the same round), "
         "bf16: kind `push`, `timing` `eager`. Host µs per call at 4 KiB on each call's slowest rank (kind "
-        "`host_call`, field `us`, the most over ranks): "
-        + "; ".join(host)
-        + ". Rendered by `labkit report`."
+        "`host_call`, field `us`, the most over ranks): " + "; ".join(host) + ". Rendered by `labkit report`."
     )
     return "\n".join(out)
 
