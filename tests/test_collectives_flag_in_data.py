@@ -5,6 +5,7 @@ rotating late rank, in place and out of place, calls alternating paths (push, fl
 one-shot, two-shot) back to back on the same buffers, and ranks whose counts disagree caught.
 The rule's table (``fid_limits_from``) is tested on records, and against the reference files."""
 
+import os
 import secrets
 import time
 
@@ -275,6 +276,8 @@ def test_call_costs_times_every_public_call_interleaved_after_checking_it():
             assert r["correct"] is True, r
             assert 0 < r["us_min"] <= r["us_p25"] <= r["us"] <= r["us_p75"] <= r["us_max"], r
             assert r["rounds"] == 2 and r["calls"] == 2 and r["bytes"] == 1024
+            # where the rank ran: a core it may run on, and how many it may use
+            assert r["cpus_allowed"] >= 1 and (r["cpu"] is None or 0 <= r["cpu"] < os.cpu_count()), r
         if not GPUS:
             assert by["torch_two_shot"]["us"] is None and "CUDA" in by["torch_two_shot"]["absent"]
     lines = host_cost.call_costs_summary([r for rs in per_rank for r in rs])

@@ -32,6 +32,7 @@ rank function for ``run_ranks``), with the same arguments.
 
 from __future__ import annotations
 
+import os
 import statistics
 import textwrap
 import time
@@ -552,6 +553,7 @@ def call_costs(
         "interpreted": interp,
         "rounds": rounds,
         "calls": calls,
+        **where_it_ran(),
     }
     records = []
     for name in HOST_CALLS:
@@ -574,6 +576,25 @@ def call_costs(
         else:
             records.append(dict(base, impl=name, what=HOST_CALLS[name], correct=None, us=None, absent=absent[name]))
     return records
+
+
+def where_it_ran() -> dict:
+    """Where this process runs on the host, beside its host times: ``cpu`` (the core it was on at
+    the end, from /proc/self/stat; None elsewhere) and ``cpus_allowed`` (how many cores its
+    affinity allows). One rank's calls can take far longer than the others' on the same machine,
+    torch's too; these fields let the records say whether placement goes with it."""
+    cpu = None
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        cpu = int(fields[36])  # field 39 of proc(5), counted from the state (field 3)
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        allowed = os.cpu_count()
+    return {"cpu": cpu, "cpus_allowed": allowed}
 
 
 def call_costs_summary(records: list[dict]) -> list[str]:
