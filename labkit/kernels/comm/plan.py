@@ -49,11 +49,11 @@ takes the normal path.
 
 One level further down, ``CompiledKernel.run`` is a Python wrapper (it sets up scratch memory
 and profiler hooks, then calls the C function that launches). The second fast launch records
-what the wrapper hands that C function (``record_launch``); where everything but the grid, the
-stream and the kernel's arguments is a constant of the launcher (no scratch memory, no hooks),
-later launches call the C function with the recorded constants themselves (``DIRECT_LAUNCH``,
-environment ``LABKIT_DIRECT_LAUNCH=0`` turns it off). Arguments go to it as addresses: the fixed
-tensors are held by the launch, so their addresses stay theirs.
+what the wrapper hands that C function (``labkit.kernels.comm.direct_launch``); where everything
+but the grid, the stream and the kernel's arguments is a constant of the launcher (no scratch
+memory, no hooks), later launches call the C function with the recorded constants themselves
+(``DIRECT_LAUNCH``, environment ``LABKIT_DIRECT_LAUNCH=0`` turns it off). Arguments go to it as
+addresses: the fixed tensors are held by the launch, so their addresses stay theirs.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ import torch
 import triton
 
 from labkit.kernels.comm import symm
+from labkit.kernels.comm.direct_launch import record_launch
 from labkit.kernels.launch_helpers import overlaps
 from labkit.workbench import tier
 from labkit.workbench.errors import UsageError
@@ -143,73 +144,6 @@ def _stream_getter():
     from triton.runtime.driver import driver
 
     return driver.active.get_current_stream
-
-
-_PLAIN = (type(None), bool, int, float, str, bytes)
-
-
-def record_launch(c, grid3: tuple, stream: int, args: tuple):
-    """Launch ``c`` (a ``CompiledKernel``) once through ``c.run`` with ``args`` (the kernel's
-    arguments in order, pointers as addresses, no hooks), recording what its Python wrapper hands
-    the C launch function. Returns ``(launch_fn, constants, splat)`` when a later launch can call
-    ``launch_fn(*grid3, stream, c.function, *constants, *args)`` (``splat``) or
-    ``launch_fn(*grid3, stream, c.function, *constants, args)`` (Triton versions that pass the
-    arguments as one tuple) and do what the wrapper would; else a string saying why not.
-
-    What counts as a constant: None, a bool, a number or a string, ``c.packed_metadata``, or an
-    object the launcher itself holds (its signature tables). Anything else (scratch memory
-    allocated for this launch, a tensor) is made per launch, so the wrapper stays in the path."""
-    launcher = c.run
-    original = getattr(launcher, "launch", None)
-    if not callable(original):
-        c.run(*grid3, stream, c.function, c.packed_metadata, None, None, None, *args)
-        return f"{type(launcher).__name__} has no launch function to call"
-    seen = []
-
-    def recorder(*a, **kw):
-        seen.append((a, kw))
-        return original(*a, **kw)
-
-    own = "launch" in vars(launcher) if hasattr(launcher, "__dict__") else False
-    try:
-        launcher.launch = recorder
-    except AttributeError:
-        c.run(*grid3, stream, c.function, c.packed_metadata, None, None, None, *args)
-        return f"{type(launcher).__name__}.launch cannot be wrapped"
-    try:
-        c.run(*grid3, stream, c.function, c.packed_metadata, None, None, None, *args)
-    finally:
-        if own:
-            launcher.launch = original
-        else:
-            del launcher.launch
-    if len(seen) != 1:
-        return f"the wrapper called its launch function {len(seen)} times"
-    a, kw = seen[0]
-    if kw:
-        return f"the wrapper passes keyword arguments ({', '.join(sorted(kw))}) to its launch function"
-    if len(a) < 5 or tuple(a[:3]) != tuple(grid3) or a[3] != stream or a[4] is not c.function:
-        return "the wrapper's launch call does not start with the grid, the stream and the function"
-    held = [v for v in vars(launcher).values()] if hasattr(launcher, "__dict__") else []
-
-    def constant(v) -> bool:
-        return type(v) in _PLAIN or v is c.packed_metadata or any(v is h for h in held)
-
-    n = len(args)
-    if len(a) >= 5 + n and all(_same(x, y) for x, y in zip(a[len(a) - n :], args)):
-        middle, splat = a[5 : len(a) - n], True
-    elif isinstance(a[-1], tuple) and len(a[-1]) == n and all(_same(x, y) for x, y in zip(a[-1], args)):
-        middle, splat = a[5:-1], False
-    else:
-        return "the kernel's arguments are not passed through as given"
-    odd = [type(v).__name__ for v in middle if not constant(v)]
-    if odd:
-        return f"the wrapper passes per-launch values ({', '.join(odd)}: scratch memory or hooks)"
-    return original, tuple(middle), splat
-
-
-def _same(x, y) -> bool:
-    return x is y or (type(x) is type(y) and type(x) in _PLAIN and x == y)
 
 
 class KernelLaunch:
