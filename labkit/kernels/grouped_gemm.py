@@ -449,9 +449,9 @@ def _grouped_wgrad_kernel(
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     if USE_TMA:
-        # The copy engine moves whole tiles. Loads read rows past an expert's end too (the next
-        # expert's: inside the tensor, so not zero-filled); only the last, partial step of an
-        # expert's reduction masks them, with pointer loads (phase 2).
+        # The copy engine moves whole tiles, and fills zeros only outside the tensor: rows past
+        # an expert's end are the next expert's. So TMA loads only whole steps (phase 1, every
+        # row e's own); the last, partial step masks its rows with pointer loads (phase 2).
         x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[stride_xm, 1], block_shape=[BLOCK_K, BLOCK_M])
         dy_desc = tl.make_tensor_descriptor(
             dy_ptr, shape=[M, N], strides=[stride_dm, 1], block_shape=[BLOCK_K, BLOCK_N]
