@@ -181,9 +181,9 @@ TABLES: dict[tuple[str, str], ConfigTable] = {
     ),
 }
 
-#: What an sm_90 GPU without a table of its own (an H100 without a recorded sweep, or an op no
-#: sweep has covered) launches with: the H200 forward table where there is one (same SM
-#: count, same 228 KB of shared memory per SM: the nearest recorded sweep), else these defaults.
+#: What an sm_90 GPU without a table of its own (an H100 PCIe or H800, say: another name than
+#: the tables' GPUs) launches with: the H200 forward table (the nearest recorded sweep: sm_90,
+#: 228 KB of shared memory per SM), else these defaults.
 #: ``config_source`` says which, and the bench records it beside every timing.
 HOPPER_DEFAULTS: dict[str, ConfigTable] = {
     "forward": TABLES[(H200, "forward")],
