@@ -80,20 +80,44 @@ def test_a_wrong_answer_fails(name, path):
     assert not passed, f"{path.name} passed the check of {name}: {line}"
 
 
-def test_02_barrier_runs_labkit_check_collective_and_its_failure_reaches_the_learner():
-    """The solution's line says the checker passed; a wait that is one compare-and-swap, not a loop,
-    has the right atomics (the probe passes it) and fails only through labkit.check.collective."""
+def test_02_barrier_catches_a_wait_that_does_not_wait_without_a_race():
+    """A wait that is one compare-and-swap, not a loop, has the right atomics (the probe with the
+    peer's signal passes it); the probe without the signal fails it, every time, whatever the
+    machine's load (a race in the emulated world showed it only sometimes)."""
     from labkit.labs.collectives import atomics_probe
 
-    passed, line = _verdict("02.barrier", EXERCISES["02.barrier"].solution())
-    assert passed and "labkit.check.collective passes" in line, line
     source = (MUTANTS / "02.barrier" / "wait_once.py").read_text()
     rec = atomics_probe.run_recorded(
         _answer("02.barrier", source), {"peer_slot": 0, "my_slot": 1}, "peer_slot", "my_slot"
     )
-    assert rec.memory == {"peer_slot": 1, "my_slot": 0}, "the probe alone should see the right protocol"
-    passed, line = _verdict("02.barrier", source)
-    assert not passed and "labkit.check.collective says: " in line, line
+    assert rec.memory == {"peer_slot": 1, "my_slot": 0}, "the probe with the signal should see the right protocol"
+    for _ in range(3):
+        passed, line = exercises.verdict("02.barrier", _answer("02.barrier", source))
+        assert not passed and "the peer has not signalled yet" in line and "a loop" in line, line
+
+
+def test_02_barrier_runs_labkit_check_collective_and_its_failure_reaches_the_learner(monkeypatch):
+    """The solution's line says the checker passed; when labkit.check.collective fails an answer
+    (here: a stand-in report), the learner reads its outcome and message."""
+    import labkit.kernels.check as check
+    from labkit.kernels.check import report as check_report
+
+    passed, line = _verdict("02.barrier", EXERCISES["02.barrier"].solution())
+    assert passed and "labkit.check.collective passes" in line, line
+    seen = []
+
+    def failing(fn, world_size, make_inputs, **kwargs):
+        seen.append((fn, world_size, make_inputs))
+        return check_report.Report(
+            "collective", fn, "failed", "wrong", "round 3, late rank 1: 17 of 4096 elements wrong", []
+        )
+
+    monkeypatch.setattr(check, "collective", failing)
+    passed, line = exercises.verdict("02.barrier", _answer("02.barrier", EXERCISES["02.barrier"].solution()))
+    assert seen == [
+        ("labkit.labs.collectives.catch:peers_with_your_barrier", 2, "labkit.labs.collectives.catch:inputs")
+    ]
+    assert not passed and "labkit.check.collective says: wrong: round 3, late rank 1: 17 of 4096" in line, line
 
 
 @pytest.mark.gpu

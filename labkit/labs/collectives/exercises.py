@@ -1,14 +1,17 @@
 """Lab 02's exercises, registered with :mod:`labkit.workbench.exercises`; solutions in ``solutions/``.
 
-* 02.barrier (fix): the check runs the learner's signal-then-wait once with a recording ``tl``
-  (:mod:`labkit.labs.collectives.atomics_probe`) and reads the ``sem`` and ``scope`` of the atomic
-  that signals and of the one that consumes the signal. A race cannot decide it: the emulated
-  world runs on x86, where relaxed and release/acquire order alike, and the recorded GPU runs saw
-  no wrong result from relaxed atomics either. An answer with the right atomics then meets
+* 02.barrier (fix): the check runs the learner's signal-then-wait with a recording ``tl``
+  (:mod:`labkit.labs.collectives.atomics_probe`), twice. With the peer's signal there, it reads
+  the ``sem`` and ``scope`` of the atomic that signals and of the one that consumes the signal.
+  A race cannot decide that: the emulated world runs on x86, where relaxed and release/acquire
+  order alike, and the recorded GPU runs saw no wrong result from relaxed atomics either. With no
+  signal from the peer, the wait must still be waiting when the probe gives up (``Hang``): a wait
+  that walks on without a signal is a barrier that does not hold, and only sometimes a wrong sum,
+  so no race is asked to show it. An answer that passes both then meets
   ``labkit.check.collective``: it becomes both barriers of an all-reduce on two ranks
   (``catch.peers_with_your_barrier``), run back to back with a late rank in turn and compared with
   fp64, in the emulated world on the CPU tier and on two GPUs on the GPU tier (skipped with one
-  GPU). That catches what one run of the probe cannot: a wait that does not wait.
+  GPU).
 * 02.order (predict): judged by the all-gather kernel's read order (``gather_order.read_order``).
 * 02.contention (predict): judged by the recorded comparisons of the two orders
   (``reference/<machine>/collectives.json``, kind ``gather_order``).
@@ -102,6 +105,16 @@ def judge_barrier(signal_then_wait) -> str:
         wrong.append("a scope narrower than the system (the peer is another GPU)")
     if wrong:
         raise Wrong("; ".join(wrong) + f". Observed: {seen}.")
+    try:  # no signal from the peer: a wait that waits never returns (the probe gives up)
+        alone = atomics_probe.run_recorded(signal_then_wait, {"peer_slot": 0, "my_slot": 0}, "peer_slot", "my_slot")
+    except atomics_probe.Hang:
+        pass
+    else:
+        raise Wrong(
+            "with my_slot at 0 (the peer has not signalled yet) it returned after "
+            f"{'; '.join(_said(op) for op in alone.ops) or 'no memory operation'}: the wait must repeat until "
+            "it consumes the signal (a loop), or the barrier lets a rank through before its peer arrives."
+        )
     return f"observed {seen}: the signal releases and the wait acquires, at system scope." + _collective_with(
         signal_then_wait
     )
