@@ -72,7 +72,7 @@ def record_launch(c, grid3: tuple, stream: int, args: tuple):
         return f"the wrapper passes keyword arguments ({', '.join(sorted(kw))}) to its launch function"
     if len(a) < 5 or tuple(a[:3]) != tuple(grid3) or a[3] != stream or a[4] is not c.function:
         return "the wrapper's launch call does not start with the grid, the stream and the function"
-    held = [v for v in vars(launcher).values()] if hasattr(launcher, "__dict__") else []
+    held = list(vars(launcher).values()) if hasattr(launcher, "__dict__") else []
 
     def constant(v) -> bool:
         return type(v) in _PLAIN or v is c.packed_metadata or any(v is h for h in held)

@@ -351,7 +351,8 @@ class CollectivePlan:
 
     @property
     def launch_path(self) -> str:
-        """How the plan's kernels launch now: "compiled launcher", or "triton (<why>)"."""
+        """How the plan's kernels launch now: "compiled launcher (direct)" (its C launch function,
+        ``record_launch``), "compiled launcher" (through ``CompiledKernel.run``), or "triton (<why>)"."""
         kernels = [s for s in self.steps if isinstance(s, KernelLaunch)]
         if kernels and all(s.fast for s in kernels):
             return "compiled launcher" + (" (direct)" if all(s.direct for s in kernels) else "")

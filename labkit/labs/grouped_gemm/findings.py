@@ -24,6 +24,18 @@ def _sources(names: list[str]) -> str:
     return " and ".join(f"`reference/{n}`" for n in names)
 
 
+#: the backward table's products and timings, in its column order
+_BACKWARD = ("dgrad", "wgrad")
+_METHODS = ("eager", "graph")
+
+
+def _gpu_cases(reference, names: list[str], kind: str):
+    """(file, experts, skew) of each file's labkit records of ``kind``, file by file, in table order."""
+    for name in names:
+        for experts, skew in _cases(reference.records(name, kind=kind, impl="labkit")):
+            yield name, experts, skew
+
+
 def _cases(rows: list[dict]) -> list[tuple]:
     """(experts, skew) of the records, by experts, uniform before skewed: the tables' row order."""
     return sorted({(r["experts"], r["skew"]) for r in rows}, key=lambda k: (k[0], k[1] != "uniform"))
@@ -40,20 +52,17 @@ def versus_torch_table(reference) -> str:
         "| time / host-sync loop's, eager |",
         "|---|---|---|---|---|---|---|",
     ]
-    for name in names:
-        rows = reference.records(name, kind="gemm", impl="labkit")
-        for experts, skew in _cases(rows):
+    for name, experts, skew in _gpu_cases(reference, names, "gemm"):
+        case = dict(kind="gemm", impl="labkit", experts=experts, skew=skew)
 
-            def at(method, field, experts=experts, skew=skew, name=name):
-                return reference.value(
-                    name, field, kind="gemm", impl="labkit", experts=experts, skew=skew, method=method
-                )
+        def at(method, field, name=name, case=case):
+            return reference.value(name, field, method=method, **case)
 
-            out.append(
-                f"| {_gpu(name)} | {experts} | {skew} | {number(at('eager', 'tflops'))} | "
-                f"{at('eager', 'ratio_vs_torch'):.2f} | {at('graph', 'ratio_vs_torch'):.2f} | "
-                f"{at('eager', 'ratio_vs_loop'):.2f} |"
-            )
+        out.append(
+            f"| {_gpu(name)} | {experts} | {skew} | {number(at('eager', 'tflops'))} | "
+            f"{at('eager', 'ratio_vs_torch'):.2f} | {at('graph', 'ratio_vs_torch'):.2f} | "
+            f"{at('eager', 'ratio_vs_loop'):.2f} |"
+        )
     out.append("")
     out.append(
         f"One GPU each: {_sources(names)}, kind `gemm`, impl `labkit` (`method` `eager` or `graph`; fields "
@@ -78,7 +87,7 @@ def backward_table(reference) -> str:
     """docs block ``grouped-gemm-backward``: labkit's dgrad and wgrad per experts and skew, time over
     PyTorch's fastest backward of ``torch._grouped_mm`` in the same rounds (eager and graph), with
     labkit's TFLOP/s under graph replay and the configuration each launched with."""
-    from labkit.workbench.report import number
+    from labkit.workbench.report import field_of, number
 
     names = _names(reference)
     out = [
@@ -86,33 +95,18 @@ def backward_table(reference) -> str:
         "| TFLOP/s | wgrad tile (M×N×K, stages), recorded / the table's pick |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name in names:
-        rows = reference.records(name, kind="gemm_backward", impl="labkit")
-        for experts, skew in _cases(rows):
-            cells = []
-            for op in ("dgrad", "wgrad"):
-
-                def at(method, field, op=op, experts=experts, skew=skew, name=name):
-                    return reference.value(
-                        name,
-                        field,
-                        kind="gemm_backward",
-                        impl="labkit",
-                        op=op,
-                        experts=experts,
-                        skew=skew,
-                        method=method,
-                    )
-
-                cells += [f"{at('eager', 'ratio_vs_torch'):.2f}", f"{at('graph', 'ratio_vs_torch'):.2f}"]
-                cells.append(number(at("graph", "tflops")))
-            rec = reference.one(
-                name, kind="gemm_backward", impl="labkit", op="wgrad", experts=experts, skew=skew, method="graph"
-            )
-            pick = _table_pick(rec, "wgrad")
-            picked = "" if pick is None else _tile(dataclasses.asdict(pick))
-            cells.append(_tile(rec) + (f" / {picked}" if picked and picked != _tile(rec) else ""))
-            out.append(f"| {_gpu(name)} | {experts} | {skew} | " + " | ".join(cells) + " |")
+    for name, experts, skew in _gpu_cases(reference, names, "gemm_backward"):
+        case = dict(kind="gemm_backward", impl="labkit", experts=experts, skew=skew)
+        recs = {(op, m): reference.one(name, op=op, method=m, **case) for op in _BACKWARD for m in _METHODS}
+        cells = []
+        for op in _BACKWARD:
+            cells += [f"{field_of(recs[op, m], 'ratio_vs_torch', name):.2f}" for m in _METHODS]
+            cells.append(number(field_of(recs[op, "graph"], "tflops", name)))
+        wgrad = recs["wgrad", "graph"]
+        pick = _table_pick(wgrad, "wgrad")
+        picked = "" if pick is None else _tile(dataclasses.asdict(pick))
+        cells.append(_tile(wgrad) + (f" / {picked}" if picked and picked != _tile(wgrad) else ""))
+        out.append(f"| {_gpu(name)} | {experts} | {skew} | " + " | ".join(cells) + " |")
     out.append("")
     out.append(
         f"One GPU each: {_sources(names)}, kind `gemm_backward`, impl `labkit`, `op` `dgrad` or `wgrad` "
