@@ -190,5 +190,15 @@ def lonely_barrier(buf):
     return buf.tensor.clone()
 
 
+def via_process_group(buf):
+    """A right sum that reads no peer's buffer: the process group's all-reduce of a copy (the held
+    rounds have nothing to hold)."""
+    import torch.distributed as dist
+
+    out = buf.tensor.clone()
+    dist.all_reduce(out)
+    return out
+
+
 def wrong_sum(buf):
     return C.all_reduce(buf, algorithm="one_shot") * 1.01

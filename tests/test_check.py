@@ -468,10 +468,54 @@ def test_a_failed_capture_in_process_ends_the_capture_and_restores_the_stream():
     strict=False,
 )
 def test_collective_catches_the_missing_end_barrier_in_labkit_and_in_plain_torch():
+    """The held rounds force the interleaving (held_reader's argument): each held rank reads its
+    peer's next input, every run, whatever the late rounds happened to show."""
     for seed in (c2.one_shot_seed, c2.peers_seed):
-        r = check.collective(seed, 2, c2.inputs)
+        r = check.collective(seed, 2, c2.inputs, rounds=1)
         assert r.status == "failed" and r.outcome == "wrong elements", r
-        assert r.message.startswith("round ") and "against fp64" in r.message
+        for k in (0, 1):
+            (line,) = [d for d in r.details if d.startswith(f"held round (rank {k}'s") and f": rank {k}: " in d]
+            assert "4096 of 4096 elements wrong" in line and "against fp64" in line, line
+
+
+@pytest.mark.skipif(tier.TIER == "gpu", reason="the held rounds run in the emulated world only")
+def test_collective_held_rounds_say_what_they_saw():
+    """A fix waits out every hold and stays right; a collective whose peer reads the hold cannot
+    see (the process group's all-reduce reads no peer buffer) is told they proved nothing;
+    hold_s=0 runs none; a bad hold_s is refused."""
+    r = check.collective(c2.peers_fixed, 2, c2.inputs, rounds=1, hold_s=0.3)
+    assert r.ok and "held rounds: each rank's peer reads held in turn" in r.message, r
+    assert "no peer returned while a reader was held" in r.message, r
+    r = check.collective(fn("via_process_group"), 2, fn("coll_inputs"), rounds=1, hold_s=0.3)
+    assert r.ok and "2 of 2 held ranks read no peer buffer the check could hold" in r.message, r
+    r = check.collective(c2.one_shot_seed, 2, c2.inputs, rounds=1, hold_s=0, late_ms=0)
+    assert all(not d.startswith("held round") for d in r.details), r
+    with pytest.raises(UsageError, match="collective: hold_s"):
+        check.collective(c2.one_shot_fixed, 2, c2.inputs, hold_s=-1)
+
+
+def test_held_reader_releases_on_the_peers_files_or_the_timeout(tmp_path):
+    """held_reader in one process: a torch read of a peer's buffer waits for the peers' files
+    (released at once when they exist, after hold_s when they do not); own reads never wait."""
+    import types
+
+    from labkit.kernels.check import held_reader as H
+
+    mine, peer = torch.zeros(8), torch.ones(8)
+    buf = types.SimpleNamespace(emulated=True, rank=0, world_size=2, peers=[mine, peer])
+    with H.hold_peer_reads(buf, str(tmp_path), "a", 0.2) as seen:
+        (mine + 1).sum()
+    assert not seen.reached
+    with H.hold_peer_reads(buf, str(tmp_path), "b", 0.2) as seen:
+        (peer + 1).sum()
+    assert seen.reached and seen.released_by == "timeout" and seen.waited_s >= 0.2, seen.as_dict()
+    H.say_next_input_written(str(tmp_path), "c", 1)
+    with H.hold_peer_reads(buf, str(tmp_path), "c", 30.0) as seen:
+        peer.float().sum()
+    assert seen.released_by == "peers wrote their next input" and seen.waited_s < 5, seen.as_dict()
+    with pytest.raises(ValueError, match="hold_peer_reads: buf: the emulated world only"):
+        with H.hold_peer_reads(types.SimpleNamespace(emulated=False), str(tmp_path), "d", 0.1):
+            pass
 
 
 def test_collective_catches_a_wrong_sum_and_passes_the_fixes():

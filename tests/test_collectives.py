@@ -241,7 +241,9 @@ def test_no_end_barrier_goes_wrong_in_the_emulated_world(form):
     """Without the end barrier a rank that finishes first overwrites its buffer with the next
     input while its peer still reads it (one-shot), or reads its result while a peer is still
     pushing into it (two-shot in place). In the emulated world (one rank late by 5 ms on the
-    host, interpreted kernels) that shows as wrong results every run."""
+    host, interpreted kernels) that shows as wrong results in nearly every run (18 of 18 runs of four calls on
+    a 2-core machine, its cores loaded or not); ``labkit.check.collective``'s held round forces it every
+    time (tests/test_check.py)."""
     bad = run_ranks(
         experiments.broken_trials, 2, "no_end_barrier", form, 6, 4096, "float32", 5000.0, timeout=300
     ).unwrap()
@@ -259,8 +261,10 @@ def test_live_broken_runs_every_variant_in_one_world_and_isolates_a_failure(caps
         ("no_end_barrier", "labkit_one_shot"),
     ]
     assert rows[0]["wrong_results"] == 0 and rows[0]["outcome"] == "0 wrong of 8"
-    if tier.interpreted():  # the race shows in the emulated world (see the test above)
-        assert rows[1]["wrong_results"] > 0
+    # the race's count is what the run's timing gave (none in 5 of 10 such runs on an idle 2-core
+    # machine): the row reports it; the test above and the checker's held round assert the race
+    wrong = rows[1]["wrong_results"]
+    assert isinstance(wrong, int) and 0 <= wrong <= 8 and rows[1]["outcome"] == f"{wrong} wrong of 8", rows[1]
     # a variant that fails on every rank (refused by the kernel's variant check) fails the shared
     # world: every run is then redone alone, and only the failing one says so
     rows = experiments.live_broken(("correct", "bogus"), ("one_shot",), 2, 1024, late)

@@ -11,7 +11,8 @@ checker                       the bug it provokes (the lab that proves it)
 ``device_independence``       launches on the current GPU, not the data's (01); 2 GPUs
 ``watch_launches``            the same, as a context manager naming kernel and argument (01)
 ``collective``                a symmetric-memory collective against fp64: late ranks, back to
-                              back, a graph (02); GPUs, or the emulated world on the CPU tier
+                              back, a graph (02); GPUs, or the emulated world on the CPU tier,
+                              where a reader is also held between its barrier and its reads
 ``stream_safety``             cross-stream use after free, record_stream on raw memory (03)
 ``no_host_sync``              the host waits for the GPU (04)
 ``graph_safe``                host values and host memory baked into a CUDA graph (04, 05)

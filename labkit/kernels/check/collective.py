@@ -15,8 +15,10 @@ each on fresh inputs written into the buffer in stream order, with one rank, in 
 late before every third call (a GPU sleep; a host sleep in the emulated world). Each result is
 copied out before the next input is written, as a caller would, and compared with the fp64
 reference built from every rank's input. On GPUs one more call is captured in a CUDA graph and
-replayed on new inputs. A hang (a barrier waiting for a peer) becomes a "hang" report when the
-world's ``timeout`` passes.
+replayed on new inputs. In the emulated world one held round per rank follows the rounds: that
+rank's first read of a peer's buffer waits until every peer has returned and written its next
+input (``held_reader``: the interleaving a missing end barrier breaks on, forced). A hang (a
+barrier waiting for a peer) becomes a "hang" report when the world's ``timeout`` passes.
 
 Where GPUs are missing, the CPU tier runs the emulated world: ranks are processes, symmetric
 buffers shared memory, kernels interpreted.
@@ -65,25 +67,28 @@ def _compare(y, xs, reference, rank, dtype) -> tuple[int, float] | None:
     return (int(bad.sum()), float(err.max())) if bool(bad.any()) else None
 
 
-def _rank(ctx, fn_spec: str, inputs_spec: str, rounds: int, late_ms: float, reference: str) -> dict:
+def _rank(ctx, fn_spec: str, inputs_spec: str, rounds: int, late_ms: float, reference: str, hold_s: float) -> dict:
     """One rank's rounds (module docstring); returns what went wrong where."""
     from labkit.kernels.comm import symm
 
     fn, make_inputs = R.resolve(NAME, "fn", fn_spec), R.resolve(NAME, "make_inputs", inputs_spec)
     torch.manual_seed(1009 * ctx.rank + 1)  # every rank its own values
-    calls = [R.build_inputs(NAME, make_inputs, ctx.device) for _ in range(rounds + 2)]
+    on_gpu = ctx.device.type == "cuda"
+    w = ctx.world_size
+    held_rounds = w if (hold_s > 0 and not on_gpu) else 0
+    # inputs: a first call, the rounds, the graph's spare, then one per held round and the input
+    # written after the last one
+    calls = [R.build_inputs(NAME, make_inputs, ctx.device) for _ in range(rounds + 2 + held_rounds + 1)]
     x0 = calls[0][0][0] if calls[0][0] else None
     if not isinstance(x0, torch.Tensor):
         raise R.UsageError(f"{NAME}: make_inputs: args[0] must be this rank's input tensor, got {type(x0).__name__}")
     everyone = symm.gather([c[0][0].detach().double().cpu() for c in calls])
     buf = symm.empty(tuple(x0.shape), x0.dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
-    on_gpu = ctx.device.type == "cuda"
     cycles = 0
     if on_gpu:
         from labkit.workbench.bench import sleep_cycles_per_ms
 
         cycles = int(late_ms * sleep_cycles_per_ms(ctx.device.index))
-    w = ctx.world_size
 
     def call(t):
         args, kwargs = calls[t]
@@ -114,6 +119,10 @@ def _rank(ctx, fn_spec: str, inputs_spec: str, rounds: int, late_ms: float, refe
         bad = _compare(outs[i], [e[t] for e in everyone], reference, ctx.rank, x0.dtype)
         if bad:
             wrong.append({"round": t, "late": lates[i], "wrong": bad[0], "of": outs[i].numel(), "max_error": bad[1]})
+    held = [
+        _held_round(ctx, buf, call, calls, everyone, rounds + 2 + k, held_rank=k, hold_s=hold_s, reference=reference)
+        for k in range(held_rounds)
+    ]
     graph = None
     if on_gpu:
         from labkit.kernels.check.graphs import replay_with_fresh_inputs
@@ -147,7 +156,34 @@ def _rank(ctx, fn_spec: str, inputs_spec: str, rounds: int, late_ms: float, refe
             bad = ran.wrong[0][1]
             graph = {"wrong": bad[0], "of": ran.outputs.numel(), "max_error": bad[1]}
         ctx.barrier()
-    return {"rank": ctx.rank, "wrong": wrong, "graph": graph, "graph_ran": on_gpu}
+    return {"rank": ctx.rank, "wrong": wrong, "held": held, "graph": graph, "graph_ran": on_gpu}
+
+
+def _held_round(ctx, buf, call, calls, everyone, t: int, held_rank: int, hold_s: float, reference: str) -> dict:
+    """One call with ``held_rank``'s first read of a peer's buffer held until every peer has
+    returned and written its next input, or ``hold_s`` passed (``held_reader``, steps 1-4)."""
+    from labkit.kernels.check.held_reader import hold_peer_reads, say_next_input_written
+
+    name = f"{buf.serial}-{t}"  # this round's files: a late one never releases another round
+    ctx.barrier()  # the previous round is over on every rank
+    if ctx.rank == held_rank:
+        with hold_peer_reads(buf, ctx.scratch_dir, name, hold_s) as seen:  # 1, 2, 4
+            y = call(t).clone()
+        seen = seen.as_dict()
+    else:
+        y = call(t).clone()  # copied out before the next input is written, as a caller would
+        buf.tensor.copy_(calls[t + 1][0][0])  # 3: the next input, then say so
+        say_next_input_written(ctx.scratch_dir, name, ctx.rank)
+        seen = None
+    bad = _compare(y, [e[t] for e in everyone], reference, ctx.rank, buf.tensor.dtype)
+    ctx.barrier()  # the held rank's wait is over before anyone's next round
+    return {
+        "held_rank": held_rank,
+        "seen": seen,
+        "wrong": bad[0] if bad else 0,
+        "of": y.numel(),
+        "max_error": bad[1] if bad else 0.0,
+    }
 
 
 def collective(
@@ -158,6 +194,7 @@ def collective(
     reference: str = "all_reduce",
     rounds: int = 6,
     late_ms: float | None = None,
+    hold_s: float = 1.0,
     timeout: float = 300.0,
 ) -> R.Report:
     """Check a collective written against labkit's symmetric memory on ``world_size`` ranks (lab 02).
@@ -174,21 +211,27 @@ def collective(
             starts late.
         late_ms: how late (default: 0.2 ms on GPUs, 5 ms in the emulated world, where a step of an
             interpreted kernel takes about a millisecond).
+        hold_s: the emulated world's held rounds, one per rank in turn after the rounds: that
+            rank's first read of a peer's buffer waits until every peer has returned and written
+            its next input, or ``hold_s`` seconds (``labkit.kernels.check.held_reader``). A
+            collective that protects its buffer (an end barrier) costs ``hold_s`` per held round
+            and stays right; one that does not reads its peers' next inputs, every time. 0: no
+            held rounds. GPUs run none (a compiled kernel's loads cannot be held from the host).
         timeout: seconds for the whole world; a collective still running then is a "hang".
 
     Returns:
-        a :class:`Report`: "correct"; "wrong elements" (which round, which rank was late, how many
-        elements, the worst error against fp64); "graph replay wrong"; "hang"; "crash";
+        a :class:`Report`: "correct"; "wrong elements" (which round, which rank was late or held,
+        how many elements, the worst error against fp64); "graph replay wrong"; "hang"; "crash";
         "exception".
 
     Note:
-        A race shows only when the timing makes it happen: a pass says the rounds came out right,
-        not that no interleaving can break the protocol (lab 06's litmus model asks that question
-        of the memory model). On GPUs the late rank sleeps on its stream before the call: the
-        start barrier lines the ranks up again, so a missing end barrier (a reader still reading
-        when its peer writes the next input) needs a reader slowed between the barrier and its
-        reads, inside ``fn``, and usually passes here; the emulated world's interpreted kernels
-        show it. The captured-graph round runs on GPUs only.
+        The late rounds find a race only when the timing makes it happen: a pass says the rounds
+        came out right, not that no interleaving can break the protocol (lab 06's litmus model
+        asks that question of the memory model). The held rounds force one interleaving, a reader
+        still reading when its peers write their next inputs, which is what a missing end
+        barrier breaks on; they run in the emulated world only. On GPUs the late rank sleeps on
+        its stream before the call: the start barrier lines the ranks up again, so a missing end
+        barrier usually passes there. The captured-graph round runs on GPUs only.
 
     Example::
 
@@ -217,7 +260,8 @@ def collective(
     if late_ms is None:
         late_ms = 0.2 if on_gpu else 5.0
     R.check_number(NAME, "late_ms", late_ms, minimum=-1e-300)
-    res = run_ranks(_rank, world_size, *specs, rounds, late_ms, reference, timeout=timeout)
+    R.check_number(NAME, "hold_s", hold_s, minimum=-1e-300)
+    res = run_ranks(_rank, world_size, *specs, rounds, late_ms, reference, hold_s, timeout=timeout)
     world = f"{world_size} ranks, {'GPUs' if on_gpu else 'emulated world'}"
     if not res.ok:
         first = sorted(res.failed, key=lambda r: (r.status == "aborted", r.seconds))[0]
@@ -242,6 +286,13 @@ def collective(
                 f"round {w['round']} ({late}): rank {value['rank']}: {w['wrong']} of {w['of']} elements "
                 f"wrong (max |error| {w['max_error']:.3g}) against fp64"
             )
+        for h in value["held"]:
+            if h["wrong"]:
+                lines.append(
+                    f"held round (rank {h['held_rank']}'s reads of its peers held until they wrote their next "
+                    f"inputs): rank {value['rank']}: {h['wrong']} of {h['of']} elements wrong (max |error| "
+                    f"{h['max_error']:.3g}) against fp64"
+                )
         if value["graph"]:
             g = value["graph"]
             graph_bad.append(f"graph replay: rank {value['rank']}: {g['wrong']} of {g['of']} elements wrong")
@@ -254,5 +305,23 @@ def collective(
         target,
         "passed",
         "correct",
-        f"{rounds} back-to-back rounds, a late rank in turn, every result right against fp64 ({world}; {graph_note})",
+        f"{rounds} back-to-back rounds, a late rank in turn, every result right against fp64 ({world}; "
+        f"{_held_note(res.values, hold_s)}; {graph_note})",
+    )
+
+
+def _held_note(values: list[dict], hold_s: float) -> str:
+    """What the held rounds of a passing check showed."""
+    seen = [h["seen"] for v in values for h in v["held"] if h["seen"]]  # each held rank's own account
+    if not seen:
+        return "held rounds: the emulated world only" if hold_s > 0 else "no held rounds (hold_s=0)"
+    reached = [s for s in seen if s["reached"]]
+    if len(reached) < len(seen):
+        return (
+            f"held rounds: {len(seen) - len(reached)} of {len(seen)} held ranks read no peer buffer the check could "
+            "hold, so those rounds prove nothing"
+        )
+    early = sum(s["released_by"] != "timeout" for s in reached)
+    return "held rounds: each rank's peer reads held in turn, right against fp64; " + (
+        "no peer returned while a reader was held" if not early else f"{early} released early by peers"
     )
