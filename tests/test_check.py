@@ -495,8 +495,9 @@ def test_collective_held_rounds_say_what_they_saw():
 
 
 def test_held_reader_releases_on_the_peers_files_or_the_timeout(tmp_path):
-    """held_reader in one process: a torch read of a peer's buffer waits for the peers' files
-    (released at once when they exist, after hold_s when they do not); own reads never wait."""
+    """held_reader in one process: a read of a peer's buffer (a torch op, an interpreted Triton
+    load) waits for the peers' files (released at once when they exist, after hold_s when they do
+    not); own reads and masked-off lanes never wait."""
     import types
 
     from labkit.kernels.check import held_reader as H
@@ -513,6 +514,15 @@ def test_held_reader_releases_on_the_peers_files_or_the_timeout(tmp_path):
     with H.hold_peer_reads(buf, str(tmp_path), "c", 30.0) as seen:
         peer.float().sum()
     assert seen.released_by == "peers wrote their next input" and seen.waited_s < 5, seen.as_dict()
+    if tier.interpreted():  # an interpreted Triton load of the peer waits; a masked-off one reads nothing
+        from labkit.kernels.copy import _copy_kernel, copy
+
+        with H.hold_peer_reads(buf, str(tmp_path), "e", 0.2) as seen:
+            _copy_kernel[(1,)](peer, torch.empty(8), 0, BLOCK=8)  # every lane masked off
+        assert not seen.reached, seen.as_dict()
+        with H.hold_peer_reads(buf, str(tmp_path), "f", 0.2) as seen:
+            assert torch.equal(copy(peer), peer)
+        assert seen.reached and seen.where == "triton load" and seen.released_by == "timeout", seen.as_dict()
     with pytest.raises(ValueError, match="hold_peer_reads: buf: the emulated world only"):
         with H.hold_peer_reads(types.SimpleNamespace(emulated=False), str(tmp_path), "d", 0.1):
             pass

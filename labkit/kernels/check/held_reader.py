@@ -76,7 +76,8 @@ class HeldRead:
 
 
 def _peer_ranges(buf) -> list[tuple[int, int]]:
-    """[start, end) byte ranges of every peer's buffer as this process maps them."""
+    """[start, end) byte ranges of every peer's buffer as this process maps them (a load's
+    addresses are compared with them as unsigned 64-bit integers)."""
     return [
         (p.data_ptr(), p.data_ptr() + p.numel() * p.element_size()) for r, p in enumerate(buf.peers) if r != buf.rank
     ]
@@ -89,9 +90,15 @@ class _Hold:
         self.hold_s = hold_s
         self.seen = HeldRead()
         self.armed = True
+        self.in_kernel = 0  # inside an interpreted launch: its loads are held, its torch calls not
 
     def touches(self, start: int, end: int) -> bool:
+        """Whether bytes [start, end) overlap a peer's buffer."""
         return any(start < hi and lo < end for lo, hi in self.ranges)
+
+    def reads_a_peer(self, addresses: np.ndarray) -> bool:
+        """Whether any of these (unmasked) load addresses falls in a peer's buffer."""
+        return any(bool(((addresses >= lo) & (addresses < hi)).any()) for lo, hi in self.ranges)
 
     def wait(self, where: str) -> None:
         """Step 2, then step 4: once per hold."""
@@ -118,7 +125,7 @@ class _TorchReads(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
-        if self.hold.armed and not func.is_view and name not in _NO_READ:
+        if self.hold.armed and not self.hold.in_kernel and not func.is_view and name not in _NO_READ:
             for t in tree_leaves((args, kwargs)):
                 if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.numel():
                     s = t.untyped_storage()
@@ -132,24 +139,37 @@ class _TorchReads(TorchDispatchMode):
 def _triton_reads(hold: _Hold):
     """Step 2 for Triton kernels under the interpreter: every load goes through
     ``InterpreterBuilder.create_masked_load`` (``create_load`` calls it), whose first argument
-    holds the addresses; a load that touches a peer's buffer waits first."""
+    holds the addresses; a load that touches a peer's buffer waits first. The interpreter's
+    launch (``GridExecutor.__call__``) moves tensor arguments in and out with torch calls before
+    and after the kernel runs: those are not the kernel's reads, so the torch side looks away
+    while a launch runs (a peer's tensor passed to a kernel would otherwise hold the launch
+    before the kernel reaches its barrier)."""
     from triton.runtime import interpreter
 
-    builder = interpreter.InterpreterBuilder
-    original = builder.create_masked_load
+    builder, executor = interpreter.InterpreterBuilder, interpreter.GridExecutor
+    original, launch = builder.create_masked_load, executor.__call__
 
-    def create_masked_load(self, ptrs, *rest, **kwargs):
+    def launch_marked(self, *args, **kwargs):
+        hold.in_kernel += 1
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            hold.in_kernel -= 1
+
+    def create_masked_load(self, ptrs, mask, *rest, **kwargs):
         if hold.armed:
             addresses = np.asarray(ptrs.data, dtype=np.uint64).reshape(-1)
-            if addresses.size and hold.touches(int(addresses.min()), int(addresses.max()) + 1):
+            if mask is not None:  # masked-off lanes read nothing, whatever their address
+                addresses = addresses[np.broadcast_to(np.asarray(mask.data, dtype=bool), ptrs.data.shape).reshape(-1)]
+            if addresses.size and hold.reads_a_peer(addresses):
                 hold.wait("triton load")
-        return original(self, ptrs, *rest, **kwargs)
+        return original(self, ptrs, mask, *rest, **kwargs)
 
-    builder.create_masked_load = create_masked_load
+    builder.create_masked_load, executor.__call__ = create_masked_load, launch_marked
     try:
         yield
     finally:
-        builder.create_masked_load = original
+        builder.create_masked_load, executor.__call__ = original, launch
 
 
 @contextlib.contextmanager
