@@ -250,6 +250,21 @@ def test_no_end_barrier_goes_wrong_in_the_emulated_world(form):
     assert sum(r["wrong"] for r in bad) > 0, bad
 
 
+@pytest.mark.skipif(not tier.interpreted(), reason="load 'held' holds interpreted loads: the emulated world only")
+def test_a_held_reader_makes_the_missing_end_barrier_wrong_every_time():
+    """Load "held" (held_reader's argument): in each held call the held rank reads its peer's next
+    input, every run (call 0 holds rank 0, call 3, the last, rank 1: its peer writes a next
+    input after the loop); the correct kernel waits each hold out and stays right."""
+    bad = run_ranks(
+        experiments.broken_trials, 2, "no_end_barrier", "one_shot", 4, 4096, "float32", 0.0, load="held", timeout=300
+    ).unwrap()
+    assert 0 in bad[0]["first_wrong"] and 3 in bad[1]["first_wrong"], bad
+    good = run_ranks(
+        experiments.broken_trials, 2, "correct", "one_shot", 4, 4096, "float32", 0.0, load="held", timeout=300
+    ).unwrap()
+    assert [g["wrong"] for g in good] == [0, 0] and all(g["pads_zero"] for g in good), good
+
+
 def test_live_broken_runs_every_variant_in_one_world_and_isolates_a_failure(capsys):
     """The notebook's driver: one row per variant x form from a single world; when that world
     fails, each run again in its own world, the failing one named."""

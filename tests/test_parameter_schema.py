@@ -23,7 +23,7 @@ from labkit.workbench.runner.execute import resolve_jobs
         ("00_start_here.COPY_SIZES_BYTES=[1024, 0]", r"parameter COPY_SIZES_BYTES: item 1: expected an int >= 1"),
         ("04_grouped_gemm.CHECK_TOKENS=20", "parameter CHECK_TOKENS: expected an int >= 38"),
         ("02_collectives.WORLD_SIZES=[1, 2]", r"parameter WORLD_SIZES: item 0: expected an int >= 2"),
-        ("02_collectives.BROKEN_LOAD=heavy", "parameter BROKEN_LOAD: 'heavy' is not one of 'late', 'gemm'"),
+        ("02_collectives.BROKEN_LOAD=heavy", "parameter BROKEN_LOAD: 'heavy' is not one of 'late', 'gemm', 'held'"),
         ("06_memory_model.LIVE_TESTS=[MP, XYZ]", "parameter LIVE_TESTS: item 1: 'XYZ' is not one of"),
         ("06_memory_model.LIVE_INSTANCES=1000000000", "parameter LIVE_INSTANCES: expected an int from 1 to"),
         ("05_fp8_dispatch.SIZE=-0.5", "parameter SIZE: expected a finite number >= 0"),

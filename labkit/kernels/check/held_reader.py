@@ -122,6 +122,13 @@ class _TorchReads(TorchDispatchMode):
         super().__init__()
         self.hold = hold
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Newer torch wraps a mode's __torch_dispatch__ to keep torch.compile out of it when this
+        # says True, and the wrapper's first call imports torch._dynamo: about 4 s per rank process
+        # on the CPU tier, for a mode that never meets torch.compile. Older torch never asks.
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__

@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -207,7 +208,12 @@ LOADS = {
     "compute overlaps communication in training (meant to slow that rank's reads; on 2xH200 it "
     "did not make the end-barrier race show, probably because the GEMM's CTAs fill the SMs and "
     "the collective's programs start after them instead of sharing SMs: not verified)",
+    "held": "the rank's first read of a peer's buffer waits until every peer has returned and written "
+    "its next input, or HOLD_S seconds (labkit.kernels.check.held_reader: a reader held between its "
+    "barrier and its reads, forced instead of waited for; the emulated world only)",
 }
+#: the longest a held reader waits (load "held"): what a call its peers cannot return from costs
+HOLD_S = 0.5
 
 
 def _gemm_load(device: torch.device):
@@ -230,12 +236,21 @@ def broken_trials(
     """``trials`` all-reduces queued back to back with ``variant``, each on new inputs; before
     every third one a rank chosen in turn is disturbed by ``load`` (``LOADS``). ``algorithm``:
     one of ``ALL_REDUCE_FORMS`` (in place, each result is copied out before the next input is
-    written, as a caller would). Returns how many results were wrong."""
+    written, as a caller would). Returns how many results were wrong.
+
+    Load "held" (the emulated world): the disturbed rank's call runs under
+    ``held_reader.hold_peer_reads``; each peer, once it has written the input of the next call,
+    says so, which is what lets the held rank read on (after the last call the peers write one
+    more input, as a caller's next call would)."""
     if load not in LOADS:
         raise ValueError(f"load: {load!r} is not one of {list(LOADS)}")
     if load == "gemm" and ctx.device.type != "cuda":
         raise ValueError(
-            "load: 'gemm' overlaps a GEMM with the collective on a GPU; the emulated world has only 'late'"
+            "load: 'gemm' overlaps a GEMM with the collective on a GPU; the emulated world has 'late' and 'held'"
+        )
+    if load == "held" and ctx.device.type == "cuda":
+        raise ValueError(
+            "load: 'held' holds interpreted loads on the host: the emulated world only; GPUs have 'late' and 'gemm'"
         )
     dtype = getattr(torch, dtype_name)
     w = ctx.world_size
@@ -263,7 +278,8 @@ def broken_trials(
     ctx.barrier()
     start = time.perf_counter()
     for t in range(trials):
-        if t % 3 == 0 and (t // 3) % w == ctx.rank:  # this rank is disturbed for this call
+        disturbed = t % 3 == 0 and (t // 3) % w == ctx.rank  # this rank is disturbed for this call
+        if disturbed and load != "held":
             if gemm:
                 a, b, c, side = gemm
                 side.wait_stream(torch.cuda.current_stream())  # starts with the collective
@@ -274,9 +290,15 @@ def broken_trials(
             else:
                 time.sleep(late_us / 1e6)
         buf.tensor.copy_(inputs[t])  # the next input overwrites the buffer, in stream order
-        y = _all_reduce(buf, outs[t], algorithm, variant=variant)
+        if load == "held":
+            _say_if_a_peer_held(ctx, buf, t - 1)
+        with _held(ctx, buf, t) if load == "held" and disturbed else contextlib.nullcontext():
+            y = _all_reduce(buf, outs[t], algorithm, variant=variant)
         if y is buf.tensor:  # in place: the caller copies the result out before the next input
             outs[t].copy_(y)
+    if load == "held":  # a held last call: its peers write a next input, as a caller's next call would
+        buf.tensor.copy_(inputs[0])
+        _say_if_a_peer_held(ctx, buf, trials - 1)
     if on_gpu:
         torch.cuda.synchronize(ctx.device)
     seconds = time.perf_counter() - start
@@ -297,6 +319,28 @@ def broken_trials(
         "seconds": seconds,
         "pads_zero": pads_zero,
     }
+
+
+def _held_round_name(buf, t: int) -> str:
+    return f"broken-{buf.serial}-{t}"
+
+
+def _held(ctx, buf, t: int):
+    """Load "held", on the rank disturbed for call ``t``: its first read of a peer's buffer waits
+    for the peers (``held_reader`` steps 1, 2 and 4)."""
+    from labkit.kernels.check.held_reader import hold_peer_reads
+
+    return hold_peer_reads(buf, ctx.scratch_dir, _held_round_name(buf, t), HOLD_S)
+
+
+def _say_if_a_peer_held(ctx, buf, t: int) -> None:
+    """Load "held", after this rank wrote the input that follows call ``t``: if a peer was held in
+    that call, tell it (``held_reader`` step 3)."""
+    from labkit.kernels.check.held_reader import say_next_input_written
+
+    w = ctx.world_size
+    if t >= 0 and t % 3 == 0 and (t // 3) % w != ctx.rank:
+        say_next_input_written(ctx.scratch_dir, _held_round_name(buf, t), ctx.rank)
 
 
 def broken_matrix(

@@ -10,5 +10,5 @@ PARAMETERS = {
     "BROKEN_TRIALS": TRIALS,
     "BROKEN_ELEMENTS": at_least(1),
     "LATE_US": number(0),
-    "BROKEN_LOAD": one_of("late", "gemm"),
+    "BROKEN_LOAD": one_of("late", "gemm", "held"),
 }
