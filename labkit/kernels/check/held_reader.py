@@ -193,9 +193,11 @@ def hold_peer_reads(buf, scratch_dir: str, round_name: str, hold_s: float):
         hold_s: the longest wait (seconds).
 
     Note:
-        Only reads of ``buf``'s peers are held; a collective reading another symmetric
-        allocation, or reading through an address range the interpreter loads in a different
-        way, is not held, and the result says ``reached`` False.
+        Only ``buf``'s peers are watched, and in a Triton kernel only loads: a kernel whose first
+        touch of a peer is a store (a push) runs on until its first peer load, if any. A torch op
+        that takes a peer's tensor is held whether it reads or writes it. A collective that
+        touches peers through another symmetric allocation is not held, and the result says
+        ``reached`` False.
     """
     if not buf.emulated:
         raise ValueError("hold_peer_reads: buf: the emulated world only (interpreted kernels, shared memory)")
