@@ -278,7 +278,7 @@ def broken_trials(
     ctx.barrier()
     start = time.perf_counter()
     for t in range(trials):
-        disturbed = t % 3 == 0 and (t // 3) % w == ctx.rank  # this rank is disturbed for this call
+        disturbed = _disturbed_rank(t, w) == ctx.rank  # this rank is disturbed for this call
         if disturbed and load != "held":
             if gemm:
                 a, b, c, side = gemm
@@ -321,6 +321,11 @@ def broken_trials(
     }
 
 
+def _disturbed_rank(t: int, world_size: int) -> int | None:
+    """The rank ``broken_trials`` disturbs before call ``t``: every third call, the ranks in turn."""
+    return (t // 3) % world_size if t % 3 == 0 else None
+
+
 def _held_round_name(buf, t: int) -> str:
     return f"broken-{buf.serial}-{t}"
 
@@ -338,8 +343,8 @@ def _say_if_a_peer_held(ctx, buf, t: int) -> None:
     that call, tell it (``held_reader`` step 3)."""
     from labkit.kernels.check.held_reader import say_next_input_written
 
-    w = ctx.world_size
-    if t >= 0 and t % 3 == 0 and (t // 3) % w != ctx.rank:
+    held = _disturbed_rank(t, ctx.world_size) if t >= 0 else None
+    if held is not None and held != ctx.rank:
         say_next_input_written(ctx.scratch_dir, _held_round_name(buf, t), ctx.rank)
 
 
