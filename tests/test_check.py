@@ -460,34 +460,57 @@ def test_a_failed_capture_in_process_ends_the_capture_and_restores_the_stream():
 # --- collective (lab 02): the emulated world on the CPU tier ---------------------------------
 
 
-@pytest.mark.xfail(
-    tier.TIER == "gpu",
-    reason="on GPUs the race needs a reader slowed between the start barrier and its reads, inside the "
-    "collective; the checker's late rank sleeps before the call, and the start barrier lines the ranks up "
-    "again (docs/checkers.md: what collective cannot see)",
-    strict=False,
+#: a 2-rank world: the emulated one on the CPU tier, two GPUs on the GPU tier
+TWO_RANKS = pytest.mark.skipif(
+    tier.TIER == "gpu" and R.cuda_count() < 2, reason="a 2-rank collective on the GPU tier needs 2 GPUs"
 )
+
+
+@TWO_RANKS
 def test_collective_catches_the_missing_end_barrier_in_labkit_and_in_plain_torch():
     """The held rounds force the interleaving (held_reader's argument): each held rank reads its
-    peer's next input, every run, whatever the late rounds happened to show."""
+    peer's next input, every run, whatever the late rounds happened to show. On GPUs the held
+    rounds run in an emulated world beside the GPU world, and the lines say so."""
+    where = " in the emulated world beside the GPUs)" if tier.TIER == "gpu" else ")"
     for seed in (c2.one_shot_seed, c2.peers_seed):
         r = check.collective(seed, 2, c2.inputs, rounds=1)
         assert r.status == "failed" and r.outcome == "wrong elements", r
         for k in (0, 1):
             (line,) = [d for d in r.details if d.startswith(f"held round (rank {k}'s") and f": rank {k}: " in d]
             assert "4096 of 4096 elements wrong" in line and "against fp64" in line, line
+            assert f"next inputs{where}: rank" in line, line
 
 
-@pytest.mark.skipif(tier.TIER == "gpu", reason="the held rounds run in the emulated world only")
+def test_held_rounds_emulated_alone_catch_the_seed_and_pass_the_fix():
+    """What a GPU host runs beside its GPU world (any host can run it): the seed's held ranks read
+    their peers' next inputs, the fix's wait out the hold; a world that raises comes back as a
+    reason, not values."""
+    from labkit.kernels.check.collective import held_rounds_emulated
+
+    specs = (R.importable("collective", "fn", c2.one_shot_seed), R.importable("collective", "make_inputs", c2.inputs))
+    values, failed = held_rounds_emulated(specs, 2, "all_reduce", 0.3, 120)
+    assert failed is None and sorted(v["rank"] for v in values) == [0, 1]
+    wrong = {(v["rank"], h["held_rank"]): h["wrong"] for v in values for h in v["held"]}
+    assert wrong[(0, 0)] == 4096 and wrong[(1, 1)] == 4096, wrong
+    specs = (R.importable("collective", "fn", c2.one_shot_fixed), specs[1])
+    values, failed = held_rounds_emulated(specs, 2, "all_reduce", 0.3, 120)
+    assert failed is None and all(h["wrong"] == 0 for v in values for h in v["held"]), values
+    assert all(h["seen"]["reached"] for v in values for h in v["held"] if h["seen"]), values
+    values, failed = held_rounds_emulated((fn("raises"), fn("coll_inputs")), 2, "all_reduce", 0.3, 120)
+    assert values == [] and "exception" in failed, failed
+
+
+@TWO_RANKS
 def test_collective_held_rounds_say_what_they_saw():
     """A fix waits out every hold and stays right; a collective whose peer reads the hold cannot
     see (the process group's all-reduce reads no peer buffer) is told they proved nothing;
     hold_s=0 runs none; a bad hold_s is refused."""
+    where = " (an emulated world beside the GPUs)" if tier.TIER == "gpu" else ""
     r = check.collective(c2.peers_fixed, 2, c2.inputs, rounds=1, hold_s=0.3)
-    assert r.ok and "held rounds: each rank's peer reads held in turn" in r.message, r
+    assert r.ok and f"held rounds{where}: each rank's peer reads held in turn" in r.message, r
     assert "no peer returned while a reader was held" in r.message, r
     r = check.collective(fn("via_process_group"), 2, fn("coll_inputs"), rounds=1, hold_s=0.3)
-    assert r.ok and "2 of 2 held ranks read no peer buffer the check could hold" in r.message, r
+    assert r.ok and f"held rounds{where}: 2 of 2 held ranks read no peer buffer the check could hold" in r.message, r
     r = check.collective(c2.one_shot_seed, 2, c2.inputs, rounds=1, hold_s=0, late_ms=0)
     assert all(not d.startswith("held round") for d in r.details), r
     with pytest.raises(UsageError, match="collective: hold_s"):

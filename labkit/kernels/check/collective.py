@@ -15,13 +15,15 @@ each on fresh inputs written into the buffer in stream order, with one rank, in 
 late before every third call (a GPU sleep; a host sleep in the emulated world). Each result is
 copied out before the next input is written, as a caller would, and compared with the fp64
 reference built from every rank's input. On GPUs one more call is captured in a CUDA graph and
-replayed on new inputs. In the emulated world one held round per rank follows the rounds: that
-rank's first read of a peer's buffer waits until every peer has returned and written its next
-input (``held_reader``: the interleaving a missing end barrier breaks on, forced). A hang (a
-barrier waiting for a peer) becomes a "hang" report when the world's ``timeout`` passes.
+replayed on new inputs. Then one held round per rank: that rank's first read of a peer's buffer
+waits until every peer has returned and written its next input (``held_reader``: the interleaving
+a missing end barrier breaks on, forced). A hang (a barrier waiting for a peer) becomes a "hang"
+report when the world's ``timeout`` passes.
 
-Where GPUs are missing, the CPU tier runs the emulated world: ranks are processes, symmetric
-buffers shared memory, kernels interpreted.
+Where GPUs are missing, the CPU tier runs everything in the emulated world: ranks are processes,
+symmetric buffers shared memory, kernels interpreted. A compiled kernel's loads cannot be held
+from the host, so on GPUs the held rounds run in a second world beside the GPU one: the same
+ranks, emulated, on ``make_inputs("cpu")``.
 """
 
 from __future__ import annotations
@@ -211,12 +213,13 @@ def collective(
             starts late.
         late_ms: how late (default: 0.2 ms on GPUs, 5 ms in the emulated world, where a step of an
             interpreted kernel takes about a millisecond).
-        hold_s: the emulated world's held rounds, one per rank in turn after the rounds: that
+        hold_s: the held rounds, one per rank in turn after the rounds: that
             rank's first read of a peer's buffer waits until every peer has returned and written
             its next input, or ``hold_s`` seconds (``labkit.kernels.check.held_reader``). A
             collective that protects its buffer (an end barrier) costs ``hold_s`` per held round
             and stays right; one that does not reads its peers' next inputs, every time. 0: no
-            held rounds. GPUs run none (a compiled kernel's loads cannot be held from the host).
+            held rounds. On GPUs they run in an emulated world beside the GPU world, on
+            ``make_inputs("cpu")`` (a compiled kernel's loads cannot be held from the host).
         timeout: seconds for the whole world; a collective still running then is a "hang".
 
     Returns:
@@ -229,9 +232,11 @@ def collective(
         came out right, not that no interleaving can break the protocol (lab 06's litmus model
         asks that question of the memory model). The held rounds force one interleaving, a reader
         still reading when its peers write their next inputs, which is what a missing end
-        barrier breaks on; they run in the emulated world only. On GPUs the late rank sleeps on
-        its stream before the call: the start barrier lines the ranks up again, so a missing end
-        barrier usually passes there. The captured-graph round runs on GPUs only.
+        barrier breaks on. They hold interpreted loads, so on GPUs they check the protocol in the
+        emulated world, not the compiled kernel: a race that only the GPU's memory model allows
+        (relaxed atomics) is not among what they force. On GPUs the late rank sleeps on its stream
+        before the call: the start barrier lines the ranks up again, so a missing end barrier
+        usually passes the late rounds there. The captured-graph round runs on GPUs only.
 
     Example::
 
@@ -263,6 +268,9 @@ def collective(
     R.check_number(NAME, "hold_s", hold_s, minimum=-1e-300)
     res = run_ranks(_rank, world_size, *specs, rounds, late_ms, reference, hold_s, timeout=timeout)
     world = f"{world_size} ranks, {'GPUs' if on_gpu else 'emulated world'}"
+    beside, beside_failed = [], None
+    if res.ok and on_gpu and hold_s > 0:
+        beside, beside_failed = held_rounds_emulated(specs, world_size, reference, hold_s, timeout)
     if not res.ok:
         first = sorted(res.failed, key=lambda r: (r.status == "aborted", r.seconds))[0]
         if any(r.status == "timeout" for r in res.results):
@@ -286,16 +294,18 @@ def collective(
                 f"round {w['round']} ({late}): rank {value['rank']}: {w['wrong']} of {w['of']} elements "
                 f"wrong (max |error| {w['max_error']:.3g}) against fp64"
             )
+        if value["graph"]:
+            g = value["graph"]
+            graph_bad.append(f"graph replay: rank {value['rank']}: {g['wrong']} of {g['of']} elements wrong")
+    where = " in the emulated world beside the GPUs" if on_gpu else ""
+    for value in res.values + beside:
         for h in value["held"]:
             if h["wrong"]:
                 lines.append(
                     f"held round (rank {h['held_rank']}'s reads of its peers held until they wrote their next "
-                    f"inputs): rank {value['rank']}: {h['wrong']} of {h['of']} elements wrong (max |error| "
+                    f"inputs{where}): rank {value['rank']}: {h['wrong']} of {h['of']} elements wrong (max |error| "
                     f"{h['max_error']:.3g}) against fp64"
                 )
-        if value["graph"]:
-            g = value["graph"]
-            graph_bad.append(f"graph replay: rank {value['rank']}: {g['wrong']} of {g['of']} elements wrong")
     if lines or graph_bad:
         outcome = "wrong elements" if lines else "graph replay wrong"
         return R.Report(NAME, target, "failed", outcome, (lines + graph_bad)[0], sorted(lines) + graph_bad)
@@ -306,22 +316,45 @@ def collective(
         "passed",
         "correct",
         f"{rounds} back-to-back rounds, a late rank in turn, every result right against fp64 ({world}; "
-        f"{_held_note(res.values, hold_s)}; {graph_note})",
+        f"{_held_note(res.values + beside, hold_s, on_gpu, beside_failed)}; {graph_note})",
     )
 
 
-def _held_note(values: list[dict], hold_s: float) -> str:
+def held_rounds_emulated(specs: tuple[str, str], world_size: int, reference: str, hold_s: float, timeout: float):
+    """The held rounds alone, in an emulated world (gloo, CPU tensors, kernels interpreted): what
+    a GPU host runs beside its GPU world, since a compiled kernel's loads cannot be held from the
+    host. Returns (every rank's value, None), or ([], why the world gave no values)."""
+    from labkit.kernels.comm.ranks import run_ranks
+
+    # no rounds: a first call, then the held ones; no GPU visible, so nothing in it compiles for one
+    env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    res = run_ranks(_rank, world_size, *specs, 0, 0.0, reference, hold_s, timeout=timeout, backend="gloo", env=env)
+    if res.ok:
+        return res.values, None
+    if any(r.status == "timeout" for r in res.results):
+        return [], (
+            f"no result within {timeout:g} s (its kernels are interpreted: make_inputs gives its size at "
+            "device 'cpu' too; a smaller one runs faster)"
+        )
+    first = sorted(res.failed, key=lambda r: (r.status == "aborted", r.seconds))[0]
+    return [], first.summary().splitlines()[0]
+
+
+def _held_note(values: list[dict], hold_s: float, on_gpu: bool, beside_failed: str | None) -> str:
     """What the held rounds of a passing check showed."""
+    if hold_s <= 0:
+        return "no held rounds (hold_s=0)"
+    where = " (an emulated world beside the GPUs)" if on_gpu else ""
+    if beside_failed:
+        return f"held rounds not run: the emulated world beside the GPUs failed: {beside_failed}"
     seen = [h["seen"] for v in values for h in v["held"] if h["seen"]]  # each held rank's own account
-    if not seen:
-        return "held rounds: the emulated world only" if hold_s > 0 else "no held rounds (hold_s=0)"
     reached = [s for s in seen if s["reached"]]
     if len(reached) < len(seen):
         return (
-            f"held rounds: {len(seen) - len(reached)} of {len(seen)} held ranks read no peer buffer the check could "
-            "hold, so those rounds prove nothing"
+            f"held rounds{where}: {len(seen) - len(reached)} of {len(seen)} held ranks read no peer buffer the "
+            "check could hold, so those rounds prove nothing"
         )
     early = sum(s["released_by"] != "timeout" for s in reached)
-    return "held rounds: each rank's peer reads held in turn, right against fp64; " + (
+    return f"held rounds{where}: each rank's peer reads held in turn, right against fp64; " + (
         "no peer returned while a reader was held" if not early else f"{early} released early by peers"
     )
