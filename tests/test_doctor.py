@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from labkit.workbench import catalogue, doctor
@@ -115,3 +116,35 @@ def test_a_broken_interpreter_is_named_with_its_fix(monkeypatch):
         interpreter.problem.cache_clear()
     assert found is not None and "only 0-dimensional arrays" in found
     assert "triton-lang/triton#9171" in found and "pip install 'numpy<2.4'" in found
+
+
+def test_the_index_fix_runs_a_grid_stride_loop_under_triton_36s_index(monkeypatch):
+    """Triton 3.4-3.6 patch ``tl.tensor.__index__`` to ``int(self.handle.data)``, which NumPy 2.4
+    refuses for the one-element array of a program id (triton-lang/triton#9171). With that patch
+    planted in this Triton's interpreter, labkit's index fix still runs the grid-stride probe
+    right, and the launch's scope undoes both patches afterwards."""
+    import numpy
+    import triton.language as tl
+
+    from labkit.workbench import interpreter, tier
+
+    if not tier.interpreted() or not interpreter.fast_device_calls():
+        pytest.skip("the index fix is installed on the interpreter tier only")
+    if not interpreter._numpy_refuses_one_element_int():
+        pytest.skip(f"numpy {numpy.__version__} still converts a one-element array with int()")
+    with pytest.raises(TypeError, match="only 0-dimensional arrays"):
+        int(numpy.ones(1, dtype=numpy.int32))
+    from triton.runtime import interpreter as ti
+
+    patch_tensor = ti._patch_lang_tensor
+
+    def as_in_triton_36(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data))
+
+    monkeypatch.setattr(ti, "_patch_lang_tensor", as_in_triton_36)
+    before = vars(tl.tensor).get("__index__")
+    x = torch.zeros(100)
+    interpreter._grid_stride_probe[(2,)](x, 100, BLOCK=16)
+    assert bool((x == 1).all()), x
+    assert vars(tl.tensor).get("__index__") is before

@@ -1,13 +1,14 @@
 """Whether Triton's interpreter can run labkit's kernels here (the CPU tier's own health check),
-and one saving in how it runs them (``fast_device_calls``).
+and how labkit runs them (``fast_device_calls``).
 
 Triton 3.4-3.6's interpreter turns a program id into a Python int with ``int()`` of a
 one-element numpy array, which NumPy 2.4 made an error ("only 0-dimensional arrays can be
-converted to Python scalars"; triton-lang/triton#9171, fixed upstream by #9172, in triton 3.9
-here). Every labkit kernel with a grid-stride loop (``range(pid * BLOCK, n, nprog * BLOCK)``:
-the collectives' one-shot, two-shot, tree, scatter/gather and push kernels) then fails under the
-interpreter. Checked on triton 3.6.0 with NumPy 2.4.6 on the CPU: the probe below raises that
-TypeError; triton 3.9.0 runs it.
+converted to Python scalars"; triton-lang/triton#9171, fixed upstream by #9172, in triton 3.9).
+Every kernel with a grid-stride loop (``range(pid * BLOCK, n, nprog * BLOCK)``: the collectives'
+one-shot, two-shot, tree, scatter/gather and push kernels) then fails under the interpreter; the
+GPU machines' triton 3.6 with NumPy 2.5 do, when a GPU host runs an emulated world (the collective
+checker's held rounds). ``fast_device_calls`` installs the upstream fix where it is missing: after
+the interpreter patches ``tl.tensor`` for a launch, ``__index__`` squeezes the array first.
 
 ``problem()`` runs one tiny kernel looping so, once per process, on the interpreter tier only.
 ``labkit doctor`` prints its answer, and the test suite stops at once with it, rather than
@@ -47,6 +48,7 @@ def problem() -> str | None:
         return None
     import numpy
 
+    fast_device_calls()  # with the index fix, where this Triton needs it
     x = torch.zeros(100)
     try:
         _grid_stride_probe[(2,)](x, 100, BLOCK=16)
@@ -62,6 +64,34 @@ def problem() -> str | None:
             f"({int((x != 1).sum())} of 100 elements)"
         )
     return None
+
+
+# --- a tensor as a Python int: triton-lang/triton#9171 -------------------------------------------
+
+
+def _numpy_refuses_one_element_int() -> bool:
+    """NumPy >= 2.4: ``int()`` of a one-element array that is not 0-d raises."""
+    import numpy
+
+    try:
+        int(numpy.ones(1))
+    except TypeError:
+        return True
+    return False
+
+
+def _as_index(self) -> int:
+    """``tl.tensor.__index__`` under the interpreter: the one element of its handle (squeezed to
+    0-d first, as triton 3.9's interpreter does)."""
+    return int(self.handle.data.squeeze())
+
+
+def _index_fix(fn, scope) -> None:
+    """After the interpreter patched ``tl.tensor`` for ``fn``: its ``__index__`` squeezes first.
+    Set through the launch's patch scope, which undoes it with the rest (last set, first undone)."""
+    for lang in (tl, tl.core):
+        if any(value is lang for value in fn.__globals__.values()):
+            scope.set_attr(lang.tensor, "__index__", _as_index)
 
 
 # --- device-function calls without re-patching ---------------------------------------------------
@@ -95,7 +125,11 @@ def fast_device_calls() -> bool:
     launch did not patch, a call outside a launch) goes through Triton as before. Installed once
     per process on the interpreter tier (importing ``labkit.kernels`` does); returns whether it
     is installed (False on the GPU tier, or where this Triton's interpreter is not built as
-    expected: no ``GridExecutor.__call__`` or ``_patch_lang``)."""
+    expected: no ``GridExecutor.__call__`` or ``_patch_lang``).
+
+    Where NumPy refuses ``int()`` of a one-element array and this Triton's patch scope can be
+    added to (``set_attr``: triton 3.4 on), every patch of the language it lets through also
+    gets ``_index_fix`` (module docstring); harmless where Triton has the fix."""
     if not tier.interpreted():
         return False
     from triton.runtime import interpreter as ti
@@ -104,16 +138,23 @@ def fast_device_calls() -> bool:
     patch_lang = getattr(ti, "_patch_lang", None)
     if grid_call is None or patch_lang is None or getattr(patch_lang, "__wrapped__", None) is not None:
         return False
+    fix_index = _numpy_refuses_one_element_int() and hasattr(getattr(ti, "_LangPatchScope", None), "set_attr")
+
+    def patch(fn):
+        scope = patch_lang(fn)
+        if fix_index:
+            _index_fix(fn, scope)
+        return scope
 
     @functools.wraps(patch_lang)
     def _patch_lang(fn):
         langs = _lang_ids(fn)
         if _grid["starting"]:  # the launch's own patch
             _grid["starting"], _grid["langs"] = False, langs
-            return patch_lang(fn)
+            return patch(fn)
         if _grid["langs"] is not None and langs <= _grid["langs"]:
             return _NothingToRestore()
-        return patch_lang(fn)
+        return patch(fn)
 
     @functools.wraps(grid_call)
     def _grid_call(self, *args, **kwargs):
