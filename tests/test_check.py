@@ -500,6 +500,22 @@ def test_held_rounds_emulated_alone_catch_the_seed_and_pass_the_fix():
     assert values == [] and "exception" in failed, failed
 
 
+@pytest.mark.skipif(tier.TIER == "gpu", reason="plays a GPU host on the CPU tier")
+def test_collective_on_gpus_says_when_the_held_rounds_could_not_run(monkeypatch):
+    """A GPU host whose emulated world fails (fn needs a GPU, say): the GPU rounds' pass carries
+    outcome "correct, held rounds not run" and the reason, never a plain "correct". The GPU host
+    is played here: tier and GPU count patched, the emulated world's answer planted."""
+    import importlib
+
+    K = importlib.import_module("labkit.kernels.check.collective")  # the package's name is the function
+    monkeypatch.setattr(tier, "TIER", "gpu")
+    monkeypatch.setattr(R, "cuda_count", lambda: 2)
+    monkeypatch.setattr(K, "held_rounds_emulated", lambda *a: ([], "rank 0 exception: planted (0.1 s)"))
+    r = check.collective(c2.one_shot_fixed, 2, c2.inputs, rounds=1, hold_s=0.3)
+    assert r.ok and r.outcome == "correct, held rounds not run", r
+    assert "held rounds not run: the emulated world beside the GPUs failed: rank 0 exception: planted" in r.message
+
+
 @TWO_RANKS
 def test_collective_held_rounds_say_what_they_saw():
     """A fix waits out every hold and stays right; a collective whose peer reads the hold cannot

@@ -220,12 +220,14 @@ def collective(
             and stays right; one that does not reads its peers' next inputs, every time. 0: no
             held rounds. On GPUs they run in an emulated world beside the GPU world, on
             ``make_inputs("cpu")`` (a compiled kernel's loads cannot be held from the host).
-        timeout: seconds for the whole world; a collective still running then is a "hang".
+        timeout: seconds for the whole world; a collective still running then is a "hang". On
+            GPUs the emulated world of the held rounds has as long again.
 
     Returns:
-        a :class:`Report`: "correct"; "wrong elements" (which round, which rank was late or held,
-        how many elements, the worst error against fp64); "graph replay wrong"; "hang"; "crash";
-        "exception".
+        a :class:`Report`: "correct" ("correct, held rounds not run" where the emulated world
+        beside the GPUs could not run them: the message says why); "wrong elements" (which
+        round, which rank was late or held, how many elements, the worst error against fp64);
+        "graph replay wrong"; "hang"; "crash"; "exception".
 
     Note:
         The late rounds find a race only when the timing makes it happen: a pass says the rounds
@@ -314,7 +316,7 @@ def collective(
         NAME,
         target,
         "passed",
-        "correct",
+        "correct, held rounds not run" if beside_failed else "correct",
         f"{rounds} back-to-back rounds, a late rank in turn, every result right against fp64 ({world}; "
         f"{_held_note(res.values + beside, hold_s, on_gpu, beside_failed)}; {graph_note})",
     )
