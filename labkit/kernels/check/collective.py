@@ -350,6 +350,8 @@ def _held_note(values: list[dict], hold_s: float, on_gpu: bool, beside_failed: s
     if beside_failed:
         return f"held rounds not run: the emulated world beside the GPUs failed: {beside_failed}"
     seen = [h["seen"] for v in values for h in v["held"] if h["seen"]]  # each held rank's own account
+    if not seen:
+        return "no held round ran"
     reached = [s for s in seen if s["reached"]]
     if len(reached) < len(seen):
         return (
