@@ -192,6 +192,7 @@ def test_a_rank_that_raises_is_reported_and_the_others_are_aborted_at_once():
     if other.status == "aborted":
         assert "rank 1" in other.message
     assert not res.ok and res.values[1] is None
+    assert res.first_failure is bad
     with pytest.raises(RankFailure, match=r"rank 1 exception: builtins.ValueError: planted") as e:
         res.unwrap()
     assert "planted failure on rank 1" in str(e.value)  # with the rank's traceback
@@ -276,3 +277,15 @@ def test_rank_zero_keeps_the_store_until_every_rank_has_counted_itself_in(monkey
     start = time.monotonic()
     ranks._hold_the_store(3, timeout=0.2)  # a rank that never counts itself in: bounded by the timeout
     assert 0.15 < time.monotonic() - start < 2
+
+
+def test_first_failure_is_the_earliest_rank_that_failed_on_its_own():
+    """An aborted rank is a consequence, even when it was marked first; None when all returned."""
+    from labkit.kernels.comm.ranks import RankResult
+
+    aborted = RankResult(0, "aborted", seconds=1.0)
+    crashed = RankResult(1, "signal", seconds=2.0, signal="SIGSEGV")
+    later = RankResult(2, "exception", seconds=3.0)
+    res = RanksResult([aborted, crashed, later], 3.0, 3)
+    assert res.first_failure is crashed
+    assert RanksResult([RankResult(0, "ok")], 1.0, 1).first_failure is None

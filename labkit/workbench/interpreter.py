@@ -128,8 +128,9 @@ def fast_device_calls() -> bool:
     expected: no ``GridExecutor.__call__`` or ``_patch_lang``).
 
     Where NumPy refuses ``int()`` of a one-element array and this Triton's patch scope can be
-    added to (``set_attr``: triton 3.4 on), every patch of the language it lets through also
-    gets ``_index_fix`` (module docstring); harmless where Triton has the fix."""
+    added to (``_LangPatchScope.set_attr``: triton 3.6 and 3.9 have it), every patch of the
+    language it lets through also gets ``_index_fix`` (module docstring); harmless where Triton
+    has the fix. Without ``set_attr`` nothing is fixed, and ``problem()`` says so."""
     if not tier.interpreted():
         return False
     from triton.runtime import interpreter as ti

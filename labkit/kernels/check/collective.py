@@ -274,7 +274,7 @@ def collective(
     if res.ok and on_gpu and hold_s > 0:
         beside, beside_failed = held_rounds_emulated(specs, world_size, reference, hold_s, timeout)
     if not res.ok:
-        first = sorted(res.failed, key=lambda r: (r.status == "aborted", r.seconds))[0]
+        first = res.first_failure
         if any(r.status == "timeout" for r in res.results):
             return R.Report(
                 NAME,
@@ -338,8 +338,7 @@ def held_rounds_emulated(specs: tuple[str, str], world_size: int, reference: str
             f"no result within {timeout:g} s (its kernels are interpreted: make_inputs gives its size at "
             "device 'cpu' too; a smaller one runs faster)"
         )
-    first = sorted(res.failed, key=lambda r: (r.status == "aborted", r.seconds))[0]
-    return [], first.summary().splitlines()[0]
+    return [], res.first_failure.summary().splitlines()[0]
 
 
 def _held_note(values: list[dict], hold_s: float, on_gpu: bool, beside_failed: str | None) -> str:

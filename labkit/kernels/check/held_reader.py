@@ -25,7 +25,8 @@ next input equals this one. Only the order is forced; what B reads is what the p
 Why only the emulated world: under the Triton interpreter every load runs in Python on the
 host, where it can stop, and a torch op on a peer's tensor is a call the dispatcher sees. On
 GPUs a kernel's loads run on the device with no host in between; lab 06 slows a reader there
-with a constexpr in labkit's own kernels, which the checker cannot add to a user's.
+with a constexpr in labkit's own kernels, which the checker cannot add to a user's. So on a GPU
+host ``labkit.check.collective`` runs its held rounds in an emulated world beside the GPU one.
 """
 
 from __future__ import annotations

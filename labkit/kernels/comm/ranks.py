@@ -214,6 +214,12 @@ class RanksResult:
     def failed(self) -> list[RankResult]:
         return [r for r in self.results if not r.ok]
 
+    @property
+    def first_failure(self) -> RankResult | None:
+        """The likeliest root cause: the first rank to fail on its own (the ranks aborted because
+        of it come last), or None if every rank returned."""
+        return min(self.failed, key=lambda r: (r.status == "aborted", r.seconds), default=None)
+
     def summary(self) -> str:
         return "\n".join(r.summary() for r in self.results)
 
