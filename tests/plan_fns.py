@@ -581,3 +581,91 @@ def graphed_on_gpu(ctx, n: int = (1 << 14) + 8) -> dict:
     _sync(ctx)
     ctx.barrier()
     return found
+
+
+def graph_launch_on_gpu(ctx, n: int = 4096 + 8, calls: int = 60, dtype_name: str = "bfloat16") -> dict:
+    """GPU tier: repeated eager calls into a fixed output replay their kernels from a CUDA graph
+    (labkit.kernels.comm.graph_launch), checked against fp64 on fresh inputs every call, with a
+    rotating late rank (its stream sleeps before the call, so its peers' kernels wait for it):
+    ``all_reduce(buf, out)``, in place, flag-in-data through ``all_reduce`` and by itself, push.
+    Then the cases that must launch the normal way: a user's capture of the eager call (replayed
+    on fresh inputs), another device current, a plan into a new tensor per call."""
+    from labkit.kernels.comm import collectives as C
+    from labkit.kernels.comm import flag_in_data as fid
+    from labkit.kernels.comm import push, symm
+
+    dtype = getattr(torch, dtype_name)
+    w, dev = ctx.world_size, ctx.device
+    buf = symm.empty(n, dtype, device=dev, scratch_dir=ctx.scratch_dir)
+    fid.attach(buf, scratch_dir=ctx.scratch_dir)
+    fbox = fid.inbox(n, dtype, device=dev, scratch_dir=ctx.scratch_dir)
+    pbox = push.inbox(n, dtype, device=dev, scratch_dir=ctx.scratch_dir)
+    out = torch.empty(n, dtype=dtype, device=dev)
+    x = torch.empty(n, dtype=dtype, device=dev)
+    found = {}
+
+    def series(name, call, into_buf: bool, seed0: int):
+        wrong = []
+        for step in range(calls):
+            mine, xs = _inputs(ctx, n, dtype, seed0 + step)
+            (buf.tensor if into_buf else x).copy_(mine)
+            if step % w == ctx.rank and step % 3 == 0:
+                torch.cuda._sleep(int(2e6))  # this rank late on its stream: the peers' kernels wait
+            y = call()
+            if not _close(y, xs, dtype, w):
+                wrong.append(step)
+        _sync(ctx)
+        ctx.barrier()
+        found[name] = wrong
+
+    series("all_reduce out", lambda: C.all_reduce(buf, out), True, 100)
+    series("all_reduce in place", lambda: C.all_reduce(buf, buf.tensor).clone(), True, 300)
+    series("all_reduce flag_in_data", lambda: C.all_reduce(buf, out, algorithm="flag_in_data"), True, 500)
+    series("fid.all_reduce", lambda: fid.all_reduce(x, fbox, out), False, 700)
+    series("push.all_reduce", lambda: push.all_reduce(x, pbox, out), False, 900)
+    found["plan paths"] = [p.launch_path for p in buf._plans.values()]
+    found["inbox graphs"] = [launch.graph.graph is not None for box in (fbox, pbox) for launch in box.launches.values()]
+
+    # a user's capture of the eager call whose plan replays a graph: the kernels are captured
+    from labkit.kernels.check.graphs import replay_with_fresh_inputs
+
+    def refill(step):
+        mine, xs = _inputs(ctx, n, dtype, 1100 + step)
+        buf.tensor.copy_(mine)
+        return xs
+
+    replayed = replay_with_fresh_inputs(
+        lambda: C.all_reduce(buf, out),
+        refill,
+        lambda step, _, xs: not _close(out, xs, dtype, w),
+        replays=20,
+        warmup=0,
+    )
+    found["user capture"] = replayed.ok
+    _sync(ctx)
+    ctx.barrier()
+
+    # another device current: the call enters the buffer's device and launches the normal way
+    others = [i for i in range(torch.cuda.device_count()) if i != dev.index]
+    if others:
+        mine, xs = _inputs(ctx, n, dtype, 1300)
+        buf.tensor.copy_(mine)
+        _sync(ctx)
+        torch.cuda.set_device(others[0])
+        try:
+            y = C.all_reduce(buf, out)
+        finally:
+            torch.cuda.set_device(dev)
+        found["other device current"] = _close(y, xs, dtype, w)
+
+    # a new output per call: never captured, and says why
+    for step in range(4):
+        mine, xs = _inputs(ctx, n, dtype, 1400 + step)
+        buf.tensor.copy_(mine)
+        y = C.all_reduce(buf)
+    found["new out"] = _close(y, xs, dtype, w)
+    key = next(k for k in buf._plans if k[1] == ())
+    found["new out reason"] = buf._plans[key].graph_reason
+    _sync(ctx)
+    ctx.barrier()
+    return found

@@ -66,6 +66,7 @@ import triton
 
 from labkit.kernels.comm import symm
 from labkit.kernels.comm.direct_launch import record_launch
+from labkit.kernels.comm.graph_launch import GraphReplay
 from labkit.kernels.launch_helpers import overlaps
 from labkit.workbench import tier
 from labkit.workbench.errors import UsageError
@@ -136,6 +137,12 @@ def _hooks():
     if not getattr(enter, "calls", enter is not None) and not getattr(leave, "calls", leave is not None):
         return None, None  # None, or an empty HookChain (triton >= 3.5)
     return enter, leave
+
+
+def _no_hooks() -> bool:
+    """No Triton launch hook is registered (``_hooks``): a graph replay hides no launch from a profiler."""
+    enter, leave = _hooks()
+    return enter is None and leave is None
 
 
 def _stream_getter():
@@ -274,6 +281,12 @@ class KernelLaunch:
         return self.compiled is not None
 
     @property
+    def settled(self) -> bool:
+        """Armed, and its direct launch recorded or refused: what a launch does no longer changes
+        from one call to the next (``graph_launch``'s step 1)."""
+        return self.compiled is not None and self._direct is not None
+
+    @property
     def direct(self) -> bool:
         """Whether launches skip ``CompiledKernel.run``'s wrapper (``record_launch``)."""
         return type(self._direct) is tuple if self.compiled is not None else False
@@ -340,6 +353,15 @@ class CollectivePlan:
         if out is not None:
             self._out_shape = out.shape
         self._guard = on_device(x.device)
+        # the launches replayed from a CUDA graph once settled, for calls into one fixed output
+        # (in place, or the out the plan's checks passed): ``graph_launch``
+        self._graph = GraphReplay(x.device, _no_hooks)
+        if not all(isinstance(s, KernelLaunch) for s in self.steps):
+            self._graph.reason = "a copy-engine step (Tensor.copy_) is not captured"
+        elif not fast:
+            self._graph.reason = "a plan for one call (not cached)"
+        elif not in_place and self._out_ptr is None:
+            self._graph.reason = "a new output per call"
 
     def __repr__(self):
         where = "in place" if self.in_place else ("into its out" if self.out is not None else "into a new tensor")
@@ -355,8 +377,14 @@ class CollectivePlan:
         ``record_launch``), "compiled launcher" (through ``CompiledKernel.run``), or "triton (<why>)"."""
         kernels = [s for s in self.steps if isinstance(s, KernelLaunch)]
         if kernels and all(s.fast for s in kernels):
-            return "compiled launcher" + (" (direct)" if all(s.direct for s in kernels) else "")
+            path = "compiled launcher" + (" (direct)" if all(s.direct for s in kernels) else "")
+            return path + (", replayed from a CUDA graph" if self._graph.graph is not None else "")
         return f"triton ({kernels[0].fallback_reason if kernels else 'no kernel'})"
+
+    @property
+    def graph_reason(self) -> str | None:
+        """Why the plan's calls do not replay a CUDA graph (``graph_launch``), or None when they do."""
+        return self._graph.reason
 
     def describe(self) -> list[dict]:
         """The launches as data, one dict per step: a kernel's name, grid, arguments (a tensor as
@@ -449,10 +477,20 @@ class CollectivePlan:
             out = self._x
         elif out is None:
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        graph = self._graph
+        if graph.graph is not None:
+            if graph.replay(out.data_ptr()):
+                return out
+        elif graph.open and all(s.settled for s in self.steps) and (self.in_place or out.data_ptr() == self._out_ptr):
+            if graph.capture(out.data_ptr(), lambda: self._run_steps(out)) and graph.replay(out.data_ptr()):
+                return out
+        self._run_steps(out)
+        return out
+
+    def _run_steps(self, out: torch.Tensor) -> None:
         with self._guard:
             for step in self.steps:
                 step(out)
-        return out
 
     def _check_out(self, out) -> None:
         """``launch``'s full look at an out it does not know: raises unless ``out`` is a contiguous

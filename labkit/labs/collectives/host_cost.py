@@ -19,6 +19,11 @@ repetition, the median of many), for three ways to make the same call:
   per-call checks, the guard, its launch (Triton's compiled launcher where
   ``plan.fast_launch_status()`` allows, else Triton's normal path).
 
+A plan into a fixed output (in place, or the out it was made for) replays its kernels from a CUDA
+graph once its launches are settled (``labkit.kernels.comm.graph_launch``); on GPUs both plan
+paths then have one stage "graph replay" (the replay with its per-call conditions, the device
+entered by the replay itself) in place of "guard" and "plan launch".
+
 Each path also gets a "whole call" record: the call timed whole, which the stages should add up
 to (they are timed apart, so they are a model of the call; the whole call is the measurement).
 On GPUs a last stage, ``kernel``, is the kernel's own time on the device (a CUDA graph of many
@@ -56,6 +61,7 @@ STAGES = {
     "alloc out": ("allocating the output", "tab:olive"),
     "triton launch": ("Triton's launch path, kernel[grid](...)", "tab:red"),
     "plan launch": ("the plan's launch (compiled launcher where possible)", "tab:pink"),
+    "graph replay": ("the plan's kernels replayed from a CUDA graph, with its per-call checks", "tab:brown"),
     "kernel": ("the kernel on the GPU (graph replay)", "0.55"),
 }
 #: the stages that launch nothing: the same Python work whatever runs the kernels (under the
@@ -124,7 +130,7 @@ def breakdown(
     algorithm: str = "one_shot",
     reps: int | None = None,
     launch_reps: int | None = None,
-    warmup: int = 2,
+    warmup: int = 3,
 ) -> list[dict]:
     """Median µs of each stage of ``all_reduce(buf, out, algorithm=algorithm)`` on this rank, for
     each of ``PATHS`` (see the module docstring); one record per (path, stage), and one per path
@@ -167,7 +173,7 @@ def breakdown(
     target = x if in_place else (checked_out if checked_out is not None else torch.empty_like(x))
 
     held = C.all_reduce_plan(buf, out, algorithm=algorithm)
-    for _ in range(warmup):  # compiles, arms the fast path, fills the buffer's plan cache
+    for _ in range(warmup):  # compiles, arms the fast path, fills the buffer's plan cache, captures
         _triton_launches(choice.steps, target)
         C.all_reduce(buf, out, algorithm=algorithm)
         held()
@@ -205,6 +211,16 @@ def breakdown(
     eager_whole = timed(lambda: eager_uncached(buf, out, algorithm))
     cached_whole = timed(lambda: C.all_reduce(buf, out, algorithm=algorithm))
     plan_whole = timed(held)
+    # a plan into a fixed output replays its kernels from a CUDA graph once settled
+    # (labkit.kernels.comm.graph_launch): then that replay is its launch, guard included
+    replays = held._graph.graph is not None
+    replay_key = target.data_ptr()
+    replay = timed(lambda: held._graph.replay(replay_key)) if replays else None
+    plan_stages = (
+        [("graph replay", replay, launch_reps)]
+        if replays
+        else [("guard", plan_guard, reps), *allocs_for(alloc, reps), ("plan launch", plan_launch, launch_reps)]
+    )
     kernel = None if interp or dev.type != "cuda" else _kernel_us(held, dev)
     _line_up(dev)
 
@@ -220,7 +236,7 @@ def breakdown(
         "out": "in place" if in_place else ("given" if out is not None else "new"),
         "launch_path": held.launch_path,
     }
-    allocs = [("alloc out", alloc, reps)] if alloc is not None else []
+    allocs = allocs_for(alloc, reps)
     stages = {
         "eager call": [
             ("checks", checks, reps),
@@ -232,16 +248,12 @@ def breakdown(
         ],
         "all_reduce, cached plan": [
             ("cache lookup + checks", cache_checks, reps),
-            ("guard", plan_guard, reps),
-            *allocs,
-            ("plan launch", plan_launch, launch_reps),
+            *plan_stages,
             ("whole call", cached_whole, launch_reps),
         ],
         "plan()": [
             ("plan checks", plan_checks_us, reps),
-            ("guard", plan_guard, reps),
-            *allocs,
-            ("plan launch", plan_launch, launch_reps),
+            *plan_stages,
             ("whole call", plan_whole, launch_reps),
         ],
     }
@@ -251,6 +263,11 @@ def breakdown(
             rows = rows + [("kernel", kernel, 5)]
         records += [dict(base, path=path, stage=stage, us=us, reps=n) for stage, us, n in rows]
     return records
+
+
+def allocs_for(alloc_us: float | None, reps: int) -> list[tuple]:
+    """The "alloc out" stage row, where the call allocates its output (out=None)."""
+    return [("alloc out", alloc_us, reps)] if alloc_us is not None else []
 
 
 def measure(
