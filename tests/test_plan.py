@@ -317,6 +317,10 @@ def test_the_breakdown_times_every_stage_of_every_path(host_records):
     assert {("plan()", s) for s in ("plan checks", *launch, "whole call")} <= stages
     assert {("all_reduce, cached plan", s) for s in ("cache lookup + checks", *launch)} <= stages
     assert (launch == ("graph replay",)) == (not tier.interpreted() and G.GRAPH_LAUNCH)
+    if launch == ("graph replay",):  # beside it, what it stands in for, not added to the call's stages
+        assert ("plan()", host_cost.ASIDE) in stages and ("all_reduce, cached plan", host_cost.ASIDE) not in stages
+        assert "the graph replay" in host_cost.verdict(host_records)
+    assert not any(r["stage"] == host_cost.ASIDE for r in host_cost.host_only(host_records))
     for r in mine:
         assert set(host_cost.REQUIRED) <= set(r) and r["us"] >= 0 and r["algorithm"] == "one_shot"
         assert r["interpreted"] == tier.interpreted()

@@ -289,3 +289,41 @@ def test_first_failure_is_the_earliest_rank_that_failed_on_its_own():
     res = RanksResult([aborted, crashed, later], 3.0, 3)
     assert res.first_failure is crashed
     assert RanksResult([RankResult(0, "ok")], 1.0, 1).first_failure is None
+
+
+def test_a_world_whose_rendezvous_port_was_taken_starts_once_more(monkeypatch):
+    """The port is free when chosen and bound by rank 0 seconds later; another process taking it
+    in between fails every rank in init_process_group, before ``fn`` runs: the world starts once
+    more on another port. The same error naming another port (``fn``'s own) is ``fn``'s result."""
+    from labkit.kernels.comm import ranks as R
+
+    def world(port, message):
+        failed = R.RankResult(0, "exception", error_type="torch.distributed.DistNetworkError", message=message)
+        return R.RanksResult([failed, R.RankResult(1, "aborted")], 1.0, 2), port
+
+    taken = "The server socket has failed to listen ... port: {}, useIpv6: false, code: -98, name: EADDRINUSE"
+    starts = []
+
+    def run_world(**kw):
+        starts.append(kw["world_size"])
+        if len(starts) == 1:
+            return world(37005, taken.format(37005))
+        return R.RanksResult([R.RankResult(0, "ok", value=1), R.RankResult(1, "ok", value=2)], 1.0, 2), 21000
+
+    monkeypatch.setattr(R, "_run_world", run_world)
+    assert run_ranks(rank_fns.__name__ + ":torch_threads", 2).unwrap() == [1, 2] and starts == [2, 2]
+    starts.clear()
+    monkeypatch.setattr(R, "_run_world", lambda **kw: starts.append(1) or world(37005, taken.format(40000)))
+    res = run_ranks(rank_fns.__name__ + ":torch_threads", 2)
+    assert starts == [1] and res.results[0].status == "exception"
+    starts.clear()
+    monkeypatch.setattr(R, "_run_world", lambda **kw: starts.append(1) or world(37005, taken.format(37005)))
+    assert run_ranks(rank_fns.__name__ + ":torch_threads", 2).results[0].status == "exception"
+    assert starts == [1, 1]  # once more, not again and again
+
+
+def test_rendezvous_ports_are_drawn_below_the_ephemeral_range():
+    from labkit.kernels.comm import ranks as R
+
+    ports = {R._free_port() for _ in range(5)}
+    assert all(20000 <= p < 32768 for p in ports)

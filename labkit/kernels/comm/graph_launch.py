@@ -2,8 +2,8 @@
 
 A kernel launch has a floor on the host that no launcher gets under: the driver's own launch
 call. Replaying a CUDA graph that holds the same launches goes into the same stream for less host
-time than that one call (``labkit.labs.collectives.host_cost`` times both, stage "graph replay"
-and "plan launch"), and a graph of several kernels costs one replay. A collective called eagerly
+time than that one call (``labkit.labs.collectives.host_cost`` times both: stage "graph replay",
+and beside it ``host_cost.ASIDE``), and a graph of several kernels costs one replay. A collective called eagerly
 on the same buffer and output again and again launches the same kernels with the same arguments
 every time, so its launches can be captured once and replayed:
 

@@ -121,6 +121,7 @@ _IMPORT_ENV = (
     "LABKIT_SCALAR_SIGNALS",
     "LABKIT_FAST_LAUNCH",
     "LABKIT_DIRECT_LAUNCH",
+    "LABKIT_GRAPH_LAUNCH",
     "LABKIT_PLAN_CACHE",
 )
 
@@ -280,6 +281,40 @@ def run_ranks(
         call_args = pickle.dumps((args, kwargs))
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         raise UsageError(f"the arguments of {module}:{qualname} cannot be pickled: {e}") from None
+    for attempt in range(2):
+        result, port = _run_world(
+            fn_call=(module, qualname, call_args),
+            world_size=world_size,
+            backend=backend,
+            device_type=device_type,
+            timeout=timeout,
+            env=env,
+        )
+        # the rendezvous port was free when chosen and taken before rank 0 bound it: no rank ran
+        # ``fn`` yet (each failed in init_process_group), so the world starts once more on another
+        if attempt == 0 and _port_taken(result, port):
+            continue
+        return result
+    return result
+
+
+def _port_taken(result: RanksResult, port: int) -> bool:
+    """Whether a world failed because rank 0 could not listen on its rendezvous ``port``."""
+    return any(
+        r.status == "exception"
+        and "DistNetworkError" in (r.error_type or "")
+        and "EADDRINUSE" in (r.message or "")
+        and f"port: {port}," in (r.message or "")
+        for r in result.results
+    )
+
+
+def _run_world(
+    fn_call: tuple, world_size: int, backend: str, device_type: str, timeout: float, env
+) -> tuple[RanksResult, int]:
+    """One start of ``run_ranks``' world on a freshly chosen rendezvous port (its arguments,
+    checked); returns the result and the port."""
+    module, qualname, call_args = fn_call
     run_dir = tempfile.mkdtemp(prefix="labkit-ranks-")
     scratch_dir = os.path.join(run_dir, "scratch")
     os.mkdir(scratch_dir)
@@ -315,7 +350,7 @@ def run_ranks(
             _rank_result(rank, proc, run_dir, ended.get(rank, killed_at), rank in ended, first_failed, timeout)
             for rank, proc in enumerate(procs)
         ]
-        return RanksResult(results, time.monotonic() - start, world_size, backend, float(timeout))
+        return RanksResult(results, time.monotonic() - start, world_size, backend, float(timeout)), port
     finally:
         _kill_all(procs)  # also on KeyboardInterrupt in the notebook: no rank outlives the call
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -421,8 +456,24 @@ def _world_ended() -> None:
         _worlds_running -= 1
 
 
+#: where rendezvous ports are drawn from: below Linux's ephemeral range (32768-60999 by default),
+#: which the kernel hands out to every outgoing connection in the meantime
+_PORTS = range(20000, 32768)
+
+
 def _free_port() -> int:
-    # The port is free now; rank 0 binds it a few seconds later (a small, accepted race).
+    """A port free now; rank 0 binds it a few seconds later. Another process may take it in
+    between (then ``run_ranks`` starts the world once more): drawn at random below the ephemeral
+    range, where no outgoing connection is given it, else any port the kernel offers."""
+    import random
+
+    for port in random.sample(_PORTS, 20):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -22,7 +22,9 @@ repetition, the median of many), for three ways to make the same call:
 A plan into a fixed output (in place, or the out it was made for) replays its kernels from a CUDA
 graph once its launches are settled (``labkit.kernels.comm.graph_launch``); on GPUs both plan
 paths then have one stage "graph replay" (the replay with its per-call conditions, the device
-entered by the replay itself) in place of "guard" and "plan launch".
+entered by the replay itself) in place of "guard" and "plan launch", and the plan() path a record
+beside its stages (``ASIDE``): the guard and launches timed without the graph, the work the replay
+stands in for.
 
 Each path also gets a "whole call" record: the call timed whole, which the stages should add up
 to (they are timed apart, so they are a model of the call; the whole call is the measurement).
@@ -64,6 +66,9 @@ STAGES = {
     "graph replay": ("the plan's kernels replayed from a CUDA graph, with its per-call checks", "tab:brown"),
     "kernel": ("the kernel on the GPU (graph replay)", "0.55"),
 }
+#: a record beside the stages, not one of them: where a plan replays a CUDA graph, its guard and
+#: launches timed without the graph (what the replay stands in for); not drawn, not added up
+ASIDE = "guard + launch, not replayed"
 #: the stages that launch nothing: the same Python work whatever runs the kernels (under the
 #: interpreter, the launch stages run the kernel itself and dwarf them)
 HOST_STAGES = ("checks", "config", "cache lookup + checks", "plan checks", "guard", "alloc out")
@@ -221,6 +226,8 @@ def breakdown(
         if replays
         else [("guard", plan_guard, reps), *allocs_for(alloc, reps), ("plan launch", plan_launch, launch_reps)]
     )
+    # beside a replay, what its launches cost without it (guard and launch): not a stage of the call
+    aside = [(ASIDE, plan_guard + plan_launch, launch_reps)] if replays else []
     kernel = None if interp or dev.type != "cuda" else _kernel_us(held, dev)
     _line_up(dev)
 
@@ -255,6 +262,7 @@ def breakdown(
             ("plan checks", plan_checks_us, reps),
             *plan_stages,
             ("whole call", plan_whole, launch_reps),
+            *aside,
         ],
     }
     records = []
@@ -337,7 +345,7 @@ def totals(records: list[dict]) -> dict:
     host work when calls are back to back; the "whole call" check left out)."""
     out = {}
     for r in records:
-        if r["stage"] not in ("kernel", "whole call"):
+        if r["stage"] not in ("kernel", "whole call", ASIDE):
             out[r["path"]] = out.get(r["path"], 0.0) + r["us"]
     return out
 
@@ -364,6 +372,10 @@ def verdict(records: list[dict]) -> str:
     )
     if kernel is not None:
         text += f"; kernel {kernel:.1f} µs on the GPU"
+    replay = next((r["us"] for r in mine if r["path"] == "plan()" and r["stage"] == "graph replay"), None)
+    aside = next((r["us"] for r in mine if r["path"] == "plan()" and r["stage"] == ASIDE), None)
+    if replay is not None and aside is not None:
+        text += f"; the graph replay {replay:.1f} µs where its guard and launches take {aside:.1f}"
     return text + f"; plan launches via {head['launch_path']}"
 
 
