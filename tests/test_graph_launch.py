@@ -136,3 +136,19 @@ def test_repeated_eager_calls_replay_a_graph_and_stay_right_on_gpus(w):
         assert found["user capture"] is True
         assert found.get("other device current", True) is True
         assert found["new out"] is True and found["new out reason"] == "a new output per call"
+
+
+def test_nothing_is_captured_or_replayed_while_launches_are_watched(stand_in):
+    """``labkit.check.watch_launches`` sees every launch: within it a repeated call launches its
+    kernels one by one instead of replaying (and captures nothing), and after it replays again."""
+    from labkit import check
+
+    r = stand_in.replay
+    with G.launches_watched():
+        assert not r.capture((1,), lambda: None) and r.open  # captured later
+    assert r.capture((1,), lambda: None)
+    with check.watch_launches():
+        assert G._watching == 1 and not r.replay((1,))
+        with G.launches_watched():
+            assert G._watching == 2
+    assert G._watching == 0 and r.replay((1,)) and r.graph.replays == 1

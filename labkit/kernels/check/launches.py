@@ -123,7 +123,9 @@ def watch_launches(on_mismatch: str = "record", echo: bool = False):
 
     Note:
         Launches from other threads are seen too (the wrap is process-wide for the block); the
-        wraps nest. A kernel launched by a library that does not go through Triton's Python launch
+        wraps nest. Within the block labkit's collectives launch their kernels one by one instead
+        of replaying the CUDA graph a repeated call would (``labkit.kernels.comm.graph_launch``),
+        so those launches are seen too. A kernel launched by a library that does not go through Triton's Python launch
         path (a precompiled AOT kernel, a CUDA extension) is not seen: torch's own ops guard
         their devices themselves.
 
@@ -180,8 +182,11 @@ def watch_launches(on_mismatch: str = "record", echo: bool = False):
         from labkit.kernels.comm import plan
 
         wrap_plan(plan.KernelLaunch)
+    from labkit.kernels.comm.graph_launch import launches_watched
+
     try:
-        yield watch
+        with launches_watched():  # a repeated collective call launches, not replays a graph
+            yield watch
     finally:
         with _lock:
             for cls, attr, original in reversed(patched):

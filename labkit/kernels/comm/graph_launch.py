@@ -20,7 +20,9 @@ every time, so its launches can be captured once and replayed:
 3. Replay, per call, when all hold: the call passes the captured ``key``; the device is the
    current device (so the current stream read in 3 is that device's); that stream is not being
    captured (a user's capture must record the kernels themselves, not a replay); no Triton launch
-   hook is registered (a profiler sees every launch). Otherwise the call launches the normal way.
+   hook is registered (a profiler sees every launch); no block of ``launches_watched`` is open
+   (``labkit.check.watch_launches`` sees every launch). Otherwise the call launches the normal
+   way, and steps 2 and 3 wait.
 
 Why a replay computes what the launches compute: by 1 every argument of every kernel is the one
 the direct launch would pass for this ``key``, and the graph holds exactly those launches. The
@@ -35,12 +37,33 @@ the graph's device, so a replay is ordered with the caller's work as a launch is
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 import torch
 
 #: Capture a settled launch sequence into a CUDA graph and replay it (step 2).
 GRAPH_LAUNCH = os.environ.get("LABKIT_GRAPH_LAUNCH", "1") != "0"
+
+#: open blocks of ``launches_watched`` (any thread): while above 0, nothing is captured or replayed
+_watching = 0
+_watching_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def launches_watched():
+    """Within the block (process-wide) no call captures or replays a graph: every launch goes the
+    normal way, one by one, where a watcher of Triton launches sees it (``labkit.check.
+    watch_launches`` opens one). Blocks nest."""
+    global _watching
+    with _watching_lock:
+        _watching += 1
+    try:
+        yield
+    finally:
+        with _watching_lock:
+            _watching -= 1
 
 
 def _current_device() -> int:
@@ -78,7 +101,7 @@ class GraphReplay:
 
     def replay(self, key) -> bool:
         """Step 3: replay and return True, or return False when this call launches the normal way."""
-        if self.graph is None or key != self.key:
+        if self.graph is None or key != self.key or _watching:
             return False
         if _current_device() != self._index or _capturing() or not self._no_hooks():
             return False
@@ -90,7 +113,7 @@ class GraphReplay:
         passing ``key``; True once captured. The caller makes sure the sequence is settled (step
         1). Nothing happens while the device's current stream is being captured already or a
         launch hook is registered: then the caller launches the normal way."""
-        if not self.open:
+        if not self.open or _watching:
             return False
         try:
             graph = _capture(self.device, launch, self._no_hooks)
