@@ -103,7 +103,8 @@ def test_switched_off_and_cpu_devices_never_capture(monkeypatch):
     assert off.reason == "switched off (LABKIT_GRAPH_LAUNCH=0)" and not off.open
     monkeypatch.setattr(G, "GRAPH_LAUNCH", True)
     cpu = G.GraphReplay(torch.device("cpu"), lambda: True)
-    assert cpu.reason == "not a CUDA device" and not cpu.open and not cpu.capture((1,), lambda: None)
+    assert cpu.reason == "not a CUDA device with an index" and not cpu.open and not cpu.capture((1,), lambda: None)
+    assert not G.GraphReplay(torch.device("cuda"), lambda: True).open  # no index: which device replays is unknown
 
 
 def _world_sizes():

@@ -2,10 +2,11 @@
 
 A kernel launch has a floor on the host that no launcher gets under: the driver's own launch
 call. Replaying a CUDA graph that holds the same launches goes into the same stream for less host
-time than that one call (``labkit.labs.collectives.host_cost`` times both: stage "graph replay",
-and beside it ``host_cost.ASIDE``), and a graph of several kernels costs one replay. A collective called eagerly
-on the same buffer and output again and again launches the same kernels with the same arguments
-every time, so its launches can be captured once and replayed:
+time than the device guard and the launches it stands in for (``labkit.labs.collectives.host_cost``
+times both: stage "graph replay", and beside it ``host_cost.ASIDE``), and a graph of several
+kernels costs one replay. A collective called eagerly on the same buffer and output again and
+again launches the same kernels with the same arguments every time, so its launches can be
+captured once and replayed:
 
 1. Settle. The launches run the normal way (``plan.KernelLaunch``: Triton's path, then its
    compiled launcher, then the direct C launch) until every one is armed and its direct launch
@@ -18,7 +19,7 @@ every time, so its launches can be captured once and replayed:
    capture that raises leaves its reason in ``reason``, and the launches go the normal way for
    good.
 3. Replay, per call, when all hold: the call passes the captured ``key``; the device is the
-   current device (so the current stream read in 3 is that device's); that stream is not being
+   current device (so the current stream checked next is the one the replay goes to); it is not being
    captured (a user's capture must record the kernels themselves, not a replay); no Triton launch
    hook is registered (a profiler sees every launch); no block of ``launches_watched`` is open
    (``labkit.check.watch_launches`` sees every launch). Otherwise the call launches the normal
@@ -86,11 +87,11 @@ class GraphReplay:
     def __init__(self, device: torch.device, no_hooks):
         self.device, self._no_hooks = device, no_hooks
         self.graph = self.key = None
-        self._index = device.index if device.type == "cuda" else -1
+        self._index = device.index if device.type == "cuda" and device.index is not None else -1
         if not GRAPH_LAUNCH:
             self.reason = "switched off (LABKIT_GRAPH_LAUNCH=0)"
         elif self._index < 0:
-            self.reason = "not a CUDA device"
+            self.reason = "not a CUDA device with an index"
         else:
             self.reason = "not captured yet"
 
