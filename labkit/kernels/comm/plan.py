@@ -481,9 +481,11 @@ class CollectivePlan:
         if graph.graph is not None:
             if graph.replay(out.data_ptr()):
                 return out
-        elif graph.open and all(s.settled for s in self.steps) and (self.in_place or out.data_ptr() == self._out_ptr):
-            if graph.capture(out.data_ptr(), lambda: self._run_steps(out)) and graph.replay(out.data_ptr()):
-                return out
+        elif graph.open and all(s.settled for s in self.steps):
+            ptr = out.data_ptr()
+            if (self.in_place or ptr == self._out_ptr) and graph.capture(ptr, lambda: self._run_steps(out)):
+                if graph.replay(ptr):
+                    return out
         self._run_steps(out)
         return out
 

@@ -281,20 +281,19 @@ def run_ranks(
         call_args = pickle.dumps((args, kwargs))
     except (pickle.PicklingError, TypeError, AttributeError) as e:
         raise UsageError(f"the arguments of {module}:{qualname} cannot be pickled: {e}") from None
-    for attempt in range(2):
-        result, port = _run_world(
-            fn_call=(module, qualname, call_args),
-            world_size=world_size,
-            backend=backend,
-            device_type=device_type,
-            timeout=timeout,
-            env=env,
-        )
+    world = dict(
+        fn_call=(module, qualname, call_args),
+        world_size=world_size,
+        backend=backend,
+        device_type=device_type,
+        timeout=timeout,
+        env=env,
+    )
+    result, port = _run_world(**world)
+    if _port_taken(result, port):
         # the rendezvous port was free when chosen and taken before rank 0 bound it: no rank ran
         # ``fn`` yet (each failed in init_process_group), so the world starts once more on another
-        if attempt == 0 and _port_taken(result, port):
-            continue
-        return result
+        result, _ = _run_world(**world)
     return result
 
 
