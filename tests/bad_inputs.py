@@ -249,8 +249,9 @@ def _fp8_linear_odd():
 def _fp8_nan_step():
     lin = _fp8_linear(16, 16, 4)
     recipe = DelayedScaling(amax_history_len=4)
+    x1 = rnd(16, 16)
     with fp8_autocast(recipe=recipe):
-        lin(rnd(16, 16))
+        lin(x1)
     scales = lin.fp8_forward_scale.clone()
     x = rnd(16, 16)
     x[0, 0] = nan
@@ -258,7 +259,10 @@ def _fp8_nan_step():
         y = lin(x)
     rows = y.isnan().any(1).cpu().tolist() == [True] + [False] * 15
     kept = torch.equal(lin.fp8_forward_scale, scales) and lin.fp8_forward_amax_history.isnan().any().item()
+    # the clean step inside the range the kept scale was calibrated on: beyond it delayed scaling
+    # clips at E4M3's largest value by design (as drawn, 53 of 400 seeds missed 0.1; inside, none)
     x2 = rnd(16, 16)
+    x2 = x2 * min(1.0, x1.abs().max().item() / x2.abs().max().item())
     with fp8_autocast(recipe=recipe):
         y2 = lin(x2)
     return rows and kept and close(y2, x2.double() @ lin.weight.double().T, 0.1)
