@@ -1,6 +1,7 @@
 """The chooser's tables against the recorded sweeps they are read from: ``CE_FROM_BYTES`` (from
 which size the in-place ``auto`` hands the first shot to the copy engines) for every world size
-that a reference file of H200s records."""
+that a reference file of H200s records, and ``LAUNCH_TABLE`` (the default launches) against the
+recorded launch search."""
 
 import pytest
 
@@ -51,3 +52,36 @@ def test_ce_from_bytes_sits_between_the_last_loss_and_the_first_lasting_win(mach
 def test_every_table_entry_has_a_recorded_sweep():
     recorded = {w for _, w, _ in _h200_sweeps()}
     assert set(C.CE_FROM_BYTES) <= recorded, f"entries without a recorded H200 sweep: {set(C.CE_FROM_BYTES) - recorded}"
+
+
+def test_launch_table_is_the_recorded_search():
+    from labkit.labs.collectives.bench import launch_table_from
+
+    search = results.load_references("collectives_tune")["h200x4"].records
+    assert C.LAUNCH_TABLE == launch_table_from(search)
+    assert {nbytes for _, _, nbytes in C.LAUNCH_TABLE} <= set(C.TUNED_BYTES)
+
+
+def test_launch_table_from_keeps_the_rule_unless_clearly_beaten():
+    from labkit.labs.collectives.bench import launch_table_from
+
+    def rec(v, w, us, programs=132):
+        return {
+            "kind": "tune",
+            "impl": "labkit_one_shot",
+            "op": "all_reduce",
+            "world_size": 4,
+            "bytes": 1 << 20,
+            "vectors": v,
+            "num_warps": w,
+            "programs": programs,
+            "multiprocessors": 132,
+            "correct": True,
+            "us": us,
+        }
+
+    rule = C.rule_config(1 << 20, 4)
+    assert launch_table_from([rec(*rule, 10.0), rec(4, 4, 9.8)]) == {}  # 2% faster: within the margin
+    assert launch_table_from([rec(*rule, 10.0), rec(4, 4, 9.0)]) == {("one_shot", 4, 1 << 20): (4, 4)}
+    assert launch_table_from([rec(*rule, 10.0), rec(4, 4, 5.0, programs=264)]) == {}  # two per SM: not a candidate
+    assert launch_table_from([rec(*rule, 10.0), dict(rec(4, 4, 5.0), correct=False)]) == {}

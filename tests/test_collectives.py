@@ -364,8 +364,37 @@ def test_default_launch_follows_the_measured_rule(monkeypatch):
         assert [C.default_config(large, w, gpu).vectors for w in (2, 3, 4, 5, 8)] == [4, 2, 2, 1, 1]
         assert C.default_config(large, 2, gpu) is C.default_config(large + 1, 2, gpu)  # made once
         assert C.default_config(large, 2, torch.device("cpu")) is C.DEFAULT_CONFIG
+        # the table's entries for a kernel replace the rule's vectors and warps, never the programs
+        assert C.default_config(1 << 20, 4, gpu, "one_shot") == C.LaunchConfig(vectors=4, num_warps=4, programs=132)
+        assert C.default_config(1 << 20, 4, gpu, "tree") == C.LaunchConfig(vectors=1, num_warps=16, programs=132)
+        assert C.default_config(1 << 20, 2, gpu, "one_shot") == C.LaunchConfig(vectors=1, num_warps=16, programs=132)
+        # 4 KiB takes the smallest searched size's row
+        assert C.default_config(4096, 4, gpu, "two_shot_in_place") == C.default_config(
+            64 << 10, 4, gpu, "two_shot_in_place"
+        )
     finally:
         C._gpu_default.cache_clear()  # none made with the fake SM count outlives the test
+
+
+def test_tuned_size_is_the_nearest_searched_size_on_a_log_scale():
+    assert [C.tuned_size(b) for b in (1, 4096, (256 << 10) - 1, 256 << 10)] == [64 << 10] * 3 + [1 << 20]
+    assert C.tuned_size(C.LARGE_BYTES - 1) == 1 << 20 and C.tuned_size(C.LARGE_BYTES) == 16 << 20
+    assert C.tuned_size(64 << 20) == 256 << 20 and C.tuned_size(1 << 40) == 256 << 20
+    for nbytes in (1, 1 << 20, C.LARGE_BYTES - 1, C.LARGE_BYTES, 1 << 30):  # the rule's size class is the row's
+        assert C.rule_config(nbytes, 4) == C.rule_config(C.tuned_size(nbytes), 4)
+
+
+def test_launch_common_names_the_kernel_it_launches(monkeypatch):
+    import types
+
+    asked = []
+    monkeypatch.setattr(
+        C, "default_config", lambda nbytes, w, device, kernel=None: asked.append(kernel) or C.DEFAULT_CONFIG
+    )
+    buf = types.SimpleNamespace(tensor=torch.empty(2048, dtype=torch.bfloat16), world_size=4, max_blocks=8)
+    for algorithm, in_place in (("two_shot", True), ("two_shot", False), ("one_shot", False), ("two_shot_ce", True)):
+        C.launch_common(buf, "correct", algorithm, None, in_place)
+    assert asked == ["two_shot_in_place", "two_shot", "one_shot", "two_shot_ce"]
 
 
 def test_broken_trials_checks_its_load():

@@ -92,6 +92,39 @@ class LaunchConfig:
 LARGE_BYTES = 4 << 20
 #: The launch when nothing is known about the device (the CPU tier, where it is ignored).
 DEFAULT_CONFIG = LaunchConfig()
+#: The message sizes ``labkit bench collectives_tune`` searched (bytes per rank). A message takes
+#: the launch found for the nearest of them on a log scale (``tuned_size``); the boundaries fall
+#: at 4x each size, so ``LARGE_BYTES`` is the boundary between 1 MiB and 16 MiB.
+TUNED_BYTES = (64 << 10, 1 << 20, 16 << 20, 256 << 20)
+#: A table entry replaces the rule's launch only where the search timed it at least this much
+#: faster: closer than that is within what one search's timings move between runs.
+TABLE_MARGIN = 0.03
+#: (kernel, world size, tuned size) -> (vectors, num_warps): where one launch with one program
+#: per SM beat ``rule_config``'s by more than ``TABLE_MARGIN`` in the recorded search
+#: (reference/h200x4/collectives_tune.json, kind "tune", graph replays; W=2 on two of its GPUs).
+#: Kernels: "one_shot", "two_shot" (out of place), "two_shot_in_place", "two_shot_ce",
+#: "reduce_scatter", "all_gather"; the tree was not searched. ``labkit.labs.collectives.bench.
+#: launch_table_from`` reads the table off the file; tests/test_chooser_tables.py holds them equal.
+LAUNCH_TABLE = {
+    ("all_gather", 2, 64 << 10): (2, 4),
+    ("all_gather", 2, 1 << 20): (4, 4),
+    ("all_gather", 4, 64 << 10): (4, 4),
+    ("all_gather", 4, 1 << 20): (4, 8),
+    ("one_shot", 4, 64 << 10): (2, 16),
+    ("one_shot", 4, 1 << 20): (4, 4),
+    ("reduce_scatter", 4, 64 << 10): (2, 8),
+    ("reduce_scatter", 4, 1 << 20): (2, 8),
+    ("reduce_scatter", 4, 16 << 20): (2, 4),
+    ("two_shot", 4, 64 << 10): (4, 8),
+    ("two_shot", 4, 1 << 20): (4, 4),
+    ("two_shot", 4, 16 << 20): (4, 4),
+    ("two_shot_ce", 2, 64 << 10): (2, 8),
+    ("two_shot_ce", 4, 64 << 10): (1, 4),
+    ("two_shot_in_place", 2, 1 << 20): (2, 4),
+    ("two_shot_in_place", 4, 64 << 10): (1, 4),
+    ("two_shot_in_place", 4, 1 << 20): (2, 4),
+    ("two_shot_in_place", 4, 16 << 20): (2, 4),
+}
 
 
 @functools.cache
@@ -99,37 +132,55 @@ def _multiprocessors(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def default_config(nbytes: int, world_size: int, device: torch.device) -> LaunchConfig:
-    """The launch a collective takes when the caller names none; the rule comes from
-    ``labkit bench collectives_tune`` (reference/h200x4/collectives_tune.json: every op, 2 and 4
-    ranks, 64 KiB to 256 MiB, 36 configs each).
+def tuned_size(nbytes: int) -> int:
+    """The searched size (``TUNED_BYTES``) nearest to ``nbytes`` on a log scale: messages below
+    the smallest take its row (4 KiB included: below 64 KiB a message is one or two program steps
+    whatever the launch)."""
+    return next((t for t in TUNED_BYTES[:-1] if nbytes < 4 * t), TUNED_BYTES[-1])
+
+
+def rule_config(nbytes: int, world_size: int) -> tuple[int, int]:
+    """(vectors, num_warps) of the rule ``default_config`` starts from: 16 warps; ``vectors`` 1
+    below ``LARGE_BYTES``, above it 8 / W (at least 1)."""
+    if nbytes < LARGE_BYTES:
+        return 1, 16
+    return max(v for v in (1, 2, 4, 8) if v <= max(1, 8 // world_size)), 16
+
+
+def default_config(nbytes: int, world_size: int, device: torch.device, kernel: str | None = None) -> LaunchConfig:
+    """The launch a collective takes when the caller names none. Read off ``labkit bench
+    collectives_tune`` (reference/h200x4/collectives_tune.json: every kernel, 2 and 4 ranks,
+    64 KiB to 256 MiB, 36 launches each):
 
     * One program per SM (``programs``): all of them resident at once, so no program ever spins
-      in a barrier waiting for a peer's program that has not been scheduled. (Two per SM was at
-      most 5% faster at 256 MiB in the search; not worth giving up that guarantee.)
-    * 16 warps.
-    * ``vectors``: 1 below ``LARGE_BYTES``, where messages have few steps to spread over the
-      programs; above, 8 / W (at least 1): each thread keeps about 8 independent 16-byte loads in
-      flight however many peers a step reads (a one-shot or reduce-scatter step loads from W
-      buffers), enough to cover an NVLink round trip, few enough not to run out of registers.
+      in a barrier waiting for a peer's program that has not been scheduled. (Two per SM won a few
+      cases by at most 5%; not worth giving up that guarantee.)
+    * ``vectors`` and ``num_warps``: ``LAUNCH_TABLE``'s entry for ``kernel``, the world size and
+      the nearest searched size (``tuned_size``) where it has one; else the rule
+      (``rule_config``): 16 warps, ``vectors`` 1 below ``LARGE_BYTES``, where messages have few
+      steps to spread over the programs; above, 8 / W (at least 1): each thread keeps about 8
+      independent 16-byte loads in flight however many peers a step reads (a one-shot or
+      reduce-scatter step loads from W buffers), enough to cover an NVLink round trip, few enough
+      not to run out of registers. The table's entries are at 4 ranks mostly, below 16 MiB: fewer
+      warps with wider vectors (measured there: up to 20% less time than the rule's launch).
     """
     if device.type != "cuda":
         return DEFAULT_CONFIG
     index = device.index if device.index is not None else torch.cuda.current_device()
-    return _gpu_default(nbytes >= LARGE_BYTES, world_size, index)
+    return _gpu_default(kernel, tuned_size(nbytes), world_size, index)
 
 
 @functools.cache
-def _gpu_default(large: bool, world_size: int, index: int) -> LaunchConfig:
-    """``default_config`` on GPUs, made once per (size class, world, device): it runs on every
-    call of every collective."""
-    vectors = max(v for v in (1, 2, 4, 8) if v <= max(1, 8 // world_size)) if large else 1
-    return LaunchConfig(vectors=vectors, num_warps=16, programs=_multiprocessors(index))
+def _gpu_default(kernel: str | None, tuned: int, world_size: int, index: int) -> LaunchConfig:
+    """``default_config`` on GPUs, made once per (kernel, searched size, world, device): it runs on
+    every call of every collective."""
+    vectors, num_warps = LAUNCH_TABLE.get((kernel, world_size, tuned), rule_config(tuned, world_size))
+    return LaunchConfig(vectors=vectors, num_warps=num_warps, programs=_multiprocessors(index))
 
 
-def _config(config, nbytes: int, world_size: int, device: torch.device) -> LaunchConfig:
+def _config(config, nbytes: int, world_size: int, device: torch.device, kernel: str | None = None) -> LaunchConfig:
     if config is None:
-        return default_config(nbytes, world_size, device)
+        return default_config(nbytes, world_size, device, kernel)
     if not isinstance(config, LaunchConfig):
         raise TypeError(f"config: expected a labkit.kernels.comm.collectives.LaunchConfig, got {type(config).__name__}")
     return config
@@ -500,7 +551,7 @@ def choose_all_reduce(
         )
     if algorithm == "flag_in_data":
         return AllReduceChoice(algorithm, None, _flag_in_data(buf, blocks, variant, config))
-    launch = launch_common(buf, variant, algorithm, config)
+    launch = launch_common(buf, variant, algorithm, config, in_place)
     config, block, constexprs = launch.config, launch.block, launch.constexprs
     dev, OUT = x.device, plan.OUT
     if algorithm == "one_shot":
@@ -576,12 +627,15 @@ def _flag_in_data(buf: SymmBuffer, blocks, variant: str, config) -> tuple:
     )
 
 
-def launch_common(buf: SymmBuffer, variant: str, algorithm: str, config: LaunchConfig | None) -> CommonLaunch:
+def launch_common(
+    buf: SymmBuffer, variant: str, algorithm: str, config: LaunchConfig | None, in_place: bool = False
+) -> CommonLaunch:
     """What every all-reduce launch on ``buf`` decides alike, from the variant and the launch
-    configuration (default: for the buffer's size)."""
+    configuration (default: for the buffer's size, the algorithm's kernel and the world size)."""
     x = buf.tensor
     barriers = _barrier_semantics(variant, algorithm)
-    config = _config(config, x.numel() * x.element_size(), buf.world_size, x.device)
+    kernel = "two_shot_in_place" if algorithm == "two_shot" and in_place else algorithm
+    config = _config(config, x.numel() * x.element_size(), buf.world_size, x.device, kernel)
     block = config.block(x.element_size())
     constexprs = {
         "WORLD": buf.world_size,
@@ -673,14 +727,16 @@ def _two_shot_ce(buf: SymmBuffer, n: int, launch: CommonLaunch, blocks, out_ptrs
     return barrier, plan.CopySteps(copies), reduce
 
 
-def _shard_steps(kernel, buf: SymmBuffer, shard: int, blocks, variant: str, config, extra: dict | None = None) -> tuple:
+def _shard_steps(
+    op: str, kernel, buf: SymmBuffer, shard: int, blocks, variant: str, config, extra: dict | None = None
+) -> tuple:
     """Reduce-scatter and all-gather share a launch: ``shard`` elements per rank, start and end
-    barriers, the same programs. The message size that picks the default launch is W x shard
-    (the reduce-scatter input, the all-gather output). ``extra``: more constexprs (the all-gather's
-    naive order); none for the defaults, so their launch is what it always was."""
+    barriers, the same programs. The message size that picks the default launch (with ``op``, the
+    table's kernel name) is W x shard (the reduce-scatter input, the all-gather output).
+    ``extra``: more constexprs (the all-gather's naive order)."""
     x = buf.tensor
     barriers = _barrier_semantics(variant, "shards")
-    config = _config(config, shard * buf.world_size * x.element_size(), buf.world_size, x.device)
+    config = _config(config, shard * buf.world_size * x.element_size(), buf.world_size, x.device, op)
     block = config.block(x.element_size())
     p = _programs(triton.cdiv(shard, block), buf, blocks, config)
     return (
@@ -803,10 +859,11 @@ def make_shards_plan(
     x = buf.tensor
     if op == "reduce_scatter":
         steps = _shard_steps(
-            scatter_gather.reduce_scatter_kernel, buf, x.numel() // buf.world_size, blocks, variant, config
+            op, scatter_gather.reduce_scatter_kernel, buf, x.numel() // buf.world_size, blocks, variant, config
         )
     else:
         steps = _shard_steps(
+            op,
             scatter_gather.all_gather_kernel,
             buf,
             x.numel(),

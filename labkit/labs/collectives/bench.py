@@ -428,7 +428,6 @@ def tune(
     for nbytes in sizes:
         n, x, ref, scale = _message(ctx, nbytes, dtype, seed=7 + ctx.rank)
         s = n // w
-        default = C.default_config(n * dtype.itemsize, w, dev)
         gathered = torch.empty(n, dtype=dtype, device=dev)
         dist.all_gather_into_tensor(gathered, x[:s].contiguous())
         buf = symm.empty(n, dtype, device=dev, max_blocks=most, workspace=True)
@@ -476,7 +475,7 @@ def tune(
                     "num_warps": cfg.num_warps,
                     "programs": cfg.programs,
                     "multiprocessors": sms,
-                    "default": cfg == default,
+                    "default": cfg == C.default_config(n * dtype.itemsize, w, dev, TUNE_KERNELS[name]),
                 }
                 buf.tensor.copy_(x)
                 ag_buf.tensor.copy_(x[:s])
@@ -491,6 +490,40 @@ def tune(
         dist.barrier()
     bar.close()
     return records
+
+
+#: ``tune``'s names -> the kernel names of ``collectives.LAUNCH_TABLE``
+TUNE_KERNELS = {
+    "one_shot": "one_shot",
+    "two_shot": "two_shot",
+    "two_shot_in_place": "two_shot_in_place",
+    "two_shot_ce_in_place": "two_shot_ce",
+    "reduce_scatter": "reduce_scatter",
+    "all_gather": "all_gather",
+}
+
+
+def launch_table_from(records: list[dict], margin: float = C.TABLE_MARGIN) -> dict:
+    """``collectives.LAUNCH_TABLE`` as the ``tune`` records give it: for each kernel, world size
+    and searched size, the fastest correct launch with one program per SM, where it took less
+    than (1 - margin) x the time of ``collectives.rule_config``'s launch (one program per SM too)
+    in the same search. A size without the rule's launch recorded has no entry."""
+    groups: dict = {}
+    for r in records:
+        if r.get("kind") != "tune" or not r.get("correct") or not r.get("us"):
+            continue
+        if r["programs"] != r["multiprocessors"]:
+            continue
+        name = r["impl"].removeprefix("labkit_") if r["impl"] != "labkit" else r["op"]
+        key = (TUNE_KERNELS[name], r["world_size"], r["bytes"])
+        groups.setdefault(key, {})[(r["vectors"], r["num_warps"])] = r["us"]
+    table = {}
+    for (kernel, w, nbytes), times in sorted(groups.items()):
+        rule = C.rule_config(nbytes, w)
+        best = min(times, key=times.get)
+        if rule in times and times[best] < (1 - margin) * times[rule]:
+            table[(kernel, w, nbytes)] = best
+    return table
 
 
 def best_configs(records: list[dict]) -> list[dict]:
