@@ -26,7 +26,8 @@ The protocol, per program b of rank r, one call of n elements:
 1. ``e = counter[b] + 1`` (modulo 2^30), ``slot = e % 2``;
 2. push: for every element i program b owns, store ``x[i]`` (-0.0 made +0.0) into
    ``inbox_p[slot][r][i]`` of every peer p; then the count header ``n + 1`` into pad slot
-   (1 + slot, b, r) of every peer (a relaxed store: it orders nothing, it only carries n);
+   (1 + slot, b, r) of every peer (plain stores, one vector, a lane per peer: the header orders
+   nothing, it only carries n, polled as the data is);
 3. per peer q: wait for q's header in slot ``slot``; ``n_q`` = header - 1; if any ``n_q != n``
    the call's counts disagree;
 4. per element i program b owns (i < max(n, n_q)): wait until ``inbox_r[slot][q][i]`` (i < n_q)
@@ -125,10 +126,14 @@ def fid_one_shot_kernel(
             if p != rank:
                 box = tl.multiple_of(tl.load(inbox_ptrs + p).to(tl.pointer_type(BITS)), 16)
                 tl.store(box + (slot * WORLD + rank) * cap + offs, v, mask=mask)
-    for p in tl.static_range(WORLD):
-        if p != rank:
-            peer_pad = tl.load(pad_ptrs + p).to(tl.pointer_type(tl.int32))
-            tl.atomic_xchg(_header(peer_pad, slot, pid, rank, WORLD, MAX_BLOCKS), n + 1, sem="relaxed", scope="sys")
+    # the count headers: one plain vector store, a lane per peer (8 lanes: the largest world), all
+    # in flight at once. It orders nothing (the data is polled on its own in step 4), so no atomic:
+    # per-peer scalar atomic exchanges made a 4 KiB call about 10% slower on 2 H200s.
+    lanes = tl.arange(0, 8)
+    peer = tl.where(lanes < WORLD, lanes, rank)
+    peer_pad = tl.load(pad_ptrs + peer).to(tl.pointer_type(tl.int32))
+    header = peer_pad + ((1 + slot) * MAX_BLOCKS + pid) * WORLD + rank  # _header(peer_pad, slot, pid, rank, ...)
+    tl.store(header, tl.full([8], 0, tl.int32) + (n + 1), mask=(lanes < WORLD) & (lanes != rank))
     # 3. every peer's count for this slot; the largest says how far this program must read
     longest = n
     disagree = 0
