@@ -30,12 +30,25 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.mark.parametrize("w", _world_sizes())
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
-def test_every_call_sums_right_and_leaves_the_input(w, dtype_name):
-    # odd sizes: the last shard is short; on GPUs a size past the copy engines' threshold
-    n = 1000 * w + 7 if tier.interpreted() else (64 << 20) // 2 + 8 * 1024 + 7
+@pytest.mark.parametrize("algorithm", ["two_shot", "two_shot_ce", "auto"])
+def test_every_call_sums_right_and_leaves_the_input(w, dtype_name, algorithm):
+    # odd sizes: the last shard is short; on GPUs auto gets a size past the copy engines' threshold
+    if tier.interpreted():
+        n = 1000 * w + 7
+    else:
+        n = (64 << 20) // 2 + 8 * 1024 + 7 if algorithm == "auto" else (1 << 20) // 2 + 7
     seed = secrets.randbelow(2**20)  # fresh inputs every run; printed on failure
     parts = run_ranks(
-        experiments.into_trials, w, n, dtype_name, seed, 4, late_rank=w - 1, late_s=0.2, timeout=300
+        experiments.into_trials,
+        w,
+        n,
+        dtype_name,
+        seed,
+        4,
+        late_rank=w - 1,
+        late_s=0.2,
+        algorithm=algorithm,
+        timeout=300,
     ).unwrap()
     for part in parts:
         assert part["wrong"] == [], (seed, part)
@@ -50,6 +63,7 @@ def test_bad_input_is_refused_naming_the_argument():
         assert found["plain tensor out"].startswith("TypeError: out: a plain tensor is not in symmetric memory")
         assert found["out is buf"].startswith("ValueError: out: shares memory with this rank's symmetric buffer")
         assert found["no workspace"].startswith("UsageError: buf: has no workspace")
+        assert found["algorithm"].startswith("UsageError: algorithm: 'one_shot' is not one of")
         assert found["shape"].startswith("ValueError: out: shape (32,), expected (64,)")
         assert found["dtype"].startswith("TypeError: out: dtype torch.bfloat16 differs from the buffer's torch.float32")
         assert found["not a buffer"].startswith("TypeError: buf: expected a labkit.kernels.comm.symm.SymmBuffer")

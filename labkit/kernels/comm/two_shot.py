@@ -14,7 +14,8 @@ the bandwidth choice for large messages. Three barriers:
 
 ``two_shot_all_reduce_in_place_kernel`` is the in-place form (``all_reduce(buf, out=buf.tensor)``):
 each rank pushes its reduced shard into every buffer instead of the peers pulling it, two
-barriers instead of three and no copy out.
+barriers instead of three and no copy out. ``two_shot_push_into_kernel`` pushes the same way into
+a second symmetric buffer (``into.all_reduce_into``), out of place.
 """
 
 import triton
@@ -122,6 +123,58 @@ def two_shot_all_reduce_in_place_kernel(
     Data movement per rank: (W-1)/W x N loaded and (W-1)/W x N stored over NVLink, as the
     out-of-place kernel loads 2 (W-1)/W x N; PyTorch's ``two_shot_all_reduce_`` moves data the
     same way."""
+    reduce_and_push(
+        data_ptrs, pad_ptrs, data_ptrs, x_ptr, n, shard_blocks, rank,
+        WORLD, MAX_BLOCKS, BLOCK, SEM, END_BARRIER, DELAY, SLOW_RANK,
+    )  # fmt: skip
+
+
+@triton.jit
+def two_shot_push_into_kernel(
+    data_ptrs,  # int64 [W]: every rank's symmetric input buffer (N elements each); only read
+    pad_ptrs,  # int64 [W]: every rank's signal pad (the input buffer's)
+    out_ptrs,  # int64 [W]: every rank's symmetric output (N elements each): where the sums go
+    x_ptr,  # *T [N]: this rank's input (its element type is the kernel's)
+    n,  # N: elements per rank
+    shard_blocks,  # shard size in BLOCKs, as in two_shot_all_reduce_kernel
+    rank,  # this rank
+    WORLD: tl.constexpr,
+    MAX_BLOCKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SEM: tl.constexpr,
+    END_BARRIER: tl.constexpr,
+):
+    """The in-place kernel's protocol, out of place into a symmetric output
+    (``into.all_reduce_into`` below the copy engines' sizes): rank r sums shard r over all
+    inputs and stores the sum into shard r of EVERY rank's output. The inputs are only read, so
+    shard r of every output is written by rank r alone, once per call. The same two barriers:
+    start, every rank's earlier work on its output (its caller reading the last result) is
+    finished; end, every peer has pushed into my output."""
+    reduce_and_push(
+        data_ptrs, pad_ptrs, out_ptrs, x_ptr, n, shard_blocks, rank,
+        WORLD, MAX_BLOCKS, BLOCK, SEM, END_BARRIER, 0, 0,
+    )  # fmt: skip
+
+
+@triton.jit
+def reduce_and_push(
+    data_ptrs,
+    pad_ptrs,
+    dest_ptrs,  # int64 [W]: the buffers the sums go to (data_ptrs in place)
+    x_ptr,
+    n,
+    shard_blocks,
+    rank,
+    WORLD: tl.constexpr,
+    MAX_BLOCKS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    SEM: tl.constexpr,
+    END_BARRIER: tl.constexpr,
+    DELAY: tl.constexpr,
+    SLOW_RANK: tl.constexpr,
+):
+    """The body of both pushed two-shot kernels: start barrier, sum shard r over every
+    ``data_ptrs`` buffer, store the sum into shard r of every ``dest_ptrs`` buffer, end barrier."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     ELEM = x_ptr.dtype.element_ty
@@ -134,11 +187,11 @@ def two_shot_all_reduce_in_place_kernel(
         offs = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
         if start + BLOCK <= hi:
             acc = sum_peers(data_ptrs, offs, None, WORLD, ELEM, BLOCK, False).to(ELEM)
-            store_everywhere(data_ptrs, offs, acc, None, rank, WORLD, ELEM, False)
+            store_everywhere(dest_ptrs, offs, acc, None, rank, WORLD, ELEM, False)
         else:
             mask = offs < hi
             acc = sum_peers(data_ptrs, offs, mask, WORLD, ELEM, BLOCK, True).to(ELEM)
-            store_everywhere(data_ptrs, offs, acc, mask, rank, WORLD, ELEM, True)
+            store_everywhere(dest_ptrs, offs, acc, mask, rank, WORLD, ELEM, True)
     if END_BARRIER:
         block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
 

@@ -785,12 +785,13 @@ def into_trials(
     *,
     late_rank: int | None = None,
     late_s: float = 0.0,
+    algorithm: str = "auto",
 ) -> dict:
-    """``calls`` out-of-place all-reduces into a symmetric output (``labkit.kernels.comm.into``)
-    back to back on one pair of buffers, fresh inputs every call, each result copied out in
-    stream order before the next call overwrites ``out``. Rank ``late_rank`` sleeps ``late_s``
-    before every other call. Returns which calls were wrong on this rank (against the fp64 sum),
-    and which left the input changed."""
+    """``calls`` out-of-place all-reduces into a symmetric output (``labkit.kernels.comm.into``,
+    ``algorithm``) back to back on one pair of buffers, fresh inputs every call, each result
+    copied out in stream order before the next call overwrites ``out``. Rank ``late_rank`` sleeps
+    ``late_s`` before every other call. Returns which calls were wrong on this rank (against the
+    fp64 sum), and which left the input changed."""
     from labkit.kernels.comm import into
 
     dtype = getattr(torch, dtype_name)
@@ -802,13 +803,13 @@ def into_trials(
         if late_rank == ctx.rank and c % 2 == 0:
             time.sleep(late_s)
         buf.tensor.copy_(x)
-        y = into.all_reduce_into(buf, out)
+        y = into.all_reduce_into(buf, out, algorithm=algorithm)
         results.append(y.clone())  # stream-ordered: before the next call's pushes
         kept.append(torch.equal(buf.tensor, x))  # the input is only read
     # a second output buffer: launches of its own (kept per output, never the first one's)
     other = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
     buf.tensor.copy_(inputs[0][0])
-    second = into.all_reduce_into(buf, other).clone()
+    second = into.all_reduce_into(buf, other, algorithm=algorithm).clone()
     if ctx.device.type == "cuda":
         torch.cuda.synchronize(ctx.device)
     wrong = [c for c, (y, (_, xs)) in enumerate(zip(results, inputs)) if not close_to_sum(y, xs, dtype, ctx.world_size)]
@@ -845,7 +846,8 @@ def into_errors(ctx) -> dict:
     found = {
         "plain tensor out": err(lambda: into.all_reduce_into(buf, torch.empty(64, device=d))),
         "out is buf": err(lambda: into.all_reduce_into(buf, buf)),
-        "no workspace": err(lambda: into.all_reduce_into(plain, buf)),
+        "no workspace": err(lambda: into.all_reduce_into(plain, buf, algorithm="two_shot_ce")),
+        "algorithm": err(lambda: into.all_reduce_into(buf, plain, algorithm="one_shot")),
         "shape": err(lambda: into.all_reduce_into(buf, other["shape"])),
         "dtype": err(lambda: into.all_reduce_into(buf, other["dtype"])),
         "not a buffer": err(lambda: into.all_reduce_into("buf", plain)),

@@ -35,9 +35,10 @@ import torch
 from labkit.kernels.comm import collectives as C
 from labkit.kernels.comm import into, symm
 
-#: message sizes per rank (bytes): from around where the copy engines take over in place
-#: (``collectives.CE_FROM_BYTES``) to the sweep's largest
-SIZES = (16 << 20, 64 << 20, 256 << 20)
+#: message sizes per rank (bytes): 1 MiB, where ``all_reduce_into`` pushes without the copy
+#: engines (the out-of-place two-shot into a plain tensor pulls there), then from around where
+#: the copy engines take over in place (``collectives.CE_FROM_BYTES``) to the sweep's largest
+SIZES = (1 << 20, 16 << 20, 64 << 20, 256 << 20)
 KIND = "into"
 BASELINE = "labkit_one_shot"
 #: the out-of-place size the summary's last line compares with its peers
