@@ -77,6 +77,31 @@ def test_every_recorded_sweep_renders(machine):
         assert (cross is None) == ("one-shot is at least as fast at every size" in text)
         if links:
             assert "the links carry" in findings.pulls_against_links(rs.records, links.records, w)
+            if any(r.get("kind") == "ce_profile" and r["world_size"] == w for r in rs.records):
+                assert "which allows at most" in findings.two_shot_ce_bound(rs.records, links.records, w)
+
+
+def test_the_two_shot_ce_bound_is_the_harmonic_mean_and_needs_shots_in_turn():
+    def link(impl, gbps):
+        base = {"kind": "link", "impl": impl, "direction": "both", "world_size": 2, "bytes": 1 << 28}
+        return base | {"correct": True, "GBps": gbps}
+
+    def profile(rank, name, start, us):
+        activity = "memcpy" if name == "copy" else "kernel"
+        base = {"kind": "ce_profile", "world_size": 2, "rank": rank, "activity": activity, "name": name}
+        return base | {"start_us": start, "us": us}
+
+    sweep = [_sweep("labkit_two_shot_ce_in_place", 1 << 28, 700.0, w=2) | {"graph_busbw_GBps": 350.0}]
+    links = [link("memcpy_write", 400.0), link("sm_write", 300.0), link("sm_read", 250.0)]
+    shots = (("copy", 0.0, 10.0), ("two_shot_ce_kernel", 12.0, 5.0))
+    in_turn = [profile(r, n, s, u) for r in (0, 1) for n, s, u in shots]
+    text = findings.two_shot_ce_bound(sweep + in_turn, links, 2)
+    # 2 / (1/400 + 1/300) = 342.9: the kernel reaches 350, more than the bound says it can
+    assert "allows at most 343 GB/s busbw (0.86x the fastest copy, 400)" in text and "(1.02x that bound)" in text
+    overlapped = [p | {"start_us": 5.0} if p["name"] == "two_shot_ce_kernel" and p["rank"] == 1 else p for p in in_turn]
+    assert findings.two_shot_ce_bound(sweep + overlapped, links, 2) == ""  # no claim when the shots overlap
+    assert findings.two_shot_ce_bound(sweep, links, 2) == ""  # nor without a profile
+    assert findings.two_shot_ce_bound(sweep + in_turn, [], 2) == ""
 
 
 def test_talk_questions_from_records():

@@ -150,6 +150,54 @@ def pulls_against_links(records: list[dict], link_records: list[dict], w: int) -
     )
 
 
+def _shots_in_sequence(records: list[dict], w: int) -> bool | None:
+    """From the ``ce_profile`` records of ``two_shot_ce`` at W ranks: did every rank's copies end
+    before its reduce kernel started? None without such records."""
+    rows = [r for r in records if r.get("kind") == "ce_profile" and r.get("world_size") == w]
+    ranks = sorted({r["rank"] for r in rows})
+    if not ranks:
+        return None
+    for rank in ranks:
+        mine = [r for r in rows if r["rank"] == rank]
+        copies = [r for r in mine if r.get("activity") == "memcpy"]
+        kernel = [r for r in mine if r.get("name") == "two_shot_ce_kernel"]
+        if not copies or not kernel:
+            return None
+        if max(c["start_us"] + c["us"] for c in copies) > kernel[0]["start_us"]:
+            return False
+    return True
+
+
+def two_shot_ce_bound(records: list[dict], link_records: list[dict], w: int) -> str:
+    """Why ``two_shot_ce`` stops below the links' fastest copy: its two shots run one after the
+    other (checked on its profile, kind ``ce_profile``), each moving (W-1)/W x N bytes per rank,
+    the first by the copy engines, the second by SM stores. At the links' own rates for those two
+    (``memcpy_write`` and ``sm_write``, every link busy both ways, the largest size both files
+    hold) that allows a busbw of at most 2 / (1/copy + 1/store), whatever the kernel does. The
+    bound beside what ``two_shot_ce`` reaches under graph replay. "" without the records or when
+    the profile does not show the shots in sequence."""
+    from labkit.labs.collectives.links import best_links
+
+    links = [r for r in best_links(link_records or []) if r["direction"] == "both" and r["world_size"] == w]
+    ce = {r["bytes"]: r["graph_busbw_GBps"] for r in _sweep(records, w) if r["impl"] == "labkit_two_shot_ce_in_place"}
+    common = sorted({r["bytes"] for r in links} & {b for b, v in ce.items() if v})
+    if not common or not _shots_in_sequence(records, w):
+        return ""
+    big = common[-1]
+    rate = {r["impl"]: r["GBps"] for r in links if r["bytes"] == big}
+    if "memcpy_write" not in rate or "sm_write" not in rate:
+        return ""
+    bound = 2 / (1 / rate["memcpy_write"] + 1 / rate["sm_write"])
+    fastest = max(rate.values())
+    return (
+        f"**W={w}, {format_bytes(big)}:** `two_shot_ce`'s copies end before its kernel starts on every rank "
+        f"(its profile), so its two shots take turns: copy engines at {rate['memcpy_write']:.0f} GB/s, then SM "
+        f"stores at {rate['sm_write']:.0f}, which allows at most {bound:.0f} GB/s busbw "
+        f"({bound / fastest:.2f}x the fastest copy, {fastest:.0f}). It reaches {ce[big]:.0f} "
+        f"({ce[big] / bound:.2f}x that bound); passing the bound needs the two shots to overlap."
+    )
+
+
 def slowed_reader_in_words(barrier_records: list[dict], variant: str = "no_end_barrier", min_delay: int = 1000) -> str:
     """Lab 06's broken barriers: for ``variant`` with a reader slowed inside the kernel by at least
     ``min_delay`` volatile loads, the wrong results per form (algorithm) as "wrong of trials". ""
