@@ -9,9 +9,9 @@ Why: out of place into a plain tensor, the second shot of a two-shot must be PUL
 loads every reduced shard from its owner, behind a third barrier), while in place each rank
 PUSHES its reduced shard into every buffer (stores over NVLink, two barriers). Out of place, the
 push needs somewhere on every rank to store into: an output that is itself a symmetric buffer.
-At 256 MiB the in-place ``two_shot_ce``, whose first shot the copy engines do, reached 361 GB/s
-busbw on 2x H200 where the best loading kernel out of place reached 323-331
-(``reference/h200x2/collectives.json``). A plain-tensor ``out`` keeps working through
+At 256 MiB the in-place ``two_shot_ce``, whose first shot the copy engines do, passes the best
+loading kernel out of place in bus bandwidth (``reference/h200x2/collectives.json``, kind
+"sweep"; lab 02 renders the numbers). A plain-tensor ``out`` keeps working through
 ``collectives.all_reduce``; this is the other way, when the caller can keep its result in
 symmetric memory.
 
