@@ -103,7 +103,7 @@ TABLE_MARGIN = 0.03
 #: per SM beat ``rule_config``'s by more than ``TABLE_MARGIN`` in the recorded search
 #: (reference/h200x4/collectives_tune.json, kind "tune", graph replays; W=2 on two of its GPUs).
 #: Kernels: "one_shot", "two_shot" (out of place), "two_shot_in_place", "two_shot_ce",
-#: "reduce_scatter", "all_gather"; the tree was not searched. ``labkit.labs.collectives.bench.
+#: "reduce_scatter", "all_gather"; the search leaves out the tree. ``labkit.labs.collectives.bench.
 #: launch_table_from`` reads the table off the file; tests/test_chooser_tables.py holds them equal.
 LAUNCH_TABLE = {
     ("all_gather", 2, 64 << 10): (2, 4),
