@@ -325,6 +325,41 @@ def test_tma_and_pointer_loads_give_the_same_product(op, K, N, monkeypatch):
     assert rel_err(gg.grouped_mm(x, w, splits), loop_reference(x, w, splits)) < 1e-5, (seed, splits)
 
 
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("warp_specialize", [False, True])
+def test_the_flat_tile_loop_gives_the_per_expert_loops_product(warp_specialize, tma, monkeypatch):
+    """A configuration with ``flat`` (one loop over every expert's tiles, each tile's expert found
+    from the counts as vectors) against float64: forward and dgrad on fresh splits with empty
+    experts and a number of experts that is not a power of two, then counts that sum past M and
+    a negative count, clamped as the per-expert loops clamp them."""
+    cfg = dataclasses.replace(gg.forward_config(40, 4, DEV, torch.float32), flat=True, tma=tma)
+    cfg = dataclasses.replace(cfg, warp_specialize=warp_specialize)
+    monkeypatch.setattr(gg, "forward_config", lambda M, E, device, dtype=None, op="forward": cfg)
+    rng = random.Random()
+    seed = rng.randrange(1 << 30)
+    g = torch.Generator().manual_seed(seed)
+    E = rng.choice([3, 5, 6])
+    splits = random_splits(rng, E, rng.randint(30, 90))
+    M = sum(splits)
+    x = torch.randn(M, 32, generator=g).to(DEV)
+    w = torch.randn(E, 32, 24, generator=g).to(DEV)
+    bias = torch.randn(E, 24, generator=g).to(DEV)
+    ref = loop_reference(x, w, splits, bias)
+    assert rel_err(gg.grouped_mm(x, w, torch.tensor(splits, device=DEV), bias=bias), ref) < 1e-5, (seed, splits)
+    w_t = w.transpose(1, 2).contiguous().transpose(1, 2)  # dgrad's layout: unit stride along K
+    assert rel_err(gg.grouped_mm(x, w_t, splits), loop_reference(x, w, splits)) < 1e-5, (seed, splits)
+    if DEV.type == "cpu":  # the unchecked path of device counts, as in the out-of-bounds test above
+        monkeypatch.setattr(gg, "device_counts", lambda name, m, E, M, device, *, check=False: m)
+    x, w = torch.randn(10, 32, device=DEV), torch.randn(3, 32, 8, device=DEV)
+    for bad, clamped in (([6, 1000, 5], [6, 4, 0]), ([-3, 10, 0], [0, 10, 0]), ([2, 3, 1], [2, 3, 1])):
+        out = gg.grouped_mm(x, w, torch.tensor(bad, device=DEV))
+        if sum(clamped) == 10:
+            torch.testing.assert_close(out, loop_reference(x, w, clamped).float(), rtol=1e-5, atol=1e-5)
+        else:  # rows past the counts are not written: only the counted ones are compared
+            got = out[: sum(clamped)]
+            torch.testing.assert_close(got, loop_reference(x[: sum(clamped)], w, clamped).float(), rtol=1e-5, atol=1e-5)
+
+
 def test_grouped_mm_looks_up_the_dgrad_table_for_a_k_contiguous_w(monkeypatch):
     """grouped_mm asks forward_config for op "dgrad" when w's unit stride is along K (backward's
     ``w.transpose(1, 2)``) and "forward" otherwise; the product is right either way."""

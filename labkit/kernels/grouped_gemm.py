@@ -74,6 +74,11 @@ class GroupedConfig:
     num_stages: int
     programs_per_sm: int = 1  # persistent programs per SM (2 when two fit in shared memory)
     tma: bool = False  # load tiles through TMA descriptors where the layout allows (tma_ok / tma_ok_wgrad)
+    # forward/dgrad only: one loop over every expert's tiles instead of a loop per expert, and
+    # that loop warp-specialised (Triton's tl.range(warp_specialize=True): loads and dots in
+    # separate warps). No table picks them; the sweep tries them at 8 experts.
+    flat: bool = False
+    warp_specialize: bool = False
 
 
 #: The products a configuration table is for. "forward": x @ w[e] with w N-contiguous (as
@@ -102,9 +107,18 @@ class ConfigTable:
         return next(cfg for at_least, cfg in self.rows if per_expert >= at_least)
 
 
-def _cfg(m, n, k, g, w, s, p=1, tma=False) -> GroupedConfig:
+def _cfg(m, n, k, g, w, s, p=1, tma=False, flat=False, ws=False) -> GroupedConfig:
     return GroupedConfig(
-        block_m=m, block_n=n, block_k=k, group_m=g, num_warps=w, num_stages=s, programs_per_sm=p, tma=tma
+        block_m=m,
+        block_n=n,
+        block_k=k,
+        group_m=g,
+        num_warps=w,
+        num_stages=s,
+        programs_per_sm=p,
+        tma=tma,
+        flat=flat,
+        warp_specialize=ws,
     )
 
 
@@ -340,11 +354,13 @@ def _grouped_mm_kernel(
     INT64: tl.constexpr,  # element offsets in int64 (an operand spans >= 2**31 elements)
     USE_TMA: tl.constexpr,  # load x and w tiles through TMA descriptors (16-byte aligned, one unit stride each)
     W_KMAJOR: tl.constexpr,  # with USE_TMA: w's unit stride is along K (dgrad's w.transpose(1, 2))
+    FLAT: tl.constexpr = False,  # one loop over every expert's tiles (the experts found from the counts per tile)
+    WARP_SPECIALIZE: tl.constexpr = False,  # with FLAT: warp-specialise that loop (loads and dots in separate warps)
+    E_LANES: tl.constexpr = 1,  # with FLAT: a power of two >= E (the counts as one vector)
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    ks = tl.arange(0, BLOCK_K)
     if USE_TMA:
         # Tensor-memory-accelerator descriptors: the copy engine fetches whole tiles and fills
         # what lies outside a tensor's bounds with zeros. w's is 3-D, so a tile never reads
@@ -359,62 +375,110 @@ def _grouped_mm_kernel(
             w_desc = tl.make_tensor_descriptor(
                 w_ptr, shape=[E, K, N], strides=[stride_we, stride_wk, 1], block_shape=[1, BLOCK_K, BLOCK_N]
             )
-    tile = pid  # the next tile (in the global numbering) this program computes
-    first_tile = 0  # global number of expert e's first tile
-    row0 = 0  # expert e's first row in x and out: a running sum of the counts
-    for e in range(E):
-        # The one place m_splits is read: by every program, on the device. Negative counts
-        # count as 0; no expert's rows run past row M (a wrong count cannot fault).
-        m = tl.load(counts_ptr + e).to(tl.int32)
-        m = tl.minimum(tl.maximum(m, 0), M - row0)
-        tiles_m = tl.cdiv(m, BLOCK_M)
-        expert_tiles = tiles_m * tiles_n
-        while tile < first_tile + expert_tiles:
-            tile_m, tile_n = _tile_of(tile - first_tile, tiles_m, tiles_n, GROUP_M)
+    else:
+        x_desc = x_ptr  # not read: the tile loads go through pointers
+        w_desc = w_ptr
+    if FLAT:
+        # Every expert's clamped count and tile count as vectors, once per program: expert e's
+        # rows start at min(c[e-1], M) for c the running sum of the non-negative counts, so no
+        # expert's rows pass M (what the per-expert loop below computes one expert at a time).
+        lanes = tl.arange(0, E_LANES)
+        counts = tl.maximum(tl.load(counts_ptr + lanes, mask=lanes < E, other=0).to(tl.int32), 0)
+        ends = tl.minimum(tl.cumsum(counts, 0), M)
+        rows = ends - tl.minimum(ends, tl.cumsum(counts, 0) - counts)  # each expert's clamped count
+        tiles = tl.cdiv(rows, BLOCK_M) * tiles_n
+        tile_ends = tl.cumsum(tiles, 0)
+        for tile in tl.range(pid, tl.sum(tiles, 0), programs, flatten=WARP_SPECIALIZE, warp_specialize=WARP_SPECIALIZE):
+            e = tl.sum((tile_ends <= tile).to(tl.int32), 0)  # the expert whose tiles hold ``tile``
+            before = lanes < e
+            _mm_tile(
+                x_ptr, w_ptr, out_ptr, bias_ptr, x_desc, w_desc,
+                e, tl.sum(tl.where(before, rows, 0), 0), tl.sum(tl.where(lanes == e, rows, 0), 0),
+                tile - tl.sum(tl.where(before, tiles, 0), 0), tiles_n, N, K,
+                stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_om, stride_be,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                HAS_BIAS, EVEN_K, UPCAST, INPUT_PRECISION, INT64, USE_TMA, W_KMAJOR,
+            )  # fmt: skip
+    else:
+        tile = pid  # the next tile (in the global numbering) this program computes
+        first_tile = 0  # global number of expert e's first tile
+        row0 = 0  # expert e's first row in x and out: a running sum of the counts
+        for e in range(E):
+            # The one place m_splits is read: by every program, on the device. Negative counts
+            # count as 0; no expert's rows run past row M (a wrong count cannot fault).
+            m = tl.load(counts_ptr + e).to(tl.int32)
+            m = tl.minimum(tl.maximum(m, 0), M - row0)
+            expert_tiles = tl.cdiv(m, BLOCK_M) * tiles_n
+            while tile < first_tile + expert_tiles:
+                _mm_tile(
+                    x_ptr, w_ptr, out_ptr, bias_ptr, x_desc, w_desc,
+                    e, row0, m, tile - first_tile, tiles_n, N, K,
+                    stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_om, stride_be,
+                    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+                    HAS_BIAS, EVEN_K, UPCAST, INPUT_PRECISION, INT64, USE_TMA, W_KMAJOR,
+                )  # fmt: skip
+                tile += programs
+            first_tile += expert_tiles
+            row0 += m
 
-            rows = row0 + tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_ok = rows < row0 + m
-            # Rows past the expert's end load a valid row of its own (row0) instead of being
-            # masked: loads stay unmasked along M, and those rows are never stored.
-            rows_in = tl.where(row_ok, rows, row0)
-            cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            col_ok = cols < N
-            expert = tl.cast(e, tl.int64) if INT64 else e
-            if INT64:
-                rows_in = rows_in.to(tl.int64)
-                rows = rows.to(tl.int64)
-                cols = cols.to(tl.int64)
-            x_ptrs = x_ptr + rows_in[:, None] * stride_xm + ks[None, :] * stride_xk
-            w_ptrs = w_ptr + expert * stride_we + ks[:, None] * stride_wk + cols[None, :] * stride_wn
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for step in range(tl.cdiv(K, BLOCK_K)):
-                if USE_TMA:
-                    a = x_desc.load([row0 + tile_m * BLOCK_M, step * BLOCK_K])
-                    if W_KMAJOR:
-                        b = tl.trans(w_desc.load([e, tile_n * BLOCK_N, step * BLOCK_K]).reshape(BLOCK_N, BLOCK_K))
-                    else:
-                        b = w_desc.load([e, step * BLOCK_K, tile_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
-                elif EVEN_K:
-                    a = tl.load(x_ptrs)
-                    b = tl.load(w_ptrs, mask=col_ok[None, :], other=0.0)
-                else:
-                    k_left = K - step * BLOCK_K
-                    a = tl.load(x_ptrs, mask=ks[None, :] < k_left, other=0.0)
-                    b = tl.load(w_ptrs, mask=(ks[:, None] < k_left) & col_ok[None, :], other=0.0)
-                if UPCAST:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
-                x_ptrs += BLOCK_K * stride_xk
-                w_ptrs += BLOCK_K * stride_wk
-            if HAS_BIAS:
-                bias = tl.load(bias_ptr + expert * stride_be + cols, mask=col_ok, other=0.0)
-                acc += bias.to(tl.float32)[None, :]
-            out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
-            tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
-            tile += programs
-        first_tile += expert_tiles
-        row0 += m
+
+@triton.jit
+def _mm_tile(
+    x_ptr, w_ptr, out_ptr, bias_ptr, x_desc, w_desc,
+    e,  # the tile's expert
+    row0,  # expert e's first row in x and out
+    m,  # expert e's rows (clamped)
+    local,  # the tile's number among expert e's tiles
+    tiles_n, N, K,
+    stride_xm, stride_xk, stride_we, stride_wk, stride_wn, stride_om, stride_be,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+    INT64: tl.constexpr, USE_TMA: tl.constexpr, W_KMAJOR: tl.constexpr,
+):  # fmt: skip
+    """One output tile of ``_grouped_mm_kernel`` (its arguments as the kernel's): the reduction
+    over K, then bias and the masked store."""
+    tile_m, tile_n = _tile_of(local, tl.cdiv(m, BLOCK_M), tiles_n, GROUP_M)
+    ks = tl.arange(0, BLOCK_K)
+    rows = row0 + tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < row0 + m
+    # Rows past the expert's end load a valid row of its own (row0) instead of being
+    # masked: loads stay unmasked along M, and those rows are never stored.
+    rows_in = tl.where(row_ok, rows, row0)
+    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    expert = tl.cast(e, tl.int64) if INT64 else e
+    if INT64:
+        rows_in = rows_in.to(tl.int64)
+        rows = rows.to(tl.int64)
+        cols = cols.to(tl.int64)
+    x_ptrs = x_ptr + rows_in[:, None] * stride_xm + ks[None, :] * stride_xk
+    w_ptrs = w_ptr + expert * stride_we + ks[:, None] * stride_wk + cols[None, :] * stride_wn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(tl.cdiv(K, BLOCK_K)):
+        if USE_TMA:
+            a = x_desc.load([row0 + tile_m * BLOCK_M, step * BLOCK_K])
+            if W_KMAJOR:
+                b = tl.trans(w_desc.load([e, tile_n * BLOCK_N, step * BLOCK_K]).reshape(BLOCK_N, BLOCK_K))
+            else:
+                b = w_desc.load([e, step * BLOCK_K, tile_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
+        elif EVEN_K:
+            a = tl.load(x_ptrs)
+            b = tl.load(w_ptrs, mask=col_ok[None, :], other=0.0)
+        else:
+            k_left = K - step * BLOCK_K
+            a = tl.load(x_ptrs, mask=ks[None, :] < k_left, other=0.0)
+            b = tl.load(w_ptrs, mask=(ks[:, None] < k_left) & col_ok[None, :], other=0.0)
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + expert * stride_be + cols, mask=col_ok, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
+    out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -633,6 +697,9 @@ def grouped_mm(
             INT64=int64,
             USE_TMA=use_tma,
             W_KMAJOR=use_tma and w.stride(2) != 1,
+            FLAT=cfg.flat,
+            WARP_SPECIALIZE=cfg.flat and cfg.warp_specialize,
+            E_LANES=triton.next_power_of_2(E) if cfg.flat else 1,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )

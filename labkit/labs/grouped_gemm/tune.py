@@ -85,6 +85,8 @@ TUNE_GRID = {
         "num_stages": (3, 4),
         "programs_per_sm": (1,),
         "tma": (False, True),
+        "flat": (False,),
+        "warp_specialize": (False,),
     },
     "cpu": {
         "block_m": (16, 32),
@@ -95,9 +97,11 @@ TUNE_GRID = {
         "num_stages": (1,),
         "programs_per_sm": (1,),
         "tma": (False, True),
+        "flat": (False,),
+        "warp_specialize": (False,),
     },
 }
-_c = gg._cfg  # (block_m, block_n, block_k, group_m, num_warps, num_stages, programs_per_sm, tma)
+_c = gg._cfg  # (block_m, block_n, block_k, group_m, num_warps, num_stages, programs_per_sm, tma, flat, ws)
 #: configurations added to the grid, per profile and op: "any" at every shape, an int at that
 #: number of experts only
 TUNE_EXTRA: dict[str, dict[str, dict]] = {
@@ -115,6 +119,10 @@ TUNE_EXTRA: dict[str, dict[str, dict]] = {
                 *(_c(m, n, 128, 8, 8, s, 1, t) for m, n, s in ((64, 256, 2), (128, 128, 3)) for t in (False, True)),
                 _c(128, 256, 128, 8, 8, 2, 1, True),
                 *(_c(m, n, 64, 8, 8, 5, 1, t) for m, n in ((64, 256), (128, 128)) for t in (False, True)),
+                # one loop over every expert's tiles (``flat``), plain and warp-specialised, at the
+                # recorded winner's tiles and at 128-row tiles, TMA loads (what Triton's warp
+                # specialisation on Hopper works with)
+                *(_c(m, 256, 64, 8, 8, s, 1, True, True, ws) for m, s in ((64, 5), (128, 3)) for ws in (False, True)),
             ],
         },
         "dgrad": {"any": [_c(64, 128, 64, 8, 4, 4, 2), _c(64, 128, 64, 8, 4, 4, 2, True)]},
@@ -204,7 +212,10 @@ def config_name(cfg: gg.GroupedConfig) -> str:
     """A config in one short string, as tune records name it ("m64 n256 k64 g8 w8 s4 p1 tma")."""
     return (
         f"m{cfg.block_m} n{cfg.block_n} k{cfg.block_k} g{cfg.group_m} w{cfg.num_warps} s{cfg.num_stages}"
-        f" p{cfg.programs_per_sm}" + (" tma" if cfg.tma else "")
+        f" p{cfg.programs_per_sm}"
+        + (" tma" if cfg.tma else "")
+        + (" flat" if cfg.flat else "")
+        + (" ws" if cfg.warp_specialize else "")
     )
 
 
@@ -424,7 +435,8 @@ def table_winners(records: list[dict], table: gg.ConfigTable) -> dict[int, gg.Gr
         per_expert = r["tokens"] // max(r["experts"], 1)
         row = next(at for at, _ in table.rows if per_expert >= at)
         case = (r["experts"], r["tokens"], r["K"], r["N"], r["skew"])
-        cfg = gg.GroupedConfig(**{f.name: r[f.name] for f in dataclasses.fields(gg.GroupedConfig)})
+        # fields a sweep did not record yet (``flat``, ``warp_specialize``) take their defaults
+        cfg = gg.GroupedConfig(**{f.name: r.get(f.name, f.default) for f in dataclasses.fields(gg.GroupedConfig)})
         cases.setdefault(row, {}).setdefault(cfg, {})[case] = r["ms"]
     winners = {}
     for row, by_cfg in cases.items():
@@ -449,6 +461,8 @@ def table_text(records: list[dict], op: str, device: str, source: str) -> str:
         args = f"{c.block_m}, {c.block_n}, {c.block_k}, {c.group_m}, {c.num_warps}, {c.num_stages}"
         args += f", p={c.programs_per_sm}" if c.programs_per_sm != 1 else ""
         args += ", tma=True" if c.tma else ""
+        args += ", flat=True" if c.flat else ""
+        args += ", ws=True" if c.warp_specialize else ""
         note = "" if at in winners else "  # no case of the sweep reaches this row: the default"
         lines.append(f"            ({at}, _cfg({args})),{note}")
     lines += ["        ),", "    ),"]
