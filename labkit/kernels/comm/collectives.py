@@ -161,7 +161,7 @@ def default_config(nbytes: int, world_size: int, device: torch.device, kernel: s
       steps to spread over the programs; above, 8 / W (at least 1): each thread keeps about 8
       independent 16-byte loads in flight however many peers a step reads (a one-shot or
       reduce-scatter step loads from W buffers), enough to cover an NVLink round trip, few enough
-      not to run out of registers. The table's entries are at 4 ranks mostly, below 16 MiB: fewer
+      not to run out of registers. The table's entries are at 4 ranks mostly, up to 16 MiB: fewer
       warps with wider vectors (measured there: up to 20% less time than the rule's launch).
     """
     if device.type != "cuda":
