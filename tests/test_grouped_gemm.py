@@ -334,6 +334,8 @@ def test_the_flat_tile_loop_gives_the_per_expert_loops_product(warp_specialize, 
     a negative count, clamped as the per-expert loops clamp them."""
     cfg = dataclasses.replace(gg.forward_config(40, 4, DEV, torch.float32), flat=True, tma=tma)
     cfg = dataclasses.replace(cfg, warp_specialize=warp_specialize)
+    with pytest.raises(ValueError, match="warp_specialize: only the flat tile loop"):
+        dataclasses.replace(cfg, flat=False, warp_specialize=True)
     monkeypatch.setattr(gg, "forward_config", lambda M, E, device, dtype=None, op="forward": cfg)
     rng = random.Random()
     seed = rng.randrange(1 << 30)

@@ -80,6 +80,12 @@ class GroupedConfig:
     flat: bool = False
     warp_specialize: bool = False
 
+    def __post_init__(self):
+        if self.warp_specialize and not self.flat:
+            raise ValueError(
+                "GroupedConfig: warp_specialize: only the flat tile loop is warp-specialised; set flat=True"
+            )
+
 
 #: The products a configuration table is for. "forward": x @ w[e] with w N-contiguous (as
 #: ``GroupedLinear`` holds it); "dgrad": the same kernel given a K-contiguous w (dy @ w[e]^T
@@ -384,8 +390,8 @@ def _grouped_mm_kernel(
         # expert's rows pass M (what the per-expert loop below computes one expert at a time).
         lanes = tl.arange(0, E_LANES)
         counts = tl.maximum(tl.load(counts_ptr + lanes, mask=lanes < E, other=0).to(tl.int32), 0)
-        ends = tl.minimum(tl.cumsum(counts, 0), M)
-        rows = ends - tl.minimum(ends, tl.cumsum(counts, 0) - counts)  # each expert's clamped count
+        ends = tl.cumsum(counts, 0)
+        rows = tl.minimum(ends, M) - tl.minimum(ends - counts, M)  # each expert's clamped count
         tiles = tl.cdiv(rows, BLOCK_M) * tiles_n
         tile_ends = tl.cumsum(tiles, 0)
         for tile in tl.range(pid, tl.sum(tiles, 0), programs, flatten=WARP_SPECIALIZE, warp_specialize=WARP_SPECIALIZE):
@@ -698,7 +704,7 @@ def grouped_mm(
             USE_TMA=use_tma,
             W_KMAJOR=use_tma and w.stride(2) != 1,
             FLAT=cfg.flat,
-            WARP_SPECIALIZE=cfg.flat and cfg.warp_specialize,
+            WARP_SPECIALIZE=cfg.warp_specialize,
             E_LANES=triton.next_power_of_2(E) if cfg.flat else 1,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,

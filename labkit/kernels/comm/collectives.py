@@ -566,12 +566,11 @@ def choose_all_reduce(
             ),
         )
     elif algorithm == "two_shot":
-        shard = triton.cdiv(triton.cdiv(n, buf.world_size), block) * block
-        p = _programs(triton.cdiv(shard, block), buf, blocks, config)
+        shard_blocks, p = two_shot_grid(buf, n, launch, blocks)
         kernel = two_shot.two_shot_all_reduce_in_place_kernel if in_place else two_shot.two_shot_all_reduce_kernel
         steps = (
             plan.KernelLaunch(
-                kernel, (p,), (buf.data_ptrs, buf.pad_ptrs, OUT, n, shard // block, buf.rank), constexprs, dev
+                kernel, (p,), (buf.data_ptrs, buf.pad_ptrs, OUT, n, shard_blocks, buf.rank), constexprs, dev
             ),
         )
     elif algorithm == "two_shot_ce":
@@ -677,6 +676,14 @@ def make_all_reduce_plan(
     )
     plan.agree(made, {"algorithm": algorithm, "blocks": blocks, "variant": variant, "config": config})
     return made
+
+
+def two_shot_grid(buf: SymmBuffer, n: int, launch: CommonLaunch, blocks) -> tuple[int, int]:
+    """(shard size in BLOCKs, programs) of a two-shot launch over ``n`` elements per rank: W
+    shards of whole program steps (the last may be short), one program per step up to the launch's
+    programs (or ``blocks``)."""
+    shard_blocks = triton.cdiv(triton.cdiv(n, buf.world_size), launch.block)
+    return shard_blocks, _programs(shard_blocks, buf, blocks, launch.config)
 
 
 def _two_shot_ce(buf: SymmBuffer, n: int, launch: CommonLaunch, blocks, out_ptrs: torch.Tensor | None = None) -> tuple:

@@ -64,7 +64,6 @@ from __future__ import annotations
 import weakref
 
 import torch
-import triton
 
 from labkit.kernels.comm import collectives as C
 from labkit.kernels.comm import plan, symm, two_shot
@@ -122,17 +121,18 @@ def into_steps(
     n = buf.tensor.numel()
     launch = C.launch_common(buf, "correct", algorithm, config, in_place=True)  # the in-place kernels' launch
     if algorithm == "two_shot":
-        shard = triton.cdiv(triton.cdiv(n, buf.world_size), launch.block) * launch.block
-        step = plan.KernelLaunch(
-            two_shot.two_shot_push_into_kernel,
-            (C._programs(triton.cdiv(shard, launch.block), buf, blocks, launch.config),),
-            (buf.data_ptrs, buf.pad_ptrs, out.data_ptrs, buf.tensor, n, shard // launch.block, buf.rank),
-            dict(launch.constexprs),
-            buf.tensor.device,
+        shard_blocks, programs = C.two_shot_grid(buf, n, launch, blocks)
+        steps = (
+            plan.KernelLaunch(
+                two_shot.two_shot_push_into_kernel,
+                (programs,),
+                (buf.data_ptrs, buf.pad_ptrs, out.data_ptrs, buf.tensor, n, shard_blocks, buf.rank),
+                launch.constexprs,
+                buf.tensor.device,
+            ),
         )
-        step.armable = fast
-        return (step,)
-    steps = C._two_shot_ce(buf, n, launch, blocks, out_ptrs=out.data_ptrs)
+    else:
+        steps = C._two_shot_ce(buf, n, launch, blocks, out_ptrs=out.data_ptrs)
     for s in steps:
         if hasattr(s, "armable"):
             s.armable = fast  # launched once: no compiled-launcher fast path to prepare
