@@ -314,3 +314,58 @@ def test_the_backward_table_names_the_tables_pick_where_it_differs_from_the_reco
     row = next(line for line in text.splitlines() if line.startswith("| H200 | 8 | uniform"))
     assert row == f"| H200 | 8 | uniform | 0.95 | 0.95 | 400 | 1.50 | 1.50 | 400 | 128×128×64, 4{second} |"
     assert "reference/h100x1" not in text  # a GPU without a recorded file has no rows
+
+
+def _tune(config, skew, ms, ratio, chosen=False, flat=False, ws=False, correct=True):
+    return {
+        "kind": "tune",
+        "impl": "labkit",
+        "op": "forward",
+        "experts": 8,
+        "tokens": 16384,
+        "skew": skew,
+        "config": config,
+        "flat": flat,
+        "warp_specialize": ws,
+        "chosen": chosen,
+        "correct": correct,
+        "ms": ms,
+        "tflops": 700.0 / ms,
+        "ratio_vs_chosen": ratio,
+        "ratio_vs_chosen_p25": ratio - 0.01,
+        "ratio_vs_chosen_p75": ratio + 0.01,
+    }
+
+
+def test_the_tile_loops_table_shows_each_loops_fastest_and_says_what_beats_the_pick(tmp_path):
+    """Per split, the fastest correct configuration of each tile loop beside the table's pick; the
+    sentence under it names the splits where some configuration beat the pick, and a wrong
+    configuration (correct False) is never shown however fast."""
+    recs = [_tune("pick", s, 1.0, 1.0, chosen=True) for s in ("uniform", "skewed")]
+    recs += [_tune("slow", s, 1.2, 1.2) for s in ("uniform", "skewed")]
+    recs += [_tune("flat a", "uniform", 1.1, 1.1, flat=True), _tune("flat b", "uniform", 1.05, 1.05, flat=True)]
+    recs += [
+        _tune("ws", "uniform", 1.02, 1.02, flat=True, ws=True),
+        _tune("ws", "skewed", 0.95, 0.95, flat=True, ws=True),
+    ]
+    recs += [_tune("wrong", "skewed", 0.5, 0.5, flat=True, correct=False)]
+    _write(tmp_path, gemm_findings.TUNE_REFERENCE, recs)
+    bench = [
+        {"kind": "gemm", "impl": "labkit", "method": "graph", "experts": 8, "skew": s, "tflops": t}
+        for s, t in (("uniform", 600.0), ("skewed", 590.0))
+    ]
+    _write(tmp_path, gemm_findings.DOCS_REFERENCE, bench)
+    text = gemm_findings.tile_loops_table(report.Reference(tmp_path))
+    rows = [line for line in text.splitlines() if line.startswith("| uniform") or line.startswith("| skewed")]
+    assert rows == [
+        "| uniform | a loop per expert | pick (the table's pick) | 700 | 1.00 [0.99, 1.01] |",
+        "| uniform | one flat loop | flat b | 667 | 1.05 [1.04, 1.06] |",
+        "| uniform | one flat loop, warp-specialised | ws | 686 | 1.02 [1.01, 1.03] |",
+        "| skewed | a loop per expert | pick (the table's pick) | 700 | 1.00 [0.99, 1.01] |",
+        "| skewed | one flat loop, warp-specialised | ws | 737 | 0.95 [0.94, 0.96] |",
+    ]
+    assert "Faster than the table's pick in the median at skewed counts." in text
+    assert "600 TFLOP/s (uniform) and 590 TFLOP/s (skewed)" in text
+    _write(tmp_path, gemm_findings.TUNE_REFERENCE, [r for r in recs if not (r["chosen"] and r["skew"] == "skewed")])
+    with pytest.raises(report.ReportError, match="no timed record of the table's pick at skewed counts"):
+        gemm_findings.tile_loops_table(report.Reference(tmp_path))

@@ -42,6 +42,7 @@ RENDERERS = {
     "stream-race": "labkit.labs.stream_races.findings:race_table",
     "grouped-gemm-vs-torch": "labkit.labs.grouped_gemm.findings:versus_torch_table",
     "grouped-gemm-backward": "labkit.labs.grouped_gemm.findings:backward_table",
+    "grouped-gemm-tile-loops": "labkit.labs.grouped_gemm.findings:tile_loops_table",
     "checker-verdicts": "labkit.workbench.catch_record:verdicts_table",
     "fp8-speed": "labkit.labs.fp8_dispatch.findings:speed_table",
     "litmus-rows": "labkit.labs.memory_model.findings:rows_table",
