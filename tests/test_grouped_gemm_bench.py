@@ -321,7 +321,8 @@ def test_forced_config_is_used_and_put_back():
 
 def test_candidate_configs_drop_what_shared_memory_cannot_hold():
     gpu = tune.candidate_configs(tune.TUNE_GRID["gpu"], extra=tune._extra("gpu", "forward", 64))
-    assert len(gpu) == 18 and all(tune.smem_bytes(c) <= tune.SMEM_LIMIT for c in gpu)  # 16 + 2 two-per-SM
+    assert len(gpu) == 21 and all(tune.smem_bytes(c) <= tune.SMEM_LIMIT for c in gpu)  # 16 + 2 two-per-SM + 3 flat
+    assert sum(c.flat for c in gpu) == 3 and all(c.tma and not c.warp_specialize for c in gpu if c.flat)
     for op in gg.OPS:  # every default and every table's pick is in its op's sweep at every lab shape
         tables = [gg.HOPPER_DEFAULTS[op]] + [t for (_, o), t in gg.TABLES.items() if o == op]
         for E, M, _, _ in bench.SHAPES["gpu"]:

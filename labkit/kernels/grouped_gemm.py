@@ -18,7 +18,10 @@ The schedule (persistent, after the grouped GEMM of Triton's tutorials and vLLM'
 * each program walks the experts in order, reading ``m_splits[e]`` from global memory and keeping
   a running row offset, so it knows where each expert's rows start without a prefix-sum kernel
   and without the host. An expert with 0 tokens has no tiles; a split of any size is fine (the
-  last tile of an expert is masked), so nothing is asked of the caller's alignment.
+  last tile of an expert is masked), so nothing is asked of the caller's alignment;
+* or (``GroupedConfig.flat``) each program runs one loop over its tiles of every expert, finding
+  a tile's expert from the counts held as one vector; Triton fuses that loop with the tile's
+  reduction loop, so the pipeline of loads runs on from one tile into the next.
 
 A wrong device-side ``m_splits`` cannot be checked without a sync, so the kernel makes it safe
 instead: a negative count is read as 0, and every expert's range is clamped to the M rows of x,
@@ -74,9 +77,11 @@ class GroupedConfig:
     num_stages: int
     programs_per_sm: int = 1  # persistent programs per SM (2 when two fit in shared memory)
     tma: bool = False  # load tiles through TMA descriptors where the layout allows (tma_ok / tma_ok_wgrad)
-    # forward/dgrad only: one loop over every expert's tiles instead of a loop per expert, and
-    # that loop warp-specialised (Triton's tl.range(warp_specialize=True): loads and dots in
-    # separate warps). No table picks them; the sweep tries them at 8 experts.
+    # forward/dgrad only: one loop over every expert's tiles instead of a loop per expert, fused
+    # with each tile's reduction loop (Triton's tl.range(flatten=True)), so the software pipeline
+    # runs across tiles: the next tile's first loads are in flight during this tile's last dots
+    # and its store. warp_specialize: that loop warp-specialised too (tl.range(warp_specialize=True):
+    # loads and dots in separate warps).
     flat: bool = False
     warp_specialize: bool = False
 
@@ -360,7 +365,7 @@ def _grouped_mm_kernel(
     INT64: tl.constexpr,  # element offsets in int64 (an operand spans >= 2**31 elements)
     USE_TMA: tl.constexpr,  # load x and w tiles through TMA descriptors (16-byte aligned, one unit stride each)
     W_KMAJOR: tl.constexpr,  # with USE_TMA: w's unit stride is along K (dgrad's w.transpose(1, 2))
-    FLAT: tl.constexpr = False,  # one loop over every expert's tiles (the experts found from the counts per tile)
+    FLAT: tl.constexpr = False,  # one loop over every expert's tiles, fused with the K loop
     WARP_SPECIALIZE: tl.constexpr = False,  # with FLAT: warp-specialise that loop (loads and dots in separate warps)
     E_LANES: tl.constexpr = 1,  # with FLAT: a power of two >= E (the counts as one vector)
 ):
@@ -394,7 +399,7 @@ def _grouped_mm_kernel(
         rows = tl.minimum(ends, M) - tl.minimum(ends - counts, M)  # each expert's clamped count
         tiles = tl.cdiv(rows, BLOCK_M) * tiles_n
         tile_ends = tl.cumsum(tiles, 0)
-        for tile in tl.range(pid, tl.sum(tiles, 0), programs, flatten=WARP_SPECIALIZE, warp_specialize=WARP_SPECIALIZE):
+        for tile in tl.range(pid, tl.sum(tiles, 0), programs, flatten=True, warp_specialize=WARP_SPECIALIZE):
             e = tl.sum((tile_ends <= tile).to(tl.int32), 0)  # the expert whose tiles hold ``tile``
             before = lanes < e
             _mm_tile(

@@ -72,7 +72,13 @@ def versus_torch_table(reference) -> str:
 
 
 def _tile(cfg: dict) -> str:
-    return f"{cfg['block_m']}×{cfg['block_n']}×{cfg['block_k']}, {cfg['num_stages']}" + (", TMA" if cfg["tma"] else "")
+    loop = ", flat" if cfg.get("flat") else ""
+    loop += " warp-specialised" if cfg.get("warp_specialize") else ""
+    return (
+        f"{cfg['block_m']}×{cfg['block_n']}×{cfg['block_k']}, {cfg['num_stages']}"
+        + (", TMA" if cfg["tma"] else "")
+        + loop
+    )
 
 
 def _table_pick(record: dict, op: str):

@@ -102,13 +102,16 @@ TUNE_GRID = {
     },
 }
 _c = gg._cfg  # (block_m, block_n, block_k, group_m, num_warps, num_stages, programs_per_sm, tma, flat, ws)
+#: the flat tile loop's candidates at every shape (forward and dgrad)
+_FLAT = [_c(128, 256, 64, g, 8, s, 1, True, True) for g, s in ((8, 3), (16, 3), (8, 4))]
 #: configurations added to the grid, per profile and op: "any" at every shape, an int at that
 #: number of experts only
 TUNE_EXTRA: dict[str, dict[str, dict]] = {
     "gpu": {
         "forward": {
-            # two programs per SM where two fit (64-row tiles, 4 warps)
-            "any": [_c(64, 128, 64, 8, 4, 4, 2), _c(64, 128, 64, 8, 4, 4, 2, True)],
+            # two programs per SM where two fit (64-row tiles, 4 warps); the flat tile loop
+            # (fused with the K loop) at 128x256 tiles with TMA loads, two L2 group sizes
+            "any": [_c(64, 128, 64, 8, 4, 4, 2), _c(64, 128, 64, 8, 4, 4, 2, True), *_FLAT],
             # E=8 (2048 tokens per expert, K = N = 4096): the shape where torch's CUTLASS kernel
             # is hardest to beat. L2-grouped tile order (GROUP_M: tile-rows sharing w's column
             # blocks), a deeper reduction step (BLOCK_K 128, fewer stages to fit) and deeper
@@ -119,13 +122,13 @@ TUNE_EXTRA: dict[str, dict[str, dict]] = {
                 *(_c(m, n, 128, 8, 8, s, 1, t) for m, n, s in ((64, 256, 2), (128, 128, 3)) for t in (False, True)),
                 _c(128, 256, 128, 8, 8, 2, 1, True),
                 *(_c(m, n, 64, 8, 8, 5, 1, t) for m, n in ((64, 256), (128, 128)) for t in (False, True)),
-                # one loop over every expert's tiles (``flat``), plain and warp-specialised, at the
-                # recorded winner's tiles and at 128-row tiles, TMA loads (what Triton's warp
-                # specialisation on Hopper works with)
-                *(_c(m, 256, 64, 8, 8, s, 1, True, True, ws) for m, s in ((64, 5), (128, 3)) for ws in (False, True)),
+                # the flat loop at the recorded winner's tiles, and warp-specialised (loads and
+                # dots in separate warps, what Triton offers on Hopper with TMA loads)
+                _c(64, 256, 64, 8, 8, 5, 1, True, True),
+                _c(128, 256, 64, 8, 8, 3, 1, True, True, True),
             ],
         },
-        "dgrad": {"any": [_c(64, 128, 64, 8, 4, 4, 2), _c(64, 128, 64, 8, 4, 4, 2, True)]},
+        "dgrad": {"any": [_c(64, 128, 64, 8, 4, 4, 2), _c(64, 128, 64, 8, 4, 4, 2, True), *_FLAT]},
         # wgrad: the largest gap to torch (docs/labs.md's backward table). Its reduction runs over an
         # expert's tokens (32, 4 and 1 steps of 64 at the lab's E=8, 64 and 128), so the sweep tries
         # taller tiles and two programs per SM at every shape; at E=8, where the reduction is long,
@@ -151,7 +154,7 @@ TUNE_EXTRA: dict[str, dict[str, dict]] = {
     },
     "cpu": {"forward": {"any": []}, "dgrad": {"any": []}, "wgrad": {"any": []}},
 }
-del _c
+del _c, _FLAT
 TUNE_TIMING = {"gpu": {"warmup": 3, "reps": 10, "inner": 10}, "cpu": {"warmup": 1, "reps": 2, "inner": 1}}
 #: shared memory a config may ask for (H100/H200: 228 KiB per SM, 227 KiB per block at most)
 SMEM_LIMIT = 200 * 1024
