@@ -338,7 +338,7 @@ def _tune(config, skew, ms, ratio, chosen=False, flat=False, ws=False, correct=T
 
 
 def test_the_tile_loops_table_shows_each_loops_fastest_and_says_what_beats_the_pick(tmp_path):
-    """Per split, the fastest correct configuration of each tile loop beside the table's pick; the
+    """Per split, the fastest correct configuration of each tile loop beside the kernel's choice; the
     sentence under it names the splits where some configuration beat the pick, and a wrong
     configuration (correct False) is never shown however fast."""
     recs = [_tune("pick", s, 1.0, 1.0, chosen=True) for s in ("uniform", "skewed")]
@@ -358,14 +358,14 @@ def test_the_tile_loops_table_shows_each_loops_fastest_and_says_what_beats_the_p
     text = gemm_findings.tile_loops_table(report.Reference(tmp_path))
     rows = [line for line in text.splitlines() if line.startswith("| uniform") or line.startswith("| skewed")]
     assert rows == [
-        "| uniform | a loop per expert | pick (the table's pick) | 700 | 1.00 [0.99, 1.01] |",
+        "| uniform | a loop per expert | pick (the kernel's choice) | 700 | 1.00 [0.99, 1.01] |",
         "| uniform | one flat loop | flat b | 667 | 1.05 [1.04, 1.06] |",
         "| uniform | one flat loop, warp-specialised | ws | 686 | 1.02 [1.01, 1.03] |",
-        "| skewed | a loop per expert | pick (the table's pick) | 700 | 1.00 [0.99, 1.01] |",
+        "| skewed | a loop per expert | pick (the kernel's choice) | 700 | 1.00 [0.99, 1.01] |",
         "| skewed | one flat loop, warp-specialised | ws | 737 | 0.95 [0.94, 0.96] |",
     ]
-    assert "Faster than the table's pick in the median at skewed counts." in text
+    assert "Faster than the kernel's choice in the median at skewed counts." in text
     assert "600 TFLOP/s (uniform) and 590 TFLOP/s (skewed)" in text
     _write(tmp_path, gemm_findings.TUNE_REFERENCE, [r for r in recs if not (r["chosen"] and r["skew"] == "skewed")])
-    with pytest.raises(report.ReportError, match="no timed record of the table's pick at skewed counts"):
+    with pytest.raises(report.ReportError, match="no timed record of the kernel's choice at skewed counts"):
         gemm_findings.tile_loops_table(report.Reference(tmp_path))
