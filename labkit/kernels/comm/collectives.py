@@ -316,7 +316,7 @@ def choose(nbytes: int, world_size: int, crossovers: dict | None = None) -> str:
 #: tests/test_chooser_tables.py holds each entry against the files). Small messages lose: the
 #: barrier kernel and the copy launches cost more than the copy engines save. A world size without
 #: a recorded sweep takes two-shot.
-CE_FROM_BYTES = {2: 32 << 20, 4: 32 << 20}
+CE_FROM_BYTES = {2: 128 << 20, 4: 32 << 20}
 
 
 def choose_in_place(nbytes: int, world_size: int, has_workspace: bool) -> str:
