@@ -102,7 +102,8 @@ TUNE_GRID = {
     },
 }
 _c = gg._cfg  # (block_m, block_n, block_k, group_m, num_warps, num_stages, programs_per_sm, tma, flat, ws)
-#: the flat tile loop's candidates at every shape (forward and dgrad)
+#: the flat tile loop's candidates at every shape (forward and dgrad): 128x256 tiles, TMA loads,
+#: 3 stages with L2 groups of 8 and 16 tile-rows, 4 stages with 8
 _FLAT = [_c(128, 256, 64, g, 8, s, 1, True, True) for g, s in ((8, 3), (16, 3), (8, 4))]
 #: configurations added to the grid, per profile and op: "any" at every shape, an int at that
 #: number of experts only
@@ -110,7 +111,7 @@ TUNE_EXTRA: dict[str, dict[str, dict]] = {
     "gpu": {
         "forward": {
             # two programs per SM where two fit (64-row tiles, 4 warps); the flat tile loop
-            # (fused with the K loop) at 128x256 tiles with TMA loads, two L2 group sizes
+            # (fused with the K loop) at 128x256 tiles with TMA loads (``_FLAT``)
             "any": [_c(64, 128, 64, 8, 4, 4, 2), _c(64, 128, 64, 8, 4, 4, 2, True), *_FLAT],
             # E=8 (2048 tokens per expert, K = N = 4096): the shape where torch's CUTLASS kernel
             # is hardest to beat. L2-grouped tile order (GROUP_M: tile-rows sharing w's column
@@ -122,8 +123,8 @@ TUNE_EXTRA: dict[str, dict[str, dict]] = {
                 *(_c(m, n, 128, 8, 8, s, 1, t) for m, n, s in ((64, 256, 2), (128, 128, 3)) for t in (False, True)),
                 _c(128, 256, 128, 8, 8, 2, 1, True),
                 *(_c(m, n, 64, 8, 8, 5, 1, t) for m, n in ((64, 256), (128, 128)) for t in (False, True)),
-                # the flat loop at the recorded winner's tiles, and warp-specialised (loads and
-                # dots in separate warps, what Triton offers on Hopper with TMA loads)
+                # the flat loop at 64x256 tiles, 5 stages, and warp-specialised (loads and dots in
+                # separate warps, what Triton offers on Hopper with TMA loads)
                 _c(64, 256, 64, 8, 8, 5, 1, True, True),
                 _c(128, 256, 64, 8, 8, 3, 1, True, True, True),
             ],
