@@ -362,6 +362,51 @@ def test_the_flat_tile_loop_gives_the_per_expert_loops_product(warp_specialize, 
             torch.testing.assert_close(got, loop_reference(x[: sum(clamped)], w, clamped).float(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("warp_specialize", [False, True])
+def test_the_flat_wgrad_loop_gives_the_per_expert_loops_gradients(warp_specialize, tma, monkeypatch):
+    """wgrad with ``flat`` (one loop over every expert's tiles, each expert's rows found from the
+    counts as vectors) against float64 on fresh splits with empty experts, partial reduction steps
+    and a number of experts that is not a power of two, overwriting, adding and by mask; then
+    counts that sum past M and a negative count give exactly what the per-expert loops give."""
+    base = dataclasses.replace(gg.wgrad_config(40, 4, DEV, torch.float16), tma=tma)
+    flat = dataclasses.replace(base, flat=True, warp_specialize=warp_specialize)
+    use = {"cfg": flat}
+    monkeypatch.setattr(gg, "wgrad_config", lambda M, E, device, dtype=None: use["cfg"])
+    rng = random.Random()
+    seed = rng.randrange(1 << 30)
+    g = torch.Generator().manual_seed(seed)
+    E = rng.choice([3, 5, 6])
+    splits = random_splits(rng, E, rng.randint(40, 110))
+    M, K, N = sum(splits), 64, 48
+    x = torch.randn(M, K, generator=g).to(DEV, torch.float16)
+    dy = torch.randn(M, N, generator=g).to(DEV, torch.float16)
+    before = torch.randn(E, K, N, generator=g).to(DEV, torch.float16)
+    mask = torch.tensor([e % 2 == 0 for e in range(E)], device=DEV)
+    for accumulate in (False, True, mask):
+        dw = gg.grouped_mm_wgrad(x, dy, torch.tensor(splits, device=DEV), out=before.clone(), accumulate=accumulate)
+        row = 0
+        for e, m in enumerate(splits):
+            ref = x[row : row + m].double().T @ dy[row : row + m].double()
+            if accumulate is True or (isinstance(accumulate, torch.Tensor) and bool(mask[e])):
+                ref = ref + before[e].double()
+            scale = max(float(ref.abs().max()), 1.0)
+            assert float((dw[e].double() - ref).abs().max()) / scale < 2e-3, (seed, splits, e, accumulate)
+            row += m
+    if DEV.type == "cpu":  # the unchecked path of device counts, as in the out-of-bounds test above
+        monkeypatch.setattr(gg, "device_counts", lambda name, m, E, M, device, *, check=False: m)
+    x, dy = torch.randn(10, 32, device=DEV, dtype=torch.float16), torch.randn(10, 16, device=DEV, dtype=torch.float16)
+    for bad in ([6, 1000, 5], [-3, 10, 0], [2, 3, 1]):
+        got = {}
+        for name, cfg in (
+            ("flat", dataclasses.replace(flat, tma=False)),
+            ("per expert", dataclasses.replace(base, tma=False)),
+        ):
+            use["cfg"] = cfg
+            got[name] = gg.grouped_mm_wgrad(x, dy, torch.tensor(bad, device=DEV))
+        assert torch.equal(got["flat"], got["per expert"]), bad
+
+
 def test_grouped_mm_looks_up_the_dgrad_table_for_a_k_contiguous_w(monkeypatch):
     """grouped_mm asks forward_config for op "dgrad" when w's unit stride is along K (backward's
     ``w.transpose(1, 2)``) and "forward" otherwise; the product is right either way."""

@@ -77,11 +77,11 @@ class GroupedConfig:
     num_stages: int
     programs_per_sm: int = 1  # persistent programs per SM (2 when two fit in shared memory)
     tma: bool = False  # load tiles through TMA descriptors where the layout allows (tma_ok / tma_ok_wgrad)
-    # forward/dgrad only: one loop over every expert's tiles instead of a loop per expert, fused
-    # with each tile's reduction loop (Triton's tl.range(flatten=True)), so the software pipeline
-    # runs across tiles: the next tile's first loads are in flight during this tile's last dots
-    # and its store. warp_specialize: that loop warp-specialised too (tl.range(warp_specialize=True):
-    # loads and dots in separate warps).
+    # one loop over every expert's tiles instead of a loop per expert, fused with each tile's
+    # reduction loop (Triton's tl.range(flatten=True)), so the software pipeline can run across
+    # tiles: the next tile's first loads in flight during this tile's last dots and its store.
+    # warp_specialize: that loop warp-specialised too (tl.range(warp_specialize=True): loads and
+    # dots in separate warps). Both kernels, grouped_mm's and grouped_mm_wgrad's.
     flat: bool = False
     warp_specialize: bool = False
 
@@ -520,6 +520,9 @@ def _grouped_wgrad_kernel(
     EVEN: tl.constexpr,  # K % BLOCK_M == 0 and N % BLOCK_N == 0: no tile crosses out's edge
     USE_TMA: tl.constexpr,  # load x and dy tiles through TMA descriptors (16-byte aligned, unit column strides)
     TMA_STORE: tl.constexpr,  # with USE_TMA: store (and read back) out tiles through a descriptor (2-byte out)
+    FLAT: tl.constexpr = False,  # one loop over every expert's tiles, fused with the reduction loop
+    WARP_SPECIALIZE: tl.constexpr = False,  # with FLAT: warp-specialise that loop (loads and dots in separate warps)
+    E_LANES: tl.constexpr = 1,  # with FLAT: a power of two >= E (the counts as one vector)
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -531,6 +534,9 @@ def _grouped_wgrad_kernel(
         dy_desc = tl.make_tensor_descriptor(
             dy_ptr, shape=[M, N], strides=[stride_dm, 1], block_shape=[BLOCK_K, BLOCK_N]
         )
+    else:
+        x_desc = x_ptr  # not read: the tile loads go through pointers
+        dy_desc = dy_ptr
     if TMA_STORE:
         # 3-D, so a tile's store is clipped at its own expert's K rows and N columns. The tile is
         # staged in shared memory (BLOCK_M x BLOCK_N x 2 bytes beside the pipeline's stages):
@@ -538,87 +544,135 @@ def _grouped_wgrad_kernel(
         out_desc = tl.make_tensor_descriptor(
             out_ptr, shape=[E, K, N], strides=[stride_oe, stride_ok, 1], block_shape=[1, BLOCK_M, BLOCK_N]
         )
+    else:
+        out_desc = out_ptr  # not read: the tiles are stored through pointers
     tiles_m = tl.cdiv(K, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     expert_tiles = tiles_m * tiles_n  # the same for every expert: dW_e is K x N whatever m_e is
+    if FLAT:
+        # Every expert's first row and clamped count as vectors, once per program (what the
+        # per-expert loop below computes one expert at a time): expert e's rows start at
+        # min(c[e-1], M) for c the running sum of the non-negative counts. A tile's expert is its
+        # number over expert_tiles, as every expert has that many.
+        lanes = tl.arange(0, E_LANES)
+        counts = tl.maximum(tl.load(counts_ptr + lanes, mask=lanes < E, other=0).to(tl.int32), 0)
+        ends = tl.cumsum(counts, 0)
+        starts = tl.minimum(ends - counts, M)
+        rows = tl.minimum(ends, M) - starts
+        for tile in tl.range(pid, E * expert_tiles, programs, flatten=True, warp_specialize=WARP_SPECIALIZE):
+            e = tile // expert_tiles
+            here = lanes == e
+            m = tl.sum(tl.where(here, rows, 0), 0)
+            _wgrad_tile(
+                x_ptr, dy_ptr, out_ptr, accumulate_ptr, x_desc, dy_desc, out_desc,
+                e, tl.sum(tl.where(here, starts, 0), 0), m, m - m % BLOCK_K,
+                tile - e * expert_tiles, tiles_m, tiles_n, K, N,
+                stride_xm, stride_xk, stride_dm, stride_dn, stride_oe, stride_ok,
+                BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, MODE, UPCAST, INPUT_PRECISION, INT64, EVEN, USE_TMA, TMA_STORE,
+            )  # fmt: skip
+    else:
+        tile = pid
+        first_tile = 0
+        row0 = 0
+        for e in range(E):
+            m = tl.load(counts_ptr + e).to(tl.int32)
+            m = tl.minimum(tl.maximum(m, 0), M - row0)
+            full = m - m % BLOCK_K
+            while tile < first_tile + expert_tiles:
+                _wgrad_tile(
+                    x_ptr, dy_ptr, out_ptr, accumulate_ptr, x_desc, dy_desc, out_desc,
+                    e, row0, m, full, tile - first_tile, tiles_m, tiles_n, K, N,
+                    stride_xm, stride_xk, stride_dm, stride_dn, stride_oe, stride_ok,
+                    BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, MODE, UPCAST, INPUT_PRECISION, INT64, EVEN, USE_TMA, TMA_STORE,
+                )  # fmt: skip
+                tile += programs
+            first_tile += expert_tiles
+            row0 += m
+
+
+@triton.jit
+def _wgrad_tile(
+    x_ptr, dy_ptr, out_ptr, accumulate_ptr, x_desc, dy_desc, out_desc,
+    e,  # the tile's expert
+    row0,  # expert e's first row in x and dy
+    m,  # expert e's rows (clamped)
+    full,  # m - m % BLOCK_K: tokens in whole steps, which phase 1 reads without a row mask
+    local,  # the tile's number among expert e's tiles
+    tiles_m, tiles_n, K, N,
+    stride_xm, stride_xk, stride_dm, stride_dn, stride_oe, stride_ok,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    MODE: tl.constexpr, UPCAST: tl.constexpr, INPUT_PRECISION: tl.constexpr, INT64: tl.constexpr,
+    EVEN: tl.constexpr, USE_TMA: tl.constexpr, TMA_STORE: tl.constexpr,
+):  # fmt: skip
+    """One [BLOCK_M, BLOCK_N] tile of dW_e = x_e^T @ dy_e (``_grouped_wgrad_kernel``'s arguments):
+    the reduction over the expert's m tokens in three phases."""
     rs = tl.arange(0, BLOCK_K)
-    tile = pid
-    first_tile = 0
-    row0 = 0
-    for e in range(E):
-        m = tl.load(counts_ptr + e).to(tl.int32)
-        m = tl.minimum(tl.maximum(m, 0), M - row0)
-        full = m - m % BLOCK_K  # tokens in whole steps: phase 1 reads them without a row mask
-        while tile < first_tile + expert_tiles:
-            tile_m, tile_n = _tile_of(tile - first_tile, tiles_m, tiles_n, GROUP_M)
-            kk = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            nn = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            k_ok = kk < K
-            n_ok = nn < N
-            expert = tl.cast(e, tl.int64) if INT64 else e
-            start = tl.cast(row0, tl.int64) if INT64 else row0
-            if INT64:
-                kk = kk.to(tl.int64)
-                nn = nn.to(tl.int64)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            # The reduction runs over expert e's m tokens: a loop whose length only the device
-            # knows. A zero-token expert runs no step and gets dW_e = 0.
-            # Phase 1: the whole steps. No row mask (every row is e's), so TMA tiles go from
-            # shared memory to the tensor cores as loaded.
-            for r in range(0, full, BLOCK_K):
-                if USE_TMA:
-                    xt = tl.trans(x_desc.load([row0 + r, tile_m * BLOCK_M]))
-                    g = dy_desc.load([row0 + r, tile_n * BLOCK_N])
-                else:
-                    rows = start + r + rs
-                    x_ptrs = x_ptr + rows[None, :] * stride_xm + kk[:, None] * stride_xk
-                    dy_ptrs = dy_ptr + rows[:, None] * stride_dm + nn[None, :] * stride_dn
-                    if EVEN:
-                        xt = tl.load(x_ptrs)  # [BLOCK_M, BLOCK_K] = x_e^T
-                        g = tl.load(dy_ptrs)  # [BLOCK_K, BLOCK_N]
-                    else:
-                        xt = tl.load(x_ptrs, mask=k_ok[:, None], other=0.0)
-                        g = tl.load(dy_ptrs, mask=n_ok[None, :], other=0.0)
-                if UPCAST:
-                    xt = xt.to(tl.float32)
-                    g = g.to(tl.float32)
-                acc = tl.dot(xt, g, acc, input_precision=INPUT_PRECISION)
-            # Phase 2: the last, partial step (m % BLOCK_K tokens), rows past e's end masked.
-            if full < m:
-                rows = start + full + rs
-                r_ok = full + rs < m
-                xt = tl.load(
-                    x_ptr + rows[None, :] * stride_xm + kk[:, None] * stride_xk,
-                    mask=r_ok[None, :] & k_ok[:, None],
-                    other=0.0,
-                )
-                g = tl.load(
-                    dy_ptr + rows[:, None] * stride_dm + nn[None, :] * stride_dn,
-                    mask=r_ok[:, None] & n_ok[None, :],
-                    other=0.0,
-                )
-                if UPCAST:
-                    xt = xt.to(tl.float32)
-                    g = g.to(tl.float32)
-                acc = tl.dot(xt, g, acc, input_precision=INPUT_PRECISION)
-            # Phase 3: the epilogue, adding into out[e] where asked.
-            add = MODE == 1
-            if MODE == 2:
-                add = tl.load(accumulate_ptr + e) != 0
-            if TMA_STORE:
-                where = [e, tile_m * BLOCK_M, tile_n * BLOCK_N]
-                if add:
-                    acc += out_desc.load(where).reshape(BLOCK_M, BLOCK_N).to(tl.float32)
-                out_desc.store(where, acc.to(out_ptr.dtype.element_ty).reshape(1, BLOCK_M, BLOCK_N))
+    tile_m, tile_n = _tile_of(local, tiles_m, tiles_n, GROUP_M)
+    kk = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    nn = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_ok = kk < K
+    n_ok = nn < N
+    expert = tl.cast(e, tl.int64) if INT64 else e
+    start = tl.cast(row0, tl.int64) if INT64 else row0
+    if INT64:
+        kk = kk.to(tl.int64)
+        nn = nn.to(tl.int64)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # The reduction runs over expert e's m tokens: a loop whose length only the device
+    # knows. A zero-token expert runs no step and gets dW_e = 0.
+    # Phase 1: the whole steps. No row mask (every row is e's), so TMA tiles go from
+    # shared memory to the tensor cores as loaded.
+    for r in range(0, full, BLOCK_K):
+        if USE_TMA:
+            xt = tl.trans(x_desc.load([row0 + r, tile_m * BLOCK_M]))
+            g = dy_desc.load([row0 + r, tile_n * BLOCK_N])
+        else:
+            rows = start + r + rs
+            x_ptrs = x_ptr + rows[None, :] * stride_xm + kk[:, None] * stride_xk
+            dy_ptrs = dy_ptr + rows[:, None] * stride_dm + nn[None, :] * stride_dn
+            if EVEN:
+                xt = tl.load(x_ptrs)  # [BLOCK_M, BLOCK_K] = x_e^T
+                g = tl.load(dy_ptrs)  # [BLOCK_K, BLOCK_N]
             else:
-                out_ptrs = out_ptr + expert * stride_oe + kk[:, None] * stride_ok + nn[None, :]
-                ok = k_ok[:, None] & n_ok[None, :]
-                if add:
-                    acc += tl.load(out_ptrs, mask=ok, other=0.0).to(tl.float32)
-                tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok)
-            tile += programs
-        first_tile += expert_tiles
-        row0 += m
+                xt = tl.load(x_ptrs, mask=k_ok[:, None], other=0.0)
+                g = tl.load(dy_ptrs, mask=n_ok[None, :], other=0.0)
+        if UPCAST:
+            xt = xt.to(tl.float32)
+            g = g.to(tl.float32)
+        acc = tl.dot(xt, g, acc, input_precision=INPUT_PRECISION)
+    # Phase 2: the last, partial step (m % BLOCK_K tokens), rows past e's end masked.
+    if full < m:
+        rows = start + full + rs
+        r_ok = full + rs < m
+        xt = tl.load(
+            x_ptr + rows[None, :] * stride_xm + kk[:, None] * stride_xk,
+            mask=r_ok[None, :] & k_ok[:, None],
+            other=0.0,
+        )
+        g = tl.load(
+            dy_ptr + rows[:, None] * stride_dm + nn[None, :] * stride_dn,
+            mask=r_ok[:, None] & n_ok[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            xt = xt.to(tl.float32)
+            g = g.to(tl.float32)
+        acc = tl.dot(xt, g, acc, input_precision=INPUT_PRECISION)
+    # Phase 3: the epilogue, adding into out[e] where asked.
+    add = MODE == 1
+    if MODE == 2:
+        add = tl.load(accumulate_ptr + e) != 0
+    if TMA_STORE:
+        where = [e, tile_m * BLOCK_M, tile_n * BLOCK_N]
+        if add:
+            acc += out_desc.load(where).reshape(BLOCK_M, BLOCK_N).to(tl.float32)
+        out_desc.store(where, acc.to(out_ptr.dtype.element_ty).reshape(1, BLOCK_M, BLOCK_N))
+    else:
+        out_ptrs = out_ptr + expert * stride_oe + kk[:, None] * stride_ok + nn[None, :]
+        ok = k_ok[:, None] & n_ok[None, :]
+        if add:
+            acc += tl.load(out_ptrs, mask=ok, other=0.0).to(tl.float32)
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -805,6 +859,9 @@ def grouped_mm_wgrad(
             EVEN=K % cfg.block_m == 0 and N % cfg.block_n == 0,
             USE_TMA=use_tma,
             TMA_STORE=use_tma and out.element_size() == 2,
+            FLAT=cfg.flat,
+            WARP_SPECIALIZE=cfg.warp_specialize,
+            E_LANES=triton.next_power_of_2(E) if cfg.flat else 1,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )

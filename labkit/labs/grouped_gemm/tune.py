@@ -139,7 +139,15 @@ TUNE_EXTRA: dict[str, dict[str, dict]] = {
         # TMA, its tile staged in shared memory beside the stages (those that do not fit fail to
         # compile, and the sweep records the error).
         "wgrad": {
-            "any": [_c(256, 128, 64, 8, 8, 3), _c(64, 128, 64, 8, 4, 4, 2)],
+            "any": [
+                _c(256, 128, 64, 8, 8, 3),
+                _c(64, 128, 64, 8, 4, 4, 2),
+                # the flat tile loop at each lab shape's recorded winner (TMA loads and stores)
+                *(
+                    _c(m, n, 64, 8, 8, s, p, True, True)
+                    for m, n, s, p in ((64, 256, 4, 1), (128, 256, 3, 1), (128, 128, 2, 2))
+                ),
+            ],
             8: [
                 _c(128, 128, 128, 8, 8, 3),
                 _c(64, 256, 128, 8, 8, 2),
