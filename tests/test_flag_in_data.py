@@ -126,3 +126,12 @@ def test_bad_input_is_refused_naming_the_argument():
     assert first[len(expected)] == "sum 2.0"
     if GPUS:
         assert first[len(expected) + 1] == "programs"
+
+
+@pytest.mark.skipif(not tier.interpreted(), reason="nine ranks: the emulated world of the CPU tier")
+def test_a_world_past_eight_ranks_gets_every_count_header():
+    """The count headers go out 8 lanes a store: a ninth rank's header is the second store's
+    first lane, and without it every peer would wait for it forever (the run's timeout)."""
+    seed, parts = _run(9, 9 * 40 + 5, "float32", calls=2)
+    assert all(p["wrong"] == [] and p["armed"] for p in parts), f"seed {seed}: {parts}"
+    assert all(p["disagreements"] == 0 for p in parts), f"seed {seed}: {parts}"

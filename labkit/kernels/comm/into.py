@@ -108,7 +108,7 @@ def check_into(buf, out, blocks=None, config=None, algorithm: str = "auto") -> t
 def into_steps(
     buf: SymmBuffer,
     out: SymmBuffer,
-    algorithm: str = "two_shot_ce",
+    algorithm: str,
     blocks: int | None = None,
     config: C.LaunchConfig | None = None,
     fast: bool = False,
