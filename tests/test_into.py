@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import labkit  # noqa: F401  (picks the tier first)
+from labkit.kernels.comm import collectives as C
 from labkit.kernels.comm.ranks import run_ranks
 from labkit.labs.collectives import experiments
 from labkit.workbench import tier
@@ -32,11 +33,15 @@ pytestmark = pytest.mark.skipif(
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
 @pytest.mark.parametrize("algorithm", ["two_shot", "two_shot_ce", "auto"])
 def test_every_call_sums_right_and_leaves_the_input(w, dtype_name, algorithm):
-    # odd sizes: the last shard is short; on GPUs auto gets a size past the copy engines' threshold
+    # odd sizes: the last shard is short; on GPUs auto gets a size past the world's copy-engine
+    # threshold (collectives.CE_FROM_BYTES; a world without one takes two_shot at any size)
+    itemsize = getattr(torch, dtype_name).itemsize
     if tier.interpreted():
         n = 1000 * w + 7
+    elif algorithm == "auto":
+        n = C.CE_FROM_BYTES.get(w, 32 << 20) // itemsize + 8 * 1024 + 7
     else:
-        n = (64 << 20) // 2 + 8 * 1024 + 7 if algorithm == "auto" else (1 << 20) // 2 + 7
+        n = (1 << 20) // itemsize + 7
     seed = secrets.randbelow(2**20)  # fresh inputs every run; printed on failure
     parts = run_ranks(
         experiments.into_trials,
