@@ -362,23 +362,15 @@ def test_the_flat_tile_loop_gives_the_per_expert_loops_product(warp_specialize, 
             torch.testing.assert_close(got, loop_reference(x[: sum(clamped)], w, clamped).float(), rtol=1e-5, atol=1e-5)
 
 
-WGRAD_TILE_MAPPINGS = {
-    "flat loop": {"flat": True},
-    "flat loop, warp-specialised": {"flat": True, "warp_specialize": True},
-    "a program per tile": {"persistent": False},
-}
-
-
 @pytest.mark.parametrize("tma", [False, True])
-@pytest.mark.parametrize("mapping", list(WGRAD_TILE_MAPPINGS))
-def test_each_wgrad_tile_mapping_gives_the_per_expert_loops_gradients(mapping, tma, monkeypatch):
-    """wgrad with its other tile mappings (one flat loop over every expert's tiles, plain or
-    warp-specialised; no loop, a program per tile), each expert's rows found from the counts as
-    vectors, against float64 on fresh splits with empty experts, partial reduction steps and a
-    number of experts that is not a power of two, overwriting, adding and by mask; then counts that
-    sum past M and a negative count give exactly what the per-expert loops give."""
+@pytest.mark.parametrize("warp_specialize", [False, True])
+def test_the_flat_wgrad_loop_gives_the_per_expert_loops_gradients(warp_specialize, tma, monkeypatch):
+    """wgrad with ``flat`` (one loop over every expert's tiles, each expert's rows found from the
+    counts as vectors) against float64 on fresh splits with empty experts, partial reduction steps
+    and a number of experts that is not a power of two, overwriting, adding and by mask; then
+    counts that sum past M and a negative count give exactly what the per-expert loops give."""
     base = dataclasses.replace(gg.wgrad_config(40, 4, DEV, torch.float16), tma=tma)
-    flat = dataclasses.replace(base, **WGRAD_TILE_MAPPINGS[mapping])
+    flat = dataclasses.replace(base, flat=True, warp_specialize=warp_specialize)
     use = {"cfg": flat}
     monkeypatch.setattr(gg, "wgrad_config", lambda M, E, device, dtype=None: use["cfg"])
     rng = random.Random()
@@ -407,26 +399,12 @@ def test_each_wgrad_tile_mapping_gives_the_per_expert_loops_gradients(mapping, t
     for bad in ([6, 1000, 5], [-3, 10, 0], [2, 3, 1]):
         got = {}
         for name, cfg in (
-            (mapping, dataclasses.replace(flat, tma=False)),
+            ("flat", dataclasses.replace(flat, tma=False)),
             ("per expert", dataclasses.replace(base, tma=False)),
         ):
             use["cfg"] = cfg
             got[name] = gg.grouped_mm_wgrad(x, dy, torch.tensor(bad, device=DEV))
-        assert torch.equal(got[mapping], got["per expert"]), bad
-
-
-def test_a_program_per_tile_is_for_wgrad_only(monkeypatch):
-    """persistent=False has no tile loop to flatten nor programs per SM to set, and grouped_mm,
-    whose tile count the counts decide, refuses it by name instead of launching too few tiles."""
-    cfg = gg.forward_config(40, 4, DEV, torch.float32)
-    for bad in ({"flat": True}, {"programs_per_sm": 2}):
-        with pytest.raises(ValueError, match="persistent: False launches one program per tile"):
-            dataclasses.replace(cfg, persistent=False, **bad)
-    per_tile = dataclasses.replace(cfg, persistent=False)
-    monkeypatch.setattr(gg, "forward_config", lambda M, E, device, dtype=None, op="forward": per_tile)
-    x, w = torch.randn(10, 32, device=DEV), torch.randn(3, 32, 8, device=DEV)
-    with pytest.raises(ValueError, match="grouped_mm: .*persistent=False"):
-        gg.grouped_mm(x, w, [4, 4, 2])
+        assert torch.equal(got["flat"], got["per expert"]), bad
 
 
 def test_grouped_mm_looks_up_the_dgrad_table_for_a_k_contiguous_w(monkeypatch):

@@ -323,11 +323,6 @@ def test_candidate_configs_drop_what_shared_memory_cannot_hold():
     gpu = tune.candidate_configs(tune.TUNE_GRID["gpu"], extra=tune._extra("gpu", "forward", 64))
     assert len(gpu) == 21 and all(tune.smem_bytes(c) <= tune.SMEM_LIMIT for c in gpu)  # 16 + 2 two-per-SM + 3 flat
     assert sum(c.flat for c in gpu) == 3 and all(c.tma and not c.warp_specialize for c in gpu if c.flat)
-    assert all(c.persistent for c in gpu)  # a program per tile: wgrad's only (its tile count is the host's)
-    wgrad = tune.candidate_configs(tune.TUNE_GRID["gpu"], extra=tune._extra("gpu", "wgrad", 64))
-    assert {(c.block_m, c.block_n, c.tma) for c in wgrad if not c.persistent} == {
-        (m, n, t) for m, n in ((128, 256), (64, 256), (128, 128)) for t in (False, True)
-    }
     for op in gg.OPS:  # every default and every table's pick is in its op's sweep at every lab shape
         tables = [gg.HOPPER_DEFAULTS[op]] + [t for (_, o), t in gg.TABLES.items() if o == op]
         for E, M, _, _ in bench.SHAPES["gpu"]:

@@ -84,20 +84,11 @@ class GroupedConfig:
     # dots in separate warps). Both kernels, grouped_mm's and grouped_mm_wgrad's.
     flat: bool = False
     warp_specialize: bool = False
-    # False: no tile loop, one program per output tile (the grid is every expert's tiles). For
-    # grouped_mm_wgrad only, whose tile count the host knows (every dW_e is K x N, whatever the
-    # counts); the forward's depends on the counts, which only the device reads.
-    persistent: bool = True
 
     def __post_init__(self):
         if self.warp_specialize and not self.flat:
             raise ValueError(
                 "GroupedConfig: warp_specialize: only the flat tile loop is warp-specialised; set flat=True"
-            )
-        if not self.persistent and (self.flat or self.programs_per_sm != 1):
-            raise ValueError(
-                "GroupedConfig: persistent: False launches one program per tile, with no tile loop"
-                " to flatten or programs per SM to set; leave flat=False and programs_per_sm=1"
             )
 
 
@@ -127,7 +118,7 @@ class ConfigTable:
         return next(cfg for at_least, cfg in self.rows if per_expert >= at_least)
 
 
-def _cfg(m, n, k, g, w, s, p=1, tma=False, flat=False, ws=False, persistent=True) -> GroupedConfig:
+def _cfg(m, n, k, g, w, s, p=1, tma=False, flat=False, ws=False) -> GroupedConfig:
     return GroupedConfig(
         block_m=m,
         block_n=n,
@@ -139,7 +130,6 @@ def _cfg(m, n, k, g, w, s, p=1, tma=False, flat=False, ws=False, persistent=True
         tma=tma,
         flat=flat,
         warp_specialize=ws,
-        persistent=persistent,
     )
 
 
@@ -532,8 +522,7 @@ def _grouped_wgrad_kernel(
     TMA_STORE: tl.constexpr,  # with USE_TMA: store (and read back) out tiles through a descriptor (2-byte out)
     FLAT: tl.constexpr = False,  # one loop over every expert's tiles, fused with the reduction loop
     WARP_SPECIALIZE: tl.constexpr = False,  # with FLAT: warp-specialise that loop (loads and dots in separate warps)
-    E_LANES: tl.constexpr = 1,  # with FLAT or not PERSISTENT: a power of two >= E (the counts as one vector)
-    PERSISTENT: tl.constexpr = True,  # False: one program per tile, the grid E * tiles (no tile loop)
+    E_LANES: tl.constexpr = 1,  # with FLAT: a power of two >= E (the counts as one vector)
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -560,7 +549,7 @@ def _grouped_wgrad_kernel(
     tiles_m = tl.cdiv(K, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     expert_tiles = tiles_m * tiles_n  # the same for every expert: dW_e is K x N whatever m_e is
-    if FLAT or not PERSISTENT:
+    if FLAT:
         # Every expert's first row and clamped count as vectors, once per program (what the
         # per-expert loop below computes one expert at a time): expert e's rows start at
         # min(c[e-1], M) for c the running sum of the non-negative counts. A tile's expert is its
@@ -570,19 +559,6 @@ def _grouped_wgrad_kernel(
         ends = tl.cumsum(counts, 0)
         starts = tl.minimum(ends - counts, M)
         rows = tl.minimum(ends, M) - starts
-    if not PERSISTENT:
-        # One tile, this program's: Triton's usual matmul grid, the reduction loop the only loop.
-        e = pid // expert_tiles
-        here = lanes == e
-        m = tl.sum(tl.where(here, rows, 0), 0)
-        _wgrad_tile(
-            x_ptr, dy_ptr, out_ptr, accumulate_ptr, x_desc, dy_desc, out_desc,
-            e, tl.sum(tl.where(here, starts, 0), 0), m, m,
-            pid - e * expert_tiles, tiles_m, tiles_n, K, N,
-            stride_xm, stride_xk, stride_dm, stride_dn, stride_oe, stride_ok,
-            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, MODE, UPCAST, INPUT_PRECISION, INT64, EVEN, USE_TMA, TMA_STORE,
-        )  # fmt: skip
-    elif FLAT:
         for tile in tl.range(pid, E * expert_tiles, programs, flatten=True, warp_specialize=WARP_SPECIALIZE):
             e = tile // expert_tiles
             here = lanes == e
@@ -752,11 +728,6 @@ def grouped_mm(
         return out
     w_kmajor = w.stride(1) == 1 and w.stride(2) != 1 and N > 1
     cfg = forward_config(M, E, x.device, x.dtype, op="dgrad" if w_kmajor else "forward")
-    if not cfg.persistent:
-        raise ValueError(
-            f"grouped_mm: the launch configuration {cfg} has persistent=False, which only"
-            " grouped_mm_wgrad launches: this kernel's tile count depends on the counts on the device"
-        )
     int64 = needs_int64(x, w, out, pad=cfg.block_m)
     use_tma = cfg.tma and not int64 and tma_ok(x, w)
     if use_tma:
@@ -858,9 +829,10 @@ def grouped_mm_wgrad(
     use_tma = cfg.tma and not int64 and tma_ok_wgrad(x, dy, out)
     if use_tma:
         _ensure_scratch_allocator()
-    tiles = E * triton.cdiv(K, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     with on_device_of(x=x, dy=dy, out=out):
-        _grouped_wgrad_kernel[(_programs(x.device, tiles, cfg.programs_per_sm) if cfg.persistent else tiles,)](
+        _grouped_wgrad_kernel[
+            (_programs(x.device, E * triton.cdiv(K, cfg.block_m) * triton.cdiv(N, cfg.block_n), cfg.programs_per_sm),)
+        ](
             x,
             dy,
             out,
@@ -889,8 +861,7 @@ def grouped_mm_wgrad(
             TMA_STORE=use_tma and out.element_size() == 2,
             FLAT=cfg.flat,
             WARP_SPECIALIZE=cfg.warp_specialize,
-            E_LANES=triton.next_power_of_2(E) if cfg.flat or not cfg.persistent else 1,
-            PERSISTENT=cfg.persistent,
+            E_LANES=triton.next_power_of_2(E) if cfg.flat else 1,
             num_warps=cfg.num_warps,
             num_stages=cfg.num_stages,
         )

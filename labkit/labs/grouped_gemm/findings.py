@@ -74,7 +74,6 @@ def versus_torch_table(reference) -> str:
 def _tile(cfg: dict) -> str:
     loop = ", flat" if cfg.get("flat") else ""
     loop += " warp-specialised" if cfg.get("warp_specialize") else ""
-    loop += ", a program per tile" if cfg.get("persistent") is False else ""
     return (
         f"{cfg['block_m']}×{cfg['block_n']}×{cfg['block_k']}, {cfg['num_stages']}"
         + (", TMA" if cfg["tma"] else "")

@@ -87,7 +87,6 @@ TUNE_GRID = {
         "tma": (False, True),
         "flat": (False,),
         "warp_specialize": (False,),
-        "persistent": (True,),
     },
     "cpu": {
         "block_m": (16, 32),
@@ -100,10 +99,9 @@ TUNE_GRID = {
         "tma": (False, True),
         "flat": (False,),
         "warp_specialize": (False,),
-        "persistent": (True,),
     },
 }
-_c = gg._cfg  # (block_m, block_n, block_k, group_m, num_warps, num_stages, programs_per_sm, tma, flat, ws, persistent)
+_c = gg._cfg  # (block_m, block_n, block_k, group_m, num_warps, num_stages, programs_per_sm, tma, flat, ws)
 #: the flat tile loop's candidates at every shape (forward and dgrad): 128x256 tiles, TMA loads,
 #: 3 stages with L2 groups of 8 and 16 tile-rows, 4 stages with 8
 _FLAT = [_c(128, 256, 64, g, 8, s, 1, True, True) for g, s in ((8, 3), (16, 3), (8, 4))]
@@ -148,13 +146,6 @@ TUNE_EXTRA: dict[str, dict[str, dict]] = {
                 *(
                     _c(m, n, 64, 8, 8, s, p, True, True)
                     for m, n, s, p in ((64, 256, 4, 1), (128, 256, 3, 1), (128, 128, 2, 2))
-                ),
-                # no tile loop: a program per tile (wgrad's tile count is known to the host), the
-                # grid a dense Triton matmul launches; pointer and TMA loads
-                *(
-                    _c(m, n, 64, 8, 8, s, 1, t, persistent=False)
-                    for m, n, s in ((128, 256, 4), (128, 256, 3), (64, 256, 4), (128, 128, 4))
-                    for t in (False, True)
                 ),
             ],
             8: [
@@ -237,7 +228,6 @@ def config_name(cfg: gg.GroupedConfig) -> str:
         + (" tma" if cfg.tma else "")
         + (" flat" if cfg.flat else "")
         + (" ws" if cfg.warp_specialize else "")
-        + ("" if cfg.persistent else " per-tile")
     )
 
 
@@ -457,7 +447,7 @@ def table_winners(records: list[dict], table: gg.ConfigTable) -> dict[int, gg.Gr
         per_expert = r["tokens"] // max(r["experts"], 1)
         row = next(at for at, _ in table.rows if per_expert >= at)
         case = (r["experts"], r["tokens"], r["K"], r["N"], r["skew"])
-        # fields a sweep did not record yet (``flat``, ``warp_specialize``, ``persistent``) take their defaults
+        # fields a sweep did not record yet (``flat``, ``warp_specialize``) take their defaults
         cfg = gg.GroupedConfig(**{f.name: r.get(f.name, f.default) for f in dataclasses.fields(gg.GroupedConfig)})
         cases.setdefault(row, {}).setdefault(cfg, {})[case] = r["ms"]
     winners = {}
@@ -485,7 +475,6 @@ def table_text(records: list[dict], op: str, device: str, source: str) -> str:
         args += ", tma=True" if c.tma else ""
         args += ", flat=True" if c.flat else ""
         args += ", ws=True" if c.warp_specialize else ""
-        args += ", persistent=False" if not c.persistent else ""
         note = "" if at in winners else "  # no case of the sweep reaches this row: the default"
         lines.append(f"            ({at}, _cfg({args})),{note}")
     lines += ["        ),", "    ),"]
