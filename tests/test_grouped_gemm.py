@@ -362,6 +362,34 @@ def test_the_flat_tile_loop_gives_the_per_expert_loops_product(warp_specialize, 
             torch.testing.assert_close(got, loop_reference(x[: sum(clamped)], w, clamped).float(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("int64", [False, True])
+@pytest.mark.parametrize("flat", [False, True])
+@pytest.mark.parametrize("K, N", [(64, 64), (37, 45)])
+def test_wgrad_pointer_loads_step_through_long_reductions(K, N, flat, int64, monkeypatch):
+    """wgrad's pointer loads over reductions of several whole steps (the tile pointers move down
+    one step per iteration) plus a partial one, per-expert and flat loops, 32- and 64-bit
+    offsets, tile-multiple and ragged K and N, against float64 on fresh counts."""
+    cfg = dataclasses.replace(
+        gg.wgrad_config(40, 4, DEV, torch.float32), tma=False, flat=flat, warp_specialize=False, programs_per_sm=1
+    )
+    monkeypatch.setattr(gg, "wgrad_config", lambda M, E, device, dtype=None: cfg)
+    monkeypatch.setattr(gg, "needs_int64", lambda *tensors, pad=0: int64)
+    rng = random.Random()
+    seed = rng.randrange(1 << 30)
+    g = torch.Generator().manual_seed(seed)
+    step = cfg.block_k
+    long, whole = rng.randint(3, 5) * step + rng.randint(0, step - 1), rng.randint(2, 4) * step
+    splits = [long, 0, whole, rng.randint(1, 2 * step)]
+    rng.shuffle(splits)
+    x = torch.randn(sum(splits), K, generator=g).to(DEV)
+    dy = torch.randn(sum(splits), N, generator=g).to(DEV)
+    dw, row = gg.grouped_mm_wgrad(x, dy, torch.tensor(splits, device=DEV)), 0
+    for e, m in enumerate(splits):
+        ref = x[row : row + m].double().T @ dy[row : row + m].double()
+        assert (dw[e].abs().max() == 0) if m == 0 else rel_err(dw[e], ref) < 1e-5, (seed, splits, e)
+        row += m
+
+
 @pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.parametrize("warp_specialize", [False, True])
 def test_the_flat_wgrad_loop_gives_the_per_expert_loops_gradients(warp_specialize, tma, monkeypatch):

@@ -621,21 +621,28 @@ def _wgrad_tile(
     # The reduction runs over expert e's m tokens: a loop whose length only the device
     # knows. A zero-token expert runs no step and gets dW_e = 0.
     # Phase 1: the whole steps. No row mask (every row is e's), so TMA tiles go from
-    # shared memory to the tensor cores as loaded.
+    # shared memory to the tensor cores as loaded. Pointer loads: the first step's tile
+    # pointers are made once and moved down BLOCK_K rows per step (as the forward's K loop
+    # does), so the loop carries two pointer tiles instead of rebuilding both from the row
+    # index each step; x's tile is read as stored, [BLOCK_K, BLOCK_M], and transposed in
+    # registers.
+    x_step = x_ptr + (start + rs)[:, None] * stride_xm + kk[None, :] * stride_xk
+    dy_step = dy_ptr + (start + rs)[:, None] * stride_dm + nn[None, :] * stride_dn
+    x_stride_step = BLOCK_K * (tl.cast(stride_xm, tl.int64) if INT64 else stride_xm)
+    dy_stride_step = BLOCK_K * (tl.cast(stride_dm, tl.int64) if INT64 else stride_dm)
     for r in range(0, full, BLOCK_K):
         if USE_TMA:
             xt = tl.trans(x_desc.load([row0 + r, tile_m * BLOCK_M]))
             g = dy_desc.load([row0 + r, tile_n * BLOCK_N])
         else:
-            rows = start + r + rs
-            x_ptrs = x_ptr + rows[None, :] * stride_xm + kk[:, None] * stride_xk
-            dy_ptrs = dy_ptr + rows[:, None] * stride_dm + nn[None, :] * stride_dn
             if EVEN:
-                xt = tl.load(x_ptrs)  # [BLOCK_M, BLOCK_K] = x_e^T
-                g = tl.load(dy_ptrs)  # [BLOCK_K, BLOCK_N]
+                xt = tl.trans(tl.load(x_step))  # [BLOCK_M, BLOCK_K] = x_e^T
+                g = tl.load(dy_step)  # [BLOCK_K, BLOCK_N]
             else:
-                xt = tl.load(x_ptrs, mask=k_ok[:, None], other=0.0)
-                g = tl.load(dy_ptrs, mask=n_ok[None, :], other=0.0)
+                xt = tl.trans(tl.load(x_step, mask=k_ok[None, :], other=0.0))
+                g = tl.load(dy_step, mask=n_ok[None, :], other=0.0)
+            x_step += x_stride_step
+            dy_step += dy_stride_step
         if UPCAST:
             xt = xt.to(tl.float32)
             g = g.to(tl.float32)

@@ -142,17 +142,19 @@ TUNE_EXTRA: dict[str, dict[str, dict]] = {
             "any": [
                 _c(256, 128, 64, 8, 8, 3),
                 _c(64, 128, 64, 8, 4, 4, 2),
-                # the flat tile loop at each lab shape's recorded winner (TMA loads and stores)
+                # the flat tile loop at each lab shape's recorded winner, TMA (loads and stores)
+                # and pointer loads
                 *(
-                    _c(m, n, 64, 8, 8, s, p, True, True)
+                    _c(m, n, 64, 8, 8, s, p, t, True)
                     for m, n, s, p in ((64, 256, 4, 1), (128, 256, 3, 1), (128, 128, 2, 2))
+                    for t in (True, False)
                 ),
             ],
             8: [
                 _c(128, 128, 128, 8, 8, 3),
                 _c(64, 256, 128, 8, 8, 2),
                 _c(128, 256, 128, 8, 8, 2),
-                *(_c(64, 256, 64, g, 8, 4) for g in (4, 16)),
+                *(_c(m, 256, 64, g, 8, 4) for m in (64, 128) for g in (4, 16)),
             ],
             128: [
                 *(_c(128, 256, 64, 8, 8, 2, 1, t) for t in (False, True)),
