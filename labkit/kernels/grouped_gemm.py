@@ -151,7 +151,7 @@ TABLES: dict[tuple[str, str], ConfigTable] = {
         rows=(
             (1024, _cfg(128, 256, 64, 8, 8, 3, tma=True, flat=True)),
             (128, _cfg(128, 256, 64, 8, 8, 4, tma=True, flat=True)),
-            (0, _cfg(128, 256, 64, 8, 8, 3, tma=True, flat=True)),
+            (0, _cfg(128, 256, 64, 16, 8, 3, tma=True, flat=True)),
         ),
     ),
     (H200, "dgrad"): ConfigTable(
@@ -161,7 +161,7 @@ TABLES: dict[tuple[str, str], ConfigTable] = {
         rows=(
             (1024, _cfg(128, 256, 64, 8, 8, 3)),
             (128, _cfg(128, 256, 64, 8, 8, 4, tma=True, flat=True)),
-            (0, _cfg(128, 256, 64, 8, 8, 4, tma=True, flat=True)),
+            (0, _cfg(64, 128, 64, 8, 4, 4, p=2, tma=True)),
         ),
     ),
     (H200, "wgrad"): ConfigTable(
@@ -169,7 +169,7 @@ TABLES: dict[tuple[str, str], ConfigTable] = {
         op="wgrad",
         source=_H200_SWEEP,
         rows=(
-            (1024, _cfg(64, 256, 64, 8, 8, 4, tma=True)),
+            (1024, _cfg(128, 256, 64, 4, 8, 4)),
             (128, _cfg(128, 256, 64, 8, 8, 3, tma=True)),
             (0, _cfg(128, 128, 64, 8, 8, 2, p=2, tma=True, flat=True)),
         ),
