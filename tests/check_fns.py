@@ -132,6 +132,23 @@ def capture_here_then_draw(fn_spec, inputs_spec):
     return after
 
 
+def capture_with_a_host_read():
+    """replay_with_fresh_inputs on work that reads a tensor's value on the host while captured: what
+    it raised. The test runs it in a child: a failed CUDA capture can leave the process's CUDA
+    random generator unusable (test_a_failed_capture_in_process_ends_the_capture_and_restores_the_stream)."""
+    from labkit import check
+    from labkit.workbench import tier
+
+    dev = "cuda" if tier.TIER == "gpu" and torch.cuda.is_available() else "cpu"
+    x = torch.randn(64, device=dev)
+    try:
+        check.replay_with_fresh_inputs(lambda: x * x.sum().item(), lambda step: x.double(), lambda step, y, want: None)
+    except check.CaptureFailed as e:
+        reads = getattr(e.graph, "host_reads", None)
+        return {"raised": "CaptureFailed", "host_reads": bool(reads), "cause": str(e.__cause__)}
+    return {"raised": None}
+
+
 # --- lab 03 variants: outputs whose memory torch's allocator does not own ----------------------
 
 
