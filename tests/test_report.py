@@ -3,11 +3,13 @@ what they read (and name what is missing) on small synthetic records."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from labkit.kernels import grouped_gemm as gg
 from labkit.labs.collectives import findings as collectives_findings
 from labkit.labs.grouped_gemm import findings as gemm_findings
 from labkit.labs.memory_model import findings as memory_findings
@@ -306,21 +308,10 @@ def _backward(op, method, gpu, ratio, **tile):
     }
 
 
-def _h200_wgrad_pick_at_8_experts() -> str:
-    """The H200 wgrad table's pick for the records below (E=8, 16384 tokens), as the table's last
-    column writes it after theirs (" / M×N×K, stages[, TMA][, flat]"): it differs from their
-    128×128×64, 4 stages."""
-    from labkit.kernels import grouped_gemm as gg
-
-    c = gg.TABLES[("NVIDIA H200", "wgrad")].pick(16384 // 8)
-    assert (c.block_m, c.block_n, c.block_k, c.num_stages, c.tma) != (128, 128, 64, 4, False)
-    tile = f"{c.block_m}×{c.block_n}×{c.block_k}, {c.num_stages}" + (", TMA" if c.tma else "")
-    return " / " + tile + (", flat" if c.flat else "") + (" warp-specialised" if c.warp_specialize else "")
-
-
 @pytest.mark.parametrize(("gpu", "h200"), [("NVIDIA H200", True), ("a GPU without a table", False)])
 def test_the_backward_table_names_the_tables_pick_where_it_differs_from_the_recorded_tile(tmp_path, gpu, h200):
-    second = _h200_wgrad_pick_at_8_experts() if h200 else ""
+    pick = gg.TABLES[("NVIDIA H200", "wgrad")].pick(16384 // 8)  # at the records' shape: E=8, 16384 tokens
+    second = f" / {gemm_findings._tile(dataclasses.asdict(pick))}" if h200 else ""
     recs = [_backward(op, m, gpu, r) for op, r in (("dgrad", 0.95), ("wgrad", 1.5)) for m in ("eager", "graph")]
     _write(tmp_path, gemm_findings.DOCS_REFERENCE, recs)
     text = gemm_findings.backward_table(report.Reference(tmp_path))
