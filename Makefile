@@ -11,7 +11,7 @@
 # LABKIT_EXECUTED_RUN=runs/<timestamp>_cpu make test: the notebook tests read the notebooks that run
 # executed instead of executing them again (docs/testing.md); CI does this after `make workbook`.
 #
-# ARGS goes to the command: `make workbook ARGS="--only 00_start_here"`,
+# ARGS goes to the command: `make workbook ARGS="--only start_here"`,
 # `make lab ARGS="--port=8899 --IdentityProvider.token=abc --no-browser"`.
 #
 # TORCH_SPEC picks the torch to install into a new .venv. The default, torch==2.13.0, is a local

@@ -26,14 +26,15 @@ __all__ = ["TIER", "interpreted", "MULTICAST_OFF", "__version__", "exercises", "
 
 
 def __getattr__(name: str):
-    """On first use: ``labkit.exercises``, the notebooks' checks (:mod:`labkit.workbench.exercises`),
-    and ``labkit.check``, the checkers for a user's own code (:mod:`labkit.kernels.check`)."""
+    """On first use: ``labkit.exercises``, the notebooks' checks (:mod:`labkit.app.exercises`), and
+    ``labkit.check``, the checkers for a user's own code (the package :mod:`labkit.check`, which
+    ``import labkit.check`` imports too)."""
     if name == "exercises":
-        from labkit.workbench import exercises
+        from labkit.app import exercises
 
         return exercises
     if name == "check":
-        from labkit.kernels import check
+        import labkit.check
 
-        return check
+        return labkit.check
     raise AttributeError(f"module 'labkit' has no attribute {name!r}")

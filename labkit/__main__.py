@@ -1,5 +1,5 @@
 import sys
 
-from labkit.workbench.cli import main
+from labkit.app.cli import main
 
 sys.exit(main())

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU tier: `labkit gpu-tier` (labkit/workbench/gpu_tier.py) with the same arguments. Run it
+# The GPU tier: `labkit gpu-tier` (labkit/app/gpu_tier.py) with the same arguments. Run it
 # on a GPU node from a checkout of the repository; every option is in
 #
 #   bash scripts/gpu_tier.sh --help

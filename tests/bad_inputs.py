@@ -1,5 +1,5 @@
-"""The bad inputs of /work/shared/bad-inputs.md (Part 1: kernels, fp8, alloc, guard, litmus,
-sandbox, CLI), as data: one ``Case`` per row, with the verdict labkit must give now.
+"""Bad inputs to the public functions and the command line (kernels, fp8, alloc, guard, litmus,
+sandbox, CLI), as data: one ``Case`` each, numbered, with the verdict labkit must give.
 
 * ``Error(exc, pattern)``: the call raises ``exc`` with a message matching ``pattern`` (which
   names the argument);
@@ -10,8 +10,8 @@ sandbox, CLI), as data: one ``Case`` per row, with the verdict labkit must give 
 
 ``tests/test_bad_inputs.py`` runs every case. Inputs are fresh random tensors on the tier's
 kernel device (the CPU under the interpreter). Rows whose verdict depends on the machine (no CUDA
-GPU, the interpreter) carry a skip mark for the other machines. Not here: Part 2 (collectives,
-another change's scope).
+GPU, the interpreter) carry a skip mark for the other machines. The collectives' misuse on an
+emulated world is in ``tests/test_collectives_misuse.py``.
 """
 
 from __future__ import annotations
@@ -355,8 +355,8 @@ def status(res, **want):
 def cli(*argv):
     """``labkit ARGV`` in this process: (exit status, stderr). A notebook is never executed: the
     sandbox is replaced by a stand-in that fails the case if it is reached."""
-    from labkit.workbench import cli as cli_mod
-    from labkit.workbench.runner import execute
+    from labkit.app import cli as cli_mod
+    from labkit.app.runner import execute
 
     def refuse(*a, **k):
         raise AssertionError("this bad input reached the execution of a notebook")
@@ -389,7 +389,7 @@ def _scratch(name: str, text: str | None = None, folder: bool = False) -> str:
 
 
 def _lab_argv_port_space():
-    from labkit.workbench.cli import lab_argv
+    from labkit.app.cli import lab_argv
 
     return any(a.startswith("--ServerApp.root_dir=") for a in lab_argv(["--port", "8899"], euid=1000))
 
@@ -1171,20 +1171,20 @@ CASES: list[Case] = [
     ),
     Case(
         173,
-        "labkit bench workbench --profile nope",
+        "labkit bench start_here --profile nope",
         lambda: cli("bench", "workbench", "--profile", "nope"),
         X(2, "--profile 'nope'"),
     ),
     Case(
         174,
         "--set REPS=ten",
-        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--set", "00_start_here.REPS=ten"),
+        lambda: cli("run", "--profile", "cpu", "--only", "start_here", "--set", "start_here.REPS=ten"),
         X(2, "parameter REPS expects int"),
     ),
     Case(
         175,
         "--set NOPE=1",
-        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--set", "00_start_here.NOPE=1"),
+        lambda: cli("run", "--profile", "cpu", "--only", "start_here", "--set", "start_here.NOPE=1"),
         X(2, "has no parameter 'NOPE'"),
     ),
     Case(
@@ -1196,7 +1196,7 @@ CASES: list[Case] = [
     Case(
         177,
         "--set REPS=[1 (bad YAML)",
-        lambda: cli("run", "--profile", "cpu", "--set", "00_start_here.REPS=[1"),
+        lambda: cli("run", "--profile", "cpu", "--set", "start_here.REPS=[1"),
         X(2, "value does not parse"),
     ),
     Case(
@@ -1228,54 +1228,50 @@ CASES: list[Case] = [
     Case(
         183,
         "--timeout -5",
-        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--timeout", "-5"),
+        lambda: cli("run", "--profile", "cpu", "--only", "start_here", "--timeout", "-5"),
         X(2, "--timeout"),
     ),
     Case(
         183,
         "--timeout nan",
-        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--timeout", "nan"),
+        lambda: cli("run", "--profile", "cpu", "--only", "start_here", "--timeout", "nan"),
         X(2, "--timeout"),
     ),
     Case(
         184,
         "--runs-dir a file",
-        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--runs-dir", _scratch("f", "x")),
+        lambda: cli("run", "--profile", "cpu", "--only", "start_here", "--runs-dir", _scratch("f", "x")),
         X(2, "--runs-dir .*: is a file, not a folder"),
     ),
     Case(
         185,
         "--runs-dir that cannot be made",
-        lambda: cli(
-            "run", "--profile", "cpu", "--only", "00_start_here", "--runs-dir", _scratch("f", "x") + "/under/it"
-        ),
+        lambda: cli("run", "--profile", "cpu", "--only", "start_here", "--runs-dir", _scratch("f", "x") + "/under/it"),
         X(2, "--runs-dir .*: cannot make it"),
     ),
     Case(
         178,
         "--set for a notebook --only leaves out, wrong type",
-        lambda: cli(
-            "run", "--profile", "cpu", "--only", "00_start_here", "--set", "01_wrong_device.EXACTNESS_TRIALS=2.5"
-        ),
-        X(2, "notebook 01_wrong_device: .*EXACTNESS_TRIALS"),
+        lambda: cli("run", "--profile", "cpu", "--only", "start_here", "--set", "wrong_device.EXACTNESS_TRIALS=2.5"),
+        X(2, "notebook wrong_device: .*EXACTNESS_TRIALS"),
     ),
     Case(186, "labkit lab --port 8899 (a space)", _lab_argv_port_space, R(bool)),
     Case(
         187,
         "--set PROFILE=banana",
-        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--set", "00_start_here.PROFILE=banana"),
+        lambda: cli("run", "--profile", "cpu", "--only", "start_here", "--set", "start_here.PROFILE=banana"),
         X(2, "parameter PROFILE: 'banana' is not one of"),
     ),
     Case(
         188,
         "--set REPS=-1",
-        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--set", "00_start_here.REPS=-1"),
+        lambda: cli("run", "--profile", "cpu", "--only", "start_here", "--set", "start_here.REPS=-1"),
         X(2, "parameter REPS: expected an int >= 0"),
     ),
     Case(
         189,
         "--set HANG_TIMEOUT_S=-1",
-        lambda: cli("run", "--profile", "cpu", "--only", "00_start_here", "--set", "00_start_here.HANG_TIMEOUT_S=-1"),
+        lambda: cli("run", "--profile", "cpu", "--only", "start_here", "--set", "start_here.HANG_TIMEOUT_S=-1"),
         X(2, "parameter HANG_TIMEOUT_S: expected a finite number > 0"),
     ),
 ]

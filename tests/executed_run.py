@@ -21,9 +21,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit.workbench.runner import notebooks as nbs
-from labkit.workbench.runner import run
-from labkit.workbench.runner.execute import NotebookResult, choose_profile, resolve_jobs
+from labkit.app.runner import notebooks as nbs
+from labkit.app.runner import run
+from labkit.app.runner.execute import NotebookResult, choose_profile, resolve_jobs
 
 #: the environment variable naming a run folder to read instead of executing (docs/testing.md)
 ENV = "LABKIT_EXECUTED_RUN"

@@ -1,6 +1,6 @@
-"""Rank functions for tests/test_collectives_misuse.py: the collectives' misuse of Part 2 of the
-bad-input report, each tried on every rank of an emulated world (every rank imports its function
-by name, so they live in a module: see tests/rank_fns.py). Each returns a dict of named outcomes."""
+"""Rank functions for tests/test_collectives_misuse.py: the collectives' misuse, each tried on
+every rank of an emulated world (every rank imports its function by name, so they live in a
+module: see tests/rank_fns.py). Each returns a dict of named outcomes."""
 
 from __future__ import annotations
 

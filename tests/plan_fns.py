@@ -261,7 +261,7 @@ def fast_path_on_gpu(ctx, n: int = (1 << 16) + 8) -> dict:
     """GPU tier: plans launch through Triton's compiled launcher and stay right on new inputs, on
     a side stream, with another device current, under CUDA-graph capture, and with the fast path
     switched off."""
-    from labkit.kernels.check.graphs import replay_with_fresh_inputs
+    from labkit.check.graphs import replay_with_fresh_inputs
     from labkit.kernels.comm import collectives as C
     from labkit.kernels.comm import plan as P
     from labkit.kernels.comm import symm
@@ -358,7 +358,7 @@ def ops_under_graphs_on_gpu(ctx, n: int = 1 << 14) -> dict:
     """GPU tier: torch.ops.labkit.all_reduce captured in a CUDA graph and under
     torch.compile(fullgraph=True) with Inductor."""
     import labkit.kernels.ops  # noqa: F401
-    from labkit.kernels.check.graphs import replay_with_fresh_inputs
+    from labkit.check.graphs import replay_with_fresh_inputs
     from labkit.kernels.comm import symm
 
     dtype = torch.float32
@@ -627,7 +627,7 @@ def graph_launch_on_gpu(ctx, n: int = 4096 + 8, calls: int = 60, dtype_name: str
     found["inbox graphs"] = [launch.graph.graph is not None for box in (fbox, pbox) for launch in box.launches.values()]
 
     # a user's capture of the eager call whose plan replays a graph: the kernels are captured
-    from labkit.kernels.check.graphs import replay_with_fresh_inputs
+    from labkit.check.graphs import replay_with_fresh_inputs
 
     def refill(step):
         mine, xs = _inputs(ctx, n, dtype, 1100 + step)

@@ -24,11 +24,11 @@ from pathlib import Path
 import jupyterlab_browser as jb
 import pytest
 
+from labkit.app.cli import lab_argv
+from labkit.app.runner import notebooks as nbs
+from labkit.app.runner import profiles
+from labkit.app.runner.execute import kernel_env, prepare, resolve_jobs
 from labkit.workbench import gates, results
-from labkit.workbench.cli import lab_argv
-from labkit.workbench.runner import notebooks as nbs
-from labkit.workbench.runner import profiles
-from labkit.workbench.runner.execute import kernel_env, prepare, resolve_jobs
 
 #: under pytest-xdist (make test) every test of this file runs in one worker: one JupyterLab, one Chromium
 pytestmark = pytest.mark.xdist_group("browser")

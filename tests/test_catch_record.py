@@ -3,11 +3,12 @@ on this tier, and the recorded verdicts shown labelled where a check could not l
 
 import pytest
 
-from labkit.kernels.check.report import Report
-from labkit.workbench import benchmarks, catch_record, results
+from labkit.app import benchmarks, catch_record
+from labkit.check.report import Report
+from labkit.workbench import results
 
 
-@pytest.mark.parametrize("lab", sorted(catch_record.CATCH_MODULES))
+@pytest.mark.parametrize("lab", sorted(catch_record.CATCH_LABS))
 def test_every_lab_lists_a_seed_and_its_fix_for_a_known_checker(lab):
     from labkit import check
 
@@ -20,7 +21,7 @@ def test_every_lab_lists_a_seed_and_its_fix_for_a_known_checker(lab):
 
 def test_the_registry_writes_reference_checkers_json():
     module, fn, required = benchmarks.BENCHMARKS["checkers"]
-    assert (module, fn) == ("labkit.workbench.catch_record", "benchmark") and required == "REQUIRED"
+    assert (module, fn) == ("labkit.app.catch_record", "benchmark") and required == "REQUIRED"
 
 
 def test_a_lab_run_on_this_tier_flags_the_seed_and_passes_the_fix():
@@ -99,7 +100,7 @@ def test_a_machine_that_skipped_every_case_of_a_lab_shows_no_verdict(tmp_path):
 
 
 def test_the_docs_table_puts_each_machines_verdicts_beside_the_others(tmp_path):
-    from labkit.workbench import report
+    from labkit.app import report
 
     def rec(lab, role, status):
         return {"lab": lab, "checker": "stream_safety", "target": f"m:{role}", "role": role, "status": status}

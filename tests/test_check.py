@@ -9,8 +9,8 @@ import torch
 
 import labkit
 from labkit import check
-from labkit.kernels.check import devices
-from labkit.kernels.check import report as R
+from labkit.check import devices
+from labkit.check import report as R
 from labkit.labs.collectives import catch as c2
 from labkit.labs.grouped_gemm import catch as c4
 from labkit.labs.stream_races import catch as c3
@@ -367,7 +367,7 @@ def test_host_state_is_reported_as_such():
 
 def _child_ok(monkeypatch, value=None):
     """The GPU tier's dispatch on any machine: _on_gpu says yes, run_isolated records its call."""
-    from labkit.kernels.check import graphs
+    from labkit.check import graphs
 
     calls = []
 
@@ -421,7 +421,7 @@ def test_graph_safe_on_a_gpu_reads_what_its_child_left(monkeypatch):
 
 
 def test_graph_safe_on_the_cpu_tier_runs_here_and_its_child_entry_runs_by_name(monkeypatch):
-    from labkit.kernels.check import graphs
+    from labkit.check import graphs
 
     if tier.TIER == "gpu":
         pytest.skip("the CPU tier's dispatch")
@@ -487,7 +487,7 @@ def test_held_rounds_emulated_alone_catch_the_seed_and_pass_the_fix():
     """What a GPU host runs beside its GPU world (any host can run it): the seed's held ranks read
     their peers' next inputs, the fix's wait out the hold; a world that raises comes back as a
     reason, not values."""
-    from labkit.kernels.check.collective import held_rounds_emulated
+    from labkit.check.collective import held_rounds_emulated
 
     specs = (R.importable("collective", "fn", c2.one_shot_seed), R.importable("collective", "make_inputs", c2.inputs))
     values, failed = held_rounds_emulated(specs, 2, "all_reduce", 0.3, 120)
@@ -509,7 +509,7 @@ def test_collective_on_gpus_says_when_the_held_rounds_could_not_run(monkeypatch)
     is played here: tier and GPU count patched, the emulated world's answer planted."""
     import importlib
 
-    K = importlib.import_module("labkit.kernels.check.collective")  # the package's name is the function
+    K = importlib.import_module("labkit.check.collective")  # the package's name is the function
     monkeypatch.setattr(tier, "TIER", "gpu")
     monkeypatch.setattr(R, "cuda_count", lambda: 2)
     monkeypatch.setattr(K, "held_rounds_emulated", lambda *a: ([], "rank 0 exception: planted (0.1 s)"))
@@ -541,7 +541,7 @@ def test_held_reader_releases_on_the_peers_files_or_the_timeout(tmp_path):
     not); own reads and masked-off lanes never wait."""
     import types
 
-    from labkit.kernels.check import held_reader as H
+    from labkit.check import held_reader as H
 
     mine, peer = torch.zeros(8), torch.ones(8)
     buf = types.SimpleNamespace(emulated=True, rank=0, world_size=2, peers=[mine, peer])

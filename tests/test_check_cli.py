@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from labkit import check
-from labkit.workbench import cli
+from labkit.app import cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

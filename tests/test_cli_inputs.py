@@ -1,5 +1,5 @@
 """``labkit run`` refuses bad files and folders in one line with exit status 2, before any
-notebook runs (labkit/workbench/cli.py's promise). No notebook is executed here: every case
+notebook runs (labkit/app/cli.py's promise). No notebook is executed here: every case
 fails while the run is being planned or its folder made."""
 
 import subprocess
@@ -23,13 +23,13 @@ def _one_line(p, message):
 
 
 def test_params_that_is_a_folder(tmp_path):
-    _one_line(_cli("run", "--only", "00_start_here", "--params", str(tmp_path)), f"--params: cannot read {tmp_path}")
+    _one_line(_cli("run", "--only", "start_here", "--params", str(tmp_path)), f"--params: cannot read {tmp_path}")
 
 
 def test_runs_dir_that_is_a_file(tmp_path):
     f = tmp_path / "a_file"
     f.write_text("x")
-    _one_line(_cli("run", "--only", "00_start_here", "--runs-dir", str(f)), f"--runs-dir {f}: is a file, not a folder")
+    _one_line(_cli("run", "--only", "start_here", "--runs-dir", str(f)), f"--runs-dir {f}: is a file, not a folder")
     assert f.read_text() == "x"
 
 
@@ -37,7 +37,7 @@ def test_runs_dir_that_cannot_be_made(tmp_path):
     f = tmp_path / "a_file"
     f.write_text("x")
     where = f / "under" / "a file"
-    _one_line(_cli("run", "--only", "00_start_here", "--runs-dir", str(where)), f"--runs-dir {where}: cannot make it")
+    _one_line(_cli("run", "--only", "start_here", "--runs-dir", str(where)), f"--runs-dir {where}: cannot make it")
 
 
 @pytest.mark.skipif(
@@ -46,15 +46,15 @@ def test_runs_dir_that_cannot_be_made(tmp_path):
 def test_runs_dir_without_permission(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
-    _one_line(_cli("run", "--only", "00_start_here", "--runs-dir", str(locked / "runs")), "--runs-dir")
+    _one_line(_cli("run", "--only", "start_here", "--runs-dir", str(locked / "runs")), "--runs-dir")
 
 
 def test_yaml_errors_are_one_line(tmp_path):
     """PyYAML's messages span several lines (a caret under the spot); the CLI promises one."""
-    from labkit.workbench.runner import RunError, profiles
+    from labkit.app.runner import RunError, profiles
 
     with pytest.raises(RunError) as e:
-        profiles.parse_set("00_start_here.REPS=[1")
+        profiles.parse_set("start_here.REPS=[1")
     assert "\n" not in str(e.value) and "line 1, column" in str(e.value)
     bad = tmp_path / "p.yml"
     bad.write_text("x: !!python/object/apply:os.system ['true']\n")
@@ -65,20 +65,20 @@ def test_yaml_errors_are_one_line(tmp_path):
 
 def test_run_only_given_twice_runs_both():
     """``--only A --only B`` adds B to A (argparse's default would keep B alone, silently)."""
-    from labkit.workbench import cli
+    from labkit.app import cli
 
-    args = cli._parser().parse_args(["run", "--only", "02_collectives", "--only", "06_memory_model", "00_start_here"])
-    assert args.only == ["02_collectives", "06_memory_model", "00_start_here"]
+    args = cli._parser().parse_args(["run", "--only", "collectives", "--only", "memory_model", "start_here"])
+    assert args.only == ["collectives", "memory_model", "start_here"]
 
 
 def test_run_prints_its_table_and_index(tmp_path, monkeypatch, capsys):
     """What `make workbook` ends with: the table and the line naming the run's index.html."""
-    from labkit.workbench import cli, runner
-    from labkit.workbench.runner.execute import NotebookResult, RunReport
+    from labkit.app import cli, runner
+    from labkit.app.runner.execute import NotebookResult, RunReport
 
-    report = RunReport(tmp_path / "run", "cpu", [NotebookResult("00_start_here", "ran", seconds=1.5)])
+    report = RunReport(tmp_path / "run", "cpu", [NotebookResult("start_here", "ran", seconds=1.5)])
     monkeypatch.setattr(runner, "run", lambda **kwargs: report)
-    assert cli.main(["run", "--only", "00_start_here", "--no-progress"]) == 0
+    assert cli.main(["run", "--only", "start_here", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "00_start_here" in out and "1 ran, 0 skipped, 0 failed" in out
+    assert "start_here" in out and "1 ran, 0 skipped, 0 failed" in out
     assert out.rstrip().splitlines()[-1] == f"index: {tmp_path / 'run' / 'index.html'}"

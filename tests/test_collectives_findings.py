@@ -69,7 +69,7 @@ def test_slowed_reader_counts():
 @pytest.mark.parametrize("machine", sorted(results.load_references("collectives")))
 def test_every_recorded_sweep_renders(machine):
     rs = results.load_references("collectives")[machine]
-    links = results.load_references("links").get(machine)
+    links = results.load_references("collectives_links").get(machine)
     for w in sorted({r["world_size"] for r in rs.records if r.get("kind", "sweep") == "sweep"}):
         text = findings.sweep_in_words(rs.records, w)
         assert f"**W={w}**" in text and "one-shot or two-shot" in text

@@ -1,5 +1,4 @@
-"""Misuse of the collectives on an emulated world of 2 ranks (Part 2 of the bad-input report,
-/work/shared/bad-inputs.md, the rows this suite fixes): each case is tried on every rank and must
+"""Misuse of the collectives on an emulated world of 2 ranks: each case is tried on every rank and must
 give an error naming the function and the argument, never a hang, a crash or a silent wrong
 answer. The rank functions are in tests/misuse_fns.py."""
 
@@ -40,7 +39,7 @@ def other_outs():
     ],
 )
 def test_plan_launch_refuses_an_out_it_was_not_made_for(other_outs, case, pattern):
-    """Part 2: ``plan.launch(guard[:16])`` on a plan for 4096 elements overwrote 4080 elements past
+    """``plan.launch(guard[:16])`` on a plan for 4096 elements overwrote 4080 elements past
     the view on both ranks."""
     for rank, found in enumerate(other_outs):
         assert re.match(pattern, found[case]), (rank, case, found[case])
@@ -102,7 +101,7 @@ def disagreements():
     ],
 )
 def test_ranks_that_disagree_get_an_error_naming_the_argument(disagreements, case, op, pattern):
-    """Part 2: ``algorithm="one_shot"`` on rank 0 and ``"two_shot"`` on rank 1 (or blocks 1 and 2)
+    """``algorithm="one_shot"`` on rank 0 and ``"two_shot"`` on rank 1 (or blocks 1 and 2)
     hung rank 1 until run_ranks' timeout. Now every rank raises, naming what differs."""
     for rank, found in enumerate(disagreements):
         assert re.match(rf"UsageError: {op}: the ranks disagree on {pattern}; every rank must", found[case]), (
@@ -121,7 +120,7 @@ def test_the_ranks_exchange_once_per_new_set_of_arguments(disagreements):
 
 
 def test_push_with_counts_that_differ_by_rank_is_caught_by_the_protocol():
-    """Part 2: push with 256 elements on rank 0 and 128 on rank 1, after two good calls, summed
+    """push with 256 elements on rank 0 and 128 on rank 1, after two good calls, summed
     rank 0's elements past rank 1's count with what rank 1 left in the inbox slot two calls
     earlier, silently. The count travels in a header beside the flag: that call's output is NaN on
     every rank, every rank counts it once, and the next agreeing call sums right (fp64 reference)."""
@@ -142,7 +141,7 @@ def planted():
 
 
 def test_symlinks_and_stale_files_in_the_scratch_folder_are_left_alone(planted):
-    """Part 2: a symlink ``symm1-data-rank0 -> victim.txt`` in ``scratch_dir`` had its target
+    """a symlink ``symm1-data-rank0 -> victim.txt`` in ``scratch_dir`` had its target
     overwritten with the buffer, and non-zero pad files left by an earlier run hung both ranks."""
     for rank, found in enumerate(planted):
         assert found["sum"] == [3.0], rank

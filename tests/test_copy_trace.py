@@ -100,7 +100,7 @@ def test_records_round_trip_and_report(tmp_path):
     )
     # they carry the workbench benchmark's required fields, so its results file takes them
     path = results.write_results(
-        tmp_path / "workbench.json", "workbench", recs, generator="t", required=copy_bandwidth.REQUIRED
+        tmp_path / "start_here.json", "workbench", recs, generator="t", required=copy_bandwidth.REQUIRED
     )
     back = results.load_results(path).records
     assert copy_trace.summaries(back)["graph replay"][0]["name"] == MEMCPY

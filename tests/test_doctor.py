@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from labkit.workbench import catalogue, doctor
+from labkit.app import catalogue, doctor
 
 
 def test_report_matches_this_machine():

@@ -20,8 +20,9 @@ import nbformat
 import pytest
 from helpers import make_notebook
 
-from labkit.workbench import catalogue, exercises
-from labkit.workbench.runner import run
+from labkit.app import catalogue
+from labkit.app.runner import run
+from labkit.workbench import exercises
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = Path(__file__).parent / "exercise_mutants"
@@ -99,8 +100,8 @@ def test_02_barrier_catches_a_wait_that_does_not_wait_without_a_race():
 def test_02_barrier_runs_labkit_check_collective_and_its_failure_reaches_the_learner(monkeypatch):
     """The solution's line says the checker passed; when labkit.check.collective fails an answer
     (here: a stand-in report), the learner reads its outcome and message."""
-    import labkit.kernels.check as check
-    from labkit.kernels.check import report as check_report
+    import labkit.check as check
+    from labkit.check import report as check_report
 
     passed, line = _verdict("02.barrier", EXERCISES["02.barrier"].solution())
     assert passed and "labkit.check.collective passes" in line, line
@@ -125,7 +126,7 @@ def test_03_record_runs_labkit_check_stream_safety_on_a_gpu():
     """On a GPU the check's second half is labkit.check.stream_safety on catch.backward_with: it
     passes the solution and fails every wrong answer by itself (not only through the recording
     streams of the first half)."""
-    from labkit.kernels.check import stream_safety
+    from labkit.check import stream_safety
     from labkit.labs.stream_races import catch
 
     passed, line = _verdict("03.record", EXERCISES["03.record"].solution())
@@ -139,7 +140,7 @@ def test_03_record_runs_labkit_check_stream_safety_on_a_gpu():
 def test_05_state_runs_labkit_check_device_independence_on_two_gpus():
     """With two GPUs the check also runs labkit.check.device_independence on catch.forward_with_state:
     it passes the solution and fails every wrong answer by itself."""
-    from labkit.kernels.check import device_independence
+    from labkit.check import device_independence
     from labkit.labs.fp8_dispatch import catch
 
     passed, line = _verdict("05.state", EXERCISES["05.state"].solution())

@@ -1,4 +1,4 @@
-"""labkit.labs.fp8_dispatch: the benchmark (``labkit bench fp8``), its plots and the panel.
+"""labkit.labs.fp8_dispatch: the benchmark (``labkit bench fp8_dispatch``), its plots and the panel.
 
 CPU tier: ``benchmark("cpu")`` records carry the registry's required fields with sane values, the
 GPU profile's matrix cells (which ones, which ones skipped on a machine without enough GPUs, with the
@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 import torch
 
+from labkit.app import benchmarks
 from labkit.labs.fp8_dispatch import bench, model, naive, plots, widgets
-from labkit.workbench import benchmarks, gates, hardware, sandbox
+from labkit.workbench import gates, hardware, sandbox
 from labkit.workbench.gates import HardwareUnavailable
 from labkit.workbench.widgets import FigureView
 
@@ -390,13 +391,13 @@ def test_the_panel_runs_the_naive_mode_in_a_child_on_two_gpus():
 
 def test_the_recorded_h200_figures_name_refusals_nan_and_the_hbm_ceiling():
     root = Path(__file__).resolve().parents[1] / "reference"
-    two = json.loads((root / "h200x2" / "fp8.json").read_text())["records"]
+    two = json.loads((root / "h200x2" / "fp8_dispatch.json").read_text())["records"]
     fig, axes = plt.subplots(1, 4, figsize=(22, 5))
     plots.plot_matrix(two, axes[0])
     cells = [t.get_text() for t in axes[0].texts]
     assert any(t.startswith("exception: refused by\ntorch's device check") for t in cells)
     assert any("wrong_scale\noutput NaN" in t for t in cells)  # not "max rel err nan"
-    one = json.loads((root / "h200x1" / "fp8.json").read_text())["records"]
+    one = json.loads((root / "h200x1" / "fp8_dispatch.json").read_text())["records"]
     plots.plot_speed(one, axes[1])
     cast = [r for r in plots.speed_rows(one) if r["impl"] == "fp8_weight_cast"][0]
     floor = 3 * cast["N"] * cast["K"] / (hardware.datasheet_hbm_tbps(cast["gpu"]) * 1e9)

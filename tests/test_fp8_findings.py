@@ -81,7 +81,7 @@ def test_a_different_digest_is_said():
 
 
 def test_the_recorded_two_h200_run_reads_whole():
-    path = ROOT / "reference" / "h200x2" / "fp8.json"
+    path = ROOT / "reference" / "h200x2" / "fp8_dispatch.json"
     recs = json.loads(path.read_text())["records"]
     lines = findings.reading(recs)
     assert [line.split(":", 1)[0] for line in lines] == list(findings.MODES)  # every mode ran there

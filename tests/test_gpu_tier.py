@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from labkit.workbench import cli, gpu_tier
-from labkit.workbench.benchmarks import BENCHMARKS
+from labkit.app import cli, gpu_tier
+from labkit.app.benchmarks import BENCHMARKS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_tier.sh"
@@ -101,21 +101,25 @@ def test_dry_run_each_selection(tmp_path, capsys):
     assert text == f"doctor doctor: python3 -m labkit doctor | tee {out}/doctor.txt\n"
     # several parts: in the tier's order, each once
     steps, text = _steps(
-        capsys, "--part", "bench:links", "--part", "tests", "--part", "bench:links", "-k", "a and b", out=out
+        capsys,
+        *("--part", "bench:collectives_links", "--part", "tests", "--part", "bench:collectives_links"),
+        *("-k", "a and b"),
+        out=out,
     )
-    assert steps == ["tests tests", "bench:links bench-links"]
+    assert steps == ["tests tests", "bench:collectives_links bench-collectives_links"]
     assert text.splitlines()[0] == (
         "tests tests: python3 -m pytest -ra -p no:cacheprovider -m 'not notebook' -k 'a and b' "
         f"--junitxml={out}/pytest.xml 2>&1 | tee {out}/pytest.log"
     )
     assert text.splitlines()[1] == (
-        f"bench:links bench-links: python3 -m labkit bench links --profile gpu --reference --out {out}/reference"
+        f"bench:collectives_links bench-collectives_links: python3 -m labkit bench collectives_links "
+        f"--profile gpu --reference --out {out}/reference"
     )
-    steps, text = _steps(capsys, "--part", "notebooks", "--only", "00_start_here", "--only", "02_collectives", out=out)
+    steps, text = _steps(capsys, "--part", "notebooks", "--only", "start_here", "--only", "collectives", out=out)
     assert steps == ["notebooks notebooks"]
     assert text == (
         f"notebooks notebooks: python3 -m labkit run --profile gpu --runs-dir {out}/runs --no-progress "
-        "--only 00_start_here 02_collectives\n"
+        "--only start_here collectives\n"
     )
     # the steps' Python: --python, else $PYTHON, else the Python running the command
     assert _steps(capsys, "--part", "doctor", "--python", "/opt/py 3/python", out=out)[1].startswith(
@@ -262,7 +266,7 @@ def _record(out: Path) -> dict:
 
 
 def test_a_run_streams_each_step_logs_it_and_records_it(fake, tmp_path, capfd, monkeypatch):
-    monkeypatch.setenv("FAKE_FAIL", "bench links")
+    monkeypatch.setenv("FAKE_FAIL", "bench collectives_links")
     rc = _tier("--out", "out", "--part", "bench:links", "--part", "doctor", "--part", "tests", "-k", "a and b")
     assert rc == 1, "a step failed"
     out = tmp_path / "out"
@@ -287,7 +291,7 @@ def test_a_run_streams_each_step_logs_it_and_records_it(fake, tmp_path, capfd, m
         "stdout of labkit doctor",
         "stdout of pytest -ra -p",
         "stderr of pytest -ra -p",
-        "stdout of labkit bench links",
+        "stdout of labkit bench collectives_links",
     ):
         assert line in console.out + console.err
     assert "stderr of labkit doctor" in console.err, "the doctor's stderr: on the console, not in doctor.txt"
@@ -307,7 +311,7 @@ def test_a_run_streams_each_step_logs_it_and_records_it(fake, tmp_path, capfd, m
     # a second call with the same folder: its steps replace theirs, the others stay
     monkeypatch.delenv("FAKE_FAIL")
     monkeypatch.setenv("LABKIT_GIT_COMMIT", "run-two")
-    assert _tier("--out", "out", "--part", "bench:links", "--part", "notebooks", "--only", "02_collectives") == 0
+    assert _tier("--out", "out", "--part", "bench:links", "--part", "notebooks", "--only", "collectives") == 0
     record = _record(out)
     assert record["parts"] == ["bench:links", "doctor", "tests", "notebooks"]
     assert [(s["step"], s["rc"], s["git_commit"]) for s in record["steps"]] == [
@@ -316,7 +320,7 @@ def test_a_run_streams_each_step_logs_it_and_records_it(fake, tmp_path, capfd, m
         ("notebooks", 0, "run-two"),
         ("bench-links", 0, "run-two"),
     ]
-    assert fake.calls()[-2]["argv"][-2:] == ["--only", "02_collectives"]
+    assert fake.calls()[-2]["argv"][-2:] == ["--only", "collectives"]
 
     # a record that cannot be read is replaced by this call's, saying so
     (out / "gpu_tier.json").write_text("{not json")

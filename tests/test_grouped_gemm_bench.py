@@ -376,7 +376,7 @@ def test_the_bench_registry_finds_the_sweep_and_its_required_fields():
     """``labkit bench grouped_gemm_tune`` resolves its entry point and REQUIRED in ``tune``."""
     import importlib
 
-    from labkit.workbench import benchmarks
+    from labkit.app import benchmarks
 
     module, fn, required = benchmarks.BENCHMARKS["grouped_gemm_tune"]
     sweep = importlib.import_module(module)

@@ -1,13 +1,19 @@
 """The house rules the folders promise, checked from the code itself.
 
-Three layers: ``labkit.workbench`` (tools every lab uses), ``labkit.kernels`` (the product a user
-imports) and ``labkit.labs.<lab>`` (one package of story code per lab). Imports point one way:
-labs -> kernels -> workbench, and labs -> workbench. A lab may import a lab it builds on, never in
-a cycle. Every import counts, module-level or inside a function, and so does a string naming a
-module (``"labkit.labs.x:fn"`` targets for the sandbox or the rank launcher): the only strings
-allowed to cross are the ``labkit bench`` registry's.
+Four floors, from the top: ``labkit.app`` (the command, runner, report, catalogue: it knows every
+lab) -> ``labkit.labs.<lab>`` (one package of story code per lab) -> the product a user imports
+(``labkit.check`` on ``labkit.kernels``) -> ``labkit.workbench`` (tools). A module imports modules
+of its own floor or below, never above; a lab may import a lab it builds on, never in a cycle.
+Every import counts, module-level or inside a function, and so does a string naming a module
+(``"labkit.labs.x:fn"`` targets for the sandbox or the rank launcher, which a child process
+imports by name): a string may name a module on its own floor or below, never above.
 
-Then every lab marked ready or draft has everything docs/adding-a-lab.md lists.
+The top package (``labkit/__init__.py``) is the door, not a floor: importing it sets up the tier
+(``workbench.tier``), so any module may import it, and it exposes two things from above, lazily:
+``labkit.exercises`` (:mod:`labkit.app.exercises`) and ``labkit.check``.
+
+Then every lab marked ready or draft has everything docs/adding-a-lab.md lists, declared once in
+its manifest.
 """
 
 import ast
@@ -17,21 +23,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit.workbench import benchmarks, catalogue
+from labkit.app import benchmarks, catalogue, report
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "labkit"
-#: Modules whose strings may name lab modules: the registries behind ``labkit bench``, ``labkit
-#: report`` and the exercises' checks.
-REGISTRY = {
-    "labkit.workbench.benchmarks",
-    "labkit.workbench.report",
-    "labkit.workbench.exercises",
-    "labkit.workbench.catch_record",
+#: the floors, lowest first; the top package and ``__main__`` stand outside them
+FLOORS = ("workbench", "kernels", "check", "labs", "app")
+#: the imports that reach up from the top package: its two exposures, and ``__main__``'s command
+TOP_EXPOSES = {
+    ("labkit", "labkit.app.exercises"),
+    ("labkit", "labkit.check"),
+    ("labkit.__main__", "labkit.app.cli"),
 }
-#: The one import that reaches up from the top of the package: ``labkit.check`` (a lazy
-#: ``__getattr__`` in labkit/__init__.py) is the product's checkers, exposed at the top.
-TOP_EXPOSES = {("labkit", "labkit.kernels.check")}
 MODULE_STRING = re.compile(r"^(labkit(?:\.\w+)+)(?::\w+)?$")
 
 
@@ -57,13 +60,13 @@ def _references(path: Path) -> list[tuple[int, str, str]]:
                 refs.append((node.lineno, "import", sub if is_module else node.module))
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             m = MODULE_STRING.match(node.value)
-            if m:
+            if m and m.group(1).split(".")[1] in (*FLOORS, "__main__"):  # "labkit.alloc_time": a tag, no module
                 refs.append((node.lineno, "string", m.group(1)))
     return refs
 
 
 def _layer(module: str) -> str:
-    """'workbench', 'kernels', 'labs.<lab>' or 'top' (labkit/__init__ and __main__)."""
+    """'workbench', 'kernels', 'check', 'labs', 'labs.<lab>', 'app' or 'top' (labkit, its __main__)."""
     parts = module.split(".")
     if len(parts) == 1 or parts[1] in ("__main__",):
         return "top"
@@ -72,15 +75,20 @@ def _layer(module: str) -> str:
     return parts[1]
 
 
+def _floor(layer: str) -> int:
+    """The layer's floor, 0 the lowest; the top package's is -1 (everyone may import it)."""
+    if layer == "top":
+        return -1
+    return FLOORS.index(layer.split(".")[0])
+
+
 MODULES = {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def test_the_three_layers_are_the_package():
+def test_the_floors_are_the_package():
     """Modules and packages only: a copied tree may carry folders Python or a tool left behind."""
     top = {p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists())}
-    assert top == {"__init__.py", "__main__.py", "workbench", "kernels", "labs"}, (
-        "labkit/ holds the three layers and nothing else"
-    )
+    assert top == {"__init__.py", "__main__.py", *FLOORS}, "labkit/ holds the floors and nothing else"
 
 
 def _violations(modules=MODULES):
@@ -89,17 +97,15 @@ def _violations(modules=MODULES):
         src = _layer(module)
         for line, kind, target in _references(path):
             dst = _layer(target)
+            if dst == "top" or (module, target) in TOP_EXPOSES:
+                continue
             shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
             where = f"{shown}:{line} ({kind}) -> {target}"
-            if src in ("workbench", "top"):
-                if dst in ("kernels", "labs") or dst.startswith("labs."):
-                    if (module, target) in TOP_EXPOSES and kind == "import":
-                        continue
-                    if not (kind == "string" and module in REGISTRY):
-                        found.append(f"the workbench reaches up: {where}")
-            elif src == "kernels":
-                if dst == "labs" or dst.startswith("labs."):
-                    found.append(f"a kernel imports a lab: {where}")
+            if src == "top":
+                if dst != "workbench":
+                    found.append(f"the top package reaches up beyond its exposures: {where}")
+            elif _floor(dst) > _floor(src):
+                found.append(f"{src.split('.')[0]} reaches up to {dst.split('.')[0]}: {where}")
     return found
 
 
@@ -140,16 +146,29 @@ def test_labs_import_each_other_without_cycles():
 
 
 def test_the_checker_sees_a_crossing(tmp_path):
-    """The rule is not vacuous: a kernel module that imports a lab is found."""
+    """The rule is not vacuous: an import or a string naming a module above is found, on every floor."""
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from labkit.labs.stream_races import race\n    return 'labkit.labs.x:fn'\n")
+    bad.write_text("def f():\n    from labkit.labs.stream_races import race\n    return 'labkit.app.cli:main'\n")
     refs = _references(bad)
-    assert [(k, t) for _, k, t in refs] == [("import", "labkit.labs.stream_races.race"), ("string", "labkit.labs.x")]
+    assert [(k, t) for _, k, t in refs] == [("import", "labkit.labs.stream_races.race"), ("string", "labkit.app.cli")]
     assert _layer("labkit.labs.stream_races.race") == "labs.stream_races"
     assert _layer("labkit.kernels.comm.symm") == "kernels"
     assert len(_violations({"labkit.kernels.bad": bad})) == 2
+    assert len(_violations({"labkit.check.bad": bad})) == 2
     assert len(_violations({"labkit.workbench.bad": bad})) == 2
-    assert _violations({"labkit.labs.other.bad": bad}) == []
+    assert len(_violations({"labkit.labs.other.bad": bad})) == 1  # the string naming the app
+    assert _violations({"labkit.app.bad": bad}) == []
+
+
+def test_a_string_naming_a_module_names_one_that_exists():
+    """Strings are imports a child process makes later: a typo there is a failure at run time."""
+    missing = []
+    for path in MODULES.values():
+        for line, kind, target in _references(path):
+            named = target if target in MODULES else target.rsplit(".", 1)[0]  # a module, or one's attribute
+            if kind == "string" and named not in MODULES and not (ROOT / Path(*target.split("."))).is_dir():
+                missing.append(f"{path.relative_to(ROOT)}:{line} names {target}")
+    assert missing == []
 
 
 # --- every lab has what a lab is made of -------------------------------------------------------
@@ -157,60 +176,96 @@ def test_the_checker_sees_a_crossing(tmp_path):
 WRITTEN = [lab for lab in catalogue.LABS if lab.status in ("ready", "draft")]
 
 
-@pytest.mark.parametrize("lab", WRITTEN, ids=[lab.id for lab in WRITTEN])
+def test_the_catalogue_is_every_lab_package():
+    """A lab is one package plus one notebook: every package under labkit/labs/ is in the catalogue."""
+    packages = {p.name for p in (PACKAGE / "labs").iterdir() if (p / "__init__.py").exists()}
+    assert packages == {lab.name for lab in catalogue.LABS}
+    assert [lab.number for lab in catalogue.LABS] == sorted({lab.number for lab in catalogue.LABS})
+
+
+@pytest.mark.parametrize("lab", catalogue.LABS, ids=lambda lab: lab.name)
+def test_every_target_a_manifest_names_exists(lab):
+    """The manifest names the lab's own modules relative to its package: each one imports and holds
+    what it says."""
+    targets = [b.run for b in lab.benchmarks.values()] + [
+        f"{b.run.split(':')[0]}:{b.required}" for b in lab.benchmarks.values()
+    ]
+    targets += list(lab.report.values()) + list(lab.figures.values())
+    targets += [t for t in (lab.exercises, lab.catch, lab.parameters) if t is not None]
+    for target in targets:
+        assert lab.load(target) is not None, target
+
+
+@pytest.mark.parametrize("lab", WRITTEN, ids=[lab.name for lab in WRITTEN])
 def test_a_written_lab_has_every_part(lab):
     pkg_dir = ROOT / Path(*lab.package.split("."))
     missing = []
     if not (ROOT / lab.notebook).exists():
         missing.append(f"notebook {lab.notebook}")
-    for f in ("__init__.py", "widgets.py"):
-        if not (pkg_dir / f).exists():
-            missing.append(f"{pkg_dir.relative_to(ROOT)}/{f}")
+    if not (pkg_dir / "widgets.py").exists():
+        missing.append(f"{pkg_dir.relative_to(ROOT)}/widgets.py")
+    if lab.parameters is None:
+        missing.append("its parameter rules (manifest: parameters)")
     profiles = yaml.safe_load((ROOT / "notebooks" / "profiles.yml").read_text())
     for profile in ("cpu", "gpu"):
-        if lab.id not in (profiles[profile].get("notebooks") or {}):
-            missing.append(f"profiles.yml {profile}.notebooks.{lab.id}")
+        if lab.name not in (profiles[profile].get("notebooks") or {}):
+            missing.append(f"profiles.yml {profile}.notebooks.{lab.name}")
     if not lab.benchmarks:
-        missing.append("a `labkit bench` entry (catalogue: benchmarks)")
+        missing.append("a `labkit bench` entry (manifest: benchmarks)")
     for name in lab.benchmarks:
-        if name not in benchmarks.BENCHMARKS:
-            missing.append(f"`labkit bench {name}` in labkit/workbench/benchmarks.py")
-            continue
-        module = benchmarks.BENCHMARKS[name][0]
-        if not (module.startswith(lab.package + ".") or module.startswith("labkit.workbench.")):
-            missing.append(f"`labkit bench {name}` runs {module}, outside {lab.package}")
         if lab.status == "ready" and not list((ROOT / "reference").glob(f"*/{name}.json")):
             missing.append(f"reference/<machine>/{name}.json")  # a draft's are reported below
-    tests = [p for p in (ROOT / "tests").glob("test_*.py") if lab.package in p.read_text()]
+    tests = [p for p in (ROOT / "tests").rglob("test_*.py") if lab.package in p.read_text()]
     if not tests:
         missing.append(f"a test file importing {lab.package}")
     if f"]({lab.notebook})" not in (ROOT / "README.md").read_text():
         missing.append("its README row (labkit labs --markdown)")
-    assert missing == [], f"{lab.id} lacks: " + "; ".join(missing)
+    assert missing == [], f"{lab.name} lacks: " + "; ".join(missing)
 
 
-@pytest.mark.parametrize("lab", [lab for lab in catalogue.LABS if lab.status == "draft"], ids=lambda lab: lab.id)
+@pytest.mark.parametrize("lab", [lab for lab in catalogue.LABS if lab.status == "draft"], ids=lambda lab: lab.name)
 def test_a_draft_lab_has_recorded_its_references(lab):
-    """A draft lab (notebook runs, its issue open) may still lack GPU reference data: reported as
-    a skip naming the files, never hidden; a ready lab without them fails the test above."""
+    """A draft lab (its notebook runs, parts or data still missing) may lack GPU reference data:
+    reported as a skip naming the files, never hidden; a ready lab without them fails the test above."""
     absent = [
         f"reference/<machine>/{name}.json"
         for name in lab.benchmarks
         if not list((ROOT / "reference").glob(f"*/{name}.json"))
     ]
     if absent:
-        pytest.skip(f"{lab.id} is a draft without recorded GPU results: {', '.join(absent)}")
+        pytest.skip(f"{lab.name} is a draft without recorded GPU results: {', '.join(absent)}")
 
 
-def test_every_registered_benchmark_belongs_to_a_lab():
+def test_every_benchmark_is_a_labs_or_the_apps():
+    """One name per lab: a lab's benchmarks are named for it (the manifest checks the prefix); the
+    rest are the application's own (the doctor's report, the checkers' verdicts)."""
     owned = {name for lab in catalogue.LABS for name in lab.benchmarks}
-    assert set(benchmarks.BENCHMARKS) == owned
+    assert set(benchmarks.BENCHMARKS) - owned == {"doctor", "checkers"}
+    recorded = {p.stem for p in (ROOT / "reference").glob("*/*.json")}
+    assert recorded <= set(benchmarks.BENCHMARKS), (
+        f"reference files no benchmark writes: {recorded - set(benchmarks.BENCHMARKS)}"
+    )
+
+
+def test_every_report_block_is_named_for_its_lab_or_the_app():
+    for name in report.RENDERERS:
+        lab, dot, _ = name.partition(".")
+        if dot:
+            assert lab in {lab.name for lab in catalogue.LABS}, name
+
+
+def test_every_package_folder_is_drawn_in_the_layout_doc():
+    """docs/layout.md draws the tree as it is: every package folder of labkit/ is named there."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    folders = sorted(p.parent for p in PACKAGE.rglob("__init__.py"))
+    absent = [str(f.relative_to(PACKAGE)) for f in folders if f != PACKAGE and f"{f.name}/" not in text]
+    assert absent == [], f"docs/layout.md does not name: {absent}"
 
 
 def test_paths_into_the_repository_survive_the_layout():
-    """Modules that find the repository from their own path (one level deeper since the split)."""
+    """Modules that find the repository from their own path."""
+    from labkit.app.runner import notebooks
     from labkit.workbench import results
-    from labkit.workbench.runner import notebooks
 
     assert (results.REPO_ROOT / "pyproject.toml").exists()
     assert results.REFERENCE_DIR == ROOT / "reference"

@@ -1,6 +1,6 @@
 """labkit.labs.collectives.links: the link-copy kernel moves the right bytes across ranks (emulated on the
 CPU tier, over NVLink on GPUs), refuses bad input, and its tables pick the fastest correct run.
-The bandwidth itself is measured by ``labkit bench links``, not asserted here."""
+The bandwidth itself is measured by ``labkit bench collectives_links``, not asserted here."""
 
 import secrets
 

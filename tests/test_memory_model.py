@@ -45,7 +45,7 @@ def test_cpu_records_carry_the_required_fields(cpu_records, tmp_path):
         assert r["ptx_verdict"] in ("allowed", "forbidden") and r["not_possible"] == 0
         assert all("," in k for k in r["counts"]) and isinstance(r["stress"], dict)
     path = results.write_results(
-        tmp_path / "litmus.json", "litmus", cpu_records, generator="test", required=sweep.REQUIRED
+        tmp_path / "memory_model_litmus.json", "litmus", cpu_records, generator="test", required=sweep.REQUIRED
     )
     assert len(results.load_results(path).records) == len(cpu_records)
     json.loads(path.read_text())
@@ -85,7 +85,7 @@ def test_budget_records_pending_rows_and_resume_keeps_finished_ones(tmp_path, cp
     # resume: a finished row with enough instances is kept as it was, not rerun
     done = dict(sweep.record(recs[0], skipped=None), runs=sweep.INSTANCES, skipped=None)
     path = results.write_results(
-        tmp_path / "litmus.json", "litmus", [done] + recs[1:], generator="test", required=sweep.REQUIRED
+        tmp_path / "memory_model_litmus.json", "litmus", [done] + recs[1:], generator="test", required=sweep.REQUIRED
     )
     resume = sweep.load_resume(path)
     assert list(resume) == [sweep.key_of(done)]
@@ -161,7 +161,7 @@ def test_two_gpu_rows_sharing_a_variant_start_the_ranks_once(monkeypatch):
         assert r["batch_rows"] == 2 and r["runs"] == sweep.TWO_RANK_CPU_INSTANCES and r["unwritten"] == 0
         assert sum(r["counts"].values()) == sweep.TWO_RANK_CPU_INSTANCES
         # what the simplified relaxed model allows: on two GPUs plain MP shows its weak outcome
-        # (1,0) (reference/h200x2/litmus_two_gpus.json); an emulated world runs on the host's TSO,
+        # (1,0) (reference/h200x2/memory_model_litmus_two_gpus.json); an emulated world runs on the host's TSO,
         # which keeps store-store and load-load order, so MP's weak outcome is forbidden there
         assert set(r["counts"]) <= set(r["model_outcomes"])
         if tier.interpreted() and r["test"] == "MP":
@@ -465,7 +465,11 @@ def test_a_resumed_call_keeps_finished_spawns_and_runs_the_rest(monkeypatch, tmp
     earlier = [bb.row(f, v, d, p["trials"], "emulated", wrong_results=0) for f, v in (done, half) for d in p["delays"]]
     earlier[-1] = bb.row(*half, p["delays"][-1], p["trials"], "emulated", skipped=bb.not_started(10))
     path = results.write_results(
-        tmp_path / "broken_barriers.json", "broken_barriers", earlier, generator="test", required=bb.REQUIRED
+        tmp_path / "memory_model_broken_barriers.json",
+        "broken_barriers",
+        earlier,
+        generator="test",
+        required=bb.REQUIRED,
     )
     spawns = []
 
@@ -595,7 +599,7 @@ def test_litmus_rows_on_one_gpu():
 
 @pytest.mark.multigpu
 def test_one_gpu_rows_dealt_to_every_gpu():
-    """labkit bench litmus on a machine of several GPUs: one worker per GPU, each row on its GPU."""
+    """labkit bench memory_model_litmus on a machine of several GPUs: one worker per GPU, each row on its GPU."""
     from labkit.workbench import gates
 
     gate = gates.requires(gpus=2, compiled=True)

@@ -49,7 +49,8 @@ def test_accelerate_dispatch_on_cpu_keeps_logits():
 
 
 def test_sc_model_benchmark_records_on_cpu(tmp_path):
-    from labkit.workbench import benchmarks, results
+    from labkit.app import benchmarks
+    from labkit.workbench import results
 
     rs = results.load_results(benchmarks.run("sc_model", "cpu", out_dir=tmp_path))
     assert [r["config"] for r in rs.records] == ["bf16"] + list(M.SC_CONFIGS)

@@ -12,17 +12,17 @@ from pathlib import Path
 import pytest
 from nbformat.warnings import MissingIDFieldWarning
 
+from labkit.app.runner import notebooks as nbs
+from labkit.app.runner import profiles, run
+from labkit.app.runner.child import execute as _execute
+from labkit.app.runner.execute import resolve_jobs
 from labkit.workbench import exercises
-from labkit.workbench.runner import notebooks as nbs
-from labkit.workbench.runner import profiles, run
-from labkit.workbench.runner.child import execute as _execute
-from labkit.workbench.runner.execute import resolve_jobs
 
 NOTEBOOKS = nbs.discover()
 
 
 def test_there_are_notebooks():
-    assert "00_start_here" in NOTEBOOKS
+    assert "start_here" in NOTEBOOKS
 
 
 @pytest.mark.parametrize("name", sorted(NOTEBOOKS))
@@ -85,8 +85,8 @@ def test_runner_gives_the_kernel_the_inline_backend(tmp_path, monkeypatch):
     """Whatever MPLBACKEND the caller exports, the notebook's process tree gets matplotlib-inline."""
     from helpers import fixture_workbook
 
+    from labkit.app.runner import execute
     from labkit.workbench import sandbox
-    from labkit.workbench.runner import execute
 
     folder, prof = fixture_workbook(tmp_path / "nb")
     seen = []

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labkit.workbench import catalogue
+from labkit.app import catalogue
+from labkit.app.runner import notebooks as nbs
 from labkit.workbench.errors import UsageError
-from labkit.workbench.runner import notebooks as nbs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONDA_TO_PYPI = {"pytorch": "torch"}  # conda-forge names that differ from PyPI's

@@ -1,32 +1,32 @@
 """Notebook parameters are checked by VALUE before any cell runs, from one schema per notebook
-(``labkit.workbench.runner.schema``), with an error naming the notebook and the parameter.
+(``labkit.workbench.parameters``), with an error naming the notebook and the parameter.
 
-Without the check, `--set 00_start_here.PROFILE=banana` runs cells for seconds and dies with
+Without the check, `--set start_here.PROFILE=banana` runs cells for seconds and dies with
 ``KeyError: 'banana'``, and `HANG_TIMEOUT_S=-1` dies as run_isolated's ``timeout``. No notebook
 is executed here: ``resolve_jobs`` only reads them. Each lab keeps its rules in
 ``labkit.labs.<lab>.parameters``."""
 
 import pytest
 
-from labkit.workbench.runner import RunError, profiles, schema
-from labkit.workbench.runner import notebooks as nbs
-from labkit.workbench.runner.execute import resolve_jobs
+from labkit.app.runner import RunError, profiles, schema
+from labkit.app.runner import notebooks as nbs
+from labkit.app.runner.execute import resolve_jobs
 
 
 @pytest.mark.parametrize(
     "setting, match",
     [
-        ("00_start_here.PROFILE=banana", "parameter PROFILE: 'banana' is not one of 'auto', 'cpu', 'gpu'"),
-        ("00_start_here.REPS=-1", "parameter REPS: expected an int >= 0"),
-        ("00_start_here.HANG_TIMEOUT_S=-1", "parameter HANG_TIMEOUT_S: expected a finite number > 0"),
-        ("00_start_here.HANG_TIMEOUT_S=.nan", "parameter HANG_TIMEOUT_S: expected a finite number > 0"),
-        ("00_start_here.COPY_SIZES_BYTES=[1024, 0]", r"parameter COPY_SIZES_BYTES: item 1: expected an int >= 1"),
-        ("04_grouped_gemm.CHECK_TOKENS=20", "parameter CHECK_TOKENS: expected an int >= 38"),
-        ("02_collectives.WORLD_SIZES=[1, 2]", r"parameter WORLD_SIZES: item 0: expected an int >= 2"),
-        ("02_collectives.BROKEN_LOAD=heavy", "parameter BROKEN_LOAD: 'heavy' is not one of 'late', 'gemm', 'held'"),
-        ("06_memory_model.LIVE_TESTS=[MP, XYZ]", "parameter LIVE_TESTS: item 1: 'XYZ' is not one of"),
-        ("06_memory_model.LIVE_INSTANCES=1000000000", "parameter LIVE_INSTANCES: expected an int from 1 to"),
-        ("05_fp8_dispatch.SIZE=-0.5", "parameter SIZE: expected a finite number >= 0"),
+        ("start_here.PROFILE=banana", "parameter PROFILE: 'banana' is not one of 'auto', 'cpu', 'gpu'"),
+        ("start_here.REPS=-1", "parameter REPS: expected an int >= 0"),
+        ("start_here.HANG_TIMEOUT_S=-1", "parameter HANG_TIMEOUT_S: expected a finite number > 0"),
+        ("start_here.HANG_TIMEOUT_S=.nan", "parameter HANG_TIMEOUT_S: expected a finite number > 0"),
+        ("start_here.COPY_SIZES_BYTES=[1024, 0]", r"parameter COPY_SIZES_BYTES: item 1: expected an int >= 1"),
+        ("grouped_gemm.CHECK_TOKENS=20", "parameter CHECK_TOKENS: expected an int >= 38"),
+        ("collectives.WORLD_SIZES=[1, 2]", r"parameter WORLD_SIZES: item 0: expected an int >= 2"),
+        ("collectives.BROKEN_LOAD=heavy", "parameter BROKEN_LOAD: 'heavy' is not one of 'late', 'gemm', 'held'"),
+        ("memory_model.LIVE_TESTS=[MP, XYZ]", "parameter LIVE_TESTS: item 1: 'XYZ' is not one of"),
+        ("memory_model.LIVE_INSTANCES=1000000000", "parameter LIVE_INSTANCES: expected an int from 1 to"),
+        ("fp8_dispatch.SIZE=-0.5", "parameter SIZE: expected a finite number >= 0"),
     ],
 )
 def test_a_bad_value_is_refused_before_anything_runs(setting, match):
@@ -36,14 +36,14 @@ def test_a_bad_value_is_refused_before_anything_runs(setting, match):
 
 
 def test_parameters_for_a_notebook_left_out_are_checked_too():
-    """``--only 00_start_here --set 01_wrong_device.EXACTNESS_TRIALS=2.5`` was accepted: only the
+    """``--only start_here --set wrong_device.EXACTNESS_TRIALS=2.5`` was accepted: only the
     selected notebooks' parameters were read. A typo for a notebook left out is still a typo."""
-    with pytest.raises(RunError, match="notebook 01_wrong_device: .*EXACTNESS_TRIALS"):
-        resolve_jobs(only=["00_start_here"], profile="cpu", sets=["01_wrong_device.EXACTNESS_TRIALS=2.5"])
-    with pytest.raises(RunError, match="notebook 06_memory_model: parameter LIVE_TESTS"):
-        resolve_jobs(only=["00_start_here"], profile="cpu", sets=["06_memory_model.LIVE_TESTS=[XYZ]"])
-    (job,) = resolve_jobs(only=["00_start_here"], profile="cpu", sets=["01_wrong_device.EXACTNESS_TRIALS=3"])[1]
-    assert job[0] == "00_start_here"
+    with pytest.raises(RunError, match="notebook wrong_device: .*EXACTNESS_TRIALS"):
+        resolve_jobs(only=["start_here"], profile="cpu", sets=["wrong_device.EXACTNESS_TRIALS=2.5"])
+    with pytest.raises(RunError, match="notebook memory_model: parameter LIVE_TESTS"):
+        resolve_jobs(only=["start_here"], profile="cpu", sets=["memory_model.LIVE_TESTS=[XYZ]"])
+    (job,) = resolve_jobs(only=["start_here"], profile="cpu", sets=["wrong_device.EXACTNESS_TRIALS=3"])[1]
+    assert job[0] == "start_here"
 
 
 def test_the_schema_names_only_parameters_that_exist():
@@ -64,7 +64,5 @@ def test_every_default_and_profile_value_passes():
 
 
 def test_good_values_pass():
-    _, jobs = resolve_jobs(
-        only=["00_start_here"], profile="cpu", sets=["00_start_here.PROFILE=gpu", "00_start_here.REPS=3"]
-    )
+    _, jobs = resolve_jobs(only=["start_here"], profile="cpu", sets=["start_here.PROFILE=gpu", "start_here.REPS=3"])
     assert jobs[0][2]["PROFILE"] == "gpu"

@@ -60,7 +60,7 @@ def test_save_shows_the_figure_once_and_closes_it(tmp_path, monkeypatch):
     import IPython
     import IPython.display
 
-    from labkit.workbench.runner.execute import KERNEL_MPLBACKEND
+    from labkit.app.runner.execute import KERNEL_MPLBACKEND
 
     shown = []
     monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
@@ -131,7 +131,7 @@ def test_copy_bandwidth_plot_has_your_run_and_references(tmp_path):
     ref_recs = [
         rec(i, m, b, 1e3) for i in copy_bandwidth.IMPLS for m in ("cuda_events", "cuda_graph") for b in (4096, 16384)
     ]
-    path = results.write_results(tmp_path / "h200x2" / "workbench.json", "workbench", ref_recs, generator="t")
+    path = results.write_results(tmp_path / "h200x2" / "start_here.json", "workbench", ref_recs, generator="t")
     # the reference names its GPU whatever machine writes this file (on a GPU node the stamp would
     # name that node's GPU, on the CPU tier none): the ceiling drawn is the named GPU's datasheet HBM
     ref = results.load_results(path)

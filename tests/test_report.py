@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from labkit.app import catalogue, report
 from labkit.kernels import grouped_gemm as gg
 from labkit.labs.collectives import findings as collectives_findings
 from labkit.labs.grouped_gemm import findings as gemm_findings
 from labkit.labs.memory_model import findings as memory_findings
 from labkit.labs.stream_races import findings as stream_findings
-from labkit.workbench import catalogue, report, results
+from labkit.workbench import results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,12 +129,12 @@ def test_check_names_a_stale_block_and_write_renders_it(tmp_path, monkeypatch):
         _write(tmp_path / "reference", name, _collectives_records(w=w))
     (tmp_path / "docs").mkdir()
     doc = tmp_path / "docs" / "page.md"
-    doc.write_text("before\n<!-- report:collectives-small-messages -->\nold numbers\n<!-- /report -->\nafter\n")
+    doc.write_text("before\n<!-- report:collectives.small-messages -->\nold numbers\n<!-- /report -->\nafter\n")
     ref = report.Reference(tmp_path / "reference")
     assert report.stale(tmp_path, ref) == ["docs/page.md: collectives-small-messages"]
     assert report.write(tmp_path, ref) == [doc]
     text = doc.read_text()
-    assert text.startswith("before\n<!-- report:collectives-small-messages -->\n| W | size |")
+    assert text.startswith("before\n<!-- report:collectives.small-messages -->\n| W | size |")
     assert text.endswith("Rendered by `labkit report`.\n<!-- /report -->\nafter\n")
     assert report.stale(tmp_path, ref) == []
 
@@ -161,7 +162,7 @@ def test_number_refuses_what_is_not_a_number():
 
 
 def test_the_cli_check_exits_1_naming_the_block(tmp_path, monkeypatch, capsys):
-    from labkit.workbench import cli
+    from labkit.app import cli
 
     monkeypatch.setattr(report, "stale", lambda: ["README.md: labs"])
     assert cli.main(["report", "--check"]) == 1
@@ -235,7 +236,7 @@ def test_moe_in_words_sets_the_graph_against_the_host_sync_layer():
 
 
 def test_reading_minutes_counts_words_and_figures(tmp_path):
-    lab = catalogue.get("03_stream_races")
+    lab = catalogue.get("stream_races")
     cells = [
         {"cell_type": "markdown", "source": ["word " * 300]},
         {"cell_type": "code", "source": "fig = plot.beside(panels, draw, 'x')"},
@@ -244,7 +245,7 @@ def test_reading_minutes_counts_words_and_figures(tmp_path):
     (tmp_path / "notebooks").mkdir()
     (tmp_path / lab.notebook).write_text(json.dumps({"cells": cells}))
     assert catalogue.reading_minutes(lab, tmp_path) == 3  # 300 words / 150 + one figure
-    with pytest.raises(Exception, match="reading_minutes: 03_stream_races's notebook .* is missing"):
+    with pytest.raises(Exception, match="reading_minutes: stream_races's notebook .* is missing"):
         catalogue.reading_minutes(lab, tmp_path / "elsewhere")
 
 

@@ -1,5 +1,5 @@
 """labkit.labs.stream_races.reuse_probe: record_stream heard for views, ignored for raw pieces.
-The record, its verdict and its place in ``labkit bench streams`` on any tier; the probe on a GPU."""
+The record, its verdict and its place in ``labkit bench stream_races`` on any tier; the probe on a GPU."""
 
 import inspect
 
@@ -56,7 +56,7 @@ def test_verdict_reads_the_records_own_pointers_and_times():
 
 def test_records_fit_the_streams_results_file(tmp_path):
     recs = [race._blank(dict(r)) for r in (_rec("raw", True, 250.0), _rec("views", False, 240.0))]
-    path = results.write_results(tmp_path / "streams.json", "streams", recs, generator="t", required=race.REQUIRED)
+    path = results.write_results(tmp_path / "stream_races.json", "streams", recs, generator="t", required=race.REQUIRED)
     assert reuse_probe.report(results.load_results(path).records, "r").count("same block in") == 2
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from helpers import fixture_workbook
 
+from labkit.app.runner import execute as ex
+from labkit.app.runner import run
 from labkit.workbench import sandbox
-from labkit.workbench.runner import execute as ex
-from labkit.workbench.runner import run
 
 
 @pytest.fixture
@@ -85,7 +85,7 @@ def test_a_run_killed_by_sigkill_leaves_a_folder_marked_incomplete(workbook, tmp
     runs = tmp_path / "runs"
     code = textwrap.dedent(f"""
         import time
-        from labkit.workbench.runner import execute as ex
+        from labkit.app.runner import execute as ex
         ex.sandbox.run_isolated = lambda *a, **k: time.sleep(300)  # a notebook that runs on
         ex.run(only=["ok"], profile="cpu", runs_dir={str(runs)!r}, notebooks_dir={str(folder)!r},
                profiles_file={str(prof)!r}, progress=False)

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from helpers import fixture_workbook, make_notebook
 
+from labkit.app.runner import RunError, profiles, run
+from labkit.app.runner import notebooks as nbs
+from labkit.app.runner.execute import resolve_jobs
 from labkit.workbench import results
-from labkit.workbench.runner import RunError, profiles, run
-from labkit.workbench.runner import notebooks as nbs
-from labkit.workbench.runner.execute import resolve_jobs
 
 pytestmark = pytest.mark.notebook
 
@@ -204,8 +204,8 @@ def _cli(*args):
     "args,message",
     [
         (["run", "--only", "no_such_notebook"], "unknown notebook 'no_such_notebook'"),
-        (["run", "--set", "00_start_here.NO_SUCH=1"], "has no parameter 'NO_SUCH'"),
-        (["run", "--set", "00_start_here.REPS=fast"], "parameter REPS expects int"),
+        (["run", "--set", "start_here.NO_SUCH=1"], "has no parameter 'NO_SUCH'"),
+        (["run", "--set", "start_here.REPS=fast"], "parameter REPS expects int"),
         (["run", "--profile", "fast"], "--profile 'fast'"),
         (["bench", "no_such_lab"], "no benchmark for lab 'no_such_lab'"),
     ],
@@ -235,7 +235,7 @@ def test_whole_notebook_limit_stops_many_short_cells(tmp_path, monkeypatch):
     """Each cell is short, together they exceed the limit: the notebook is stopped, not each cell."""
     import re
 
-    from labkit.workbench.runner import execute
+    from labkit.app.runner import execute
 
     folder = tmp_path / "nb"
     folder.mkdir()

@@ -164,7 +164,8 @@ def test_prepared_b_gives_the_same_bits_and_checks_its_input():
 
 
 def test_kernel_benchmark_records(tmp_path):
-    from labkit.workbench import benchmarks, results
+    from labkit.app import benchmarks
+    from labkit.workbench import results
 
     path = benchmarks.run("sc_kernel", "cpu", out_dir=tmp_path)
     rs = results.load_results(path)

@@ -1,6 +1,6 @@
 """Lab 03's widgets and plots, driven directly (papermill renders widgets static): the alignment
 panel on real pointers of this machine, the race panel on records, the plots on records of the
-shape ``labkit bench streams`` writes."""
+shape ``labkit bench stream_races`` writes."""
 
 import matplotlib
 

@@ -16,7 +16,7 @@ import nbformat
 import papermill
 
 import labkit
-from labkit.workbench.runner import notebooks as nbs
+from labkit.app.runner import notebooks as nbs
 
 #: cells that redraw the view (with an Output in the view's place, 28 of 30 stalled)
 REDRAWS = 30

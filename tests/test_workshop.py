@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from labkit.workbench import catalogue, report, workshop
+from labkit.app import catalogue, report, workshop
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def test_skipped_spans_run_from_a_marker_to_the_next_section():
 
 
 def test_marked_notebooks_read_shorter_on_a_first_read():
-    lab = catalogue.get("01_wrong_device")
+    lab = catalogue.get("wrong_device")
     assert catalogue.first_read_minutes(lab) < catalogue.reading_minutes(lab)
 
 
@@ -67,7 +67,7 @@ def test_record_adds_a_run_and_minutes_come_from_the_last_that_completed(tmp_pat
                 {
                     "profile": "cpu",
                     "complete": True,
-                    "results": [{"name": "00_start_here", "status": status, "seconds": seconds, "detail": ""}],
+                    "results": [{"name": "start_here", "status": status, "seconds": seconds, "detail": ""}],
                 }
             )
         )
@@ -76,10 +76,10 @@ def test_record_adds_a_run_and_minutes_come_from_the_last_that_completed(tmp_pat
         workshop.record(run, log, root=tmp_path)
     doc = workshop.load_run(tmp_path)
     assert len(doc["runs"]) == 2
-    assert workshop.run_minutes("00_start_here", doc) == 2  # 61 s, the failed run skipped
+    assert workshop.run_minutes("start_here", doc) == 2  # 61 s, the failed run skipped
     assert "3.5 to 5.2" in workshop.machine_words(doc)
-    with pytest.raises(Exception, match="no completed run of 01_wrong_device"):
-        workshop.run_minutes("01_wrong_device", doc)
+    with pytest.raises(Exception, match="no completed run of wrong_device"):
+        workshop.run_minutes("wrong_device", doc)
 
 
 def test_report_rewrites_a_block_in_a_notebook_cell_and_nothing_else(tmp_path):

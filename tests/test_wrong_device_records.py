@@ -161,7 +161,7 @@ def test_old_matrix_records_still_plot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recorded = results.load_results(results.REFERENCE_DIR / "h200x2" / "device_guard.json").records
+    recorded = results.load_results(results.REFERENCE_DIR / "h200x2" / "wrong_device.json").records
     cells = [r for r in recorded if r["pattern"] in wd.PATTERNS]
     assert timing.timing_note(cells).startswith("GB/s: kernel time, CUDA events")
     # files made before the CUDA-event timing hold the same cells without `timing` (and the
@@ -337,7 +337,7 @@ def test_seed_crash_verdict():
     assert got == "reproduced: an illegal memory access in expandable segments"
     cell = {"pattern": "triton_launch", "guarded": False, "peer_access": True, "outcome": "illegal memory access"}
     assert "matrix cell triton_launch, peer on" in cs.seed_crash_verdict([cell])
-    recorded = results.load_results(results.REFERENCE_DIR / "h200x2" / "device_guard.json").records
+    recorded = results.load_results(results.REFERENCE_DIR / "h200x2" / "wrong_device.json").records
     assert cs.seed_crash_verdict(recorded) == (
         "not reproduced: no illegal memory access in 6 search configuration(s) (correct, other error, wrong result) "
         "nor in 8 unguarded matrix cell(s)"

@@ -73,8 +73,20 @@ def git_commit() -> str | None:
     return None
 
 
+def command_as_run(argv: list[str]) -> str:
+    """``argv`` as a command relative to the package: ``python -m labkit ...`` for labkit's own
+    command, the script's file name otherwise; never a path of the machine it ran on."""
+    first = Path(argv[0]) if argv else Path("python")
+    if first.name == "labkit" or first.parts[-2:] == ("labkit", "__main__.py"):
+        head = ["python", "-m", "labkit"]
+    else:
+        head = ["python", first.name]
+    return shlex.join(head + [a if not Path(a).is_absolute() else Path(a).name for a in argv[1:]])
+
+
 def stamp(command: str | None = None) -> dict:
-    """Everything a reader needs to know where and how a number was made."""
+    """Everything a reader needs to know where and how a number was made (no absolute path of the
+    machine: the command is :func:`command_as_run`'s)."""
     hw = hardware.snapshot()
     return {
         "machine": hardware.machine_tag(hw),
@@ -92,9 +104,8 @@ def stamp(command: str | None = None) -> dict:
             for g in hw.gpus
         ],
         "versions": versions(),
-        "command": command if command is not None else shlex.join([sys.executable] + sys.argv),
+        "command": command if command is not None else command_as_run(sys.argv),
         "git_commit": git_commit(),
-        "cwd": os.getcwd(),
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
 

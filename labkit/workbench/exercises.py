@@ -1,4 +1,4 @@
-"""Exercises: the learner answers in a notebook cell, a check says in one line whether it is right.
+"""The exercise decorator a lab's ``exercises`` module uses, and :class:`Wrong`, which its judges raise.
 
 Every lab's "Your turn" section holds exercises of three kinds:
 
@@ -9,57 +9,24 @@ Every lab's "Your turn" section holds exercises of three kinds:
   observes the bug on the CPU tier (not only on GPUs);
 * ``write``: the learner writes a piece (a launcher, a function); the check runs it.
 
-How the parts fit:
-
-1. A lab registers each exercise in its ``labkit/labs/<lab>/exercises.py`` with
-   :func:`exercise`, decorating a *judge*: a function of the learner's answer that returns what it
-   observed when the answer is right and raises :class:`Wrong` (with what it observed) when not.
-2. The notebook's answer cell is self-contained (it imports what it uses) and defines one name,
-   the exercise's ``answer``; the cell carries ``{"labkit": {"answer": "<name>"}}`` in its
-   metadata. The next cell calls ``labkit.exercises.check("<name>", <answer>)``.
-3. :func:`check` prints one line, ``PASS`` with what was observed or ``FAIL`` with the reason and
-   the hint, never the solution, and returns a bool. It never raises: a judge that raises anything
-   but :class:`Wrong` (the answer broke the check) is a failure with the exception named.
-4. The solution of exercise ``NN.word`` is the file ``labkit/labs/<lab>/solutions/<word>.py``: the
-   answer cell's text, solved. ``labkit run --solutions`` puts it in place of the starter
-   (:func:`inject_solutions`) before the notebook runs; the learner's notebook never holds it.
-5. Where ``labkit run`` executes a notebook, every check also appends its verdict to
-   ``exercises.jsonl`` in the notebook's output folder, and the run summary counts them.
-
-Example::
-
-    import labkit
-    labkit.exercises.check("01.guard", launch)   # PASS 01.guard: ... / FAIL 01.guard: ... Hint: ...
+A lab registers each exercise in its ``labkit/labs/<lab>/exercises.py`` with :func:`exercise`,
+decorating a *judge*: a function of the learner's answer that returns what it observed when the
+answer is right and raises :class:`Wrong` (with what it observed) when not. This module checks
+only the shape of a name (``"NN.word"``); which lab ``NN`` is, and the check a notebook calls
+(``labkit.exercises.check``), are the application's (:mod:`labkit.app.exercises`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import json
-import os
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from labkit.workbench import results
 from labkit.workbench.errors import UsageError
 
-#: Each lab's exercises module, by lab number. Named here (this registry, like ``labkit bench``'s,
-#: is the one place the workbench names lab modules) and imported on first use.
-LAB_MODULES = {
-    "01": "labkit.labs.wrong_device.exercises",
-    "02": "labkit.labs.collectives.exercises",
-    "03": "labkit.labs.stream_races.exercises",
-    "04": "labkit.labs.grouped_gemm.exercises",
-    "05": "labkit.labs.fp8_dispatch.exercises",
-    "06": "labkit.labs.memory_model.exercises",
-}
 KINDS = ("predict", "fix", "write")
 NAME = re.compile(r"^(\d\d)\.([a-z][a-z0-9_]*)$")
-#: the file, in a notebook's output folder, that collects its checks' verdicts
-VERDICTS_FILE = "exercises.jsonl"
 
 
 class Wrong(Exception):
@@ -94,15 +61,6 @@ class Exercise:
     def word(self) -> str:
         return self.name.split(".")[1]
 
-    @property
-    def solution_path(self) -> Path:
-        """``labkit/labs/<lab>/solutions/<word>.py``, beside the lab's exercises module."""
-        module = importlib.import_module(LAB_MODULES[self.lab])
-        return Path(module.__file__).parent / "solutions" / f"{self.word}.py"
-
-    def solution(self) -> str:
-        return self.solution_path.read_text()
-
 
 _REGISTRY: dict[str, Exercise] = {}
 
@@ -111,15 +69,15 @@ def exercise(name: str, *, kind: str, question: str, answer: str, hint: str):
     """Decorator: register the decorated judge as exercise ``name``.
 
     Args:
-        name: ``"NN.word"``, NN one of :data:`LAB_MODULES`' lab numbers.
+        name: ``"NN.word"``: the lab's number (its notebook's prefix), a dot, a word.
         kind: ``"predict"``, ``"fix"`` or ``"write"``.
         question: what the learner does, in one line.
         answer: the name the notebook's answer cell defines.
         hint: one or two sentences pointing the way, without the answer.
     """
     m = NAME.match(name) if isinstance(name, str) else None
-    if not m or m.group(1) not in LAB_MODULES:
-        raise UsageError(f"exercise: name {name!r} must be 'NN.word' with NN one of {sorted(LAB_MODULES)}")
+    if not m:
+        raise UsageError(f"exercise: name {name!r} must be 'NN.word': a lab's two-digit number, a dot, a word")
     if kind not in KINDS:
         raise UsageError(f"exercise {name}: kind {kind!r} must be one of {KINDS}")
     if not (isinstance(answer, str) and answer.isidentifier()):
@@ -134,121 +92,6 @@ def exercise(name: str, *, kind: str, question: str, answer: str, hint: str):
     return register
 
 
-def _load(lab: str) -> None:
-    importlib.import_module(LAB_MODULES[lab])
-
-
-def all_exercises() -> dict[str, Exercise]:
-    """Every lab's exercises, by name (importing each lab's exercises module)."""
-    for lab in LAB_MODULES:
-        _load(lab)
-    return dict(sorted(_REGISTRY.items()))
-
-
-def get(name: str) -> Exercise:
-    """The exercise ``name``; a UsageError naming the known ones otherwise."""
-    m = NAME.match(name) if isinstance(name, str) else None
-    if m and m.group(1) in LAB_MODULES:
-        _load(m.group(1))
-    if name not in _REGISTRY:
-        known = ", ".join(all_exercises())
-        raise UsageError(f"no exercise {name!r}; known: {known}")
-    return _REGISTRY[name]
-
-
-def verdict(name: str, answer: Any) -> tuple[bool, str]:
-    """(passed, the line check() prints), without printing: tests and the runner use it."""
-    try:
-        ex = get(name)
-    except Exception as e:  # an unknown name, or a lab's exercises that do not import: said, not raised
-        return False, f"FAIL {name}: {type(e).__name__}: {e}"
-    if answer is Ellipsis:
-        return False, f"FAIL {name}: not answered yet (the cell still holds `...`). Hint: {ex.hint}"
-    try:
-        seen = ex.judge(answer)
-    except Wrong as e:
-        return False, f"FAIL {name}: {e} Hint: {ex.hint}"
-    except Exception as e:  # the answer broke the check: a failure, named, never a raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return False, f"FAIL {name}: checking your answer raised {type(e).__name__}: {first} Hint: {ex.hint}"
-    return True, f"PASS {name}: {seen}"
-
-
-def check(name: str, answer: Any) -> bool:
-    """Check a learner's answer to exercise ``name``: print one line, PASS or FAIL, and return it.
-
-    Args:
-        name: the exercise, e.g. ``"01.guard"`` (the notebook's check cell names it).
-        answer: the value the answer cell defined.
-
-    Note:
-        A failed check never raises: the notebook runs on, whatever the answer. Under ``labkit run``
-        the verdict is also appended to ``exercises.jsonl`` in the notebook's output folder.
-
-    Example::
-
-        >>> import labkit
-        >>> labkit.exercises.check("06.forbid", prediction)  # doctest: +SKIP
-        PASS 06.forbid: ...
-    """
-    passed, line = verdict(name, answer)
-    print(line)
-    out = os.environ.get(results.OUTPUT_ENV)
-    if out and Path(out).is_dir():
-        with open(Path(out) / VERDICTS_FILE, "a") as f:
-            f.write(json.dumps({"exercise": name, "passed": passed, "line": line}) + "\n")
-    return passed
-
-
-def read_verdicts(folder: str | os.PathLike) -> list[dict]:
-    """The verdicts a notebook's checks wrote into its output folder (empty if none ran)."""
-    path = Path(folder) / VERDICTS_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def answer_cells(nb) -> dict[str, Any]:
-    """The notebook's answer cells, by exercise name (cells whose metadata names one)."""
-    found = {}
-    for cell in nb.cells:
-        name = cell.get("metadata", {}).get("labkit", {}).get("answer")
-        if name:
-            if name in found:
-                raise UsageError(f"two answer cells for exercise {name}")
-            found[name] = cell
-    return found
-
-
-def exercise_cells(nb) -> list:
-    """The cells that hold a notebook's exercises, in order: the first (title) cell, the
-    parameters cell, ``import labkit``, then for every answer cell the markdown cell before it
-    (its statement), the answer cell and the code cells after it that call ``exercises.check``."""
-    import nbformat
-
-    cells = nb.cells
-    keep = [0] + [i for i, c in enumerate(cells) if "parameters" in c.get("metadata", {}).get("tags", [])]
-    for i, cell in enumerate(cells):
-        if not cell.get("metadata", {}).get("labkit", {}).get("answer"):
-            continue
-        if i > 0 and cells[i - 1].cell_type == "markdown":
-            keep.append(i - 1)
-        keep.append(i)
-        j = i + 1
-        while j < len(cells) and cells[j].cell_type == "code" and "exercises.check(" in cells[j].source:
-            keep.append(j)
-            j += 1
-    chosen = [cells[i] for i in sorted(set(keep))]
-    at = 2 if len(chosen) > 1 else len(chosen)
-    importer = nbformat.v4.new_code_cell("import labkit  # picks the tier first")
-    importer.id = "exercises-import-labkit"
-    return chosen[:at] + [importer] + chosen[at:]
-
-
-def inject_solutions(nb) -> list[str]:
-    """Replace every answer cell's starter with its solution, in place; returns the names solved."""
-    solved = []
-    for name, cell in answer_cells(nb).items():
-        cell.source = get(name).solution().rstrip("\n")
-        solved.append(name)
-    return solved
+def registered() -> dict[str, Exercise]:
+    """The exercises registered so far (by the lab ``exercises`` modules imported so far), by name."""
+    return dict(_REGISTRY)

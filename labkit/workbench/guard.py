@@ -7,7 +7,7 @@ only the tensors' raw pointers and never looks at their device (triton/runtime/j
 context: an illegal memory access in the seed story's pull request ("sc/matmul: guard Triton
 launches with the input's CUDA device", 2x RTX Pro 6000), a misleading ValueError with peer access
 off, or a silent, slow, unordered cross-GPU run with peer access on (the last two:
-reference/h200x2/device_guard.json, pattern 'triton_launch'). Plain torch ops never do this: they
+reference/h200x2/wrong_device.json, pattern 'triton_launch'). Plain torch ops never do this: they
 guard themselves. So do labkit's kernels:
 
     with on_device_of(x=x, out=out):   # checks x and out share one device, enters it

@@ -3,7 +3,7 @@ and sums what arrived in its own inbox. No start barrier, no end barrier, no rem
 
 Why: lab 02's one-shot pulls (remote loads, one round trip each) between two barriers (two more
 round trips). Stores are posted (the writer does not wait for them), the links carry stores
-faster than loads (``labkit bench links``: 361 vs 333 GB/s per GPU on 2x H200), and the end
+faster than loads (``labkit bench collectives_links``: 361 vs 333 GB/s per GPU on 2x H200), and the end
 barrier is replaced by double buffering. What is left on the critical path: the stores, one
 release per peer and one acquire wait per peer.
 

@@ -3,7 +3,7 @@
 Casting with torch ops (``x.abs().amax()``, then ``(x * scale).to(float8)``) reads the input
 twice and writes fp32 intermediates, several times the bytes of one pass that reads bf16 once and
 writes FP8 once; what the one pass costs beside the GEMM is the gap between impls
-'fp8_quantize_gemm' and 'fp8_gemm' in reference/h200x1/fp8.json, kind 'speed'. Delayed scaling
+'fp8_quantize_gemm' and 'fp8_gemm' in reference/h200x1/fp8_dispatch.json, kind 'speed'. Delayed scaling
 makes one pass enough: the scale applied NOW comes from the history (earlier steps), and the amax
 measured NOW only goes into the history. So ``_quantize_kernel`` reads each element once and, in
 the same pass,

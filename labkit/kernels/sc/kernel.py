@@ -11,7 +11,7 @@ Two ways to look a value up (``GATHER``):
   loads are scattered over the table, so the L1 serves about one lookup per clock per SM.
 * ``1`` (rows): load the BLOCK_M x BLOCK_K table rows T[q_a, :] that this block needs, once,
   then ``tl.gather`` the BLOCK_N columns q_b from them. Measured slower on an H200 at every
-  shape tried (reference/h200x2/sc_launch.json): the gather stages the rows through shared
+  shape tried (reference/h200x2/wrong_device_sc_launch.json): the gather stages the rows through shared
   memory on every call, so each lookup costs a row load, a shared store and a shared load.
   Kept, tested, as the experiment that says so.
 

@@ -219,7 +219,8 @@ def split_k(tiles: int, K: int, block_k: int) -> int:
 
 
 def launch_config(H: int, M: int, N: int, K: int, C: int) -> LaunchConfig:
-    """Defaults from the sweep in reference/h200x2/sc_launch.json (``labkit bench sc_launch``):
+    """Defaults from the sweep in reference/h200x2/wrong_device_sc_launch.json
+    (``labkit bench wrong_device_sc_launch``):
     global lookups beat gathered rows at every shape measured there (tl.gather stages the rows
     through shared memory on every call, three memory operations per lookup instead of one),
     and a decode step needs K split across programs to fill the GPU."""

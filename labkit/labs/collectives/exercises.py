@@ -19,7 +19,7 @@
 
 import os
 
-from labkit.kernels.check import report as check_report
+from labkit.check import report as check_report
 from labkit.labs.collectives import atomics_probe, catch, gather_order
 from labkit.workbench import results, tier
 from labkit.workbench.exercises import Wrong, exercise
@@ -43,7 +43,7 @@ def _collective_with(signal_then_wait) -> str:
     with fewer than two GPUs. The answer reaches the ranks as text (``catch.BARRIER_SOURCE_ENV``)."""
     if tier.TIER == "gpu" and check_report.cuda_count() < 2:
         return ""
-    from labkit.kernels.check import collective
+    from labkit.check import collective
 
     saved = os.environ.get(catch.BARRIER_SOURCE_ENV)
     os.environ[catch.BARRIER_SOURCE_ENV] = catch.barrier_source(signal_then_wait)

@@ -326,11 +326,11 @@ def _world(reference, name) -> int:
 
 
 def small_messages_table(reference) -> str:
-    """docs block ``collectives-small-messages``: the all-reduce's µs up to 1 MiB under graph replay,
+    """docs block ``collectives.small-messages``: the all-reduce's µs up to 1 MiB under graph replay,
     on 2 and 4 H200s: labkit's one-shots (flag-in-data, push, pull) and the public call beside
     torch's ops, timed in the same rounds (kind ``push``, out of place), with NCCL from the sweep
     (kind ``sweep``, ``graph_us``); the last column is labkit's fastest over torch's fastest."""
-    from labkit.workbench.report import number
+    from labkit.workbench.findings import number
 
     head = ["W", "size"] + [label for _, label in PUSH_COLUMNS] + ["NCCL (sweep)", "labkit's best / torch's best"]
     out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
@@ -376,11 +376,11 @@ EAGER_ROWS = (
 
 
 def eager_calls_table(reference) -> str:
-    """docs block ``collectives-eager-calls``: each call's µs called back to back from Python (kind
+    """docs block ``collectives.eager-calls``: each call's µs called back to back from Python (kind
     ``push``, ``timing`` "eager") over torch's fastest eager op in the same rounds
     (``ratio_to_torch_best``), at 4 KiB and 1 MiB on 2 and 4 H200s, beside the slowest rank's
     host µs per call at 4 KiB (kind ``host_call``)."""
-    from labkit.workbench.report import number
+    from labkit.workbench.findings import number
 
     sizes = (SMALL[0], SMALL[1])
     worlds = {name: _world(reference, name) for name in SMALL_REFERENCES}
@@ -437,9 +437,9 @@ LARGE_ROWS = (
 
 
 def large_messages_table(reference) -> str:
-    """docs block ``collectives-large-messages``: bus bandwidth at 256 MiB under graph replay on 2×H200
+    """docs block ``collectives.large-messages``: bus bandwidth at 256 MiB under graph replay on 2×H200
     (kind ``sweep``, ``graph_busbw_GBps``), and ``all_reduce_into`` (kind ``into``, ``busbw_GBps``)."""
-    from labkit.workbench.report import number
+    from labkit.workbench.findings import number
 
     name, size = DOCS_REFERENCE, 256 << 20
 

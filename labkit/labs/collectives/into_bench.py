@@ -8,7 +8,7 @@ the peers' data (the one-shot) reaches, by storing into a symmetric output inste
 In place, the copy engines plus pushed stores (``two_shot_ce``) are its peer; what each reached
 is in reference/<machine>/collectives.json, records of kind "into", fields ``busbw_GBps`` and
 ``ratio_to_baseline``, and what the links carry by loads and by stores in
-reference/<machine>/links.json. Per size, every candidate is checked once against the sum over
+reference/<machine>/collectives_links.json. Per size, every candidate is checked once against the sum over
 ranks (and ``labkit_into`` for its input left unchanged); then all are timed in the same
 interleaved rounds (``labkit.workbench.bench.compare``, CUDA events), twice, as the sweep
 times: "graph", the replay of one CUDA graph of ``messages.iters_for(size)`` back-to-back calls

@@ -1,5 +1,5 @@
 """The links themselves: how many GB/s one GPU moves to and from a peer's memory over NVLink,
-by SM loads, by SM stores, and by ``cudaMemcpyAsync`` (``labkit bench links``).
+by SM loads, by SM stores, and by ``cudaMemcpyAsync`` (``labkit bench collectives_links``).
 
 Why it is in the lab: at 256 MiB labkit's all-reduce moves well short of NV18's 450 GB/s per
 direction on paper over the links (reference/<machine>/collectives.json, field ``busbw_GBps``).
@@ -98,7 +98,7 @@ def link_copy(
 
 
 def probe(ctx, sizes=SIZES, grid=None, reps: int = 7, iters: int = 5, progress: bool = True) -> list[dict]:
-    """One rank's part of ``labkit bench links`` (``run_ranks`` runs it on every rank); rank 0's
+    """One rank's part of ``labkit bench collectives_links`` (``run_ranks`` runs it on every rank); rank 0's
     records are the result: every mode, both directions, every SM launch of ``grid``."""
     import functools
     import itertools
@@ -208,7 +208,7 @@ def links_markdown(records: list[dict]) -> str:
 
 
 def benchmark(profile: str) -> list[dict]:
-    """Entry point of ``labkit bench links``: ``probe`` on every GPU of this machine."""
+    """Entry point of ``labkit bench collectives_links``: ``probe`` on every GPU of this machine."""
     from labkit.kernels.comm.ranks import run_ranks
     from labkit.workbench import gates
 

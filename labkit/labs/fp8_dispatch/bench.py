@@ -1,4 +1,4 @@
-"""Lab 05's benchmark (``labkit bench fp8``): the story's matrix, the debugging lesson, and what
+"""Lab 05's benchmark (``labkit bench fp8_dispatch``): the story's matrix, the debugging lesson, and what
 FP8 costs or saves against bf16 at the story's MLP shapes.
 
 Records, each with ``kind`` and the ``REQUIRED`` fields (None where they do not apply):
@@ -354,7 +354,7 @@ def benchmark(
     speed: bool = True,
     timeout: float = CELL_TIMEOUT_S,
 ) -> list[dict]:
-    """Entry point of ``labkit bench fp8``: every cell of the profile's matrix, its meta records,
+    """Entry point of ``labkit bench fp8_dispatch``: every cell of the profile's matrix, its meta records,
     and (profile "gpu", ``speed``) the FP8 vs bf16 GEMM comparison. size, steps: override the
     profile's (the notebook's parameters)."""
     from tqdm.auto import tqdm
@@ -366,7 +366,9 @@ def benchmark(
     if profile == "gpu":
         gate = gates.requires(gpus=1, compiled=True)
         if not gate.ok:
-            raise HardwareUnavailable(f"labkit bench fp8 --profile gpu: {gate.reason} (the cpu profile runs anywhere)")
+            raise HardwareUnavailable(
+                f"labkit bench fp8_dispatch --profile gpu: {gate.reason} (the cpu profile runs anywhere)"
+            )
         gpus = torch.cuda.device_count()
     cells = matrix_cells(profile, gpus)
     records = [tool_record()] if profile == "gpu" else []

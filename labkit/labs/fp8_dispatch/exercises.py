@@ -9,7 +9,7 @@ learner's ``make_state`` makes (``catch.forward_with_state``): the data on each 
 is current, bit-identical to the call with the data's GPU current. ``05.moves`` asks for buffers,
 which no checker targets: the lab's "Catch it in your code" cells run
 ``labkit.check.device_independence`` on ``catch.forward_seed`` and ``catch.forward_fixed``
-instead. The prediction is judged by the recorded two-GPU matrix (``reference/<machine>/fp8.json``,
+instead. The prediction is judged by the recorded two-GPU matrix (``reference/<machine>/fp8_dispatch.json``,
 kind ``matrix``).
 """
 
@@ -46,7 +46,7 @@ def _device_independence_on_two_gpus(make_state) -> str:
     function lives in the notebook) on a forward whose state ``make_state`` makes; '' elsewhere."""
     if tier.interpreted() or not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         return ""
-    from labkit.kernels.check import device_independence
+    from labkit.check import device_independence
 
     r = device_independence(catch.forward_with_state(make_state), catch.inputs, isolate=False)
     if not r.ok:
@@ -155,7 +155,7 @@ def _word(outcome: str) -> str:
 def _recorded_alone() -> dict[str, dict[str, str]]:
     """Per mechanism, each recorded machine's outcome of the two-GPU cell with that mechanism alone."""
     found: dict[str, dict[str, str]] = {}
-    for machine, rs in results.load_references("fp8").items():
+    for machine, rs in results.load_references("fp8_dispatch").items():
         for r in rs.records:
             if r.get("kind") == "matrix" and r.get("placement") == "two_gpus" and r.get("mode") in naive.MECHANISMS:
                 if not str(r.get("outcome")).startswith("skipped"):

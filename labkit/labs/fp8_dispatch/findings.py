@@ -146,7 +146,7 @@ def story_verdict(records) -> str | None:
 
 
 #: the reference the docs' speed table is rendered from (one GPU of a 2×H200 machine)
-DOCS_REFERENCE = "h200x2/fp8.json"
+DOCS_REFERENCE = "h200x2/fp8_dispatch.json"
 SPEED_IMPLS = (
     ("fp8_gemm", "FP8 GEMM"),
     ("fp8_quantize_gemm", "input quantise + FP8 GEMM"),
@@ -155,8 +155,8 @@ SPEED_IMPLS = (
 
 
 def speed_table(reference) -> str:
-    """docs block ``fp8-speed``: at the story's MLP shapes, bf16's ms and each FP8 step's time over it."""
-    from labkit.workbench.report import field_of, number
+    """docs block ``fp8_dispatch.speed``: at the story's MLP shapes, bf16's ms and each FP8 step's time over it."""
+    from labkit.workbench.findings import field_of, number
 
     name = DOCS_REFERENCE
     rows = reference.records(name, kind="speed")

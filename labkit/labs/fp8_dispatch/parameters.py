@@ -1,8 +1,8 @@
 """What the parameters of ``notebooks/05_fp8_dispatch.ipynb`` may hold, checked by ``labkit run`` before
-any cell runs (``labkit.workbench.runner.schema``; ``PROFILE`` and ``REFERENCE_MACHINES`` are
+any cell runs (``labkit.workbench.parameters``; ``PROFILE`` and ``REFERENCE_MACHINES`` are
 common to every notebook)."""
 
-from labkit.workbench.runner.schema import SECONDS, at_least, number
+from labkit.workbench.parameters import SECONDS, at_least, number
 
 PARAMETERS = {
     "SIZE": number(0),  # 0: the profile's

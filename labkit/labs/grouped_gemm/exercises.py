@@ -24,7 +24,7 @@ def _sync_free_on_gpu(fn, *args) -> str:
     """On a GPU, ``labkit.check.no_host_sync`` (sync-debug "error" after a warm-up call); '' elsewhere."""
     if tier.interpreted() or not torch.cuda.is_available():
         return ""
-    from labkit.kernels.check import no_host_sync
+    from labkit.check import no_host_sync
 
     r = no_host_sync(fn, lambda device: (args, {}))
     if not r.ok:

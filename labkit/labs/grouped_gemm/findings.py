@@ -42,9 +42,9 @@ def _cases(rows: list[dict]) -> list[tuple]:
 
 
 def versus_torch_table(reference) -> str:
-    """docs block ``grouped-gemm-vs-torch``: labkit's grouped GEMM per experts and skew, its TFLOP/s and
+    """docs block ``grouped_gemm.vs-torch``: labkit's grouped GEMM per experts and skew, its TFLOP/s and
     its time over ``torch._grouped_mm``'s (eager and graph) and over the host-sync loop's (eager)."""
-    from labkit.workbench.report import number
+    from labkit.workbench.findings import number
 
     names = _names(reference)
     out = [
@@ -90,10 +90,10 @@ def _table_pick(record: dict, op: str):
 
 
 def backward_table(reference) -> str:
-    """docs block ``grouped-gemm-backward``: labkit's dgrad and wgrad per experts and skew, time over
+    """docs block ``grouped_gemm.backward``: labkit's dgrad and wgrad per experts and skew, time over
     PyTorch's fastest backward of ``torch._grouped_mm`` in the same rounds (eager and graph), with
     labkit's TFLOP/s under graph replay and the configuration each launched with."""
-    from labkit.workbench.report import field_of, number
+    from labkit.workbench.findings import field_of, number
 
     names = _names(reference)
     out = [
@@ -137,11 +137,11 @@ _LOOPS = (
 
 
 def tile_loops_table(reference) -> str:
-    """docs block ``grouped-gemm-tile-loops``: at ``LOOPS_EXPERTS`` experts, the fastest forward
+    """docs block ``grouped_gemm.tile-loops``: at ``LOOPS_EXPERTS`` experts, the fastest forward
     configuration of each tile loop in the recorded sweep (``TUNE_REFERENCE``), per split, its
     TFLOP/s and its time over the configuration the kernel launched with when swept (``chosen``) in the
     same rounds (paired median, p25-p75)."""
-    from labkit.workbench.report import ReportError, field_of, number
+    from labkit.workbench.findings import ReportError, field_of, number
 
     name = TUNE_REFERENCE
     timed = [

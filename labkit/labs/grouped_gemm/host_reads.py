@@ -19,29 +19,12 @@ import sys
 
 import torch
 
-#: Tensor operations that read a tensor's values on the host (on a GPU: a copy and a wait).
-HOST_READS = frozenset(
-    {
-        "tolist",
-        "item",
-        "cpu",
-        "numpy",
-        "__int__",
-        "__float__",
-        "__bool__",
-        "__index__",
-        "__iter__",
-        "__repr__",
-        "__str__",
-        "__format__",
-        "__array__",
-        "nonzero",
-        "repeat_interleave",  # without output_size, its output size comes from the values: a sync
-        "unique",
-        "masked_select",
-        "equal",
-    }
-)
+from labkit.check import syncs
+
+#: Tensor operations that read a tensor's values on the host (on a GPU: a copy and a wait): the
+#: checker's list (``labkit.check.no_host_sync``), less the reductions whose read is the ``if``
+#: that looks at their result (counted there, as ``__bool__``)
+HOST_READS = syncs.HOST_READS - syncs.LAZY_READS
 _KERNEL_MODULE = "labkit.kernels.grouped_gemm"
 
 

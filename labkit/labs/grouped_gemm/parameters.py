@@ -1,8 +1,8 @@
 """What the parameters of ``notebooks/04_grouped_gemm.ipynb`` may hold, checked by ``labkit run`` before
-any cell runs (``labkit.workbench.runner.schema``; ``PROFILE`` and ``REFERENCE_MACHINES`` are
+any cell runs (``labkit.workbench.parameters``; ``PROFILE`` and ``REFERENCE_MACHINES`` are
 common to every notebook)."""
 
-from labkit.workbench.runner.schema import TRIALS, at_least
+from labkit.workbench.parameters import TRIALS, at_least
 
 PARAMETERS = {
     "CHECK_TRIALS": TRIALS,

@@ -29,7 +29,7 @@ import threading
 
 import torch
 
-from labkit.kernels.check.graphs import host_memory
+from labkit.check.graphs import host_memory
 from labkit.workbench.checks import check_device
 from labkit.workbench.errors import UsageError
 

@@ -43,7 +43,7 @@ from labkit.labs.grouped_gemm.bench import (
     _shape_fields,
 )
 from labkit.labs.grouped_gemm.bench import (
-    REQUIRED as REQUIRED,  # re-exported: the fields every record has (labkit.workbench.benchmarks reads it)
+    REQUIRED as REQUIRED,  # re-exported: the fields every record has (labkit.app.benchmarks reads it)
 )
 from labkit.workbench import bench, tier
 

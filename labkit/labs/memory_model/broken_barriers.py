@@ -1,4 +1,4 @@
-"""``labkit bench broken_barriers``: lab 02's broken collectives given a stress that makes their
+"""``labkit bench memory_model_broken_barriers``: lab 02's broken collectives given a stress that makes their
 race happen.
 
 The stress is a delay inside one rank's kernel, between the barrier and the peer reads that the
@@ -44,7 +44,7 @@ under the GPU machines' 10 minutes a command (the command's own start-up and the
 results file come on top).
 
 Resume. All 64 GPU rows take longer than one such command, so a later call given the earlier
-file (``LABKIT_BARRIERS_RESUME=path/to/broken_barriers.json``) keeps the rows of every (form,
+file (``LABKIT_BARRIERS_RESUME=path/to/memory_model_broken_barriers.json``) keeps the rows of every (form,
 variant) whose delays all ran there, each marked with the commit that measured it
 (``resumed_from``), and spawns only for the others.
 """
@@ -82,7 +82,7 @@ PROFILES = {
     # 4 forms x 4 variants x 4 delays = 64 rows in 16 spawns of two ranks (one per form and
     # variant, every delay in it). A spawn's wall time is the sum of its rows' ``wall_s``, of which
     # the trials take ``seconds`` and the host checks ``check_s`` (reference/h200x2/ and
-    # reference/h100x2/broken_barriers.json): with the cores shared out among the ranks
+    # reference/h100x2/memory_model_broken_barriers.json): with the cores shared out among the ranks
     # (run_ranks) the 64 rows fit one call. The copy-engine form is not among them: by those
     # times it would fit too, but no GPU run has recorded it.
     "gpu": {
@@ -388,7 +388,7 @@ _clock = time.monotonic
 def benchmark(
     profile: str, *, budget: float | None = None, progress: bool = True, resume: dict | None = None
 ) -> list[dict]:
-    """Entry point of ``labkit bench broken_barriers``: every form x variant x delay, one spawn per
+    """Entry point of ``labkit bench memory_model_broken_barriers``: every form x variant x delay, one spawn per
     (form, variant) while the budget lasts (``budget`` seconds, default ``budget_s()``). ``resume``
     (default: ``load_resume`` of ``LABKIT_BARRIERS_RESUME``): rows already measured; a (form,
     variant) whose every delay is among them is kept, not run again."""

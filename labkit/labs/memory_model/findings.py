@@ -1,12 +1,16 @@
-"""Lab 06's findings rendered from the records they summarise (``labkit bench litmus``,
+"""Lab 06's findings rendered from the records they summarise (``labkit bench memory_model_litmus``,
 ``litmus_two_gpus`` and ``broken_barriers``), for the docs' generated blocks (``labkit report``) and
 notebook 06's sentences."""
 
 from __future__ import annotations
 
 #: the litmus sweeps the docs summarise: within one GPU on two machines, and across two GPUs
-LITMUS_FILES = ("h100x2/litmus.json", "h200x2/litmus.json", "h200x2/litmus_two_gpus.json")
-BARRIER_FILES = ("h100x2/broken_barriers.json", "h200x2/broken_barriers.json")
+LITMUS_FILES = (
+    "h100x2/memory_model_litmus.json",
+    "h200x2/memory_model_litmus.json",
+    "h200x2/memory_model_litmus_two_gpus.json",
+)
+BARRIER_FILES = ("h100x2/memory_model_broken_barriers.json", "h200x2/memory_model_broken_barriers.json")
 
 
 def litmus_summary(records: list[dict]) -> dict:
@@ -29,7 +33,7 @@ def litmus_summary(records: list[dict]) -> dict:
 
 
 def rows_table(reference) -> str:
-    """docs block ``litmus-rows``: per recorded sweep, how many rows ran at how many instances, in how many
+    """docs block ``memory_model.litmus-rows``: per recorded sweep, how many rows ran at how many instances, in how many
     the weak outcome was seen, and the checks that should read 0."""
     out = [
         "| file | rows | instances per row | weak outcome seen | seen where the model forbids it "
@@ -56,7 +60,7 @@ def _delay_columns(records):
 
 
 def broken_barriers_table(reference) -> str:
-    """docs block ``broken-barriers``: wrong results of trials per machine, barrier variant and delay
+    """docs block ``memory_model.broken-barriers``: wrong results of trials per machine, barrier variant and delay
     (volatile loads on the slow rank), summed over the four forms; the variant without its end barrier
     form by form."""
     delays = sorted({d for name in BARRIER_FILES for d in _delay_columns(reference.file(name).records)})
@@ -79,7 +83,8 @@ def broken_barriers_table(reference) -> str:
             out.append(f"| {rs.machine} | `{variant}` | {form or 'all four, summed'} | " + " | ".join(cells) + " |")
     out.append("")
     out.append(
-        "Wrong results of trials: `reference/h100x2/broken_barriers.json` and `reference/h200x2/broken_barriers.json`, "
+        "Wrong results of trials: `reference/h100x2/memory_model_broken_barriers.json` and "
+        "`reference/h200x2/memory_model_broken_barriers.json`, "
         "fields `wrong_results` and `trials` per `variant`, `algorithm` (form) and `delay`. "
         "Rendered by `labkit report`."
     )

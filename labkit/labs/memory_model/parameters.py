@@ -1,8 +1,8 @@
 """What the parameters of ``notebooks/06_memory_model.ipynb`` may hold, checked by ``labkit run`` before
-any cell runs (``labkit.workbench.runner.schema``; ``PROFILE`` and ``REFERENCE_MACHINES`` are
+any cell runs (``labkit.workbench.parameters``; ``PROFILE`` and ``REFERENCE_MACHINES`` are
 common to every notebook)."""
 
-from labkit.workbench.runner.schema import TRIALS, at_least, int_range, list_of, one_of
+from labkit.workbench.parameters import TRIALS, at_least, int_range, list_of, one_of
 
 
 def _litmus_tests() -> tuple:

@@ -183,7 +183,7 @@ def plot_observed_grid(records, ax=None, title: str = "observed", stress: str = 
 def cost_rows(records, stress: str | None = "memory") -> list[dict]:
     """Rows whose ``seconds`` are the launches alone, under ``stress`` (None: any): rows with
     ``warmup_s`` (timed after an untimed first launch, which compiles or loads the kernel), and,
-    of rows without it (reference/h100x2/litmus.json), the one-GPU rows under "memory" stress
+    of rows without it (reference/h100x2/memory_model_litmus.json), the one-GPU rows under "memory" stress
     (each ran right after its variant's "none" row in the same worker, whose first launch had
     compiled the same kernel); every other row without it has a compile in its seconds, so it is
     left out."""

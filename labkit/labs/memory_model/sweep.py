@@ -1,6 +1,6 @@
-"""``labkit bench litmus`` and ``labkit bench litmus_two_gpus``: every litmus test x semantics x
-scope x placement the model lists (``labkit.kernels.litmus.model.variants``), under a few stress
-settings, one record per row.
+"""``labkit bench memory_model_litmus`` and ``labkit bench memory_model_litmus_two_gpus``: every
+litmus test x semantics x scope x placement the model lists (``labkit.kernels.litmus.model.variants``),
+under a few stress settings, one record per row.
 
 Profiles:
 
@@ -16,7 +16,8 @@ Profiles:
 
 **Wall time.** ``litmus_two_gpus`` does not fit one 10-minute call, and ``litmus`` may not. A
 record's ``wall_s`` is the row's wall time in its worker (a batch's, shared equally) and
-``seconds`` its timed launches (reference/h200x2/litmus.json, reference/h200x2/litmus_two_gpus.json):
+``seconds`` its timed launches (reference/h200x2/memory_model_litmus.json,
+reference/h200x2/memory_model_litmus_two_gpus.json):
 a one-GPU row spends most of its wall time outside the timed launches (a hypothesis not broken
 down: compiles, a new kernel per variant and per delay, "none" and "memory" sharing one; the
 layout's permutations; the host histogram). ``litmus_two_gpus`` runs the seven tests of one
@@ -24,18 +25,18 @@ semantics, scope and stress in one start of the two ranks (``run_rows_two_gpus``
 294), and the starts and compiles still dominate, so its 294 rows take several calls. So each call
 stops starting rows after ``BUDGET_S`` seconds (environment ``LABKIT_LITMUS_BUDGET_S``, default
 480) and records the rest as pending; a later call given the earlier file
-(``LABKIT_LITMUS_RESUME=path/to/litmus.json``) keeps its finished rows, each marked
+(``LABKIT_LITMUS_RESUME=path/to/memory_model_litmus.json``) keeps its finished rows, each marked
 ``resumed_from`` with the commit that measured it, and runs the pending ones. Repeat until
 ``pending(records)`` is empty.
 
-**Every GPU at once.** The one-GPU rows need one GPU each, so ``labkit bench litmus`` on a machine
+**Every GPU at once.** The one-GPU rows need one GPU each, so ``labkit bench memory_model_litmus`` on a machine
 of several GPUs deals them to one worker process per GPU (``devices``; each record's ``device``
 says which GPU ran it; on 2x H100 each ran 294 of the 588). The tests named in
 ``LABKIT_LITMUS_FIRST`` (e.g. ``IRIW,2+2W``) run before the others, so that a call's budget
 reaches the rows that matter most first; nothing is left out, only reordered.
 
-    LABKIT_LITMUS_RESUME=OUT/reference/h100x2/litmus.json \\
-        python -m labkit bench litmus --profile gpu --reference --out OUT
+    LABKIT_LITMUS_RESUME=OUT/reference/h100x2/memory_model_litmus.json \\
+        python -m labkit bench memory_model_litmus --profile gpu --reference --out OUT
 """
 
 from __future__ import annotations
@@ -459,12 +460,12 @@ def _benchmark(part: str, profile: str) -> list[dict]:
 
 
 def benchmark(profile: str) -> list[dict]:
-    """Entry point of ``labkit bench litmus`` (one GPU: cross_cta and same_cta)."""
+    """Entry point of ``labkit bench memory_model_litmus`` (one GPU: cross_cta and same_cta)."""
     return _benchmark("litmus", profile)
 
 
 def benchmark_two_gpus(profile: str) -> list[dict]:
-    """Entry point of ``labkit bench litmus_two_gpus`` (two GPUs over symmetric memory)."""
+    """Entry point of ``labkit bench memory_model_litmus_two_gpus`` (two GPUs over symmetric memory)."""
     return _benchmark("litmus_two_gpus", profile)
 
 

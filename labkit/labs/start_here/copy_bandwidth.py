@@ -72,7 +72,7 @@ def copy_sweep(sizes_bytes: list[int], reps: int = 30, warmup: int = 5, progress
 
 
 def benchmark(profile: str) -> list[dict]:
-    """Entry point of ``labkit bench workbench``: the sweep, then the profiler's view of one 1 GiB
+    """Entry point of ``labkit bench start_here``: the sweep, then the profiler's view of one 1 GiB
     copy eager and under graph replay (``copy_trace``: kind "copy_trace", a ``skipped`` reason
     without a GPU). The sweep's records carry no "kind", as before."""
     from labkit.labs.start_here import copy_trace

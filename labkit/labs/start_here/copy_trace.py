@@ -12,7 +12,7 @@ issued (``cudaMemcpyAsync`` or ``cudaGraphLaunch``).
 * ``compare_paths(eager, graph)``: pure, the verdict the two summaries support, and whether
   they settle the cause.
 * ``trace_copy(nbytes)``: one eager copy and one replay of the captured copy, each profiled
-  alone (GPU only); ``records(profile)`` runs it in a child process for ``labkit bench workbench``.
+  alone (GPU only); ``records(profile)`` runs it in a child process for ``labkit bench start_here``.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def _record(nbytes: int, path: str | None, row: dict | None, correct, **extra) -
 
 
 def records(profile: str, timeout: float = 300.0) -> list[dict]:
-    """The trace for ``labkit bench workbench``: on a GPU, ``trace_copy`` in a child process (a
+    """The trace for ``labkit bench start_here``: on a GPU, ``trace_copy`` in a child process (a
     profiler failure must not lose the sweep's records; it comes back as one record with its
     ``error``); without one, one record with the ``skipped`` reason."""
     from labkit.workbench import gates, sandbox

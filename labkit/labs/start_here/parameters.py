@@ -1,8 +1,8 @@
 """What the parameters of ``notebooks/00_start_here.ipynb`` may hold, checked by ``labkit run`` before
-any cell runs (``labkit.workbench.runner.schema``; ``PROFILE`` and ``REFERENCE_MACHINES`` are
+any cell runs (``labkit.workbench.parameters``; ``PROFILE`` and ``REFERENCE_MACHINES`` are
 common to every notebook)."""
 
-from labkit.workbench.runner.schema import SECONDS, at_least, list_of
+from labkit.workbench.parameters import SECONDS, at_least, list_of
 
 PARAMETERS = {
     "COPY_SIZES_BYTES": list_of(at_least(1)),

@@ -1,4 +1,4 @@
-"""``labkit bench streams``: lab 03's reference benchmark, every experiment of the lab in one
+"""``labkit bench stream_races``: lab 03's reference benchmark, every experiment of the lab in one
 run (its own module, so that the experiments it gathers need not import each other)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = ["REQUIRED", "benchmark"]
 
 
 def benchmark(profile: str) -> list[dict]:
-    """Entry point of ``labkit bench streams`` (one GPU): the race sweep, the wgrad pattern, the
+    """Entry point of ``labkit bench stream_races`` (one GPU): the race sweep, the wgrad pattern, the
     sanitizer, one allocator timeline per allocator, the allocator-reuse probe (kind
     "reuse_probe"), allocation time and GEMM alignment."""
     from labkit.workbench import gates

@@ -7,7 +7,7 @@
   the side stream still writes. On a GPU it also runs ``labkit.check.stream_safety`` on a backward
   step whose side stream, started late, writes into the learner's pieces after they are dropped
   (``catch.backward_with``): memory the main stream takes next must stay untouched.
-* ``03.delay`` (predict): judged by the recorded race (``reference/h200x1/streams.json``).
+* ``03.delay`` (predict): judged by the recorded race (``reference/h200x1/stream_races.json``).
 * ``03.pad`` (write): the learner's ``padded_numel`` cuts views from a 256-byte aligned block and
   the check reads each piece's pointer.
 """
@@ -63,7 +63,7 @@ def _stream_safety_on_gpu(wgrad_buffers) -> str:
     the learner's pieces (``catch.backward_with``); '' elsewhere."""
     if tier.interpreted() or not torch.cuda.is_available():
         return ""
-    from labkit.kernels.check import stream_safety
+    from labkit.check import stream_safety
 
     r = stream_safety(catch.backward_with(wgrad_buffers), catch.inputs)
     if not r.ok:
@@ -153,9 +153,9 @@ def recorded_outcomes(records: list[dict]) -> dict[str, str]:
 )
 def judge_delay(prediction) -> str:
     expect_choices("prediction", prediction, DELAY_CASES, OUTCOMES)
-    refs = results.load_references("streams")
+    refs = results.load_references("stream_races")
     if DELAY_MACHINE not in refs:
-        raise Wrong(f"the recorded race (reference/{DELAY_MACHINE}/streams.json) is missing from this checkout.")
+        raise Wrong(f"the recorded race (reference/{DELAY_MACHINE}/stream_races.json) is missing from this checkout.")
     recorded = recorded_outcomes(refs[DELAY_MACHINE].records)
     wrong = [k for k in DELAY_CASES if prediction[k] != recorded[k]]
     if wrong:

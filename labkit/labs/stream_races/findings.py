@@ -1,4 +1,4 @@
-"""Lab 03's findings rendered from the records they summarise (``labkit bench streams``), for the docs'
+"""Lab 03's findings rendered from the records they summarise (``labkit bench stream_races``), for the docs'
 generated blocks and the README's figure (``labkit report``) and for notebook 03's sentences."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 from labkit.labs.stream_races.plots import plot_race, race_markdown, race_summary
 
 #: the one-GPU reference the docs and the README's figure are rendered from
-DOCS_REFERENCE = "h200x1/streams.json"
+DOCS_REFERENCE = "h200x1/stream_races.json"
 
 
 def race_table(reference) -> str:
-    """docs block ``stream-race``: trials corrupted per allocator and side-stream delay."""
+    """docs block ``stream_races.race``: trials corrupted per allocator and side-stream delay."""
     records = reference.records(DOCS_REFERENCE, kind="race")
     return (
         race_markdown(records)
@@ -58,9 +58,9 @@ def race_in_words(records: list[dict]) -> str:
 
 def headline(reference) -> str:
     """Notebook 03's first screen: the recorded race in words, beside the README's figure of it."""
-    words = race_in_words(reference.records("h200x1/streams.json", kind="race"))
+    words = race_in_words(reference.records("h200x1/stream_races.json", kind="race"))
     return (
         f"Corrupted trials per allocator: {words}\n\n"
-        "![the race, recorded on one H200](../docs/figures/stream-race.png)\n\n"
-        "(`reference/h200x1/streams.json`, kind `race`; rendered by `labkit report`.)"
+        "![the race, recorded on one H200](../docs/figures/stream_races.race.png)\n\n"
+        "(`reference/h200x1/stream_races.json`, kind `race`; rendered by `labkit report`.)"
     )

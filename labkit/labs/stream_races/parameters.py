@@ -1,8 +1,8 @@
 """What the parameters of ``notebooks/03_stream_races.ipynb`` may hold, checked by ``labkit run`` before
-any cell runs (``labkit.workbench.runner.schema``; ``PROFILE`` and ``REFERENCE_MACHINES`` are
+any cell runs (``labkit.workbench.parameters``; ``PROFILE`` and ``REFERENCE_MACHINES`` are
 common to every notebook)."""
 
-from labkit.workbench.runner.schema import TRIALS, at_least, list_of, number, optional
+from labkit.workbench.parameters import TRIALS, at_least, list_of, number, optional
 
 PARAMETERS = {
     "RACE_TRIALS": TRIALS,

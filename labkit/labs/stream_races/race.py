@@ -405,7 +405,7 @@ def trace_events(snapshot: dict, device_index: int, nbytes: int, t0_us: float) -
 
 # --- the lab's benchmark ---------------------------------------------------------------------
 
-#: Fields every record of ``labkit bench streams`` carries (None where a field does not apply).
+#: Fields every record of ``labkit bench stream_races`` carries (None where a field does not apply).
 REQUIRED = ("kind", "allocator", "trial", "corrupted_elems", "offset_bytes", "tflops")
 
 #: Sizes per profile: the race is cheap, the GEMMs are what take time.

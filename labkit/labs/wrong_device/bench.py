@@ -1,4 +1,4 @@
-"""``labkit bench device_guard``: lab 01's reference benchmark, every experiment of the lab in
+"""``labkit bench wrong_device``: lab 01's reference benchmark, every experiment of the lab in
 one run (its own module, so that the experiments it gathers need not import each other)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ __all__ = ["REQUIRED", "benchmark"]
 
 
 def benchmark(profile: str) -> list[dict]:
-    """Entry point of ``labkit bench device_guard`` (needs 2 GPUs).
+    """Entry point of ``labkit bench wrong_device`` (needs 2 GPUs).
 
     Time, an ESTIMATE (not measured as a whole): the matrix about 1 min (16 children of about
     4 s each in the first recorded file); the guard's cost under 1 s; the CUDA_LAUNCH_BLOCKING

@@ -55,11 +55,11 @@ def stream_fixed(x):
 
 def recorded(machine: str = "h200x2") -> list[str]:
     """The recorded outcome of the unguarded and the guarded Triton launch (data on cuda:1, cuda:0
-    current), from ``reference/<machine>/device_guard.json``: what ``device_independence`` sees on
+    current), from ``reference/<machine>/wrong_device.json``: what ``device_independence`` sees on
     two GPUs, labelled as recorded."""
-    refs = results.load_references("device_guard")
+    refs = results.load_references("wrong_device")
     if machine not in refs:
-        return [f"(no recording: reference/{machine}/device_guard.json is missing)"]
+        return [f"(no recording: reference/{machine}/wrong_device.json is missing)"]
     lines = []
     for r in refs[machine].records:
         if r.get("pattern") == "triton_launch":

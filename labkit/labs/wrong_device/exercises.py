@@ -8,7 +8,7 @@
   regression through ``labkit.check.device_independence``: inputs on each GPU while the other is
   current, bit-identical to the call with the data's GPU current.
 * ``01.matrix`` (predict) is judged by the recorded device-confusion matrix
-  (``reference/h200x2/device_guard.json``).
+  (``reference/h200x2/wrong_device.json``).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _regression_on_two_gpus(launch) -> str:
     this process: the learner's launcher lives in the notebook); '' elsewhere."""
     if tier.interpreted() or torch.cuda.device_count() < 2:
         return ""
-    from labkit.kernels.check import device_independence
+    from labkit.check import device_independence
 
     r = device_independence(launch, catch.inputs, isolate=False)
     if not r.ok:
@@ -164,10 +164,10 @@ def recorded_cells(records: list[dict]) -> dict[str, str]:
 )
 def judge_matrix(prediction) -> str:
     expect_choices("prediction", prediction, MATRIX_CELLS, OUTCOMES)
-    refs = results.load_references("device_guard")
+    refs = results.load_references("wrong_device")
     if MATRIX_MACHINE not in refs:
         raise Wrong(
-            f"the recorded matrix (reference/{MATRIX_MACHINE}/device_guard.json) is missing from this checkout."
+            f"the recorded matrix (reference/{MATRIX_MACHINE}/wrong_device.json) is missing from this checkout."
         )
     recorded = recorded_cells(refs[MATRIX_MACHINE].records)
     wrong = [k for k in MATRIX_CELLS if prediction[k] != recorded[k]]

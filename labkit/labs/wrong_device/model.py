@@ -379,7 +379,7 @@ def streaming_floor_ms(cfg: DecoderConfig, copy_GBps: float) -> float:
 
 
 def benchmark(profile: str) -> list[dict]:
-    """Entry point of ``labkit bench sc_model``: 8B layer shapes on 2 GPUs; TINY on the CPU."""
+    """Entry point of ``labkit bench wrong_device_sc_model``: 8B layer shapes on 2 GPUs; TINY on the CPU."""
     if profile == "gpu":
         from labkit.workbench import gates
 

@@ -1,8 +1,8 @@
 """What the parameters of ``notebooks/01_wrong_device.ipynb`` may hold, checked by ``labkit run`` before
-any cell runs (``labkit.workbench.runner.schema``; ``PROFILE`` and ``REFERENCE_MACHINES`` are
+any cell runs (``labkit.workbench.parameters``; ``PROFILE`` and ``REFERENCE_MACHINES`` are
 common to every notebook)."""
 
-from labkit.workbench.runner.schema import SECONDS, TRIALS, at_least, optional
+from labkit.workbench.parameters import SECONDS, TRIALS, at_least, optional
 
 PARAMETERS = {
     "MATRIX_BYTES": optional(at_least(1)),

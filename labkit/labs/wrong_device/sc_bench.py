@@ -182,5 +182,5 @@ def launch_sweep(profile: str, reps: int | None = None) -> list[dict]:
 
 
 def benchmark(profile: str) -> list[dict]:
-    """Entry point of ``labkit bench sc_kernel``."""
+    """Entry point of ``labkit bench wrong_device_sc_kernel``."""
     return kernel_vs_bf16(profile)
