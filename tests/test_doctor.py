@@ -22,7 +22,7 @@ def test_report_matches_this_machine():
         "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
         "NVSHMEM_DISABLE_NVLS": "1",
     }
-    assert [c["lab"] for c in rep["labs"]] == [lab.id for lab in catalogue.LABS]
+    assert [c["lab"] for c in rep["labs"]] == [lab.name for lab in catalogue.LABS]
     if n == 0:
         assert rep["machine"] == "cpu" and rep["tier"] == "interpreter"
 
@@ -32,7 +32,7 @@ def test_text_report_names_every_lab_and_gpu():
     text = doctor.format_text(rep)
     assert text.startswith(f"labkit doctor: {rep['machine']}")
     for lab in catalogue.LABS:
-        assert lab.id in text
+        assert lab.name in text
     for g in rep["gpus"]:
         assert g["name"] in text
 

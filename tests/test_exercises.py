@@ -20,9 +20,8 @@ import nbformat
 import pytest
 from helpers import make_notebook
 
-from labkit.app import catalogue
+from labkit.app import catalogue, exercises
 from labkit.app.runner import run
-from labkit.workbench import exercises
 
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = Path(__file__).parent / "exercise_mutants"
@@ -30,7 +29,7 @@ EXERCISES = exercises.all_exercises()
 
 
 def _notebook_of(name: str) -> Path:
-    (lab,) = [lab for lab in catalogue.LABS if lab.id.startswith(name.split(".")[0] + "_")]
+    lab = catalogue.by_number(name.split(".")[0])
     return ROOT / lab.notebook
 
 
@@ -64,7 +63,7 @@ def _mutants():
 
 @pytest.mark.parametrize("name", sorted(EXERCISES))
 def test_the_solution_passes(name):
-    passed, line = _verdict(name, EXERCISES[name].solution())
+    passed, line = _verdict(name, exercises.solution(name))
     assert passed, line
 
 
@@ -103,7 +102,7 @@ def test_02_barrier_runs_labkit_check_collective_and_its_failure_reaches_the_lea
     import labkit.check as check
     from labkit.check import report as check_report
 
-    passed, line = _verdict("02.barrier", EXERCISES["02.barrier"].solution())
+    passed, line = _verdict("02.barrier", exercises.solution("02.barrier"))
     assert passed and "labkit.check.collective passes" in line, line
     seen = []
 
@@ -114,7 +113,7 @@ def test_02_barrier_runs_labkit_check_collective_and_its_failure_reaches_the_lea
         )
 
     monkeypatch.setattr(check, "collective", failing)
-    passed, line = exercises.verdict("02.barrier", _answer("02.barrier", EXERCISES["02.barrier"].solution()))
+    passed, line = exercises.verdict("02.barrier", _answer("02.barrier", exercises.solution("02.barrier")))
     assert seen == [
         ("labkit.labs.collectives.catch:peers_with_your_barrier", 2, "labkit.labs.collectives.catch:inputs")
     ]
@@ -129,7 +128,7 @@ def test_03_record_runs_labkit_check_stream_safety_on_a_gpu():
     from labkit.check import stream_safety
     from labkit.labs.stream_races import catch
 
-    passed, line = _verdict("03.record", EXERCISES["03.record"].solution())
+    passed, line = _verdict("03.record", exercises.solution("03.record"))
     assert passed and "labkit.check.stream_safety also passes" in line, line
     for path in sorted((MUTANTS / "03.record").glob("*.py")):
         r = stream_safety(catch.backward_with(_answer("03.record", path.read_text())), catch.inputs)
@@ -143,7 +142,7 @@ def test_05_state_runs_labkit_check_device_independence_on_two_gpus():
     from labkit.check import device_independence
     from labkit.labs.fp8_dispatch import catch
 
-    passed, line = _verdict("05.state", EXERCISES["05.state"].solution())
+    passed, line = _verdict("05.state", exercises.solution("05.state"))
     assert passed and "labkit.check.device_independence passes" in line, line
     for path in sorted((MUTANTS / "05.state").glob("*.py")):
         r = device_independence(
@@ -155,7 +154,7 @@ def test_05_state_runs_labkit_check_device_independence_on_two_gpus():
 @pytest.mark.parametrize("name", sorted(EXERCISES))
 def test_each_exercise_has_two_wrong_answers_and_no_solution_text_in_its_hint(name):
     assert len(list((MUTANTS / name).glob("*.py"))) >= 2, f"tests/exercise_mutants/{name}/ needs two wrong answers"
-    code = [ln.strip() for ln in EXERCISES[name].solution().splitlines() if ln.strip() and not ln.startswith("#")]
+    code = [ln.strip() for ln in exercises.solution(name).splitlines() if ln.strip() and not ln.startswith("#")]
     assert not any(ln in EXERCISES[name].hint for ln in code), "the hint gives the solution away"
 
 
@@ -189,12 +188,14 @@ def test_a_check_that_breaks_is_a_failure_not_a_raise(capsys):
 
 
 def test_bad_registrations_are_refused():
+    from labkit.workbench.exercises import exercise
+
     with pytest.raises(exercises.UsageError, match="NN.word"):
-        exercises.exercise("1.x", kind="fix", question="q", answer="a", hint="h")
+        exercise("1.x", kind="fix", question="q", answer="a", hint="h")
     with pytest.raises(exercises.UsageError, match="kind"):
-        exercises.exercise("06.x", kind="guess", question="q", answer="a", hint="h")
+        exercise("06.x", kind="guess", question="q", answer="a", hint="h")
     with pytest.raises(exercises.UsageError, match="answer"):
-        exercises.exercise("06.x", kind="fix", question="q", answer="not a name", hint="h")
+        exercise("06.x", kind="fix", question="q", answer="not a name", hint="h")
 
 
 def test_solutions_are_injected_into_a_copy(tmp_path):

@@ -106,13 +106,13 @@ def test_dry_run_each_selection(tmp_path, capsys):
         *("-k", "a and b"),
         out=out,
     )
-    assert steps == ["tests tests", "bench:collectives_links bench-collectives_links"]
+    assert steps == ["tests tests", "bench:collectives_links bench-collectives-links"]
     assert text.splitlines()[0] == (
         "tests tests: python3 -m pytest -ra -p no:cacheprovider -m 'not notebook' -k 'a and b' "
         f"--junitxml={out}/pytest.xml 2>&1 | tee {out}/pytest.log"
     )
     assert text.splitlines()[1] == (
-        f"bench:collectives_links bench-collectives_links: python3 -m labkit bench collectives_links "
+        f"bench:collectives_links bench-collectives-links: python3 -m labkit bench collectives_links "
         f"--profile gpu --reference --out {out}/reference"
     )
     steps, text = _steps(capsys, "--part", "notebooks", "--only", "start_here", "--only", "collectives", out=out)
@@ -267,7 +267,9 @@ def _record(out: Path) -> dict:
 
 def test_a_run_streams_each_step_logs_it_and_records_it(fake, tmp_path, capfd, monkeypatch):
     monkeypatch.setenv("FAKE_FAIL", "bench collectives_links")
-    rc = _tier("--out", "out", "--part", "bench:links", "--part", "doctor", "--part", "tests", "-k", "a and b")
+    rc = _tier(
+        "--out", "out", "--part", "bench:collectives_links", "--part", "doctor", "--part", "tests", "-k", "a and b"
+    )
     assert rc == 1, "a step failed"
     out = tmp_path / "out"
     calls = fake.calls()
@@ -295,13 +297,13 @@ def test_a_run_streams_each_step_logs_it_and_records_it(fake, tmp_path, capfd, m
     ):
         assert line in console.out + console.err
     assert "stderr of labkit doctor" in console.err, "the doctor's stderr: on the console, not in doctor.txt"
-    assert "=== gpu_tier: bench-links: exit 3 after " in console.out
+    assert "=== gpu_tier: bench-collectives-links: exit 3 after " in console.out
     record = _record(out)
-    assert record["parts"] == ["bench:links", "doctor", "tests"]
+    assert record["parts"] == ["bench:collectives_links", "doctor", "tests"]
     assert [(s["part"], s["step"], s["rc"], s["git_commit"]) for s in record["steps"]] == [
         ("doctor", "doctor", 0, "run-one"),
         ("tests", "tests", 0, "run-one"),
-        ("bench:links", "bench-links", 3, "run-one"),
+        ("bench:collectives_links", "bench-collectives-links", 3, "run-one"),
     ]
     assert all(isinstance(s["seconds"], int) for s in record["steps"])
     assert console.out.rstrip().endswith(
@@ -311,14 +313,16 @@ def test_a_run_streams_each_step_logs_it_and_records_it(fake, tmp_path, capfd, m
     # a second call with the same folder: its steps replace theirs, the others stay
     monkeypatch.delenv("FAKE_FAIL")
     monkeypatch.setenv("LABKIT_GIT_COMMIT", "run-two")
-    assert _tier("--out", "out", "--part", "bench:links", "--part", "notebooks", "--only", "collectives") == 0
+    assert (
+        _tier("--out", "out", "--part", "bench:collectives_links", "--part", "notebooks", "--only", "collectives") == 0
+    )
     record = _record(out)
-    assert record["parts"] == ["bench:links", "doctor", "tests", "notebooks"]
+    assert record["parts"] == ["bench:collectives_links", "doctor", "tests", "notebooks"]
     assert [(s["step"], s["rc"], s["git_commit"]) for s in record["steps"]] == [
         ("doctor", 0, "run-one"),
         ("tests", 0, "run-one"),
         ("notebooks", 0, "run-two"),
-        ("bench-links", 0, "run-two"),
+        ("bench-collectives-links", 0, "run-two"),
     ]
     assert fake.calls()[-2]["argv"][-2:] == ["--only", "collectives"]
 
@@ -330,8 +334,14 @@ def test_a_run_streams_each_step_logs_it_and_records_it(fake, tmp_path, capfd, m
 
 
 def test_a_python_that_cannot_start_fails_its_steps(fake, tmp_path, capfd):
-    assert _tier("--out", "out", "--part", "doctor", "--part", "bench:fp8", "--python", str(tmp_path / "absent")) == 1
-    assert [(s["step"], s["rc"]) for s in _record(tmp_path / "out")["steps"]] == [("doctor", 127), ("bench-fp8", 127)]
+    assert (
+        _tier("--out", "out", "--part", "doctor", "--part", "bench:fp8_dispatch", "--python", str(tmp_path / "absent"))
+        == 1
+    )
+    assert [(s["step"], s["rc"]) for s in _record(tmp_path / "out")["steps"]] == [
+        ("doctor", 127),
+        ("bench-fp8-dispatch", 127),
+    ]
     assert "doctor: cannot start" in capfd.readouterr().err
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from nbformat.warnings import MissingIDFieldWarning
 
+from labkit.app import exercises
 from labkit.app.runner import notebooks as nbs
 from labkit.app.runner import profiles, run
 from labkit.app.runner.child import execute as _execute
 from labkit.app.runner.execute import resolve_jobs
-from labkit.workbench import exercises
 
 NOTEBOOKS = nbs.discover()
 

@@ -131,7 +131,7 @@ def test_check_names_a_stale_block_and_write_renders_it(tmp_path, monkeypatch):
     doc = tmp_path / "docs" / "page.md"
     doc.write_text("before\n<!-- report:collectives.small-messages -->\nold numbers\n<!-- /report -->\nafter\n")
     ref = report.Reference(tmp_path / "reference")
-    assert report.stale(tmp_path, ref) == ["docs/page.md: collectives-small-messages"]
+    assert report.stale(tmp_path, ref) == ["docs/page.md: collectives.small-messages"]
     assert report.write(tmp_path, ref) == [doc]
     text = doc.read_text()
     assert text.startswith("before\n<!-- report:collectives.small-messages -->\n| W | size |")

@@ -15,15 +15,15 @@ from labkit.app import catalogue, report, workshop
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("lab", catalogue.LABS, ids=lambda lab: lab.id)
+@pytest.mark.parametrize("lab", catalogue.LABS, ids=lambda lab: lab.name)
 def test_first_screen_has_question_hardware_objectives_minutes_and_headline(lab):
     first = nbformat.read(ROOT / lab.notebook, as_version=4).cells[0].source
     for part in ("**The question:**", "**Hardware:**", "**You will be able to:**", "**Headline"):
-        assert part in first, f"{lab.id}: the first cell lacks {part}"
-    assert f"<!-- report:minutes-{lab.id} -->" in first
+        assert part in first, f"{lab.name}: the first cell lacks {part}"
+    assert f"<!-- report:minutes-{lab.name} -->" in first
     assert 3 <= len(workshop.objectives(lab)) <= 4
     prose = re.sub(r"<!-- report:.*?<!-- /report -->", "", first, flags=re.S)
-    assert len(prose.splitlines()) <= 30, f"{lab.id}: the first cell is longer than a screen"
+    assert len(prose.splitlines()) <= 30, f"{lab.name}: the first cell is longer than a screen"
 
 
 def test_skipped_spans_run_from_a_marker_to_the_next_section():
@@ -55,7 +55,7 @@ def test_every_glossary_link_in_a_notebook_names_a_term():
     for lab in catalogue.LABS:
         text = (ROOT / lab.notebook).read_text()
         for anchor in re.findall(r"glossary\.md#([\w-]+)", text):
-            assert anchor in terms, f"{lab.id} links glossary.md#{anchor}, which is no term"
+            assert anchor in terms, f"{lab.name} links glossary.md#{anchor}, which is no term"
 
 
 def test_record_adds_a_run_and_minutes_come_from_the_last_that_completed(tmp_path):

@@ -17,10 +17,11 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from labkit.app import exercises
 from labkit.app.runner import child, profiles, schema
 from labkit.app.runner import notebooks as nbs
 from labkit.app.runner.notebooks import RunError
-from labkit.workbench import exercises, gates, hardware, results, sandbox
+from labkit.workbench import gates, hardware, results, sandbox
 
 #: Seconds beyond a notebook's timeout for its kernel to start and shut down.
 KERNEL_GRACE_S = 30
