@@ -324,9 +324,12 @@ def _launch(
         BF16_BITS=False,
         **const,
     )
-    if counts_only:
-        return counts
-    out = torch.empty(H, M, N, dtype=out_dtype, device=qa.device)
+    return counts if counts_only else _finalize(counts, sa, sb, H, M, N, C, out_dtype)
+
+
+def _finalize(counts: torch.Tensor, sa, sb, H: int, M: int, N: int, C: int, out_dtype) -> torch.Tensor:
+    """The scaled product [H, M, N] in out_dtype from the split launches' counts [H*C, M, N]."""
+    out = torch.empty(H, M, N, dtype=out_dtype, device=counts.device)
     bm, bn = min(16, triton.next_power_of_2(M)), 128
     sc_finalize_kernel[(triton.cdiv(M, bm), triton.cdiv(N, bn), H)](
         counts,

@@ -279,6 +279,12 @@ def speed_case(name: str, M: int, K: int, N: int, device, timing: dict, seed: in
         inner=timing["inner"],
         method="cuda_events" if cuda else "cpu_clock",
     )
+    return _speed_rows(cmp, base, err, M, K, N)
+
+
+def _speed_rows(cmp: bench.Comparison, base: dict, err: dict, M: int, K: int, N: int) -> list[dict]:
+    """One ``speed`` record per candidate of ``speed_case``'s comparison: times, ratios paired
+    against bf16, TFLOP/s for the GEMMs and GB/s for the weight cast."""
     out = []
     for impl in SPEED_IMPLS:
         t = cmp.timings[impl]

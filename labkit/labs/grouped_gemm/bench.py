@@ -3,8 +3,8 @@
 ``labkit bench grouped_gemm`` runs ``benchmark(profile)`` (the comparison: forward, then dgrad
 and wgrad, ``compare_backward_case``). The configuration sweep the per-GPU tables
 ``labkit.kernels.grouped_gemm.TABLES`` are chosen from (``labkit bench grouped_gemm_tune``) lives
-in ``labkit.labs.grouped_gemm.tune`` and shares this module's pieces (operands, float32
-reference, capture check, paired ratios).
+in ``labkit.labs.grouped_gemm.tune`` and shares this module's pieces (shapes, operands, record
+fields) and ``labkit.labs.grouped_gemm.measure``'s (float32 reference, capture, paired ratios).
 
 The comparison, for each shape (E experts, M tokens, K, N; bf16) and each split of the tokens
 (``distributions.token_counts``: "uniform" or Zipf-"skewed" with empty experts):
@@ -42,14 +42,22 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 
 from labkit.kernels import grouped_gemm as gg
 from labkit.labs.grouped_gemm import baselines, distributions
+from labkit.labs.grouped_gemm.measure import (
+    _capture_error,
+    _capture_one,
+    _checked_experts,
+    _host_us,
+    _one_line,
+    _paired,
+    _reference,
+    _rel_err,
+)
 from labkit.workbench import bench, tier
 
 REQUIRED = ("kind", "impl", "experts", "tokens", "K", "N", "skew", "method", "ms", "tflops")
@@ -118,98 +126,6 @@ def _operands(E: int, M: int, K: int, N: int, device: torch.device, seed: int):
     x = torch.randn(M, K, generator=g, device=device).to(DTYPE)
     w = (torch.randn(E, K, N, generator=g, device=device) / math.sqrt(K)).to(DTYPE)
     return x, w
-
-
-def _checked_experts(counts: list[int]) -> list[int]:
-    """A few experts to check against float32: the largest, the smallest non-empty, the first
-    and the last non-empty (duplicates dropped)."""
-    busy = [e for e, c in enumerate(counts) if c]
-    picks = [max(busy, key=lambda e: counts[e]), min(busy, key=lambda e: counts[e]), busy[0], busy[-1]]
-    return sorted(set(picks))
-
-
-def _reference(x: torch.Tensor, w: torch.Tensor, counts: list[int]) -> dict[int, tuple[int, torch.Tensor]]:
-    """expert -> (first row, float32 product) for the checked experts."""
-    starts = list(itertools.accumulate([0] + counts[:-1]))
-    return {
-        e: (starts[e], x[starts[e] : starts[e] + counts[e]].float() @ w[e].float()) for e in _checked_experts(counts)
-    }
-
-
-def _rel_err(out: torch.Tensor, ref: dict[int, tuple[int, torch.Tensor]]) -> float:
-    worst, scale = 0.0, 0.0
-    for _, (r0, r) in ref.items():
-        got = out[r0 : r0 + r.shape[0]].float()
-        worst = max(worst, float((got - r).abs().max()))
-        scale = max(scale, float(r.abs().max()))
-    return worst / scale if scale else worst
-
-
-def _paired(cmp: bench.Comparison, name: str, base: str) -> tuple[float, float, float]:
-    """Median and quartiles of the per-round ratios time(name) / time(base) of one comparison."""
-    r = sorted(a / b for a, b in zip(cmp.timings[name].samples_us, cmp.timings[base].samples_us))
-    q = lambda p: r[round(p * (len(r) - 1))]  # noqa: E731  (bench.Comparison.ratio_iqr's rule)
-    return statistics.median(r), q(0.25), q(0.75)
-
-
-def _host_us(fn: Callable[[], object], calls: int, rounds: int, cuda: bool) -> float:
-    """Median over ``rounds`` of the host time of ``calls`` calls without a sync, per call (µs):
-    a call's launch cost, or all of its time where it waits for the GPU (the loop's tolist)."""
-    samples = []
-    for _ in range(rounds):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) * 1e6 / calls)
-    if cuda:
-        torch.cuda.synchronize()
-    return statistics.median(samples)
-
-
-def _capture_one(fn: Callable[[], object]):
-    """One call of fn captured in a CUDA graph on the current device, after a warm-up call on a
-    side stream (compilation, lazy allocations); returns (graph, what the captured call returned)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    torch.cuda.synchronize()
-    return graph, out
-
-
-def _capture_error(fn: Callable[[], object], device: torch.device) -> str | None:
-    """Capture one call of fn in a CUDA graph (after a warm-up on a side stream); None if that
-    works, else the error in one line. For implementations expected to capture: the one that
-    cannot (the loop) is tried in a child process instead (``capture_check``)."""
-    try:
-        with torch.cuda.device(device):
-            graph, _ = _capture_one(fn)
-            del graph
-        return None
-    except Exception as e:
-        return _one_line(e)
-
-
-def _one_line(e: BaseException) -> str:
-    """The error in one line, its first cause first: a failed capture raises again when the
-    capture ends ("operation failed due to a previous error during capture"), which would
-    otherwise hide the call that broke it."""
-
-    def line(x: BaseException) -> str:
-        text = str(x).strip().splitlines()
-        return f"{type(x).__name__}: {text[0][:300] if text else ''}"
-
-    root, seen = e, {id(e)}
-    while root.__context__ is not None and id(root.__context__) not in seen:
-        root = root.__context__
-        seen.add(id(root))
-    return line(root) if root is e else f"{line(root)} (then {line(e)})"
 
 
 #: fields every gemm record carries (None where they do not apply), so tables line up

@@ -1,6 +1,6 @@
 """The grouped GEMM's persistent schedule, replayed in Python so it can be drawn.
 
-``tile_schedule`` walks the experts exactly as ``labkit.kernels.grouped_gemm._grouped_mm_kernel``
+``tile_schedule`` walks the experts exactly as ``labkit.kernels.grouped_gemm_kernels._grouped_mm_kernel``
 does (each of P programs takes global tiles p, p + P, ...; expert e's tiles are numbered after
 expert e-1's; within an expert, tile-rows in groups of GROUP_M), and returns who computes what.
 Tests check that it covers every output element exactly once, deals tiles round-robin, and uses

@@ -31,20 +31,15 @@ from labkit.labs.grouped_gemm.bench import (
     TOLERANCE,
     _bench_device,
     _blank,
-    _capture_error,
-    _checked_experts,
     _gpu_name,
-    _one_line,
     _operands,
-    _paired,
     _profile,
-    _reference,
-    _rel_err,
     _shape_fields,
 )
 from labkit.labs.grouped_gemm.bench import (
     REQUIRED as REQUIRED,  # re-exported: the fields every record has (labkit.app.benchmarks reads it)
 )
+from labkit.labs.grouped_gemm.measure import _capture_error, _checked_experts, _one_line, _paired, _reference, _rel_err
 from labkit.workbench import bench, tier
 
 #: fields every tune record carries (None where they do not apply), so tables line up
@@ -256,34 +251,7 @@ def tune_case(
     started = time.perf_counter()
     counts = distributions.token_counts(E, M, skew, seed=seed)
     desc = distributions.describe(counts)
-    counts_dev = torch.tensor(counts, dtype=torch.int32, device=device)
-    x, w = _operands(E, M, K, N, device, seed=1 + seed)
-    if op == "forward":
-        out = torch.empty(M, N, dtype=DTYPE, device=device)
-        call = lambda: gg.grouped_mm(x, w, counts_dev, out=out)  # noqa: E731
-        ref = _reference(x, w, counts)
-        result = lambda y: y  # noqa: E731
-    else:
-        g = torch.Generator(device=device).manual_seed(2 + seed)
-        dy = torch.randn(M, N, generator=g, device=device).to(DTYPE)
-        if op == "dgrad":
-            w_t = w.transpose(1, 2)
-            out = torch.empty(M, K, dtype=DTYPE, device=device)
-            call = lambda: gg.grouped_mm(dy, w_t, counts_dev, out=out)  # noqa: E731
-            ref = _reference(dy, w_t, counts)
-            result = lambda y: y  # noqa: E731
-        else:  # wgrad, checked as rows of x^T: expert e's [K, N] block stacked at row e * K
-            out = torch.empty(E, K, N, dtype=DTYPE, device=device)
-            call = lambda: gg.grouped_mm_wgrad(x, dy, counts_dev, out=out)  # noqa: E731
-            starts = list(itertools.accumulate([0] + counts[:-1]))
-            ref = {
-                e: (
-                    e * K,
-                    x[starts[e] : starts[e] + counts[e]].float().T @ dy[starts[e] : starts[e] + counts[e]].float(),
-                )
-                for e in _checked_experts(counts)
-            }
-            result = lambda y: y.reshape(E * K, N)  # noqa: E731
+    call, ref, result = _product(op, E, M, K, N, counts, device, seed)
     chosen = _chosen(op, M, E, device)
     configs = candidate_configs(grid, chosen, extra)
     method = "graph" if cuda else "cpu_clock"
@@ -306,6 +274,43 @@ def tune_case(
         with forced_config(cfg):
             return call()
 
+    records, fns, errors = _checked_configs(configs, chosen, base, forced, result, ref, device, bar)
+    if not fns:
+        return records
+    return records + _timed_configs(fns, errors, chosen, forced, device, timing, started, (E, M, K, N))
+
+
+def _product(op: str, E: int, M: int, K: int, N: int, counts: list[int], device: torch.device, seed: int):
+    """(call, ref, result) of ``op`` at one shape and split: the launch (into one output buffer),
+    the float32 reference rows and how to read the output as rows of that reference."""
+    counts_dev = torch.tensor(counts, dtype=torch.int32, device=device)
+    x, w = _operands(E, M, K, N, device, seed=1 + seed)
+    if op == "forward":
+        out = torch.empty(M, N, dtype=DTYPE, device=device)
+        return (lambda: gg.grouped_mm(x, w, counts_dev, out=out)), _reference(x, w, counts), (lambda y: y)
+    g = torch.Generator(device=device).manual_seed(2 + seed)
+    dy = torch.randn(M, N, generator=g, device=device).to(DTYPE)
+    if op == "dgrad":
+        w_t = w.transpose(1, 2)
+        out = torch.empty(M, K, dtype=DTYPE, device=device)
+        return (lambda: gg.grouped_mm(dy, w_t, counts_dev, out=out)), _reference(dy, w_t, counts), (lambda y: y)
+    # wgrad, checked as rows of x^T: expert e's [K, N] block stacked at row e * K
+    out = torch.empty(E, K, N, dtype=DTYPE, device=device)
+    starts = list(itertools.accumulate([0] + counts[:-1]))
+    ref = {
+        e: (
+            e * K,
+            x[starts[e] : starts[e] + counts[e]].float().T @ dy[starts[e] : starts[e] + counts[e]].float(),
+        )
+        for e in _checked_experts(counts)
+    }
+    return (lambda: gg.grouped_mm_wgrad(x, dy, counts_dev, out=out)), ref, (lambda y: y.reshape(E * K, N))
+
+
+def _checked_configs(configs, chosen, base: dict, forced, result, ref, device: torch.device, bar):
+    """Every candidate run once and checked against ``ref`` (and captured in a graph on a GPU):
+    (records of the ones that failed, {name: (cfg, fields)} of the ones to time, {name: error})."""
+    cuda = device.type == "cuda"
     records, fns, errors = [], {}, {}
     for cfg in configs:
         name = config_name(cfg)
@@ -320,8 +325,15 @@ def tune_case(
             records.append(_blank(dict(fields, error=_one_line(e), max_rel_err=errors.get(name))))
         if bar is not None:
             bar.update()
-    if not fns:
-        return records
+    return records, fns, errors
+
+
+def _timed_configs(
+    fns: dict, errors: dict, chosen, forced, device: torch.device, timing: dict, started: float, shape: tuple
+) -> list[dict]:
+    """The checked candidates timed in one comparison, each paired against the chosen config's
+    (or the first's, where the chosen one failed); a record each."""
+    cuda = device.type == "cuda"
     chosen_name = next((n for n, (cfg, _) in fns.items() if cfg == chosen), next(iter(fns)))
     try:
         cmp = bench.compare(
@@ -334,12 +346,13 @@ def tune_case(
             method="cuda_graph" if cuda else "cpu_clock",
         )
     except Exception as e:
-        return records + [
+        return [
             _blank(dict(fields, max_rel_err=errors[n], error=f"timing failed: {_one_line(e)}"))
             for n, (_, fields) in fns.items()
         ]
     best = min(fns, key=lambda n: cmp.timings[n].median_us)
     case_s = time.perf_counter() - started
+    records = []
     for name, (_, fields) in fns.items():
         t = cmp.timings[name]
         ms = t.median_us / 1e3
@@ -353,7 +366,7 @@ def tune_case(
                     ms_p75=t.p75_us / 1e3,
                     samples=len(t.samples_us),
                     inner=t.inner,
-                    tflops=_tflops(E, M, K, N, ms),
+                    tflops=_tflops(*shape, ms),
                     ratio_vs_chosen=r[0],
                     ratio_vs_chosen_p25=r[1],
                     ratio_vs_chosen_p75=r[2],
