@@ -74,7 +74,7 @@ def compare_orders(
     with quartiles. Call on every rank with the same arguments."""
     from labkit.kernels.comm import collectives as C
     from labkit.kernels.comm import symm
-    from labkit.labs.collectives.experiments import quiet_pads_zero
+    from labkit.labs.collectives.checks import quiet_pads_zero
     from labkit.workbench import bench as wb
 
     if not shard_bytes or any(not isinstance(b, int) or b < 1 for b in shard_bytes):

@@ -45,11 +45,11 @@ def agreed_everywhere(ok: bool, device) -> bool:
 
 
 def close_to_ref(y, ref, w, scale) -> bool:
-    """Within the rounding an all-reduce in ``y``'s dtype may do (labkit.labs.collectives.experiments.
+    """Within the rounding an all-reduce in ``y``'s dtype may do (labkit.labs.collectives.checks.
     sum_tolerance: for bf16 up to log2(W) + 1 roundings of 2^-7, for the tree) of the fp32
     reference, relative to ``scale``, the sum over ranks of |x_r| (the scale rounding errors have,
     even where the sum cancels)."""
-    from labkit.labs.collectives.experiments import sum_tolerance
+    from labkit.labs.collectives.checks import sum_tolerance
 
     return bool(((y.float() - ref).abs() <= sum_tolerance(y.dtype, w) * scale + 1e-6).all())
 

@@ -535,7 +535,7 @@ def _check_columns(rows):
 
 
 def correctness_verdicts(rows: list[dict]) -> list[str]:
-    """One line per world size for ``experiments.check_algorithms`` rows (one per rank, op,
+    """One line per world size for ``checks.check_algorithms`` rows (one per rank, op,
     algorithm and trial, as returned on every rank): how many checks were right on every rank with
     the pads back at zero, and which were not."""
     lines = []
@@ -561,7 +561,7 @@ def correctness_verdicts(rows: list[dict]) -> list[str]:
 
 
 def plot_correctness(rows: list[dict], ax, title: str = "") -> int:
-    """``experiments.check_algorithms`` rows as a grid: world size x dtype down, op and algorithm
+    """``checks.check_algorithms`` rows as a grid: world size x dtype down, op and algorithm
     across, colour = fraction of ranks whose result matched the fp64 sum with their pad back at
     zero, text = ranks right / ranks. Grey: not run (reduce-scatter and all-gather need N divisible
     by W). Returns the number of cells drawn."""
