@@ -2,9 +2,10 @@
 calls a timing round makes, the check of a result against the fp32 reference, the agreement of
 every rank on a check, the bus-bandwidth factors (nccl-tests' convention), and the two steps
 every comparison of candidates takes: lining the ranks up before a sample, checking every
-candidate once before any is timed, and timing them by graph replay and by eager calls.
-Used by the sweep (``bench``) and the push and into
-comparisons (``push_bench``, ``into_bench``)."""
+candidate once before any is timed, and timing them by graph replay and by eager calls; and the
+progress lines a long run leaves behind (``progress``). Used by the sweep and the search
+(``sweep_bench``, ``eager_bench``, ``tune_bench``, ``bench``) and the push and into comparisons
+(``push_bench``, ``into_bench``)."""
 
 from __future__ import annotations
 
@@ -114,3 +115,23 @@ def time_graph_and_eager(ok: dict, iters: int, ctx, baseline: str | None, warmup
         )
         yield timing, cmp, per_call
         del timed
+
+
+def progress(ctx, line: dict) -> None:
+    """Rank 0 appends one JSON line per finished size to $LABKIT_PROGRESS_FILE, if set: a sweep
+    cut short by a time limit still shows how far it got (the ranks' stdout is not streamed)."""
+    import json
+    import os
+    import time
+
+    path = os.environ.get("LABKIT_PROGRESS_FILE")
+    if path and ctx.rank == 0:
+        with open(path, "a") as f:
+            f.write(json.dumps({"time": time.time(), "world_size": ctx.world_size, **line}) + "\n")
+
+
+def progress_main(line: dict) -> None:
+    """``progress`` from the benchmark's own process (no world: rank 0, no world size)."""
+    import types
+
+    progress(types.SimpleNamespace(rank=0, world_size=None), line)
