@@ -849,7 +849,7 @@ def test_old_sweep_files_still_plot_and_say_they_lack_the_eager_series():
     the eager plot says what is missing.
     The new records (kinds "eager", "host_cost", "gather_order", "ce_profile") leave the sweep's plots,
     tables and crossover alone."""
-    from labkit.labs.collectives import eager_bench, plots, sweep_bench
+    from labkit.labs.collectives import eager_bench, plots, sweep_bench, sweep_plots
     from labkit.workbench import results
 
     plt, fig, ax = _axes()
@@ -918,11 +918,11 @@ def test_old_sweep_files_still_plot_and_say_they_lack_the_eager_series():
     assert plots.headline_markdown(new) == plots.headline_markdown(old)
     assert plots.chosen_vs_best(new, 2) == plots.chosen_vs_best(old, 2)
     assert sweep_bench.crossover_bytes(new, 2) == sweep_bench.crossover_bytes(old, 2)
-    assert plots._series(new, "all_reduce", "us") == plots._series(old, "all_reduce", "us")
+    assert sweep_plots._series(new, "all_reduce", "us") == sweep_plots._series(old, "all_reduce", "us")
     for recs in (old, new):
         plt, fig, ax = _axes()
         plots.plot_latency(recs, ax, "t")
-        assert len(ax.get_lines()) == len(plots._series(old, "all_reduce", "us"))
+        assert len(ax.get_lines()) == len(sweep_plots._series(old, "all_reduce", "us"))
         plt.close(fig)
     assert eager_bench.eager_verdicts(old) == []
     plt, fig, ax = _axes()

@@ -9,7 +9,7 @@ symmetric-memory ops at that size and timing.
 
 from __future__ import annotations
 
-from labkit.labs.collectives.plots import chosen_vs_best
+from labkit.labs.collectives.sweep_plots import chosen_vs_best
 from labkit.workbench.plot import format_bytes
 
 #: the sizes where latency decides (the sweep's small messages) and from where bandwidth does
