@@ -2,7 +2,7 @@
 its own (``PARTS``): the sweep (``sweep_bench``, with the eager series of ``eager_bench``), the
 host-cost breakdown (``host_cost``), the all-gather orders and the ``two_shot_ce`` profile
 (``gather_order``, ``ce_profile``), the push one-shot and the host µs of each public call
-(``push_bench``, ``host_cost.call_costs``), the out-of-place series into a symmetric output
+(``push_bench``, ``host_calls.call_costs``), the out-of-place series into a symmetric output
 (``into_bench``), then the broken variants under load and the unguarded-leaf crash
 (``broken``). ``PARTS_ENV`` and ``RESUME_ENV`` split it over several calls. The crossover records
 are computed from the sweep records the file holds. ``labkit bench collectives_tune`` is
@@ -233,10 +233,10 @@ def _sweep_part(w: int) -> list[dict]:
 def _push_part(w: int) -> list[dict]:
     """The push and flag-in-data one-shots beside the pull one, ``all_reduce`` and torch's ops
     (kind "push"), then each public call's host µs at 4 KiB of bf16, interleaved in one process
-    (kind "host_call": ``host_cost.call_costs``, every rank's records)."""
-    from labkit.labs.collectives import host_cost, push_bench
+    (kind "host_call": ``host_calls.call_costs``, every rank's records)."""
+    from labkit.labs.collectives import host_calls, push_bench
 
-    calls = _world_records(host_cost.call_costs, w, "host_call", "labkit_fid", "all_reduce", 300, rank0_only=False)
+    calls = _world_records(host_calls.call_costs, w, "host_call", "labkit_fid", "all_reduce", 300, rank0_only=False)
     return push_bench.push_records(w) + [dict(r, kind="host_call", busbw_GBps=None) for r in calls]
 
 
