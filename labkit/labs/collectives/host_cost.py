@@ -124,6 +124,130 @@ def _kernel_us(p: P.CollectivePlan, device: torch.device, iters: int = 20, round
     return statistics.median(samples_us(p, iters, rounds, graph=True))
 
 
+def _plan_cache_key(out, algorithm: str) -> tuple:
+    """The key ``collectives.all_reduce`` keeps its plan under in the buffer's cache (what its
+    cached path builds on every call)."""
+    return ("all_reduce", P.out_key(out), algorithm, None, "correct", None)
+
+
+def _unplanned_stages(buf, out, algorithm: str, reps: int) -> tuple:
+    """The host-only stages before any plan: nothing launched, nothing to line up. Returns the
+    checked call, its choice, and stage -> µs: "checks", "config", "guard", "plan guard" (the
+    guard of a known device) and "alloc out" (None unless the call allocates its output)."""
+    x = buf.tensor
+    dev = x.device
+    checks = _median_us(lambda: C.check_all_reduce(buf, out, algorithm), reps)
+    checked = C.check_all_reduce(buf, out, algorithm)
+    config = _median_us(lambda: C.choose_all_reduce(checked.buf, checked.in_place, algorithm), reps)
+    choice = C.choose_all_reduce(checked.buf, checked.in_place, algorithm)
+
+    def enter_leave():
+        with on_device_of(buf=x, out=checked.out):
+            pass
+
+    guard = _median_us(enter_leave, reps)
+    known = on_device(dev)
+
+    def enter_known():
+        with known:
+            pass
+
+    plan_guard = _median_us(enter_known, reps)
+    shape = tuple(x.shape)
+    alloc = None
+    if checked.out is None and not checked.in_place:
+        alloc = _median_us(lambda: torch.empty(shape, dtype=x.dtype, device=dev), reps)
+    us = {"checks": checks, "config": config, "guard": guard, "plan guard": plan_guard, "alloc out": alloc}
+    return checked, choice, us
+
+
+def _planned_checks(buf, out, algorithm: str, held, reps: int) -> tuple[float, float]:
+    """µs of the per-call checks of the two planned paths: the cache key, lookup and checks of the
+    plan ``all_reduce`` keeps on ``buf``, and the checks of the plan ``held`` by the caller."""
+    key = _plan_cache_key(out, algorithm)
+    if key not in buf._plans:
+        raise RuntimeError(
+            f"host_cost: the cache key written here, {key}, is not the one all_reduce used "
+            f"({list(buf._plans)}): update breakdown"
+        )
+
+    def lookup():
+        p = buf._plans.get(_plan_cache_key(out, algorithm))
+        return p.stale()
+
+    cache_checks = _median_us(lookup, reps)
+    plan_out = held.out
+
+    def plan_checks():
+        held.stale()
+        if plan_out is not None:
+            plan_out.data_ptr() == held._out_ptr and plan_out.shape == held._out_shape
+
+    return cache_checks, _median_us(plan_checks, reps)
+
+
+def _launch_stages(buf, out, algorithm: str, held, choice, target, launch_reps: int) -> dict:
+    """The stages that launch: a collective each, the same count on every rank, ranks lined up.
+    stage -> µs: "triton launch", "plan launch", the three whole calls, and "graph replay" (None
+    unless the plan replays its kernels from a CUDA graph)."""
+    dev = buf.tensor.device
+    known = on_device(dev)
+
+    def timed(fn, guarded=False):
+        _line_up(dev)
+        if guarded:
+            with known:
+                return _median_us(fn, launch_reps)
+        return _median_us(fn, launch_reps)
+
+    us = {
+        "triton launch": timed(lambda: _triton_launches(choice.steps, target), guarded=True),
+        "plan launch": timed(lambda: [s(target) for s in held.steps], guarded=True),
+        "eager whole": timed(lambda: eager_uncached(buf, out, algorithm)),
+        "cached whole": timed(lambda: C.all_reduce(buf, out, algorithm=algorithm)),
+        "plan whole": timed(held),
+    }
+    # a plan into a fixed output replays its kernels from a CUDA graph once settled
+    # (labkit.kernels.comm.graph_launch): then that replay is its launch, guard included
+    replay_key = target.data_ptr()
+    us["graph replay"] = timed(lambda: held._graph.replay(replay_key)) if held._graph.graph is not None else None
+    return us
+
+
+def _path_stages(us: dict, reps: int, launch_reps: int) -> dict:
+    """path -> [(stage, µs, repetitions)] of ``PATHS`` from the timed stages ``us``."""
+    allocs = allocs_for(us["alloc out"], reps)
+    replays = us["graph replay"] is not None
+    plan_stages = (
+        [("graph replay", us["graph replay"], launch_reps)]
+        if replays
+        else [("guard", us["plan guard"], reps), *allocs, ("plan launch", us["plan launch"], launch_reps)]
+    )
+    # beside a replay, what its launches cost without it (guard and launch): not a stage of the call
+    aside = [(ASIDE, us["plan guard"] + us["plan launch"], launch_reps)] if replays else []
+    return {
+        "eager call": [
+            ("checks", us["checks"], reps),
+            ("config", us["config"], reps),
+            ("guard", us["guard"], reps),
+            *allocs,
+            ("triton launch", us["triton launch"], launch_reps),
+            ("whole call", us["eager whole"], launch_reps),
+        ],
+        "all_reduce, cached plan": [
+            ("cache lookup + checks", us["cache lookup + checks"], reps),
+            *plan_stages,
+            ("whole call", us["cached whole"], launch_reps),
+        ],
+        "plan()": [
+            ("plan checks", us["plan checks"], reps),
+            *plan_stages,
+            ("whole call", us["plan whole"], launch_reps),
+            *aside,
+        ],
+    }
+
+
 def breakdown(
     buf,
     out: torch.Tensor | None = None,
@@ -148,82 +272,16 @@ def breakdown(
     dev = x.device
     nbytes = x.numel() * x.element_size()
 
-    # the host-only stages: nothing launched, nothing to line up
-    checks = _median_us(lambda: C.check_all_reduce(buf, out, algorithm), reps)
-    checked = C.check_all_reduce(buf, out, algorithm)
+    checked, choice, us = _unplanned_stages(buf, out, algorithm, reps)
     buf, checked_out, in_place = checked.buf, checked.out, checked.in_place
-    config = _median_us(lambda: C.choose_all_reduce(buf, in_place, algorithm), reps)
-    choice = C.choose_all_reduce(buf, in_place, algorithm)
-
-    def enter_leave():
-        with on_device_of(buf=x, out=checked_out):
-            pass
-
-    guard = _median_us(enter_leave, reps)
-    known = on_device(dev)
-
-    def enter_known():
-        with known:
-            pass
-
-    plan_guard = _median_us(enter_known, reps)
-    shape = tuple(x.shape)
-    alloc = None
-    if checked_out is None and not in_place:
-        alloc = _median_us(lambda: torch.empty(shape, dtype=x.dtype, device=dev), reps)
     target = x if in_place else (checked_out if checked_out is not None else torch.empty_like(x))
-
     held = C.all_reduce_plan(buf, out, algorithm=algorithm)
     for _ in range(warmup):  # compiles, arms the fast path, fills the buffer's plan cache, captures
         _triton_launches(choice.steps, target)
         C.all_reduce(buf, out, algorithm=algorithm)
         held()
-    key = ("all_reduce", P.out_key(out), algorithm, None, "correct", None)
-    if key not in buf._plans:
-        raise RuntimeError(
-            f"host_cost: the cache key written here, {key}, is not the one all_reduce used "
-            f"({list(buf._plans)}): update breakdown"
-        )
-
-    def lookup():
-        p = buf._plans.get(("all_reduce", P.out_key(out), algorithm, None, "correct", None))
-        return p.stale()
-
-    cache_checks = _median_us(lookup, reps)
-    plan_out = held.out
-
-    def plan_checks():
-        held.stale()
-        if plan_out is not None:
-            plan_out.data_ptr() == held._out_ptr and plan_out.shape == held._out_shape
-
-    plan_checks_us = _median_us(plan_checks, reps)
-
-    # the stages that launch: a collective each, the same count on every rank, ranks lined up
-    def timed(fn, guarded=False):
-        _line_up(dev)
-        if guarded:
-            with known:
-                return _median_us(fn, launch_reps)
-        return _median_us(fn, launch_reps)
-
-    launch = timed(lambda: _triton_launches(choice.steps, target), guarded=True)
-    plan_launch = timed(lambda: [s(target) for s in held.steps], guarded=True)
-    eager_whole = timed(lambda: eager_uncached(buf, out, algorithm))
-    cached_whole = timed(lambda: C.all_reduce(buf, out, algorithm=algorithm))
-    plan_whole = timed(held)
-    # a plan into a fixed output replays its kernels from a CUDA graph once settled
-    # (labkit.kernels.comm.graph_launch): then that replay is its launch, guard included
-    replays = held._graph.graph is not None
-    replay_key = target.data_ptr()
-    replay = timed(lambda: held._graph.replay(replay_key)) if replays else None
-    plan_stages = (
-        [("graph replay", replay, launch_reps)]
-        if replays
-        else [("guard", plan_guard, reps), *allocs_for(alloc, reps), ("plan launch", plan_launch, launch_reps)]
-    )
-    # beside a replay, what its launches cost without it (guard and launch): not a stage of the call
-    aside = [(ASIDE, plan_guard + plan_launch, launch_reps)] if replays else []
+    us["cache lookup + checks"], us["plan checks"] = _planned_checks(buf, out, algorithm, held, reps)
+    us.update(_launch_stages(buf, out, algorithm, held, choice, target, launch_reps))
     kernel = None if interp or dev.type != "cuda" else _kernel_us(held, dev)
     _line_up(dev)
 
@@ -239,33 +297,11 @@ def breakdown(
         "out": "in place" if in_place else ("given" if out is not None else "new"),
         "launch_path": held.launch_path,
     }
-    allocs = allocs_for(alloc, reps)
-    stages = {
-        "eager call": [
-            ("checks", checks, reps),
-            ("config", config, reps),
-            ("guard", guard, reps),
-            *allocs,
-            ("triton launch", launch, launch_reps),
-            ("whole call", eager_whole, launch_reps),
-        ],
-        "all_reduce, cached plan": [
-            ("cache lookup + checks", cache_checks, reps),
-            *plan_stages,
-            ("whole call", cached_whole, launch_reps),
-        ],
-        "plan()": [
-            ("plan checks", plan_checks_us, reps),
-            *plan_stages,
-            ("whole call", plan_whole, launch_reps),
-            *aside,
-        ],
-    }
     records = []
-    for path, rows in stages.items():
+    for path, rows in _path_stages(us, reps, launch_reps).items():
         if kernel is not None:
             rows = rows + [("kernel", kernel, 5)]
-        records += [dict(base, path=path, stage=stage, us=us, reps=n) for stage, us, n in rows]
+        records += [dict(base, path=path, stage=stage, us=t, reps=n) for stage, t, n in rows]
     return records
 
 
