@@ -494,12 +494,12 @@ def choices_agree(ctx) -> dict:
 
 
 def eager_series_in_the_world(ctx, n: int = 1024, stand_in: bool = True) -> list[dict]:
-    """``labkit.labs.collectives.bench.eager_series`` on the emulated world: every labkit path, in
+    """``labkit.labs.collectives.eager_bench.eager_series`` on the emulated world: every labkit path, in
     place and out of place; torch's symm_mem ops need GPUs, so a stand-in "torch" op (labkit's
     one-shot on a buffer of its own) exercises the paired ratios."""
     from labkit.kernels.comm import collectives as C
     from labkit.kernels.comm import symm
-    from labkit.labs.collectives import bench
+    from labkit.labs.collectives import eager_bench
 
     dtype = torch.float32
     w = ctx.world_size
@@ -515,7 +515,7 @@ def eager_series_in_the_world(ctx, n: int = 1024, stand_in: bool = True) -> list
             lambda: C.all_reduce(other, algorithm="one_shot"),
             lambda: (other.tensor.copy_(x), close(C.all_reduce(other, algorithm="one_shot")))[-1],
         )
-    records = bench.eager_series(ctx, buf, out, x, close, ops, iters=1, reps=3, warmup=1, dtype_name="float32")
+    records = eager_bench.eager_series(ctx, buf, out, x, close, ops, iters=1, reps=3, warmup=1, dtype_name="float32")
     _sync(ctx)
     ctx.barrier()
     return records

@@ -55,7 +55,7 @@ def test_every_table_entry_has_a_recorded_sweep():
 
 
 def test_launch_table_is_the_recorded_search():
-    from labkit.labs.collectives.bench import launch_table_from
+    from labkit.labs.collectives.tune_bench import launch_table_from
 
     search = results.load_references("collectives_tune")["h200x4"].records
     assert C.LAUNCH_TABLE == launch_table_from(search)
@@ -63,7 +63,7 @@ def test_launch_table_is_the_recorded_search():
 
 
 def test_launch_table_from_keeps_the_rule_unless_clearly_beaten():
-    from labkit.labs.collectives.bench import launch_table_from
+    from labkit.labs.collectives.tune_bench import launch_table_from
 
     def rec(v, w, us, programs=132):
         return {

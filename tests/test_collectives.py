@@ -96,7 +96,7 @@ def test_launch_config_is_checked():
 
 
 def test_best_configs_reports_the_fastest_correct_one():
-    from labkit.labs.collectives.bench import best_configs
+    from labkit.labs.collectives.tune_bench import best_configs
 
     base = {"kind": "tune", "impl": "labkit_one_shot", "op": "all_reduce", "world_size": 2, "bytes": 1 << 20}
     recs = [
@@ -337,7 +337,7 @@ def test_gpu_code_uses_the_atomics_the_docs_promise():
 
 
 def test_crossover_is_where_two_shot_starts_winning_for_good():
-    from labkit.labs.collectives.bench import crossover_bytes
+    from labkit.labs.collectives.sweep_bench import crossover_bytes
 
     def recs(times):
         return [
@@ -770,7 +770,7 @@ def test_ptx_summary_of_some_kernels_only_and_a_bad_name_refused():
 
 
 def _eager(world=2):
-    """Eager-series records as ``bench.eager_series`` writes them: torch's two ops, labkit's three
+    """Eager-series records as ``eager_bench.eager_series`` writes them: torch's two ops, labkit's three
     paths in place and out of place, at 4 KiB and 1 MiB."""
     base = {
         "kind": "eager",
@@ -849,7 +849,7 @@ def test_old_sweep_files_still_plot_and_say_they_lack_the_eager_series():
     the eager plot says what is missing.
     The new records (kinds "eager", "host_cost", "gather_order", "ce_profile") leave the sweep's plots,
     tables and crossover alone."""
-    from labkit.labs.collectives import bench, plots
+    from labkit.labs.collectives import eager_bench, plots, sweep_bench, sweep_plots
     from labkit.workbench import results
 
     plt, fig, ax = _axes()
@@ -917,18 +917,18 @@ def test_old_sweep_files_still_plot_and_say_they_lack_the_eager_series():
     new = old + _eager() + host + orders + profile
     assert plots.headline_markdown(new) == plots.headline_markdown(old)
     assert plots.chosen_vs_best(new, 2) == plots.chosen_vs_best(old, 2)
-    assert bench.crossover_bytes(new, 2) == bench.crossover_bytes(old, 2)
-    assert plots._series(new, "all_reduce", "us") == plots._series(old, "all_reduce", "us")
+    assert sweep_bench.crossover_bytes(new, 2) == sweep_bench.crossover_bytes(old, 2)
+    assert sweep_plots._series(new, "all_reduce", "us") == sweep_plots._series(old, "all_reduce", "us")
     for recs in (old, new):
         plt, fig, ax = _axes()
         plots.plot_latency(recs, ax, "t")
-        assert len(ax.get_lines()) == len(plots._series(old, "all_reduce", "us"))
+        assert len(ax.get_lines()) == len(sweep_plots._series(old, "all_reduce", "us"))
         plt.close(fig)
-    assert bench.eager_verdicts(old) == []
+    assert eager_bench.eager_verdicts(old) == []
     plt, fig, ax = _axes()
     assert plots.plot_eager(old, ax, "old") == 0
     plt.close(fig)
-    assert bench.eager_verdicts(new)[1] == (
+    assert eager_bench.eager_verdicts(new)[1] == (
         "W=2, plan_cached, out of place: x0.92..x1.38 of torch's best eager op (paired medians) at 4 KiB..1 MiB; "
         "faster than torch's best at 1 of 2 sizes"
     )
@@ -937,14 +937,14 @@ def test_old_sweep_files_still_plot_and_say_they_lack_the_eager_series():
 def test_the_recorded_eager_series_has_a_verdict_per_path_and_form():
     """reference/h200x2/collectives.json holds the eager series: one verdict per path x form, each
     with a ratio range over the 4 KiB..1 MiB sizes, and the eager plot draws it."""
-    from labkit.labs.collectives import bench, plots
+    from labkit.labs.collectives import eager_bench, plots
     from labkit.workbench import results
 
     refs = results.load_references("collectives")
     if "h200x2" not in refs or not any(r.get("kind") == "eager" for r in refs["h200x2"].records):
         pytest.skip("reference/h200x2/collectives.json has no eager series")
-    verdicts = bench.eager_verdicts(refs["h200x2"].records)
-    assert len(verdicts) == 2 * len(bench.EAGER_PATHS)
+    verdicts = eager_bench.eager_verdicts(refs["h200x2"].records)
+    assert len(verdicts) == 2 * len(eager_bench.EAGER_PATHS)
     assert all(
         v.startswith("W=2, ") and "of torch's best eager op" in v and "faster than torch's best at" in v
         for v in verdicts

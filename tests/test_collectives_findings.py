@@ -4,7 +4,7 @@ import pytest
 
 import labkit  # noqa: F401  (must precede kernel imports)
 from labkit.kernels.comm import collectives as C
-from labkit.labs.collectives import bench, findings
+from labkit.labs.collectives import findings, sweep_bench
 from labkit.workbench import results
 
 
@@ -73,7 +73,7 @@ def test_every_recorded_sweep_renders(machine):
     for w in sorted({r["world_size"] for r in rs.records if r.get("kind", "sweep") == "sweep"}):
         text = findings.sweep_in_words(rs.records, w)
         assert f"**W={w}**" in text and "one-shot or two-shot" in text
-        cross = bench.crossover_bytes(rs.records, w, "graph_us")
+        cross = sweep_bench.crossover_bytes(rs.records, w, "graph_us")
         assert (cross is None) == ("one-shot is at least as fast at every size" in text)
         if links:
             assert "the links carry" in findings.pulls_against_links(rs.records, links.records, w)

@@ -264,12 +264,12 @@ def test_auto_without_an_inbox_or_with_a_launch_given_keeps_the_barrier_algorith
 
 @needs_world
 def test_call_costs_times_every_public_call_interleaved_after_checking_it():
-    from labkit.labs.collectives import host_cost
+    from labkit.labs.collectives import host_calls
 
-    per_rank = run_ranks(host_cost.call_costs, 2, 256, "float32", 2, 2, timeout=300).unwrap()
+    per_rank = run_ranks(host_calls.call_costs, 2, 256, "float32", 2, 2, timeout=300).unwrap()
     for recs in per_rank:
         by = {r["impl"]: r for r in recs}
-        assert list(by) == list(host_cost.HOST_CALLS)
+        assert list(by) == list(host_calls.HOST_CALLS)
         timed = [r for r in recs if r["us"] is not None]
         assert {r["impl"] for r in timed} >= {"labkit_push", "labkit_fid", "labkit_all_reduce_fid", "labkit_all_reduce"}
         for r in timed:
@@ -280,12 +280,12 @@ def test_call_costs_times_every_public_call_interleaved_after_checking_it():
             assert r["cpus_allowed"] >= 1 and (r["cpu"] is None or 0 <= r["cpu"] < os.cpu_count()), r
         if not GPUS:
             assert by["torch_two_shot"]["us"] is None and "CUDA" in by["torch_two_shot"]["absent"]
-    lines = host_cost.call_costs_summary([r for rs in per_rank for r in rs])
+    lines = host_calls.call_costs_summary([r for rs in per_rank for r in rs])
     assert len(lines) == 1 and "labkit_fid" in lines[0] and "rank 0" in lines[0]
 
 
 def test_the_push_part_records_the_host_calls_beside_the_push_comparison(monkeypatch):
-    from labkit.labs.collectives import bench, host_cost, push_bench
+    from labkit.labs.collectives import bench, host_calls, push_bench
 
     asked = []
     monkeypatch.setattr(push_bench, "push_records", lambda w: [{"kind": "push", "world_size": w}])
@@ -296,6 +296,6 @@ def test_the_push_part_records_the_host_calls_beside_the_push_comparison(monkeyp
 
     monkeypatch.setattr(bench, "_world_records", world)
     records = bench._push_part(2)
-    assert asked == [(host_cost.call_costs, 2, "host_call", False)]
+    assert asked == [(host_calls.call_costs, 2, "host_call", False)]
     assert [r["kind"] for r in records] == ["push", "host_call", "host_call"]
     assert all(r["busbw_GBps"] is None for r in records[1:])

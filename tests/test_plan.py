@@ -504,12 +504,12 @@ def eager_records():
 
 
 def test_the_eager_series_times_every_path_in_place_and_not(eager_records):
-    from labkit.labs.collectives import bench
+    from labkit.labs.collectives import bench, eager_bench
 
     for records in eager_records:
         labkit_recs = [r for r in records if r["impl"] == "labkit_all_reduce"]
         assert {(r["path"], r["in_place"]) for r in labkit_recs} == {
-            (p, ip) for p in bench.EAGER_PATHS for ip in (False, True)
+            (p, ip) for p in eager_bench.EAGER_PATHS for ip in (False, True)
         }
         for r in records:
             assert set(bench.REQUIRED) <= set(r), r
@@ -531,21 +531,22 @@ def test_the_eager_series_times_every_path_in_place_and_not(eager_records):
 
 
 def test_the_eager_verdict_reads_the_ratios(eager_records):
-    from labkit.labs.collectives import bench
+    from labkit.labs.collectives import eager_bench
 
-    lines = bench.eager_verdicts(eager_records[0])
+    lines = eager_bench.eager_verdicts(eager_records[0])
     assert len(lines) == 6, lines
     assert lines[0].startswith("W=2, eager_uncached, out of place: x") and "of 1 sizes" in lines[0]
     slower = [dict(r, ratio_to_torch_best=1.1) for r in eager_records[0]]
-    assert all(line.endswith("faster than torch's best at 0 of 1 sizes") for line in bench.eager_verdicts(slower))
+    assert all(line.endswith("faster than torch's best at 0 of 1 sizes") for line in eager_bench.eager_verdicts(slower))
     # faster: ratio < 1; level (1.0) is not faster
     for ratio, n in ((0.9, 1), (1.0, 0)):
         recs = [dict(r, ratio_to_torch_best=ratio) for r in eager_records[0]]
-        assert all(line.endswith(f"faster than torch's best at {n} of 1 sizes") for line in bench.eager_verdicts(recs))
+        lines_at = eager_bench.eager_verdicts(recs)
+        assert all(line.endswith(f"faster than torch's best at {n} of 1 sizes") for line in lines_at)
     assert not any("target" in line or "within" in line for line in lines)
     none = [dict(r, ratio_to_torch_best=None) for r in eager_records[0]]
-    assert "no torch eager op timed beside it" in bench.eager_verdicts(none)[0]
-    assert bench.eager_verdicts([]) == []
+    assert "no torch eager op timed beside it" in eager_bench.eager_verdicts(none)[0]
+    assert eager_bench.eager_verdicts([]) == []
 
 
 def test_the_benchmark_records_the_breakdown_with_every_field():

@@ -9,7 +9,7 @@ symmetric-memory ops at that size and timing.
 
 from __future__ import annotations
 
-from labkit.labs.collectives.plots import chosen_vs_best
+from labkit.labs.collectives.sweep_plots import chosen_vs_best
 from labkit.workbench.plot import format_bytes
 
 #: the sizes where latency decides (the sweep's small messages) and from where bandwidth does
@@ -51,7 +51,7 @@ def sweep_in_words(records: list[dict], w: int) -> str:
     best peer at small sizes (graph replay and back to back), at large sizes, the bandwidth at the
     largest size, where two-shot overtakes one-shot, and every size where the chosen call trails.
     "" without sweep records for ``w``."""
-    from labkit.labs.collectives.bench import crossover_bytes
+    from labkit.labs.collectives.sweep_bench import crossover_bytes
 
     sw = _sweep(records, w)
     if not sw:
@@ -229,7 +229,7 @@ def talk_questions(records: list[dict], w: int) -> str:
     order; from which size does two-shot beat one-shot; how does the double binary tree compare
     with labkit's best all-reduce, and how does its unguarded leaf end. "" without sweep records."""
     from labkit.labs.collectives import gather_order
-    from labkit.labs.collectives.bench import crossover_bytes
+    from labkit.labs.collectives.sweep_bench import crossover_bytes
 
     sw = _sweep(records, w)
     if not sw:

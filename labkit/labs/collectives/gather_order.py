@@ -57,6 +57,33 @@ def _agreed(ok: bool, device) -> bool:
     return bool(flag.item())
 
 
+def _with_timings(rec: dict, cmp, w: int) -> dict:
+    """``compare_orders``' record of one order with its timings from ``cmp`` (the comparison that
+    timed it, and its ratio to the rotated order), or, with ``cmp`` None, why it was not timed."""
+    if cmp is not None:
+        order = rec["order"]
+        t = cmp.timings[order]
+        rec.update(t.as_dict())
+        rec["busbw_GBps"] = rec["bytes"] / t.median_us / 1e3 * (w - 1) / w
+        p25, p75 = cmp.ratio_iqr(order)
+        rec.update(ratio_to_rotated=cmp.ratio(order), ratio_p25=p25, ratio_p75=p75)
+    else:
+        rec.update(
+            us=None,
+            busbw_GBps=None,
+            ratio_to_rotated=None,
+            ratio_p25=None,
+            ratio_p75=None,
+            error="not timed: "
+            + (
+                "this order gave a wrong result or left a pad set"
+                if not rec["correct"]
+                else "the rotated order, the baseline, did not"
+            ),
+        )
+    return rec
+
+
 def compare_orders(
     ctx,
     shard_bytes=SHARD_BYTES,
@@ -74,7 +101,7 @@ def compare_orders(
     with quartiles. Call on every rank with the same arguments."""
     from labkit.kernels.comm import collectives as C
     from labkit.kernels.comm import symm
-    from labkit.labs.collectives.experiments import quiet_pads_zero
+    from labkit.labs.collectives.checks import quiet_pads_zero
     from labkit.workbench import bench as wb
 
     if not shard_bytes or any(not isinstance(b, int) or b < 1 for b in shard_bytes):
@@ -127,29 +154,7 @@ def compare_orders(
                 method="cuda_graph" if on_gpu else "cpu_clock",
                 line_up=line_up,
             )
-        for order in ORDERS:
-            rec = rows[order]
-            if cmp is not None and order in timed:
-                t = cmp.timings[order]
-                rec.update(t.as_dict())
-                rec["busbw_GBps"] = rec["bytes"] / t.median_us / 1e3 * (w - 1) / w
-                p25, p75 = cmp.ratio_iqr(order)
-                rec.update(ratio_to_rotated=cmp.ratio(order), ratio_p25=p25, ratio_p75=p75)
-            else:
-                rec.update(
-                    us=None,
-                    busbw_GBps=None,
-                    ratio_to_rotated=None,
-                    ratio_p25=None,
-                    ratio_p75=None,
-                    error="not timed: "
-                    + (
-                        "this order gave a wrong result or left a pad set"
-                        if not rec["correct"]
-                        else "the rotated order, the baseline, did not"
-                    ),
-                )
-            records.append(rec)
+        records += [_with_timings(rows[order], cmp if order in timed else None, w) for order in ORDERS]
         line_up()
         del plans, buf
     return records

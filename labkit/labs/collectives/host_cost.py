@@ -35,11 +35,13 @@ the interpreter, not a launch; records carry ``interpreted`` and the plot says s
 
 Every stage that launches is a collective: call ``breakdown`` on every rank (``measure`` is the
 rank function for ``run_ranks``), with the same arguments.
+
+The host µs of one call of each public all-reduce side by side is ``host_calls`` (``call_costs``,
+``call_costs_summary``, ``HOST_CALLS``, ``where_it_ran``), importable from here too.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import textwrap
 import time
@@ -49,6 +51,8 @@ import torch
 from labkit.kernels.comm import collectives as C
 from labkit.kernels.comm import plan as P
 from labkit.kernels.comm import symm
+from labkit.labs.collectives.host_calls import HOST_CALLS, call_costs, call_costs_summary, where_it_ran
+from labkit.labs.collectives.rank_timing import line_up as _line_up
 from labkit.workbench import tier
 from labkit.workbench.guard import on_device, on_device_of
 
@@ -86,14 +90,6 @@ def _median_us(fn, reps: int) -> float:
     return statistics.median(samples) / 1e3
 
 
-def _line_up(device: torch.device) -> None:
-    """Every rank starts the next timed loop of launches together, its GPU idle."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-
-
 def _triton_launches(steps, out) -> None:
     """The steps through Triton's own launch path (what the eager call did before plans)."""
     for s in steps:
@@ -128,6 +124,130 @@ def _kernel_us(p: P.CollectivePlan, device: torch.device, iters: int = 20, round
     return statistics.median(samples_us(p, iters, rounds, graph=True))
 
 
+def _plan_cache_key(out, algorithm: str) -> tuple:
+    """The key ``collectives.all_reduce`` keeps its plan under in the buffer's cache (what its
+    cached path builds on every call)."""
+    return ("all_reduce", P.out_key(out), algorithm, None, "correct", None)
+
+
+def _unplanned_stages(buf, out, algorithm: str, reps: int) -> tuple:
+    """The host-only stages before any plan: nothing launched, nothing to line up. Returns the
+    checked call, its choice, and stage -> µs: "checks", "config", "guard", "plan guard" (the
+    guard of a known device) and "alloc out" (None unless the call allocates its output)."""
+    x = buf.tensor
+    dev = x.device
+    checks = _median_us(lambda: C.check_all_reduce(buf, out, algorithm), reps)
+    checked = C.check_all_reduce(buf, out, algorithm)
+    config = _median_us(lambda: C.choose_all_reduce(checked.buf, checked.in_place, algorithm), reps)
+    choice = C.choose_all_reduce(checked.buf, checked.in_place, algorithm)
+
+    def enter_leave():
+        with on_device_of(buf=x, out=checked.out):
+            pass
+
+    guard = _median_us(enter_leave, reps)
+    known = on_device(dev)
+
+    def enter_known():
+        with known:
+            pass
+
+    plan_guard = _median_us(enter_known, reps)
+    shape = tuple(x.shape)
+    alloc = None
+    if checked.out is None and not checked.in_place:
+        alloc = _median_us(lambda: torch.empty(shape, dtype=x.dtype, device=dev), reps)
+    us = {"checks": checks, "config": config, "guard": guard, "plan guard": plan_guard, "alloc out": alloc}
+    return checked, choice, us
+
+
+def _planned_checks(buf, out, algorithm: str, held, reps: int) -> tuple[float, float]:
+    """µs of the per-call checks of the two planned paths: the cache key, lookup and checks of the
+    plan ``all_reduce`` keeps on ``buf``, and the checks of the plan ``held`` by the caller."""
+    key = _plan_cache_key(out, algorithm)
+    if key not in buf._plans:
+        raise RuntimeError(
+            f"host_cost: the cache key written here, {key}, is not the one all_reduce used "
+            f"({list(buf._plans)}): update breakdown"
+        )
+
+    def lookup():
+        p = buf._plans.get(_plan_cache_key(out, algorithm))
+        return p.stale()
+
+    cache_checks = _median_us(lookup, reps)
+    plan_out = held.out
+
+    def plan_checks():
+        held.stale()
+        if plan_out is not None:
+            plan_out.data_ptr() == held._out_ptr and plan_out.shape == held._out_shape
+
+    return cache_checks, _median_us(plan_checks, reps)
+
+
+def _launch_stages(buf, out, algorithm: str, held, choice, target, launch_reps: int) -> dict:
+    """The stages that launch: a collective each, the same count on every rank, ranks lined up.
+    stage -> µs: "triton launch", "plan launch", the three whole calls, and "graph replay" (None
+    unless the plan replays its kernels from a CUDA graph)."""
+    dev = buf.tensor.device
+    known = on_device(dev)
+
+    def timed(fn, guarded=False):
+        _line_up(dev)
+        if guarded:
+            with known:
+                return _median_us(fn, launch_reps)
+        return _median_us(fn, launch_reps)
+
+    us = {
+        "triton launch": timed(lambda: _triton_launches(choice.steps, target), guarded=True),
+        "plan launch": timed(lambda: [s(target) for s in held.steps], guarded=True),
+        "eager whole": timed(lambda: eager_uncached(buf, out, algorithm)),
+        "cached whole": timed(lambda: C.all_reduce(buf, out, algorithm=algorithm)),
+        "plan whole": timed(held),
+    }
+    # a plan into a fixed output replays its kernels from a CUDA graph once settled
+    # (labkit.kernels.comm.graph_launch): then that replay is its launch, guard included
+    replay_key = target.data_ptr()
+    us["graph replay"] = timed(lambda: held._graph.replay(replay_key)) if held._graph.graph is not None else None
+    return us
+
+
+def _path_stages(us: dict, reps: int, launch_reps: int) -> dict:
+    """path -> [(stage, µs, repetitions)] of ``PATHS`` from the timed stages ``us``."""
+    allocs = allocs_for(us["alloc out"], reps)
+    replays = us["graph replay"] is not None
+    plan_stages = (
+        [("graph replay", us["graph replay"], launch_reps)]
+        if replays
+        else [("guard", us["plan guard"], reps), *allocs, ("plan launch", us["plan launch"], launch_reps)]
+    )
+    # beside a replay, what its launches cost without it (guard and launch): not a stage of the call
+    aside = [(ASIDE, us["plan guard"] + us["plan launch"], launch_reps)] if replays else []
+    return {
+        "eager call": [
+            ("checks", us["checks"], reps),
+            ("config", us["config"], reps),
+            ("guard", us["guard"], reps),
+            *allocs,
+            ("triton launch", us["triton launch"], launch_reps),
+            ("whole call", us["eager whole"], launch_reps),
+        ],
+        "all_reduce, cached plan": [
+            ("cache lookup + checks", us["cache lookup + checks"], reps),
+            *plan_stages,
+            ("whole call", us["cached whole"], launch_reps),
+        ],
+        "plan()": [
+            ("plan checks", us["plan checks"], reps),
+            *plan_stages,
+            ("whole call", us["plan whole"], launch_reps),
+            *aside,
+        ],
+    }
+
+
 def breakdown(
     buf,
     out: torch.Tensor | None = None,
@@ -152,82 +272,16 @@ def breakdown(
     dev = x.device
     nbytes = x.numel() * x.element_size()
 
-    # the host-only stages: nothing launched, nothing to line up
-    checks = _median_us(lambda: C.check_all_reduce(buf, out, algorithm), reps)
-    checked = C.check_all_reduce(buf, out, algorithm)
+    checked, choice, us = _unplanned_stages(buf, out, algorithm, reps)
     buf, checked_out, in_place = checked.buf, checked.out, checked.in_place
-    config = _median_us(lambda: C.choose_all_reduce(buf, in_place, algorithm), reps)
-    choice = C.choose_all_reduce(buf, in_place, algorithm)
-
-    def enter_leave():
-        with on_device_of(buf=x, out=checked_out):
-            pass
-
-    guard = _median_us(enter_leave, reps)
-    known = on_device(dev)
-
-    def enter_known():
-        with known:
-            pass
-
-    plan_guard = _median_us(enter_known, reps)
-    shape = tuple(x.shape)
-    alloc = None
-    if checked_out is None and not in_place:
-        alloc = _median_us(lambda: torch.empty(shape, dtype=x.dtype, device=dev), reps)
     target = x if in_place else (checked_out if checked_out is not None else torch.empty_like(x))
-
     held = C.all_reduce_plan(buf, out, algorithm=algorithm)
     for _ in range(warmup):  # compiles, arms the fast path, fills the buffer's plan cache, captures
         _triton_launches(choice.steps, target)
         C.all_reduce(buf, out, algorithm=algorithm)
         held()
-    key = ("all_reduce", P.out_key(out), algorithm, None, "correct", None)
-    if key not in buf._plans:
-        raise RuntimeError(
-            f"host_cost: the cache key written here, {key}, is not the one all_reduce used "
-            f"({list(buf._plans)}): update breakdown"
-        )
-
-    def lookup():
-        p = buf._plans.get(("all_reduce", P.out_key(out), algorithm, None, "correct", None))
-        return p.stale()
-
-    cache_checks = _median_us(lookup, reps)
-    plan_out = held.out
-
-    def plan_checks():
-        held.stale()
-        if plan_out is not None:
-            plan_out.data_ptr() == held._out_ptr and plan_out.shape == held._out_shape
-
-    plan_checks_us = _median_us(plan_checks, reps)
-
-    # the stages that launch: a collective each, the same count on every rank, ranks lined up
-    def timed(fn, guarded=False):
-        _line_up(dev)
-        if guarded:
-            with known:
-                return _median_us(fn, launch_reps)
-        return _median_us(fn, launch_reps)
-
-    launch = timed(lambda: _triton_launches(choice.steps, target), guarded=True)
-    plan_launch = timed(lambda: [s(target) for s in held.steps], guarded=True)
-    eager_whole = timed(lambda: eager_uncached(buf, out, algorithm))
-    cached_whole = timed(lambda: C.all_reduce(buf, out, algorithm=algorithm))
-    plan_whole = timed(held)
-    # a plan into a fixed output replays its kernels from a CUDA graph once settled
-    # (labkit.kernels.comm.graph_launch): then that replay is its launch, guard included
-    replays = held._graph.graph is not None
-    replay_key = target.data_ptr()
-    replay = timed(lambda: held._graph.replay(replay_key)) if replays else None
-    plan_stages = (
-        [("graph replay", replay, launch_reps)]
-        if replays
-        else [("guard", plan_guard, reps), *allocs_for(alloc, reps), ("plan launch", plan_launch, launch_reps)]
-    )
-    # beside a replay, what its launches cost without it (guard and launch): not a stage of the call
-    aside = [(ASIDE, plan_guard + plan_launch, launch_reps)] if replays else []
+    us["cache lookup + checks"], us["plan checks"] = _planned_checks(buf, out, algorithm, held, reps)
+    us.update(_launch_stages(buf, out, algorithm, held, choice, target, launch_reps))
     kernel = None if interp or dev.type != "cuda" else _kernel_us(held, dev)
     _line_up(dev)
 
@@ -243,33 +297,11 @@ def breakdown(
         "out": "in place" if in_place else ("given" if out is not None else "new"),
         "launch_path": held.launch_path,
     }
-    allocs = allocs_for(alloc, reps)
-    stages = {
-        "eager call": [
-            ("checks", checks, reps),
-            ("config", config, reps),
-            ("guard", guard, reps),
-            *allocs,
-            ("triton launch", launch, launch_reps),
-            ("whole call", eager_whole, launch_reps),
-        ],
-        "all_reduce, cached plan": [
-            ("cache lookup + checks", cache_checks, reps),
-            *plan_stages,
-            ("whole call", cached_whole, launch_reps),
-        ],
-        "plan()": [
-            ("plan checks", plan_checks_us, reps),
-            *plan_stages,
-            ("whole call", plan_whole, launch_reps),
-            *aside,
-        ],
-    }
     records = []
-    for path, rows in stages.items():
+    for path, rows in _path_stages(us, reps, launch_reps).items():
         if kernel is not None:
             rows = rows + [("kernel", kernel, 5)]
-        records += [dict(base, path=path, stage=stage, us=us, reps=n) for stage, us, n in rows]
+        records += [dict(base, path=path, stage=stage, us=t, reps=n) for stage, t, n in rows]
     return records
 
 
@@ -469,182 +501,27 @@ def host_cost_figure(
     return fig
 
 
-# ---- per-call host time of the public calls, side by side ----
-
-#: the calls ``call_costs`` times: impl -> what it is
-HOST_CALLS = {
-    "labkit_push": "push.all_reduce(x, box, out): the push one-shot, its launch kept on the inbox",
-    "labkit_fid": "flag_in_data.all_reduce(x, box, out): the flag-in-data one-shot, its launch kept on the inbox",
-    "labkit_all_reduce_fid": "collectives.all_reduce(buf, out, algorithm='flag_in_data'): the plan kept on the buffer",
-    "labkit_all_reduce": "collectives.all_reduce(buf, out) on a buffer without an inbox (auto): the plan kept on it",
-    "torch_two_shot": "torch.ops.symm_mem.two_shot_all_reduce_(t, 'sum', group): torch's in-place op",
-}
-
-
-def _host_call_candidates(ctx, n: int, dtype) -> tuple[dict, dict]:
-    """impl -> (call, this rank's result tensor) for ``HOST_CALLS``, each on buffers of its own
-    holding this rank's input; impl -> why it is absent (torch's op off GPUs or in a torch
-    without it)."""
-    from labkit.kernels.comm import flag_in_data, push
-
-    dev = ctx.device
-    scratch = getattr(ctx, "scratch_dir", None)
-    pbox = push.inbox(n, dtype, device=dev, scratch_dir=scratch)
-    fbox = flag_in_data.inbox(n, dtype, device=dev, scratch_dir=scratch)
-    ibuf = symm.empty(n, dtype, device=dev, scratch_dir=scratch)
-    flag_in_data.attach(ibuf, fbox)  # shares the inbox: one stream
-    buf = symm.empty(n, dtype, device=dev, scratch_dir=scratch)
-    x, p_out, f_out, i_out, a_out = (torch.empty(n, dtype=dtype, device=dev) for _ in range(5))
-    cands = {
-        "labkit_push": (lambda: push.all_reduce(x, pbox, p_out), x),
-        "labkit_fid": (lambda: flag_in_data.all_reduce(x, fbox, f_out), x),
-        "labkit_all_reduce_fid": (lambda: C.all_reduce(ibuf, i_out, algorithm="flag_in_data"), ibuf.tensor),
-        "labkit_all_reduce": (lambda: C.all_reduce(buf, a_out), buf.tensor),
-    }
-    absent = {}
-    two = getattr(torch.ops.symm_mem, "two_shot_all_reduce_", None) if dev.type == "cuda" else None
-    if two is not None:
-        import torch.distributed as dist
-        import torch.distributed._symmetric_memory as symm_mem
-
-        group = dist.group.WORLD.group_name
-        st = symm_mem.empty(n, dtype=dtype, device=dev)
-        symm_mem.rendezvous(st, group)
-        cands["torch_two_shot"] = (lambda: two(st, "sum", group), st)
-    else:
-        absent["torch_two_shot"] = (
-            "torch's symmetric-memory ops need CUDA GPUs" if dev.type != "cuda" else "this torch lacks the op"
-        )
-    return cands, absent
-
-
-def call_costs(
-    ctx,
-    n: int = 2048,
-    dtype_name: str = "bfloat16",
-    rounds: int | None = None,
-    calls: int | None = None,
-    seed: int = 0,
-) -> list[dict]:
-    """Rank function (``run_ranks(call_costs, W)``): the host µs of one call of each of
-    ``HOST_CALLS`` at ``n`` elements, in one process, interleaved.
-
-    Every candidate is first checked once against the fp64 sum of every rank's input (no
-    collective trusted to check a collective) and called a few times (compiled, its launch kept).
-    Then ``rounds`` rounds; in each, the candidates in an order rotated by one per round, each
-    after the ranks line up (a barrier, the GPU idle): ``calls`` calls back to back, each timed
-    on its own with ``time.perf_counter_ns`` (the host's time until the call returns; its kernel
-    runs asynchronously, and at a few µs per kernel the GPU keeps up, so the queue never blocks
-    the host). A round's value is the median of its calls; a record has the median over rounds
-    (``us``), their quartiles and the slowest and fastest round. Under the interpreter (the CPU
-    tier) a call runs its kernel in Python: the numbers say nothing about GPUs there
-    (``interpreted``). Every rank makes the same calls: call on every rank alike.
-
-    rounds, calls: default 15 and 200 on GPUs, 3 and 2 under the interpreter."""
-    from labkit.labs.collectives import experiments
-
-    interp = tier.interpreted()
-    rounds = rounds or (3 if interp else 15)
-    calls = calls or (2 if interp else 200)
-    dtype = getattr(torch, dtype_name)
-    dev = ctx.device
-    cands, absent = _host_call_candidates(ctx, n, dtype)
-    mine, everyone = experiments.rank_inputs(ctx, n, dtype, seed)
-    correct = {}
-    for name, (call, source) in cands.items():
-        source.copy_(mine)
-        y = call()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        correct[name] = experiments.close_to_sum(y, everyone, dtype, ctx.world_size)
-        for _ in range(2):  # compiled, launch kept, fast path armed
-            call()
-    names = list(cands)
-    per_round: dict = {name: [] for name in names}
-    clock = time.perf_counter_ns
-    for r in range(rounds):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            call = cands[name][0]
-            _line_up(dev)
-            samples = []
-            for _ in range(calls):
-                t0 = clock()
-                call()
-                samples.append(clock() - t0)
-            per_round[name].append(statistics.median(samples) / 1e3)
-    _line_up(dev)
-    base = {
-        "op": "all_reduce",
-        "bytes": n * dtype.itemsize,
-        "dtype": dtype_name,
-        "world_size": ctx.world_size,
-        "rank": ctx.rank,
-        "interpreted": interp,
-        "rounds": rounds,
-        "calls": calls,
-        **where_it_ran(),
-    }
-    records = []
-    for name in HOST_CALLS:
-        if name in cands:
-            v = sorted(per_round[name])
-            q = statistics.quantiles(v, n=4, method="inclusive") if len(v) > 1 else [v[0]] * 3
-            records.append(
-                dict(
-                    base,
-                    impl=name,
-                    what=HOST_CALLS[name],
-                    correct=correct[name],
-                    us=statistics.median(v),
-                    us_p25=q[0],
-                    us_p75=q[2],
-                    us_min=v[0],
-                    us_max=v[-1],
-                )
-            )
-        else:
-            records.append(dict(base, impl=name, what=HOST_CALLS[name], correct=None, us=None, absent=absent[name]))
-    return records
-
-
-def where_it_ran() -> dict:
-    """Where this process runs on the host, beside its host times: ``cpu`` (the core it was on at
-    the end, from /proc/self/stat; None elsewhere) and ``cpus_allowed`` (how many cores its
-    affinity allows). One rank's calls can take far longer than the others' on the same machine,
-    torch's too; these fields let the records say whether placement goes with it."""
-    cpu = None
-    try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        cpu = int(fields[36])  # field 39 of proc(5), counted from the state (field 3)
-    except (OSError, IndexError, ValueError):
-        pass
-    try:
-        allowed = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        allowed = os.cpu_count()
-    return {"cpu": cpu, "cpus_allowed": allowed}
-
-
-def call_costs_summary(records: list[dict]) -> list[str]:
-    """One line per size: each call's host µs, median over rounds with its quartiles, from
-    ``call_costs`` records (kind "host_call" in a reference file), the lowest rank's. A failed
-    run's record (no rank) is left out."""
-    recs = [
-        r for r in records if r.get("impl") in HOST_CALLS and "rank" in r and r.get("kind", "host_call") == "host_call"
-    ]
-    if not recs:
-        return []
-    rank = min(r["rank"] for r in recs)
-    lines = []
-    for nbytes in sorted({r["bytes"] for r in recs}):
-        mine = [r for r in recs if r["rank"] == rank and r["bytes"] == nbytes]
-        parts = [
-            f"{r['impl']} {r['us']:.2f} µs ({r['us_p25']:.2f}..{r['us_p75']:.2f})"
-            if r.get("us") is not None
-            else f"{r['impl']} absent ({r.get('absent')})"
-            for r in mine
-        ]
-        where = "interpreter" if mine[0]["interpreted"] else "GPU"
-        lines.append(f"{nbytes} B, W={mine[0]['world_size']}, rank {rank}, {where}: " + "; ".join(parts))
-    return lines
+__all__ = [
+    "ASIDE",
+    "BENCH_CASES",
+    "HOST_CALLS",
+    "HOST_STAGES",
+    "PATHS",
+    "REQUIRED",
+    "STAGES",
+    "allocs_for",
+    "breakdown",
+    "call_costs",
+    "call_costs_summary",
+    "cases",
+    "eager_uncached",
+    "host_cost_figure",
+    "host_only",
+    "measure",
+    "measure_cases",
+    "plot_host_cost",
+    "select",
+    "totals",
+    "verdict",
+    "where_it_ran",
+]

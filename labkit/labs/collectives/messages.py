@@ -2,9 +2,10 @@
 calls a timing round makes, the check of a result against the fp32 reference, the agreement of
 every rank on a check, the bus-bandwidth factors (nccl-tests' convention), and the two steps
 every comparison of candidates takes: lining the ranks up before a sample, checking every
-candidate once before any is timed, and timing them by graph replay and by eager calls.
-Used by the sweep (``bench``) and the push and into
-comparisons (``push_bench``, ``into_bench``)."""
+candidate once before any is timed, and timing them by graph replay and by eager calls; and the
+progress lines a long run leaves behind (``progress``). Used by the sweep and the search
+(``sweep_bench``, ``eager_bench``, ``tune_bench``, ``bench``) and the push and into comparisons
+(``push_bench``, ``into_bench``)."""
 
 from __future__ import annotations
 
@@ -45,11 +46,11 @@ def agreed_everywhere(ok: bool, device) -> bool:
 
 
 def close_to_ref(y, ref, w, scale) -> bool:
-    """Within the rounding an all-reduce in ``y``'s dtype may do (labkit.labs.collectives.experiments.
+    """Within the rounding an all-reduce in ``y``'s dtype may do (labkit.labs.collectives.checks.
     sum_tolerance: for bf16 up to log2(W) + 1 roundings of 2^-7, for the tree) of the fp32
     reference, relative to ``scale``, the sum over ranks of |x_r| (the scale rounding errors have,
     even where the sum cancels)."""
-    from labkit.labs.collectives.experiments import sum_tolerance
+    from labkit.labs.collectives.checks import sum_tolerance
 
     return bool(((y.float() - ref).abs() <= sum_tolerance(y.dtype, w) * scale + 1e-6).all())
 
@@ -114,3 +115,23 @@ def time_graph_and_eager(ok: dict, iters: int, ctx, baseline: str | None, warmup
         )
         yield timing, cmp, per_call
         del timed
+
+
+def progress(ctx, line: dict) -> None:
+    """Rank 0 appends one JSON line per finished size to $LABKIT_PROGRESS_FILE, if set: a sweep
+    cut short by a time limit still shows how far it got (the ranks' stdout is not streamed)."""
+    import json
+    import os
+    import time
+
+    path = os.environ.get("LABKIT_PROGRESS_FILE")
+    if path and ctx.rank == 0:
+        with open(path, "a") as f:
+            f.write(json.dumps({"time": time.time(), "world_size": ctx.world_size, **line}) + "\n")
+
+
+def progress_main(line: dict) -> None:
+    """``progress`` from the benchmark's own process (no world: rank 0, no world size)."""
+    import types
+
+    progress(types.SimpleNamespace(rank=0, world_size=None), line)

@@ -53,6 +53,17 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
     st = symm_mem.empty(n, dtype=dtype, device=dev)
     symm_mem.rendezvous(st, group)
     cands = {
+        **_one_shot_candidates(x, close, box, ubox, fbox, (out, mine, u_out, f_out, f_mine)),
+        **_all_reduce_candidates(x, close, buf, ibuf, (pull_out, auto_out, i_out)),
+        **_torch_candidates(x, close, st, group),
+    }
+    return cands, (box, ubox, fbox, ibuf), (out, u_out, f_out, i_out)
+
+
+def _one_shot_candidates(x: torch.Tensor, close, box, ubox, fbox, outs: tuple) -> dict:
+    """The push and flag-in-data one-shots, called on their inboxes: name -> (fields, call, check)."""
+    out, mine, u_out, f_out, f_mine = outs
+    return {
         "labkit_push_one_shot": (
             {"in_place": False},
             lambda: push.all_reduce(x, box, out),
@@ -80,6 +91,14 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
             lambda: flag_in_data.all_reduce(f_mine, fbox, f_mine),
             lambda: (f_mine.copy_(x), close(flag_in_data.all_reduce(f_mine, fbox, f_mine)))[-1],
         ),
+    }
+
+
+def _all_reduce_candidates(x: torch.Tensor, close, buf, ibuf, outs: tuple) -> dict:
+    """The pull one-shot, ``all_reduce``'s own choice on a buffer without an inbox, and flag-in-data
+    through the public call (``ibuf``, attached to the inbox): name -> (fields, call, check)."""
+    pull_out, auto_out, i_out = outs
+    return {
         "labkit_one_shot": (
             {"in_place": False},
             lambda: C.all_reduce(buf, pull_out, algorithm="one_shot"),
@@ -109,6 +128,11 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
             lambda: (ibuf.tensor.copy_(x), close(C.all_reduce(ibuf, ibuf.tensor, algorithm="flag_in_data")))[-1],
         ),
     }
+
+
+def _torch_candidates(x: torch.Tensor, close, st: torch.Tensor, group: str) -> dict:
+    """torch's symm_mem all-reduces on the rendezvoused ``st``, where this torch has them."""
+    cands = {}
     one = getattr(torch.ops.symm_mem, "one_shot_all_reduce", None)
     if one is not None:
         cands["torch_one_shot"] = (
@@ -123,7 +147,7 @@ def _candidates(ctx, n: int, dtype, x: torch.Tensor, close) -> dict:
             lambda: two(st, "sum", group),
             lambda: (st.copy_(x), two(st, "sum", group), close(st))[-1],
         )
-    return cands, (box, ubox, fbox, ibuf), (out, u_out, f_out, i_out)
+    return cands
 
 
 def _paired(cmp, name: str, best: str | None) -> dict:

@@ -1,7 +1,8 @@
 """Timing one collective call on every rank at once: rounds of back-to-back calls (or one CUDA
 graph replay of them) between CUDA events, the ranks lined up by a barrier before each round.
-Lab 02's sweep (``bench``), the link probe (``links``) and the host-cost breakdown (``host_cost``)
-all time this way. Call it inside ``run_ranks`` on GPUs (torch.distributed initialised)."""
+Lab 02's sweep (``sweep_bench``), the link probe (``links``) and the host-cost breakdown
+(``host_cost``) all time this way; ``line_up`` starts the host-timed loops of ``host_cost`` and
+``host_calls`` together. Call it inside ``run_ranks`` on GPUs (torch.distributed initialised)."""
 
 from __future__ import annotations
 
@@ -62,4 +63,13 @@ def samples_us(fn, iters: int, reps: int, graph: bool = False, active: bool = Tr
     return samples
 
 
-__all__ = ["capture", "median_us", "samples_us"]
+def line_up(device: torch.device) -> None:
+    """Every rank starts the next timed loop of launches together, its GPU idle (a barrier where
+    torch.distributed runs; a lone process only waits for its GPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+__all__ = ["capture", "line_up", "median_us", "samples_us"]

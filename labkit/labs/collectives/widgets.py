@@ -16,12 +16,12 @@ def collective_report(algorithm: str, n: int, world_size: int, reference: list[d
     import secrets
 
     from labkit.kernels.comm.ranks import run_ranks
-    from labkit.labs.collectives import experiments
+    from labkit.labs.collectives import checks
 
     lines = []
     if live_world:
         res = run_ranks(
-            experiments.check_algorithms,
+            checks.check_algorithms,
             world_size,
             n,
             "bfloat16",
@@ -66,10 +66,10 @@ def collective_report(algorithm: str, n: int, world_size: int, reference: list[d
 
 def collective_explorer(reference: list[dict], max_world: int):
     """Pick an algorithm, a size and a world size; run it and see the recorded timing."""
-    from labkit.labs.collectives import experiments
+    from labkit.labs.collectives import checks
 
     # the out-of-place algorithms, then the in-place forms (two_shot_in_place, two_shot_ce_in_place)
-    algorithm = w.ToggleButtons(options=list(experiments.ALL_REDUCE_FORMS), description="algorithm")
+    algorithm = w.ToggleButtons(options=list(checks.ALL_REDUCE_FORMS), description="algorithm")
     size = w.SelectionSlider(options=[1 << k for k in range(8, 15)], value=1 << 12, description="elements")
     world = w.IntSlider(value=2, min=2, max=8, description="ranks")
     out = w.HTML()
