@@ -31,7 +31,7 @@ LOADS = {
     "did not make the end-barrier race show, probably because the GEMM's CTAs fill the SMs and "
     "the collective's programs start after them instead of sharing SMs: not verified)",
     "held": "the rank's first read of a peer's buffer waits until every peer has returned and written "
-    "its next input, or HOLD_S seconds (labkit.kernels.check.held_reader: a reader held between its "
+    "its next input, or HOLD_S seconds (labkit.check.held_reader: a reader held between its "
     "barrier and its reads, forced instead of waited for; the emulated world only)",
 }
 #: the longest a held reader waits (load "held"): what a call its peers cannot return from costs
@@ -155,7 +155,7 @@ def _held_round_name(buf, t: int) -> str:
 def _held(ctx, buf, t: int):
     """Load "held", on the rank disturbed for call ``t``: its first read of a peer's buffer waits
     for the peers (``held_reader`` steps 1, 2 and 4)."""
-    from labkit.kernels.check.held_reader import hold_peer_reads
+    from labkit.check.held_reader import hold_peer_reads
 
     return hold_peer_reads(buf, ctx.scratch_dir, _held_round_name(buf, t), HOLD_S)
 
@@ -163,7 +163,7 @@ def _held(ctx, buf, t: int):
 def _say_if_a_peer_held(ctx, buf, t: int) -> None:
     """Load "held", after this rank wrote the input that follows call ``t``: if a peer was held in
     that call, tell it (``held_reader`` step 3)."""
-    from labkit.kernels.check.held_reader import say_next_input_written
+    from labkit.check.held_reader import say_next_input_written
 
     held = _disturbed_rank(t, ctx.world_size) if t >= 0 else None
     if held is not None and held != ctx.rank:

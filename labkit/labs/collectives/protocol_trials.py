@@ -137,7 +137,7 @@ def _fid_graph_wrong(ctx, box, first_input: torch.Tensor, mine: int, dtype, seed
     """``fid_trials``' graph (GPUs): one flag-in-data call on ``box`` captured in a CUDA graph, then
     replayed ``replays`` times with fresh inputs written into its input on the device; the replays
     whose result was wrong."""
-    from labkit.kernels.check.graphs import replay_with_fresh_inputs
+    from labkit.check.graphs import replay_with_fresh_inputs
     from labkit.kernels.comm import flag_in_data as fid
 
     x_static = first_input.clone()
