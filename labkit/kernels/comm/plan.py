@@ -321,7 +321,8 @@ class CollectivePlan:
 
     op, algorithm: what runs; in_place: the result is ``buf.tensor``; out: the output tensor the
     plan was made for (None: a new one per call, like the eager call); steps: the launches
-    (``KernelLaunch``, ``CopySteps``) in order."""
+    (``KernelLaunch``, ``CopySteps``) in order; chooser_table: which chooser table the choices
+    read (``tables.ChooserTable.describe``: the GPU's recorded table, or the defaults)."""
 
     def __init__(
         self,
@@ -336,8 +337,10 @@ class CollectivePlan:
         checked_out: torch.Tensor | None = None,
         keep_buffer: bool = True,
         fast: bool = True,
+        chooser_table: str | None = None,
     ):
         x = buf.tensor
+        self.chooser_table = chooser_table
         for s in steps:
             if isinstance(s, KernelLaunch):
                 s.armable = fast
