@@ -182,7 +182,7 @@ def breakdown(
         _triton_launches(choice.steps, target)
         C.all_reduce(buf, out, algorithm=algorithm)
         held()
-    key = ("all_reduce", P.out_key(out), algorithm, None, "correct", None)
+    key = C.plan_key("all_reduce", out, algorithm=algorithm)
     if key not in buf._plans:
         raise RuntimeError(
             f"host_cost: the cache key written here, {key}, is not the one all_reduce used "
@@ -190,7 +190,7 @@ def breakdown(
         )
 
     def lookup():
-        p = buf._plans.get(("all_reduce", P.out_key(out), algorithm, None, "correct", None))
+        p = buf._plans.get(C.plan_key("all_reduce", out, algorithm=algorithm))
         return p.stale()
 
     cache_checks = _median_us(lookup, reps)
