@@ -401,9 +401,11 @@ def choices_agree(ctx) -> dict:
     checks and choices), of what ``Graphed`` would capture (``collectives.graph_target``), and the
     chooser's own answer; whether the eager call summed right. Run on W=3 (a crossover that is not
     "always one-shot") with the copy engines' threshold lowered for the in-place case."""
+    import dataclasses
+
     from labkit.kernels.comm import collectives as C
     from labkit.kernels.comm import plan as P
-    from labkit.kernels.comm import symm
+    from labkit.kernels.comm import symm, tables
 
     w = ctx.world_size
     dtype = torch.float32
@@ -423,8 +425,10 @@ def choices_agree(ctx) -> dict:
             False,
         ),
     ]
-    saved = C.CE_FROM_BYTES
-    C.CE_FROM_BYTES = {**saved, w: 0}  # in place with a workspace: two_shot_ce at every size
+    table_key = (tables.gpu_name(ctx.device), w)
+    saved = tables.TABLES.get(table_key)
+    # in place with a workspace: two_shot_ce at every size
+    tables.TABLES[table_key] = dataclasses.replace(tables.table_for(*table_key), ce_from=0)
     try:
         for label, n, where, kwargs, workspace in cases:
             buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir, workspace=workspace)
@@ -438,15 +442,7 @@ def choices_agree(ctx) -> dict:
             buf.tensor.copy_(x)
             y = C.all_reduce(buf, target, **kwargs)
             sums = _close(y.clone(), xs, dtype, w)
-            key = (
-                "all_reduce",
-                P.out_key(target),
-                kwargs.get("algorithm", "auto"),
-                kwargs.get("blocks"),
-                "correct",
-                kwargs.get("config"),
-            )
-            cached = buf._plans[key]
+            cached = buf._plans[C.plan_key("all_reduce", target, **kwargs)]
             checked = C.check_all_reduce(buf, target, kwargs.get("algorithm", "auto"))
             in_place = checked.in_place
             choice = C.choose_all_reduce(checked.buf, in_place, **kwargs)
@@ -473,6 +469,7 @@ def choices_agree(ctx) -> dict:
                 "sums": sums,
                 "same launches": held.describe() == cached.describe() == uncached.describe() == graphed.describe(),
                 "kernels": [d.get("kernel", "copies") for d in held.describe()],
+                "tables": {held.chooser_table, cached.chooser_table, graphed.chooser_table},
             }
         # reduce-scatter and all-gather: Graphed's plan is the cached one's
         n = 64 * w
@@ -487,7 +484,10 @@ def choices_agree(ctx) -> dict:
         found["graph_target, bad argument"] = _error(lambda: C.graph_target(C.all_reduce, buf, bogus=1))
         found["graph_target, other callable"] = C.graph_target(len, [1, 2])[0]() == 2
     finally:
-        C.CE_FROM_BYTES = saved
+        if saved is None:
+            del tables.TABLES[table_key]
+        else:
+            tables.TABLES[table_key] = saved
     _sync(ctx)
     ctx.barrier()
     return found

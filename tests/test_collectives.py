@@ -354,7 +354,10 @@ def test_crossover_is_where_two_shot_starts_winning_for_good():
 
 
 def test_default_launch_follows_the_measured_rule(monkeypatch):
-    monkeypatch.setattr(C, "_multiprocessors", lambda index: 132)
+    from labkit.kernels.comm import chooser, tables
+
+    monkeypatch.setattr(chooser, "_multiprocessors", lambda index: 132)
+    monkeypatch.setattr(tables, "_device_name", lambda index: tables.H200)  # an H200 as device 0
     gpu = torch.device("cuda", 0)
     small, large = C.LARGE_BYTES - 2, C.LARGE_BYTES
     C._gpu_default.cache_clear()  # the cache holds launches made with the real SM count
@@ -372,6 +375,10 @@ def test_default_launch_follows_the_measured_rule(monkeypatch):
         assert C.default_config(4096, 4, gpu, "two_shot_in_place") == C.default_config(
             64 << 10, 4, gpu, "two_shot_in_place"
         )
+        # a GPU without a table of its own takes the rule's launch, whatever the H200's table says
+        monkeypatch.setattr(tables, "_device_name", lambda index: "NVIDIA H100 80GB HBM3")
+        C._gpu_default.cache_clear()
+        assert C.default_config(1 << 20, 4, gpu, "one_shot") == C.LaunchConfig(vectors=1, num_warps=16, programs=132)
     finally:
         C._gpu_default.cache_clear()  # none made with the fake SM count outlives the test
 
@@ -387,9 +394,11 @@ def test_tuned_size_is_the_nearest_searched_size_on_a_log_scale():
 def test_launch_common_names_the_kernel_it_launches(monkeypatch):
     import types
 
+    from labkit.kernels.comm import chooser
+
     asked = []
     monkeypatch.setattr(
-        C, "default_config", lambda nbytes, w, device, kernel=None: asked.append(kernel) or C.DEFAULT_CONFIG
+        chooser, "default_config", lambda nbytes, w, device, kernel=None: asked.append(kernel) or C.DEFAULT_CONFIG
     )
     buf = types.SimpleNamespace(tensor=torch.empty(2048, dtype=torch.bfloat16), world_size=4, max_blocks=8)
     for algorithm, in_place in (("two_shot", True), ("two_shot", False), ("one_shot", False), ("two_shot_ce", True)):
@@ -414,6 +423,8 @@ def test_in_place_chooser_takes_the_copy_engines_only_where_measured():
     assert C.choose_in_place(limit, 2, False) == "two_shot"  # no workspace: nothing for the copies to fill
     for w in (3, 8):  # world sizes without a recorded sweep: no copy engines
         assert w not in C.CE_FROM_BYTES and C.choose_in_place(1 << 30, w, True) == "two_shot"
+    # a GPU without a table: the defaults, no copy engines at any size
+    assert C.choose_in_place(1 << 30, 2, True, gpu="NVIDIA H100 80GB HBM3") == "two_shot"
 
 
 def test_chosen_vs_best_reads_the_in_place_series():

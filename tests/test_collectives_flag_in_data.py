@@ -5,6 +5,7 @@ rotating late rank, in place and out of place, calls alternating paths (push, fl
 one-shot, two-shot) back to back on the same buffers, and ranks whose counts disagree caught.
 The rule's table (``fid_limits_from``) is tested on records, and against the reference files."""
 
+import dataclasses
 import os
 import secrets
 import time
@@ -15,8 +16,7 @@ import torch
 import labkit  # noqa: F401  (picks the tier first)
 from labkit.kernels.comm import collectives as C
 from labkit.kernels.comm import flag_in_data as fid
-from labkit.kernels.comm import plan as P
-from labkit.kernels.comm import push, symm
+from labkit.kernels.comm import push, symm, tables
 from labkit.kernels.comm.ranks import run_ranks
 from labkit.labs.collectives import experiments
 from labkit.workbench import results, tier
@@ -36,7 +36,7 @@ def _worlds():
 
 
 def _auto_key(out):
-    return ("all_reduce", P.out_key(out), "auto", None, "correct", None)
+    return C.plan_key("all_reduce", out)
 
 
 def alternating(ctx, n: int, dtype_name: str, seed: int, late_s: float) -> dict:
@@ -47,7 +47,8 @@ def alternating(ctx, n: int, dtype_name: str, seed: int, late_s: float) -> dict:
     dtype = getattr(torch, dtype_name)
     w = ctx.world_size
     limit = n * dtype.itemsize
-    C.measured_fid_limits = lambda reference_dir=None: {(w, False): limit, (w, True): limit}
+    key = (tables.gpu_name(ctx.device), w)  # this rank's process only: the table of its GPU and world
+    tables.TABLES[key] = dataclasses.replace(tables.table_for(*key), fid_out_of_place=limit, fid_in_place=limit)
     box = fid.inbox(2 * n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
     pbox = push.inbox(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
     buf = symm.empty(n, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
@@ -231,18 +232,19 @@ def test_the_limit_is_the_last_recorded_size_of_an_unbroken_run_of_wins():
 
 
 def test_the_measured_table_agrees_with_every_reference_file():
-    """Every entry is a recorded size at which flag-in-data won on every machine of that world
-    size; a reference file without the comparison's records gives no entry."""
-    table = C.measured_fid_limits()
+    """Every entry of a GPU's tables is a recorded size at which flag-in-data won on that GPU's
+    recording of that world size (tests/test_chooser_tables.py holds each table equal to its file)."""
     for machine, rs in results.load_references("collectives").items():
+        gpu = rs.env["gpus"][0]["name"]
+        table = C.measured_fid_limits(gpu)
         for key, limit in C.fid_limits_from(rs.records).items():
-            assert key in table and table[key] <= limit, f"{machine}: {key} {limit} vs {table}"
-    for (w, in_place), limit in table.items():
-        assert any(
-            r.get("kind") == "push" and r["world_size"] == w and r["bytes"] == limit
-            for rs in results.load_references("collectives").values()
-            for r in rs.records
-        ), f"{(w, in_place)}: {limit} is not a recorded size"
+            assert table.get(key) == limit, f"{machine}: {key} {limit} vs {table}"
+        for (w, in_place), limit in table.items():
+            assert any(
+                r.get("kind") == "push" and r["world_size"] == w and r["bytes"] == limit
+                for rs in results.load_references("collectives").values()
+                for r in rs.records
+            ), f"{(w, in_place)}: {limit} is not a recorded size"
 
 
 def test_auto_without_an_inbox_or_with_a_launch_given_keeps_the_barrier_algorithms(monkeypatch):
@@ -253,7 +255,10 @@ def test_auto_without_an_inbox_or_with_a_launch_given_keeps_the_barrier_algorith
         def __init__(self, n, inbox):
             self.tensor, self.world_size, self.inbox, self.workspace = torch.empty(n), 2, inbox, None
 
-    monkeypatch.setattr(C, "measured_fid_limits", lambda reference_dir=None: {(2, False): 4096, (2, True): 4096})
+    key = (tables.INTERPRETER_GPU, 2)  # the fake buffers are CPU tensors: the interpreter's tables
+    monkeypatch.setitem(
+        tables.TABLES, key, dataclasses.replace(tables.table_for(*key), fid_out_of_place=4096, fid_in_place=4096)
+    )
     assert C.auto_algorithm(Buf(1024, object()), False) == "flag_in_data"
     assert C.auto_algorithm(Buf(1024, object()), True) == "flag_in_data"
     assert C.auto_algorithm(Buf(1024, None), False) == C.choose(4096, 2)

@@ -472,6 +472,9 @@ def test_a_plan_and_the_eager_call_choose_alike(choices):
             assert f["sums"] is True, (label, f)
             assert f["held"] == f["cached"] == f["uncached"] == f["graphed"] == f["chooser"], (label, f)
             assert f["same launches"] is True, (label, f)
+            # one table read by every plan: W=3 is recorded on no GPU, so the defaults, said so
+            (table,) = f["tables"]
+            assert table.startswith("defaults (no table for ") and table.endswith(" x3)"), (label, table)
         assert found["small out"]["held"] == "one_shot" and found["large out"]["held"] == "two_shot"
         assert found["small in place"]["held"] == "two_shot" and found["in place ce"]["held"] == "two_shot_ce"
         assert found["in place ce"]["kernels"] == ["barrier_kernel", "copies", "two_shot_ce_kernel"]

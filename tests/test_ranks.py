@@ -265,17 +265,17 @@ def test_rank_zero_keeps_the_store_until_every_rank_has_counted_itself_in(monkey
     that peer ("Failed to recv"): a fn that needs no collective can end a world that way under load."""
     import threading
 
-    from labkit.kernels.comm import ranks
+    from labkit.kernels.comm import rank_main
 
     store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=10))
     monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", lambda: store)
-    store.add(ranks._INITIALIZED_KEY, 1)  # rank 0 is in; rank 1 counts itself in 0.3 s later
-    threading.Timer(0.3, lambda: store.add(ranks._INITIALIZED_KEY, 1)).start()
+    store.add(rank_main._INITIALIZED_KEY, 1)  # rank 0 is in; rank 1 counts itself in 0.3 s later
+    threading.Timer(0.3, lambda: store.add(rank_main._INITIALIZED_KEY, 1)).start()
     start = time.monotonic()
-    ranks._hold_the_store(2, timeout=10)
+    rank_main._hold_the_store(2, timeout=10)
     assert 0.25 < time.monotonic() - start < 5
     start = time.monotonic()
-    ranks._hold_the_store(3, timeout=0.2)  # a rank that never counts itself in: bounded by the timeout
+    rank_main._hold_the_store(3, timeout=0.2)  # a rank that never counts itself in: bounded by the timeout
     assert 0.15 < time.monotonic() - start < 2
 
 

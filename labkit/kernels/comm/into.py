@@ -16,12 +16,12 @@ loading kernel out of place in bus bandwidth (``reference/h200x2/collectives.jso
 symmetric memory.
 
 Two algorithms, the in-place ones with the stores aimed at ``out`` (``algorithm="auto"`` takes
-``two_shot_ce`` from ``collectives.CE_FROM_BYTES`` on when ``buf`` has a workspace, as the
+``two_shot_ce`` from the table's ``ce_from`` on (``chooser.choose_in_place``) when ``buf`` has a workspace, as the
 in-place chooser does, else ``two_shot``):
 
 * ``"two_shot"``: ``two_shot.two_shot_push_into_kernel``: rank r sums shard r over every input
   (loads over NVLink) and stores the sum into shard r of EVERY rank's ``out``.
-* ``"two_shot_ce"`` (``collectives._two_shot_ce``; ``buf`` made with ``workspace=True``):
+* ``"two_shot_ce"`` (``chooser.two_shot_ce_steps``; ``buf`` made with ``workspace=True``):
 
   1. a one-program barrier on ``buf``'s pad: every peer has finished its previous call on ``buf``,
      so nobody still reads the workspace slot this rank is about to overwrite;
@@ -65,8 +65,9 @@ import weakref
 
 import torch
 
-from labkit.kernels.comm import collectives as C
-from labkit.kernels.comm import plan, symm, two_shot
+from labkit.kernels.comm import chooser, plan, symm, tables, two_shot
+from labkit.kernels.comm.checks import check_out
+from labkit.kernels.comm.chooser import LaunchConfig
 from labkit.kernels.comm.symm import SymmBuffer, check_buffer
 from labkit.workbench.errors import UsageError
 from labkit.workbench.guard import on_device
@@ -82,7 +83,7 @@ def check_into(buf, out, blocks=None, config=None, algorithm: str = "auto") -> t
         raise UsageError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS} or 'auto'")
     if blocks is not None and (not isinstance(blocks, int) or isinstance(blocks, bool) or blocks < 1):
         raise ValueError(f"blocks: expected a positive int, got {blocks!r}")
-    if config is not None and not isinstance(config, C.LaunchConfig):
+    if config is not None and not isinstance(config, LaunchConfig):
         raise TypeError(f"config: expected a labkit.kernels.comm.collectives.LaunchConfig, got {type(config).__name__}")
     buf = check_buffer("buf", buf)
     out = check_buffer("out", out)
@@ -93,10 +94,12 @@ def check_into(buf, out, blocks=None, config=None, algorithm: str = "auto") -> t
         )
     # the checks of any all-reduce output: device, dtype, shape, and no memory shared with a
     # buffer the kernel reads (``out`` being ``buf`` included)
-    C._out("out", out.tensor, tuple(buf.tensor.shape), buf.tensor, buf)
+    check_out("out", out.tensor, tuple(buf.tensor.shape), buf.tensor, buf)
     if algorithm == "auto":
         nbytes = buf.tensor.numel() * buf.tensor.element_size()
-        algorithm = C.choose_in_place(nbytes, buf.world_size, buf.workspace is not None)
+        algorithm = chooser.choose_in_place(
+            nbytes, buf.world_size, buf.workspace is not None, gpu=tables.gpu_name(buf.tensor.device)
+        )
     if algorithm == "two_shot_ce" and buf.workspace is None:
         raise UsageError(
             "buf: has no workspace for the copy engines to fill (algorithm 'two_shot_ce'); allocate it with "
@@ -110,7 +113,7 @@ def into_steps(
     out: SymmBuffer,
     algorithm: str,
     blocks: int | None = None,
-    config: C.LaunchConfig | None = None,
+    config: LaunchConfig | None = None,
     fast: bool = False,
 ) -> tuple:
     """The launches of a call (checked buffers, ``algorithm`` resolved): reduce-and-push
@@ -119,9 +122,9 @@ def into_steps(
     compiled launcher after their first launch (``plan.KernelLaunch``), for steps kept and
     launched again."""
     n = buf.tensor.numel()
-    launch = C.launch_common(buf, "correct", algorithm, config, in_place=True)  # the in-place kernels' launch
+    launch = chooser.launch_common(buf, "correct", algorithm, config, in_place=True)  # the in-place kernels' launch
     if algorithm == "two_shot":
-        shard_blocks, programs = C.two_shot_grid(buf, n, launch, blocks)
+        shard_blocks, programs = chooser.two_shot_grid(buf, n, launch, blocks)
         steps = (
             plan.KernelLaunch(
                 two_shot.two_shot_push_into_kernel,
@@ -132,7 +135,7 @@ def into_steps(
             ),
         )
     else:
-        steps = C._two_shot_ce(buf, n, launch, blocks, out_ptrs=out.data_ptrs)
+        steps = chooser.two_shot_ce_steps(buf, n, launch, blocks, out_ptrs=out.data_ptrs)
     for s in steps:
         if hasattr(s, "armable"):
             s.armable = fast  # launched once: no compiled-launcher fast path to prepare
@@ -145,7 +148,7 @@ def all_reduce_into(
     *,
     algorithm: str = "auto",
     blocks: int | None = None,
-    config: C.LaunchConfig | None = None,
+    config: LaunchConfig | None = None,
 ) -> torch.Tensor:
     """Sum of ``buf.tensor`` over all ranks into ``out.tensor`` on every rank, out of place
     (``buf.tensor`` unchanged); returns ``out.tensor``. Collective: every rank calls it with

@@ -19,7 +19,8 @@ What a plan fixes when it is made (the full checks of the eager call run then, a
 the buffer, the output's shape, dtype and device, in place or not, the algorithm, the launch
 configuration, the grid and every kernel argument. Making a plan also checks that every rank is
 making the same one (``agree``: the first time a buffer sees a set of arguments, the ranks
-exchange a fingerprint of what they will launch and all raise if it differs); calls never do.
+exchange a fingerprint of what they will launch and all raise if it differs: ``agreement``);
+calls never do.
 What it checks on every call, because it can change behind the plan's back and would otherwise
 give a wrong answer silently:
 
@@ -64,7 +65,9 @@ import weakref
 import torch
 import triton
 
-from labkit.kernels.comm import symm
+from labkit.kernels.comm.agreement import CONTRACT as CONTRACT
+from labkit.kernels.comm.agreement import agree as agree
+from labkit.kernels.comm.agreement import fingerprint as fingerprint
 from labkit.kernels.comm.direct_launch import record_launch
 from labkit.kernels.comm.graph_launch import GraphReplay
 from labkit.kernels.launch_helpers import overlaps
@@ -318,7 +321,8 @@ class CollectivePlan:
 
     op, algorithm: what runs; in_place: the result is ``buf.tensor``; out: the output tensor the
     plan was made for (None: a new one per call, like the eager call); steps: the launches
-    (``KernelLaunch``, ``CopySteps``) in order."""
+    (``KernelLaunch``, ``CopySteps``) in order; chooser_table: which chooser table the choices
+    read (``tables.ChooserTable.describe``: the GPU's recorded table, or the defaults)."""
 
     def __init__(
         self,
@@ -333,8 +337,10 @@ class CollectivePlan:
         checked_out: torch.Tensor | None = None,
         keep_buffer: bool = True,
         fast: bool = True,
+        chooser_table: str | None = None,
     ):
         x = buf.tensor
+        self.chooser_table = chooser_table
         for s in steps:
             if isinstance(s, KernelLaunch):
                 s.armable = fast
@@ -565,69 +571,6 @@ def out_key(out) -> tuple | None:
     if out is None:
         return ()
     return (out.data_ptr(), out.shape, out.stride(), out.dtype, out.device)
-
-
-#: what ``agree``'s error tells the caller
-CONTRACT = (
-    "every rank must make the same call, with the same buffer, out (in place or not), algorithm, "
-    "blocks, variant, config and order; make the calls agree"
-)
-
-
-def fingerprint(p: CollectivePlan, arguments: dict) -> dict:
-    """What ``p`` launches, as the ranks must agree on it: the buffer (allocation, shape, dtype),
-    in place or not, the call's ``arguments`` as given (name -> value), and, derived (keys with a
-    leading "="), the algorithm chosen and every kernel's grid and launch options. Addresses and
-    the rank's own arguments (its rank, its pointers) are left out: they differ by design."""
-    buf = p._buf()
-    fields = {
-        "buf": f"allocation #{buf.serial}, {tuple(p._x_shape)} {str(p.dtype).replace('torch.', '')}",
-        "out": "buf.tensor (in place)" if p.in_place else "a separate tensor",
-    }
-    fields.update((k, repr(v)) for k, v in arguments.items())
-    fields["=algorithm chosen"] = p.algorithm
-    fields["=launch"] = "; ".join(
-        f"{getattr(s.kernel, 'fn', s.kernel).__name__} grid {s.grid} {sorted(s.kwargs.items())}"
-        if isinstance(s, KernelLaunch)
-        else "copies"  # how many: by rank (a peer's shard may be empty)
-        for s in p.steps
-    )
-    return fields
-
-
-def agree(p: CollectivePlan, arguments: dict) -> None:
-    """Check, when a plan is made, that every rank is making the same one: the first time a buffer
-    sees a ``fingerprint`` (its arguments as given and what they resolve to), the ranks exchange
-    theirs (``symm.agree``: one small ``all_gather_object``, collective) and every rank raises the
-    same UsageError naming what differs, with each rank's value. Remembered on the buffer once
-    agreed, so a buffer's later plans of the same arguments (an eager call into another out, a
-    held plan) exchange nothing, and calls through a plan never do: the per-call path is untouched.
-
-    Why per fingerprint, not per plan: a plan cache misses on one rank and not another (an out at
-    an address one rank has seen and the other has not), and only the ranks that miss would enter
-    the exchange; the fingerprint leaves addresses out, so ranks making the same calls in the same
-    order reach each new fingerprint together.
-
-    Not caught (each still waits until the world's timeout: ``run_ranks``' timeout, the process
-    group's under torchrun): a rank that never calls, and a rank whose arguments are new to the
-    buffer while its peers reuse arguments already agreed on it (only that rank enters the
-    exchange; the others launch and wait in the kernel's barrier). Skipped during CUDA-graph
-    capture (no collective may run there; every rank skips alike)."""
-    buf = p._buf()
-    fields = fingerprint(p, arguments)
-    key = (p.op, *fields.items())
-    if key in buf._agreed:
-        return
-    if p.device.type == "cuda":
-        # under the plan's device: the capture check reads that device's current stream, and
-        # NCCL's object collective runs on the current device (another may be current here)
-        with torch.cuda.device(p.device):
-            if torch.cuda.is_current_stream_capturing():
-                return
-            symm.agree(p.op, fields, CONTRACT)
-    else:
-        symm.agree(p.op, fields, CONTRACT)
-    buf._agreed.add(key)
 
 
 def kept(buf, key: tuple) -> CollectivePlan | None:

@@ -64,7 +64,7 @@ def _labkit_calls(buf, out: torch.Tensor, x: torch.Tensor, close) -> dict:
         target = buf.tensor if in_place else out
         held = C.all_reduce_plan(buf, target)
         suffix = "_in_place" if in_place else ""
-        key = ("all_reduce", P.out_key(target), "auto", None, "correct", None)  # all_reduce's own cache key
+        key = C.plan_key("all_reduce", target)  # all_reduce's own cache key
         calls = {
             "eager_uncached": lambda t=target: host_cost.eager_uncached(buf, t),
             "plan_cached": lambda t=target: C.all_reduce(buf, t),

@@ -127,7 +127,7 @@ def _kernel_us(p: P.CollectivePlan, device: torch.device, iters: int = 20, round
 def _plan_cache_key(out, algorithm: str) -> tuple:
     """The key ``collectives.all_reduce`` keeps its plan under in the buffer's cache (what its
     cached path builds on every call)."""
-    return ("all_reduce", P.out_key(out), algorithm, None, "correct", None)
+    return C.plan_key("all_reduce", out, algorithm=algorithm)
 
 
 def _unplanned_stages(buf, out, algorithm: str, reps: int) -> tuple:
