@@ -56,7 +56,6 @@ def _labkit_calls(buf, out: torch.Tensor, x: torch.Tensor, close) -> dict:
     """labkit's candidates of ``eager_series``: name -> (fields, call, check) for every path of
     ``EAGER_PATHS``, out of place then in place; the field ``_plan`` says, once timed, which launch
     the path took."""
-    from labkit.kernels.comm import plan as P
     from labkit.labs.collectives import host_cost
 
     cands = {}
