@@ -179,6 +179,10 @@ def test_a_gpu_without_a_table_takes_the_defaults_and_says_so():
     assert C.auto_choice(4096, 4, T.H200, in_place=False, inbox=True) == "flag_in_data"
     assert C.launch_for("one_shot", 1 << 20, 4, T.H200) == T.TABLES[(T.H200, 4)].launches[("one_shot", 1 << 20)]
     assert T.table_for(T.H200, 4).describe().startswith("NVIDIA H200 x4: reference/h200x4/collectives.json")
+    with pytest.raises(TypeError, match="gpu: expected the name a GPU reports"):
+        T.table_for(None, 2)
+    with pytest.raises(ValueError, match="world_size: expected a positive int"):
+        T.table_for(T.H200, 0)
 
 
 def test_the_product_imports_no_reader_of_recordings():

@@ -162,6 +162,10 @@ def defaults(gpu: str, world_size: int) -> ChooserTable:
 
 def table_for(gpu: str, world_size: int) -> ChooserTable:
     """``TABLES``' table for ``gpu`` (the name it reports) and ``world_size``, else ``defaults``."""
+    if not isinstance(gpu, str):
+        raise TypeError(f"gpu: expected the name a GPU reports (a str), got {type(gpu).__name__}")
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size: expected a positive int, got {world_size!r}")
     table = TABLES.get((gpu, world_size))
     return table if table is not None else defaults(gpu, world_size)
 
