@@ -1172,7 +1172,7 @@ CASES: list[Case] = [
     Case(
         173,
         "labkit bench start_here --profile nope",
-        lambda: cli("bench", "workbench", "--profile", "nope"),
+        lambda: cli("bench", "start_here", "--profile", "nope"),
         X(2, "--profile 'nope'"),
     ),
     Case(

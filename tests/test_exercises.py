@@ -18,8 +18,10 @@ from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 from helpers import make_notebook
 
+import labkit
 from labkit.app import catalogue, exercises
 from labkit.app.runner import run
 
@@ -96,6 +98,10 @@ def test_02_barrier_catches_a_wait_that_does_not_wait_without_a_race():
         assert not passed and "the peer has not signalled yet" in line and "a loop" in line, line
 
 
+@pytest.mark.skipif(
+    labkit.TIER == "gpu" and torch.cuda.device_count() < 2,
+    reason="02.barrier's collective needs two GPUs on the GPU tier (the CPU tier emulates them)",
+)
 def test_02_barrier_runs_labkit_check_collective_and_its_failure_reaches_the_learner(monkeypatch):
     """The solution's line says the checker passed; when labkit.check.collective fails an answer
     (here: a stand-in report), the learner reads its outcome and message."""

@@ -52,7 +52,7 @@ def test_sc_model_benchmark_records_on_cpu(tmp_path):
     from labkit.app import benchmarks
     from labkit.workbench import results
 
-    rs = results.load_results(benchmarks.run("sc_model", "cpu", out_dir=tmp_path))
+    rs = results.load_results(benchmarks.run("wrong_device_sc_model", "cpu", out_dir=tmp_path))
     assert [r["config"] for r in rs.records] == ["bf16"] + list(M.SC_CONFIGS)
     assert all(r["ms_per_token"] > 0 and 0 <= r["top1_agreement"] <= 1 for r in rs.records)
     for r in rs.records:  # the spread beside the median: quartiles over every timed token, each pass's median

@@ -167,7 +167,7 @@ def test_kernel_benchmark_records(tmp_path):
     from labkit.app import benchmarks
     from labkit.workbench import results
 
-    path = benchmarks.run("sc_kernel", "cpu", out_dir=tmp_path)
+    path = benchmarks.run("wrong_device_sc_kernel", "cpu", out_dir=tmp_path)
     rs = results.load_results(path)
     assert rs.generator == "labkit.labs.wrong_device.sc_bench.benchmark"
     assert {r["impl"] for r in rs.records} == {"bf16 matmul", "sc_matmul"}
