@@ -4,7 +4,8 @@ This catalogue is the single source for the README's lab table (``labkit labs --
 the wide one in docs/labs.md (``labkit labs --markdown --wide``), both checked by a test, for
 ``labkit doctor``'s "what can each lab do here", and for the start-here notebook. A lab whose
 notebook is not written yet is listed with ``status="planned"``; one whose notebook runs but
-whose issue is still open (parts or reference data missing) is ``"draft"``.
+whose parts or reference data are still missing is ``"draft"``. Each lab declares itself in its
+package (``LAB``, :class:`labkit.workbench.lab.Lab`); the catalogue is the list of those packages.
 """
 
 from __future__ import annotations

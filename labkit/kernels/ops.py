@@ -42,7 +42,6 @@ from labkit.kernels.copy import copy as _copy
 from labkit.kernels.sc import matmul as _sc
 from labkit.workbench.errors import UsageError
 
-NAMESPACE = "labkit"
 #: every op registered here: torch.ops.labkit.<name>
 OPS = ("copy", "sc_matmul", "all_reduce", "reduce_scatter", "all_gather")
 

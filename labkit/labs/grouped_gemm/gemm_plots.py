@@ -17,7 +17,6 @@ from __future__ import annotations
 from labkit.workbench import hardware
 
 IMPL_COLORS = {"labkit": "tab:blue", "torch_grouped_mm": "tab:orange", "host_sync_loop": "tab:red"}
-SKEW_STYLES = {"uniform": "-", "skewed": "--"}
 METHOD_ORDER = ("graph", "eager", "cpu_clock")
 #: forward records are kind "gemm", backward ones "gemm_backward" (field ``op``: dgrad, wgrad)
 GEMM_KINDS = ("gemm", "gemm_backward")
@@ -44,11 +43,6 @@ def _shown(records: list[dict], kinds: tuple[str, ...] = ("gemm",)) -> list[dict
 
 def _shape(r: dict) -> tuple:
     return (r["experts"], r["tokens"], r["K"], r["N"])
-
-
-def _shape_label(shape: tuple) -> str:
-    E, M, K, N = shape
-    return f"E={E}\n{M}×{K}×{N}"
 
 
 def _group_ticks(ax, groups: list[tuple]) -> None:

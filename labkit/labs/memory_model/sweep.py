@@ -100,10 +100,6 @@ def outcome_key(outcome) -> str:
     return ",".join(str(int(v)) for v in outcome)
 
 
-def parse_key(key: str) -> tuple[int, ...]:
-    return tuple(int(v) for v in key.split(","))
-
-
 def rows(placements, semantics=None, tests=None, stresses=None) -> list[dict]:
     """The grid: one dict per (test, semantics, scope, placement, stress name), in run order
     (placement, test, variant, then stress: rows sharing a kernel run one after another)."""
