@@ -78,6 +78,7 @@ CHECKER_NAMES = ("device_independence", "stream_safety", "no_host_sync", "graph_
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The ``labkit`` parser: one subcommand each, in the order ``labkit --help`` lists them."""
     p = argparse.ArgumentParser(
         prog="labkit",
         description="A workbook of multi-GPU bugs.",
@@ -85,8 +86,23 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = p.add_subparsers(dest="command", required=True)
+    _add_doctor(sub)
+    _add_run(sub)
+    _add_bench(sub)
+    _add_gpu_tier(sub)
+    _add_labs(sub)
+    _add_report(sub)
+    _add_check(sub)
+    _add_lab(sub)
+    return p
+
+
+def _add_doctor(sub) -> None:
     d = sub.add_parser("doctor", help="versions, GPUs, peer access, topology, and what each lab can do here")
     d.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _add_run(sub) -> None:
     r = sub.add_parser("run", help="execute notebooks with papermill into runs/<timestamp>_<profile>/")
     r.add_argument(
         "--only", nargs="+", action="extend", metavar="NOTEBOOK", help="notebook names (file stems) to run (repeatable)"
@@ -119,11 +135,17 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run only each notebook's exercise cells (parameters, import labkit, statements, answers, checks)",
     )
+
+
+def _add_bench(sub) -> None:
     b = sub.add_parser("bench", help="run a lab's benchmark and write its results JSON")
     b.add_argument("lab", help="lab whose benchmark to run (e.g. workbench)")
     b.add_argument("--profile", default="auto", help="auto, cpu or gpu (sizes)")
     b.add_argument("--reference", action="store_true", help="write as reference/<machine>/<lab>.json")
     b.add_argument("--out", metavar="DIR", help="folder instead of the default")
+
+
+def _add_gpu_tier(sub) -> None:
     from labkit.app import gpu_tier
 
     g = sub.add_parser(
@@ -133,9 +155,15 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     gpu_tier.add_arguments(g)
+
+
+def _add_labs(sub) -> None:
     lb = sub.add_parser("labs", help="the map of labs")
     lb.add_argument("--markdown", action="store_true", help="print the README's lab table")
     lb.add_argument("--wide", action="store_true", help="with --markdown: the table of docs/labs.md")
+
+
+def _add_report(sub) -> None:
     rp = sub.add_parser(
         "report",
         help="the measured numbers of README.md and docs/*.md, rendered from reference/*.json",
@@ -146,6 +174,9 @@ def _parser() -> argparse.ArgumentParser:
     rp_mode.add_argument("--check", action="store_true", help="exit 1 naming each block that differs from its renderer")
     rp.add_argument("--figures", action="store_true", help="also draw the figures into docs/figures/")
     rp.add_argument("--block", metavar="NAME", help="print one block's Markdown")
+
+
+def _add_check(sub) -> None:
     ck = sub.add_parser(
         "check",
         help="point one of labkit.check's checkers at your own function",
@@ -161,6 +192,9 @@ def _parser() -> argparse.ArgumentParser:
     ck.add_argument("--reference", default="all_reduce", help="collective: all_reduce, all_gather or reduce_scatter")
     ck.add_argument("--vary", metavar="MODULE:FUNCTION", help="graph_safe: vary(args, kwargs, step)")
     ck.add_argument("--timeout", type=float, metavar="SECONDS", help="device_independence, collective: time limit")
+
+
+def _add_lab(sub) -> None:
     sub.add_parser(
         "lab",
         help="start JupyterLab on notebooks/ (adds --allow-root as root); "
@@ -169,7 +203,6 @@ def _parser() -> argparse.ArgumentParser:
         description="JupyterLab from this Python, serving notebooks/. Every argument goes to "
         "jupyter lab (its own options: jupyter lab --help-all).",
     )
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

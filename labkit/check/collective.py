@@ -76,21 +76,14 @@ def _rank(ctx, fn_spec: str, inputs_spec: str, rounds: int, late_ms: float, refe
     fn, make_inputs = R.resolve(NAME, "fn", fn_spec), R.resolve(NAME, "make_inputs", inputs_spec)
     torch.manual_seed(1009 * ctx.rank + 1)  # every rank its own values
     on_gpu = ctx.device.type == "cuda"
-    w = ctx.world_size
-    held_rounds = w if (hold_s > 0 and not on_gpu) else 0
+    held_rounds = ctx.world_size if (hold_s > 0 and not on_gpu) else 0
     # inputs: a first call, the rounds, the graph's spare, then one per held round and the input
     # written after the last one
-    calls = [R.build_inputs(NAME, make_inputs, ctx.device) for _ in range(rounds + 2 + held_rounds + 1)]
-    x0 = calls[0][0][0] if calls[0][0] else None
-    if not isinstance(x0, torch.Tensor):
-        raise R.UsageError(f"{NAME}: make_inputs: args[0] must be this rank's input tensor, got {type(x0).__name__}")
+    calls = _build_calls(make_inputs, ctx.device, rounds + 2 + held_rounds + 1)
+    x0 = calls[0][0][0]
     everyone = symm.gather([c[0][0].detach().double().cpu() for c in calls])
     buf = symm.empty(tuple(x0.shape), x0.dtype, device=ctx.device, scratch_dir=ctx.scratch_dir)
-    cycles = 0
-    if on_gpu:
-        from labkit.workbench.bench import sleep_cycles_per_ms
-
-        cycles = int(late_ms * sleep_cycles_per_ms(ctx.device.index))
+    start_late = _start_late(ctx.device, late_ms)
 
     def call(t):
         args, kwargs = calls[t]
@@ -101,64 +94,96 @@ def _rank(ctx, fn_spec: str, inputs_spec: str, rounds: int, late_ms: float, refe
     if on_gpu:
         torch.cuda.synchronize(ctx.device)
     ctx.barrier()
-    outs, lates = [], []
-    for t in range(1, rounds + 1):
-        late = (t // 3) % w if t % 3 == 0 else None
-        lates.append(late)
-        if late == ctx.rank:
-            if on_gpu:
-                torch.cuda._sleep(cycles)
-            else:
-                time.sleep(late_ms / 1e3)
-        y = call(t)
-        if not isinstance(y, torch.Tensor):
-            raise R.UsageError(f"{NAME}: fn returned {type(y).__name__}, expected this rank's result tensor")
-        outs.append(y.clone())  # copied out before the next input is written
-    if on_gpu:
-        torch.cuda.synchronize(ctx.device)
-    wrong = []
-    for i, t in enumerate(range(1, rounds + 1)):
-        bad = _compare(outs[i], [e[t] for e in everyone], reference, ctx.rank, x0.dtype)
-        if bad:
-            wrong.append({"round": t, "late": lates[i], "wrong": bad[0], "of": outs[i].numel(), "max_error": bad[1]})
+    wrong = _late_rounds(ctx, call, start_late, everyone, rounds, reference, x0.dtype)
     held = [
         _held_round(ctx, buf, call, calls, everyone, rounds + 2 + k, held_rank=k, hold_s=hold_s, reference=reference)
         for k in range(held_rounds)
     ]
-    graph = None
-    if on_gpu:
-        from labkit.check.graphs import replay_with_fresh_inputs
-
-        ctx.barrier()
-
-        def before_capture():
-            buf.tensor.copy_(calls[0][0][0])
-            torch.cuda.synchronize(ctx.device)
-            ctx.barrier()
-
-        def refill(step):  # the spare inputs after the rounds: new values in the same buffer
-            t = rounds + 1
-            buf.tensor.copy_(calls[t][0][0])
-            torch.cuda.synchronize(ctx.device)
-            ctx.barrier()  # every rank's input written before any replay reads it
-            return t
-
-        def check(step, y, t):
-            return _compare(y, [e[t] for e in everyone], reference, ctx.rank, x0.dtype)
-
-        ran = replay_with_fresh_inputs(
-            lambda: fn(buf, *calls[0][0][1:], **calls[0][1]),
-            refill,
-            check,
-            replays=1,
-            warmup=0,  # the rounds above warmed it up
-            before_capture=before_capture,
-        )
-        if ran.wrong:
-            bad = ran.wrong[0][1]
-            graph = {"wrong": bad[0], "of": ran.outputs.numel(), "max_error": bad[1]}
-        ctx.barrier()
+    graph = _graph_round(ctx, fn, buf, calls, everyone, rounds, reference) if on_gpu else None
     return {"rank": ctx.rank, "wrong": wrong, "held": held, "graph": graph, "graph_ran": on_gpu}
+
+
+def _build_calls(make_inputs, device: torch.device, n: int) -> list[tuple[list, dict]]:
+    """``n`` calls' (args, kwargs) from ``make_inputs(device)``; args[0] must be this rank's input."""
+    calls = [R.build_inputs(NAME, make_inputs, device) for _ in range(n)]
+    x0 = calls[0][0][0] if calls[0][0] else None
+    if not isinstance(x0, torch.Tensor):
+        raise R.UsageError(f"{NAME}: make_inputs: args[0] must be this rank's input tensor, got {type(x0).__name__}")
+    return calls
+
+
+def _start_late(device: torch.device, late_ms: float):
+    """How this rank starts ``late_ms`` late: a sleep on its GPU stream, or a host sleep in the
+    emulated world. The GPU's cycles per ms are measured here (that synchronizes), before the
+    first call."""
+    if device.type == "cuda":
+        from labkit.workbench.bench import sleep_cycles_per_ms
+
+        cycles = int(late_ms * sleep_cycles_per_ms(device.index))
+        return lambda: torch.cuda._sleep(cycles)
+    return lambda: time.sleep(late_ms / 1e3)
+
+
+def _late_rounds(ctx, call, start_late, everyone, rounds: int, reference: str, dtype: torch.dtype) -> list[dict]:
+    """Calls 1..``rounds`` back to back, one rank in turn starting late before every third; then
+    each result against fp64. Returns the wrong rounds."""
+    outs, lates = [], []
+    for t in range(1, rounds + 1):
+        late = (t // 3) % ctx.world_size if t % 3 == 0 else None
+        lates.append(late)
+        if late == ctx.rank:
+            start_late()
+        y = call(t)
+        if not isinstance(y, torch.Tensor):
+            raise R.UsageError(f"{NAME}: fn returned {type(y).__name__}, expected this rank's result tensor")
+        outs.append(y.clone())  # copied out before the next input is written
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+    wrong = []
+    for i, t in enumerate(range(1, rounds + 1)):
+        bad = _compare(outs[i], [e[t] for e in everyone], reference, ctx.rank, dtype)
+        if bad:
+            wrong.append({"round": t, "late": lates[i], "wrong": bad[0], "of": outs[i].numel(), "max_error": bad[1]})
+    return wrong
+
+
+def _graph_round(ctx, fn, buf, calls, everyone, rounds: int, reference: str) -> dict | None:
+    """GPUs: the first call captured in a CUDA graph, replayed once on the spare inputs after the
+    rounds. Returns what came out wrong, or None."""
+    from labkit.check.graphs import replay_with_fresh_inputs
+
+    dtype = calls[0][0][0].dtype
+    ctx.barrier()
+
+    def before_capture():
+        buf.tensor.copy_(calls[0][0][0])
+        torch.cuda.synchronize(ctx.device)
+        ctx.barrier()
+
+    def refill(step):  # the spare inputs after the rounds: new values in the same buffer
+        t = rounds + 1
+        buf.tensor.copy_(calls[t][0][0])
+        torch.cuda.synchronize(ctx.device)
+        ctx.barrier()  # every rank's input written before any replay reads it
+        return t
+
+    def check(step, y, t):
+        return _compare(y, [e[t] for e in everyone], reference, ctx.rank, dtype)
+
+    ran = replay_with_fresh_inputs(
+        lambda: fn(buf, *calls[0][0][1:], **calls[0][1]),
+        refill,
+        check,
+        replays=1,
+        warmup=0,  # the rounds above warmed it up
+        before_capture=before_capture,
+    )
+    graph = None
+    if ran.wrong:
+        bad = ran.wrong[0][1]
+        graph = {"wrong": bad[0], "of": ran.outputs.numel(), "max_error": bad[1]}
+    ctx.barrier()
+    return graph
 
 
 def _held_round(ctx, buf, call, calls, everyone, t: int, held_rank: int, hold_s: float, reference: str) -> dict:

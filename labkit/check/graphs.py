@@ -487,60 +487,13 @@ def _check(fn, make_inputs, vary, target: str, replays: int, rtol, atol) -> R.Re
     def fail(outcome, message, details=(), status="failed"):
         return R.Report(NAME, target, status, outcome, message, list(details))
 
-    static_args, static_kwargs = args, kwargs
     saved = R.snapshot(R.tensors_in((args, kwargs)))
-    try:
-        first, second = _eager(fn, args, kwargs, saved, 0), _eager(fn, args, kwargs, saved, 0)
-    except R.UsageError:
-        raise
-    except Exception as e:
-        return fail("exception", f"fn raised {type(e).__name__}: {R.first_line(e)} (on its own inputs)", status="error")
-    diffs = R.differences(first, second, rtol=rtol, atol=atol)
-    if diffs:
-        return fail(
-            "host state",
-            "two eager calls on identical inputs (same random seed) differ: fn keeps state "
-            "on the host between calls (a counter, an epoch), which a graph freezes at its capture value",
-            diffs[:5],
-        )
-    if R.differences(first, _eager(fn, args, kwargs, saved, None), rtol=rtol, atol=atol):
-        return fail(
-            "non-deterministic",
-            "fn draws random numbers: a replay cannot be compared with an eager call "
-            "(make the randomness an input to check it)",
-            status="inconclusive",
-        )
+    eager_failed = _eager_verdict(fn, args, kwargs, saved, fail, rtol, atol)
+    if eager_failed is not None:
+        return eager_failed
     _restore(args, kwargs, saved)
-    changed = False
-
-    def refill(step):
-        nonlocal changed
-        before = R.snapshot(R.tensors_in((static_args, static_kwargs)))
-        try:
-            vary(static_args, static_kwargs, step)
-        except R.UsageError:
-            raise
-        except Exception as e:
-            raise R.UsageError(f"{NAME}: vary raised {type(e).__name__}: {R.first_line(e)}") from e
-        varied = R.snapshot(R.tensors_in((static_args, static_kwargs)))
-        changed |= bool(R.differences(before, varied))
-        return varied
-
-    def check(step, result, varied):
-        replayed = R.snapshot(R.outputs(NAME, result, static_args, static_kwargs))
-        eager = _eager(fn, static_args, static_kwargs, varied, 0)
-        _restore(static_args, static_kwargs, varied)  # the graph's next replay starts from the varied values
-        return R.differences(eager, replayed, rtol=rtol, atol=atol)
-
     try:
-        ran = replay_with_fresh_inputs(
-            lambda: fn(*static_args, **static_kwargs),
-            refill,
-            check,
-            replays=replays,
-            before_capture=lambda: _restore(static_args, static_kwargs, saved),
-            stop_at_first=True,
-        )
+        ran, changed = _replay_varied(fn, vary, args, kwargs, saved, replays, rtol, atol)
     except CaptureFailed as failed:
         e = failed.__cause__
         reads = getattr(failed.graph, "host_reads", [])
@@ -564,3 +517,66 @@ def _check(fn, make_inputs, vary, target: str, replays: int, rtol, atol) -> R.Re
     return R.Report(
         NAME, target, "passed", "graph-safe", f"{replays} replays of the {kind} on new inputs matched eager calls"
     )
+
+
+def _eager_verdict(fn, args, kwargs, saved, fail, rtol, atol) -> R.Report | None:
+    """Step 1: two eager calls with the same seed that differ ("host state"), a third unseeded one
+    that differs ("non-deterministic"), or fn raising; None when eager calls agree."""
+    try:
+        first, second = _eager(fn, args, kwargs, saved, 0), _eager(fn, args, kwargs, saved, 0)
+    except R.UsageError:
+        raise
+    except Exception as e:
+        return fail("exception", f"fn raised {type(e).__name__}: {R.first_line(e)} (on its own inputs)", status="error")
+    diffs = R.differences(first, second, rtol=rtol, atol=atol)
+    if diffs:
+        return fail(
+            "host state",
+            "two eager calls on identical inputs (same random seed) differ: fn keeps state "
+            "on the host between calls (a counter, an epoch), which a graph freezes at its capture value",
+            diffs[:5],
+        )
+    if R.differences(first, _eager(fn, args, kwargs, saved, None), rtol=rtol, atol=atol):
+        return fail(
+            "non-deterministic",
+            "fn draws random numbers: a replay cannot be compared with an eager call "
+            "(make the randomness an input to check it)",
+            status="inconclusive",
+        )
+    return None
+
+
+def _replay_varied(fn, vary, static_args, static_kwargs, saved, replays: int, rtol, atol):
+    """Steps 2-3: capture on the static inputs, then ``replays`` times vary, replay and compare
+    with an eager call (``replay_with_fresh_inputs``, stopping at the first mismatch). Returns
+    (what it ran, whether ``vary`` changed any input); raises ``CaptureFailed``."""
+    changed = False
+
+    def refill(step):
+        nonlocal changed
+        before = R.snapshot(R.tensors_in((static_args, static_kwargs)))
+        try:
+            vary(static_args, static_kwargs, step)
+        except R.UsageError:
+            raise
+        except Exception as e:
+            raise R.UsageError(f"{NAME}: vary raised {type(e).__name__}: {R.first_line(e)}") from e
+        varied = R.snapshot(R.tensors_in((static_args, static_kwargs)))
+        changed |= bool(R.differences(before, varied))
+        return varied
+
+    def check(step, result, varied):
+        replayed = R.snapshot(R.outputs(NAME, result, static_args, static_kwargs))
+        eager = _eager(fn, static_args, static_kwargs, varied, 0)
+        _restore(static_args, static_kwargs, varied)  # the graph's next replay starts from the varied values
+        return R.differences(eager, replayed, rtol=rtol, atol=atol)
+
+    ran = replay_with_fresh_inputs(
+        lambda: fn(*static_args, **static_kwargs),
+        refill,
+        check,
+        replays=replays,
+        before_capture=lambda: _restore(static_args, static_kwargs, saved),
+        stop_at_first=True,
+    )
+    return ran, changed

@@ -82,6 +82,7 @@ def _returned(named):
 
 
 def _gpu(fn, make_inputs, target: str, delay_ms: float) -> R.Report:
+    """The GPU check (module docstring): a synchronised reference, then the three directions."""
     from labkit.workbench.bench import sleep_cycles_per_ms
 
     device = torch.device("cuda", torch.cuda.current_device())
@@ -107,10 +108,30 @@ def _gpu(fn, make_inputs, target: str, delay_ms: float) -> R.Report:
     except Exception as e:
         return R.Report(NAME, target, "error", "exception", f"fn raised {type(e).__name__}: {R.first_line(e)}")
     torch.cuda.synchronize(device)
-    findings, owned_lines = [], []
-
-    # 1. fn itself, its side streams delayed
+    # Each step's inputs are cloned here and held until the next step's replace them: which
+    # cached blocks are free, and so become canaries, depends on it.
     a, k = R.clone_inputs(*pristine)
+    findings, owned_lines = _own_side_streams(fn, a, k, ref, device, main, cycles)
+    for direction in ("writes into", "reads"):
+        a, k = R.clone_inputs(*pristine)
+        findings += _handed_to_side(fn, a, k, direction, ref, device, main, side, cycles)
+    if findings or owned_lines:
+        outcome = "race" if findings else "record_stream cannot protect"
+        message = findings[0] if findings else owned_lines[0]
+        return R.Report(NAME, target, "failed", outcome, message, findings[1:] + owned_lines)
+    return R.Report(
+        NAME,
+        target,
+        "passed",
+        "stream-safe",
+        f"side streams delayed {delay_ms:g} ms in three directions: outputs and fresh memory intact",
+    )
+
+
+def _own_side_streams(fn, a, k, ref, device: torch.device, main, cycles: int) -> tuple[list[str], list[str]]:
+    """1. ``fn`` itself, its side streams delayed: (what went wrong, the outputs whose memory the
+    allocator does not own)."""
+    findings = []
     with _delayed_streams(device, cycles):
         result = fn(*a, **k)
     named = R.outputs(NAME, result, a, k)
@@ -126,54 +147,47 @@ def _gpu(fn, make_inputs, target: str, delay_ms: float) -> R.Report:
             "fn freed memory its own side stream still used (a missing record_stream): fresh memory changed"
         )
     del named, canaries
+    return findings, owned_lines
 
-    # 2. producer and 3. consumer: the caller hands the outputs to a side stream
-    for direction in ("writes into", "reads"):
-        a, k = R.clone_inputs(*pristine)
-        result = fn(*a, **k)
-        # only device memory has a stream to race on (and record_stream refuses a host tensor)
-        outs = [(n, t) for n, t in _returned(R.outputs(NAME, result, a, k)) if t.is_cuda]
-        del result
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            torch.cuda._sleep(cycles)
-            if direction == "writes into":
-                for _, t in outs:
-                    t.fill_(SENTINEL)
-                copies = []
-            else:
-                copies = [(n, t.clone()) for n, t in outs]
-        for _, t in outs:
-            t.record_stream(side)
-        del outs
-        canaries = _canaries(device, main, 0 if direction == "writes into" else 0xA5)
-        main.wait_stream(side)
-        torch.cuda.synchronize(device)
-        if direction == "writes into" and any(bool((c != 0).any()) for c in canaries):
+
+def _handed_to_side(fn, a, k, direction: str, ref, device: torch.device, main, side, cycles: int) -> list[str]:
+    """2. producer ("writes into") or 3. consumer ("reads"): the caller hands ``fn``'s outputs to
+    a delayed side stream, calls ``record_stream`` and drops them. Returns what went wrong."""
+    findings = []
+    result = fn(*a, **k)
+    # only device memory has a stream to race on (and record_stream refuses a host tensor)
+    outs = [(n, t) for n, t in _returned(R.outputs(NAME, result, a, k)) if t.is_cuda]
+    del result
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(cycles)
+        if direction == "writes into":
+            for _, t in outs:
+                t.fill_(SENTINEL)
+            copies = []
+        else:
+            copies = [(n, t.clone()) for n, t in outs]
+    for _, t in outs:
+        t.record_stream(side)
+    del outs
+    canaries = _canaries(device, main, 0 if direction == "writes into" else 0xA5)
+    main.wait_stream(side)
+    torch.cuda.synchronize(device)
+    if direction == "writes into" and any(bool((c != 0).any()) for c in canaries):
+        findings.append(
+            "a side stream that writes into the outputs after a delay (record_stream called, "
+            "outputs dropped) corrupted memory the main stream allocated next"
+        )
+    if direction == "reads":
+        read = {n for n, _ in copies}
+        diffs = R.differences([(n, t) for n, t in _returned(ref) if n in read], R.snapshot(copies))
+        if diffs:
             findings.append(
-                "a side stream that writes into the outputs after a delay (record_stream called, "
-                "outputs dropped) corrupted memory the main stream allocated next"
+                "a side stream that reads the outputs after a delay (record_stream called, outputs "
+                "dropped) read memory the main stream had reused: " + "; ".join(diffs[:3])
             )
-        if direction == "reads":
-            read = {n for n, _ in copies}
-            diffs = R.differences([(n, t) for n, t in _returned(ref) if n in read], R.snapshot(copies))
-            if diffs:
-                findings.append(
-                    "a side stream that reads the outputs after a delay (record_stream called, outputs "
-                    "dropped) read memory the main stream had reused: " + "; ".join(diffs[:3])
-                )
-        del copies, canaries
-    if findings or owned_lines:
-        outcome = "race" if findings else "record_stream cannot protect"
-        message = findings[0] if findings else owned_lines[0]
-        return R.Report(NAME, target, "failed", outcome, message, findings[1:] + owned_lines)
-    return R.Report(
-        NAME,
-        target,
-        "passed",
-        "stream-safe",
-        f"side streams delayed {delay_ms:g} ms in three directions: outputs and fresh memory intact",
-    )
+    del copies, canaries
+    return findings
 
 
 def _cpu(fn, make_inputs, target: str) -> R.Report:
