@@ -105,16 +105,20 @@ def _add_doctor(sub) -> None:
 def _add_run(sub) -> None:
     r = sub.add_parser("run", help="execute notebooks with papermill into runs/<timestamp>_<profile>/")
     r.add_argument(
-        "--only", nargs="+", action="extend", metavar="NOTEBOOK", help="notebook names (file stems) to run (repeatable)"
+        "--only",
+        nargs="+",
+        action="extend",
+        metavar="LAB",
+        help="the notebooks to run, by their lab's name (notebooks/03_stream_races.ipynb is stream_races; repeatable)",
     )
     r.add_argument("--profile", default="auto", help="auto (from the hardware), cpu or gpu")
-    r.add_argument("--params", metavar="FILE", help="YAML {notebook: {NAME: value}} overrides")
+    r.add_argument("--params", metavar="FILE", help="YAML {lab: {NAME: value}} overrides")
     r.add_argument(
         "--set",
         dest="sets",
         action="append",
         default=[],
-        metavar="NB.NAME=VALUE",
+        metavar="LAB.NAME=VALUE",
         help="one override, value read as YAML; may be repeated",
     )
     r.add_argument(
@@ -139,7 +143,7 @@ def _add_run(sub) -> None:
 
 def _add_bench(sub) -> None:
     b = sub.add_parser("bench", help="run a lab's benchmark and write its results JSON")
-    b.add_argument("lab", help="lab whose benchmark to run (e.g. workbench)")
+    b.add_argument("lab", help="the benchmark to run: a lab's (e.g. start_here, collectives_tune), doctor or checkers")
     b.add_argument("--profile", default="auto", help="auto, cpu or gpu (sizes)")
     b.add_argument("--reference", action="store_true", help="write as reference/<machine>/<lab>.json")
     b.add_argument("--out", metavar="DIR", help="folder instead of the default")
