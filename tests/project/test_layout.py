@@ -25,7 +25,7 @@ import yaml
 
 from labkit.app import benchmarks, catalogue, report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "labkit"
 #: the floors, lowest first; the top package and ``__main__`` stand outside them
 FLOORS = ("workbench", "kernels", "check", "labs", "app")
