@@ -8,10 +8,10 @@ sandbox, CLI), as data: one ``Case`` each, numbered, with the verdict labkit mus
 * ``Exit(code, pattern)``: a ``labkit`` command line returns ``code`` and prints one line on
   stderr matching ``pattern``, no traceback.
 
-``tests/test_bad_inputs.py`` runs every case. Inputs are fresh random tensors on the tier's
+``tests/project/test_bad_inputs.py`` runs every case. Inputs are fresh random tensors on the tier's
 kernel device (the CPU under the interpreter). Rows whose verdict depends on the machine (no CUDA
 GPU, the interpreter) carry a skip mark for the other machines. The collectives' misuse on an
-emulated world is in ``tests/test_collectives_misuse.py``.
+emulated world is in ``tests/kernels/comm/test_collectives_misuse.py``.
 """
 
 from __future__ import annotations

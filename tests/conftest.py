@@ -8,6 +8,11 @@
 * ``executed_notebooks``: the workbook's notebooks, each executed at most once per session, or read
   from the run folder ``LABKIT_EXECUTED_RUN`` names (``executed_run.py``).
 
+The test files sit in folders mirroring the package (``tests/kernels/comm/``, ``tests/labs/<lab>/``,
+...; docs/testing.md); this folder holds what they share: the helper modules that tests and their
+child processes import by name (``rank_fns``, ``plan_fns``, ``check_fns``, ``helpers``, ...), on
+sys.path through pyproject's ``pythonpath = ["tests"]``.
+
 The options that split a run over several pytest processes (``--labkit-shard``,
 ``--labkit-skips-to``, ``--labkit-nodeids``: ``labkit gpu-tier``) are the plugin
 ``sharding.py`` beside this file."""

@@ -1,6 +1,6 @@
 """JupyterLab in headless Chromium, looked at as a reader would: the browser tests' machinery.
 
-``tests/test_browser.py`` uses it; nothing in ``labkit`` does. Three parts:
+``tests/notebooks/test_browser.py`` uses it; nothing in ``labkit`` does. Three parts:
 
 * :class:`LabServer`: JupyterLab started through ``labkit lab`` (the command ``make lab`` runs),
   on 127.0.0.1, a free port, a random token, ``--no-browser``; stopped with its whole process

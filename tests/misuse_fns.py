@@ -1,4 +1,4 @@
-"""Rank functions for tests/test_collectives_misuse.py: the collectives' misuse, each tried on
+"""Rank functions for tests/kernels/comm/test_collectives_misuse.py: the collectives' misuse, each tried on
 every rank of an emulated world (every rank imports its function by name, so they live in a
 module: see tests/rank_fns.py). Each returns a dict of named outcomes."""
 

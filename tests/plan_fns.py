@@ -1,4 +1,4 @@
-"""Rank functions for tests/test_plan.py and tests/test_ops.py (every rank imports its function by
+"""Rank functions for tests/kernels/comm/test_plan.py and tests/kernels/test_ops.py (every rank imports its function by
 name, so they live in a module: see tests/rank_fns.py).
 
 Each returns a dict of named outcomes, so that one start of the emulated world (a few seconds per

@@ -1,4 +1,4 @@
-"""Rank functions for tests/test_ranks.py and tests/test_collectives.py.
+"""Rank functions for tests/kernels/comm/test_ranks.py and tests/kernels/comm/test_collectives.py.
 
 They live in a module of their own because every rank imports its function by name: spawned
 ranks get the launcher's sys.path, where pytest has put tests/ (as for ``helpers``).
@@ -96,7 +96,7 @@ def link_copy_roundtrip(ctx, n: int, seed: int) -> dict:
 
 
 def start_detached_sleeper(pid_file: str) -> None:
-    """For tests/test_sandbox.py: start a process in a session of its own (as jupyter_client
+    """For tests/workbench/test_sandbox.py: start a process in a session of its own (as jupyter_client
     starts a kernel), write its pid, then hang."""
     import subprocess
     import sys
@@ -108,17 +108,17 @@ def start_detached_sleeper(pid_file: str) -> None:
 
 
 def origin(ctx, name: str) -> dict:
-    """For tests/test_ranks.py: this rank's parent process and the variable ``name`` as it sees it."""
+    """For tests/kernels/comm/test_ranks.py: this rank's parent process and the variable ``name`` as it sees it."""
     return {"ppid": os.getppid(), "value": os.environ.get(name)}
 
 
 def torch_threads(ctx) -> int:
-    """For tests/test_ranks.py: the intra-op threads this rank's torch uses."""
+    """For tests/kernels/comm/test_ranks.py: the intra-op threads this rank's torch uses."""
     return torch.get_num_threads()
 
 
 def cpu_symm_buffer(ctx) -> str:
-    """For tests/test_ranks.py: ask for a CPU symmetric buffer; the error it raises, if any."""
+    """For tests/kernels/comm/test_ranks.py: ask for a CPU symmetric buffer; the error it raises, if any."""
     from labkit.kernels.comm import symm
 
     try:

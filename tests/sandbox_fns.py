@@ -1,4 +1,4 @@
-"""Functions for tests/test_sandbox.py to run in a sandbox child (importable by name)."""
+"""Functions for tests/workbench/test_sandbox.py to run in a sandbox child (importable by name)."""
 
 import os
 import subprocess

@@ -73,7 +73,7 @@ def lab_argv(extra: list[str], euid: int | None = None) -> list[str]:
 
 
 #: ``labkit check --checker`` choices: the keys of ``labkit.check.CHECKERS`` (named here so that
-#: ``labkit --help`` stays instant; tests/test_check_cli.py compares the two)
+#: ``labkit --help`` stays instant; tests/check/test_check_cli.py compares the two)
 CHECKER_NAMES = ("device_independence", "stream_safety", "no_host_sync", "graph_safe", "collective")
 
 

@@ -101,7 +101,7 @@ _H100_SWEEP = "reference/h100x1/grouped_gemm_tune.json"
 #: Per-GPU tables, keyed by (device name, op). Each row is the winner of its source sweep for
 #: the lab shapes that reach it: the config with the least total median time over the shape's
 #: uniform and skewed splits (``labkit.labs.grouped_gemm.tune.table_winners``;
-#: tests/test_grouped_gemm_bench.py checks it).
+#: tests/labs/grouped_gemm/test_grouped_gemm_bench.py checks it).
 #: The lab shapes reach the rows one each: E=8 (2048 tokens per expert), E=64 (256), E=128 (64).
 TABLES: dict[tuple[str, str], ConfigTable] = {
     (H200, "forward"): ConfigTable(

@@ -46,7 +46,7 @@ class FigureView(w.Image):
     cell can then wait for its whole timeout although the kernel has finished (why is a hypothesis:
     the reply, arriving while nbclient sends on that socket, goes unseen until the wait times out;
     jupyter/nbclient issue 312 reports such stalls with widgets). Measured on the CPU (nbclient
-    0.11.0, pyzmq 27.3.0, ipykernel 6.31.0): ``tests/test_widget_stall.py`` with an Output in this
+    0.11.0, pyzmq 27.3.0, ipykernel 6.31.0): ``tests/workbench/test_widget_stall.py`` with an Output in this
     view's place, 28 of 30 redraws of a three-panel figure took the whole 6 s cell timeout (in an
     earlier run, 66 of 78 took 10 s of 10, the kernel's reply stamped 18-27 ms after the cell
     began); with this view, none. An Image's value travels from the kernel only, so nbclient sends

@@ -97,7 +97,7 @@ _PRELOAD = ("labkit.kernels.comm.ranks", "labkit.kernels.comm.rank_main", "labki
 
 #: the environment variables that torch, Triton, OpenMP or labkit read when imported, by prefix
 #: (TRITON_INTERPRET, CUDA_VISIBLE_DEVICES, ...) and labkit's by name (those its modules read at
-#: import; tests/test_ranks.py finds them): a forked rank has them as the server had them
+#: import; tests/kernels/comm/test_ranks.py finds them): a forked rank has them as the server had them
 _IMPORT_ENV = (
     "TRITON_",
     "TORCH",

@@ -13,7 +13,7 @@ function named beside its field (each a pure function of a file's records):
 * ``launches``: the default launches that beat the rule (reference/h200x4/collectives_tune.json,
   kind "tune": ``labkit.labs.collectives.bench.launch_table_from``).
 
-tests/test_chooser_tables.py holds every table equal to what those functions compute from the
+tests/kernels/comm/test_chooser_tables.py holds every table equal to what those functions compute from the
 file the table names, and checks that an installed copy of the package, without reference/,
 chooses as the checkout does: the package reads no recording when it chooses. A GPU or world size
 without a table takes ``defaults`` (nothing recorded: ``DEFAULT_CROSSOVER_BYTES``' reasoning, no

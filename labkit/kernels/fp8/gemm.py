@@ -22,7 +22,7 @@ The emulation: ``(a8.float() @ b8.float().T) * (scale_inv_a * scale_inv_b)``. Pr
 values are exact in fp32 (4 x 4 significant bits), so it equals an FP8 GEMM that accumulates in
 fp32 up to the order of the additions: the CPU tier checks the numerics with it. Hopper's FP8
 tensor cores accumulate with fewer bits than fp32: on one H200 ``_scaled_mm`` differed from the
-emulation by about 1e-4 of the largest output at K = 48 (tests/test_fp8_linear.py allows 1e-3
+emulation by about 1e-4 of the largest output at K = 48 (tests/kernels/fp8/test_linear.py allows 1e-3
 there). A GPU without FP8 warns once and uses the emulation.
 """
 

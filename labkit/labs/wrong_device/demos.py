@@ -27,7 +27,7 @@ from labkit.workbench import gates, sandbox
 
 KINDS = ("launch blocking", "sharded decode", "regression test")
 
-#: the story's five configurations: (shape of a, shape of b, options); tests/test_sc.py has them too
+#: the story's five configurations: (shape of a, shape of b, options); tests/kernels/sc/test_sc.py has them too
 STORY_CASES = (
     ((6, 96), (96, 10), dict(granularity="per_tensor")),
     ((6, 96), (96, 10), dict(granularity="per_row")),

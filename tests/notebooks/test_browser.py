@@ -33,8 +33,8 @@ from labkit.workbench import gates, results
 #: under pytest-xdist (make test) every test of this file runs in one worker: one JupyterLab, one Chromium
 pytestmark = pytest.mark.xdist_group("browser")
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "browser"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "browser"
 NOTEBOOKS = nbs.discover()
 PROFILE = "cpu"
 #: Seconds beyond a notebook's own timeout for opening it, its panels and the screenshot.

@@ -25,8 +25,8 @@ import labkit
 from labkit.app import catalogue, exercises
 from labkit.app.runner import run
 
-ROOT = Path(__file__).resolve().parents[1]
-MUTANTS = Path(__file__).parent / "exercise_mutants"
+ROOT = Path(__file__).resolve().parents[2]
+MUTANTS = Path(__file__).resolve().parents[1] / "exercise_mutants"
 EXERCISES = exercises.all_exercises()
 
 

@@ -13,7 +13,7 @@ from labkit.app import catalogue
 from labkit.app.runner import notebooks as nbs
 from labkit.workbench.errors import UsageError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONDA_TO_PYPI = {"pytorch": "torch"}  # conda-forge names that differ from PyPI's
 
 

@@ -14,8 +14,8 @@ import pytest
 from labkit import check
 from labkit.app import cli
 
-ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def _labkit(*args, cwd=TESTS):

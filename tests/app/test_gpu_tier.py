@@ -18,7 +18,7 @@ import pytest
 from labkit.app import cli, gpu_tier
 from labkit.app.benchmarks import BENCHMARKS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_tier.sh"
 PARTS = ["all", "doctor", "tests", "notebooks", "bench"] + [f"bench:{lab}" for lab in BENCHMARKS]
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -491,7 +491,7 @@ def test_skipped_tests_are_handed_on_by_node_id_or_for_every_parametrisation(tmp
 
 def test_the_recorder_writes_skips_and_marks_an_empty_parametrisation(tmp_path):
     (tmp_path / "conftest.py").write_text(
-        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\npytest_plugins = ['sharding']\n"
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\npytest_plugins = ['sharding']\n"
     )
     (tmp_path / "test_some.py").write_text(
         "import os, pytest\n"

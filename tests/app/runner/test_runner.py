@@ -196,7 +196,7 @@ def _cli(*args):
         capture_output=True,
         text=True,
         timeout=300,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[3],
     )
 
 

@@ -31,7 +31,7 @@ def fn(name):
 def _tests_importable(monkeypatch):
     from pathlib import Path
 
-    here = str(Path(__file__).parent)
+    here = str(Path(__file__).resolve().parents[1])
     monkeypatch.setenv("PYTHONPATH", here + ":" + __import__("os").environ.get("PYTHONPATH", ""))
 
 

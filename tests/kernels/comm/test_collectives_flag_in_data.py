@@ -233,7 +233,7 @@ def test_the_limit_is_the_last_recorded_size_of_an_unbroken_run_of_wins():
 
 def test_the_measured_table_agrees_with_every_reference_file():
     """Every entry of a GPU's tables is a recorded size at which flag-in-data won on that GPU's
-    recording of that world size (tests/test_chooser_tables.py holds each table equal to its file)."""
+    recording of that world size (tests/kernels/comm/test_chooser_tables.py holds each table equal to its file)."""
     for machine, rs in results.load_references("collectives").items():
         gpu = rs.env["gpus"][0]["name"]
         table = C.measured_fid_limits(gpu)

@@ -7,7 +7,7 @@ from pathlib import Path
 from labkit.labs.fp8_dispatch import findings
 from labkit.labs.fp8_dispatch.naive import MECHANISMS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SAME_DEVICE = (
     "exception: RuntimeError: Expected all tensors to be on the same device, but got scale_a is on cuda:0, "
     "different from other tensors on cuda:1 (when checking argument in method wrapper_CUDA___scaled_mm_v2)"

@@ -92,7 +92,11 @@ def test_a_run_killed_by_sigkill_leaves_a_folder_marked_incomplete(workbook, tmp
     """)
     # The checkout and tests/ go first; what the caller's PYTHONPATH holds stays (a node given its
     # packages as a folder of wheels, labkit gpu-tier --wheels, has nbformat only there).
-    paths = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+    paths = [
+        str(Path(__file__).resolve().parents[3]),
+        str(Path(__file__).resolve().parents[2]),
+        os.environ.get("PYTHONPATH", ""),
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     p = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SELF = Path(__file__).resolve().relative_to(ROOT).as_posix()
 
 _HEX = r"[0-9a-f]{7,40}"
@@ -70,9 +70,9 @@ RULES = (
 #: Tokens that are data, not history: (file, token) -> why. Keep it small and say why.
 ALLOWED = {
     # a results file's env.created in a test's fixture: the plot's label reads it
-    ("tests/test_plot_widgets.py", "2026-11-23"): "fixture data: a recording's date",
+    ("tests/workbench/test_plot_widgets.py", "2026-11-23"): "fixture data: a recording's date",
     # a run folder's name from a fixed clock: the name's format is what the test checks
-    ("tests/test_runner.py", "2026-01-02"): "fixture data: a run folder's timestamp",
+    ("tests/app/runner/test_runner.py", "2026-01-02"): "fixture data: a run folder's timestamp",
 }
 
 

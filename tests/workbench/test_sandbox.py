@@ -89,7 +89,10 @@ def test_a_timeout_also_kills_what_left_the_childs_session(tmp_path):
     is outside the child's process group; a timeout must kill it too."""
     pid_file = tmp_path / "pid"
     res = run_isolated(
-        "rank_fns:start_detached_sleeper", str(pid_file), timeout=10, env={"PYTHONPATH": str(Path(__file__).parent)}
+        "rank_fns:start_detached_sleeper",
+        str(pid_file),
+        timeout=10,
+        env={"PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
     assert res.status == "timeout", res.summary()
     grandchild = int(pid_file.read_text())
@@ -227,7 +230,7 @@ def test_launch_blocking_reports_fault_at_the_launch():
 
 # --- what the doc of bad inputs found (sandbox rows) -----------------------------------------
 
-FNS = {"PYTHONPATH": str(Path(__file__).parent)}  # tests/sandbox_fns.py
+FNS = {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}  # tests/sandbox_fns.py
 
 
 def test_an_unpicklable_return_value_is_not_reported_as_a_raise():

@@ -390,7 +390,7 @@ def test_the_panel_runs_the_naive_mode_in_a_child_on_two_gpus():
 
 
 def test_the_recorded_h200_figures_name_refusals_nan_and_the_hbm_ceiling():
-    root = Path(__file__).resolve().parents[1] / "reference"
+    root = Path(__file__).resolve().parents[3] / "reference"
     two = json.loads((root / "h200x2" / "fp8_dispatch.json").read_text())["records"]
     fig, axes = plt.subplots(1, 4, figsize=(22, 5))
     plots.plot_matrix(two, axes[0])

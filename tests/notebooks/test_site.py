@@ -28,7 +28,7 @@ import pytest
 #: runs once, not once per worker
 pytestmark = pytest.mark.xdist_group("site")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("build_site", ROOT / "scripts" / "build_site.py")
 build_site = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build_site)

@@ -463,7 +463,7 @@ def test_config_tables_are_well_formed():
     and a source that names a recorded file (or None, a default said so)."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     for (device, op), table in gg.TABLES.items():
         assert (table.device, table.op) == (device, op) and op in gg.OPS
         thresholds = [t for t, _ in table.rows]

@@ -424,7 +424,7 @@ def test_table_winners_sum_both_splits_and_need_every_case():
 def _tune_files() -> list:
     from pathlib import Path
 
-    return sorted((Path(__file__).resolve().parents[1] / "reference").glob("*/grouped_gemm_tune.json"))
+    return sorted((Path(__file__).resolve().parents[3] / "reference").glob("*/grouped_gemm_tune.json"))
 
 
 def test_each_table_row_is_its_recorded_sweeps_winner():
@@ -434,7 +434,7 @@ def test_each_table_row_is_its_recorded_sweeps_winner():
     until its tables are pasted in: ``python -m labkit.labs.grouped_gemm.tune --table FILE``)."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[3]
     checked = 0
     for table in gg.TABLES.values():
         if table.source is None:

@@ -14,6 +14,14 @@ The top package (``labkit/__init__.py``) is the door, not a floor: importing it 
 
 Then every lab marked ready or draft has everything docs/adding-a-lab.md lists, declared once in
 its manifest.
+
+The tests mirror the package: a test of ``labkit/<floor>/<folder>/X.py`` is
+``tests/<floor>/<folder>/test_X.py`` (``tests/labs/<lab>/`` for a lab, named as the lab is), and two
+folders stand outside the floors: ``tests/notebooks/`` (the workbook executed, in the browser, as a
+site) and ``tests/project/`` (promises of the repository as a whole). The modules that tests and
+their child processes import by name (``rank_fns``, ``helpers``, ...) sit in ``tests/`` itself,
+which conftest.py puts on sys.path; with no ``__init__.py`` in the tree, pytest imports every test
+file by its basename, so no two may share one.
 """
 
 import ast
@@ -25,8 +33,11 @@ import yaml
 
 from labkit.app import benchmarks, catalogue, report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "labkit"
+TESTS = ROOT / "tests"
+#: test folders outside the floors: the workbook as a reader runs it, and the repository's promises
+TESTS_OUTSIDE_FLOORS = ("notebooks", "project")
 #: the floors, lowest first; the top package and ``__main__`` stand outside them
 FLOORS = ("workbench", "kernels", "check", "labs", "app")
 #: the imports that reach up from the top package: its two exposures, and ``__main__``'s command
@@ -215,9 +226,8 @@ def test_a_written_lab_has_every_part(lab):
     for name in lab.benchmarks:
         if lab.status == "ready" and not list((ROOT / "reference").glob(f"*/{name}.json")):
             missing.append(f"reference/<machine>/{name}.json")  # a draft's are reported below
-    tests = [p for p in (ROOT / "tests").rglob("test_*.py") if lab.package in p.read_text()]
-    if not tests:
-        missing.append(f"a test file importing {lab.package}")
+    if not _tests_importing(lab):
+        missing.append(f"a test file in tests/labs/{lab.name}/ importing {lab.package}")
     if f"]({lab.notebook})" not in (ROOT / "README.md").read_text():
         missing.append("its README row (labkit labs --markdown)")
     assert missing == [], f"{lab.name} lacks: " + "; ".join(missing)
@@ -270,3 +280,53 @@ def test_paths_into_the_repository_survive_the_layout():
     assert (results.REPO_ROOT / "pyproject.toml").exists()
     assert results.REFERENCE_DIR == ROOT / "reference"
     assert notebooks.NOTEBOOKS_DIR == ROOT / "notebooks"
+
+
+def _tests_importing(lab) -> list[Path]:
+    """The test files of ``tests/labs/<lab>/`` that import the lab's package or one of its modules."""
+    return [
+        p
+        for p in sorted((TESTS / "labs" / lab.name).glob("test_*.py"))
+        if any(m == lab.package or m.startswith(lab.package + ".") for _, kind, m in _references(p) if kind == "import")
+    ]
+
+
+@pytest.mark.parametrize("lab", catalogue.LABS, ids=lambda lab: lab.name)
+def test_every_lab_has_a_test_folder_named_as_it_is(lab):
+    """One name per lab: package, manifest id and test folder; the folder holds a test importing it."""
+    assert lab.package == f"labkit.labs.{lab.name}"
+    assert (TESTS / "labs" / lab.name).is_dir(), f"tests/labs/{lab.name}/ is missing"
+    assert _tests_importing(lab), f"no test file in tests/labs/{lab.name}/ imports {lab.package}"
+
+
+def test_every_test_folder_of_the_labs_is_a_lab():
+    folders = {p.name for p in (TESTS / "labs").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders <= {lab.name for lab in catalogue.LABS}, folders - {lab.name for lab in catalogue.LABS}
+
+
+def _misplaced(path: Path) -> str | None:
+    """Why the test file ``path`` is not where the layout puts it, or None."""
+    folder = path.parent.relative_to(TESTS).parts
+    if not folder:
+        return "a test file at the top of tests/ (only the shared helper modules live there)"
+    if folder[0] in TESTS_OUTSIDE_FLOORS:
+        return None if len(folder) == 1 else f"tests/{folder[0]}/ has no subfolders"
+    if folder[0] not in FLOORS:
+        return f"tests/{folder[0]}/ mirrors no floor of labkit ({', '.join(FLOORS)})"
+    if not (PACKAGE / Path(*folder) / "__init__.py").exists():
+        return f"labkit/{'/'.join(folder)}/ is not a package for tests/{'/'.join(folder)}/ to mirror"
+    return None
+
+
+def test_every_test_file_lives_in_a_folder_mirroring_the_package():
+    wrong = {str(p.relative_to(TESTS)): _misplaced(p) for p in sorted(TESTS.rglob("test_*.py")) if _misplaced(p)}
+    assert wrong == {}, wrong
+
+
+def test_no_two_test_files_share_a_basename():
+    """No ``__init__.py`` in tests/: pytest imports each test file as a top-level module by its basename."""
+    assert not list(TESTS.rglob("__init__.py"))
+    seen: dict[str, list[str]] = {}
+    for p in TESTS.rglob("test_*.py"):
+        seen.setdefault(p.name, []).append(str(p.relative_to(TESTS)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}

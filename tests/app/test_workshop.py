@@ -12,7 +12,7 @@ import pytest
 
 from labkit.app import catalogue, report, workshop
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("lab", catalogue.LABS, ids=lambda lab: lab.name)

@@ -17,7 +17,7 @@ from labkit.labs.memory_model import findings as memory_findings
 from labkit.labs.stream_races import findings as stream_findings
 from labkit.workbench import results
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # --- the committed docs ------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from labkit.kernels.comm import collectives as C
 from labkit.kernels.comm import tables as T
 from labkit.workbench import results
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 CE, PUSHED = "labkit_two_shot_ce_in_place", "labkit_two_shot_in_place"
 
