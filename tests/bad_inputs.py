@@ -1167,7 +1167,7 @@ CASES: list[Case] = [
         X(2, "unknown notebook 'nonexistent'"),
     ),
     Case(
-        172, "labkit bench nonexistent", lambda: cli("bench", "nonexistent"), X(2, "no benchmark for lab 'nonexistent'")
+        172, "labkit bench nonexistent", lambda: cli("bench", "nonexistent"), X(2, "no benchmark named 'nonexistent'")
     ),
     Case(
         173,

@@ -207,7 +207,7 @@ def _cli(*args):
         (["run", "--set", "start_here.NO_SUCH=1"], "has no parameter 'NO_SUCH'"),
         (["run", "--set", "start_here.REPS=fast"], "parameter REPS expects int"),
         (["run", "--profile", "fast"], "--profile 'fast'"),
-        (["bench", "no_such_lab"], "no benchmark for lab 'no_such_lab'"),
+        (["bench", "no_such_lab"], "no benchmark named 'no_such_lab'"),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_2(args, message):
