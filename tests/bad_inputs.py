@@ -90,11 +90,18 @@ class Exit:
 
 @dataclasses.dataclass
 class Case:
+    """One bad input: ``row`` numbers it (1-189: the first bad-input sweep; 1000 + N: case N of the
+    reliability review), ``what`` says what is passed, ``function`` names the function or command
+    it is given to and ``finding`` the finding it belongs to (empty for the first sweep's rows,
+    whose ``what`` starts with the function)."""
+
     row: int
     what: str
     call: Callable
     verdict: Error | Right | Exit
     marks: tuple = ()
+    function: str = ""
+    finding: str = ""
 
 
 # --- helpers ----------------------------------------------------------------------------------
