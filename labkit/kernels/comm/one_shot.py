@@ -10,6 +10,10 @@ Barrier semantics:
 * end: program b of every rank has finished reading. Without it a fast rank returns, its
   caller writes the next input into its buffer, and a slow peer still summing reads the new
   data (the ``no_end_barrier`` variant).
+
+The device helpers the other collectives' kernels share live here too: ``peer_ptr``,
+``sum_peers``, and ``for_each_block``, the one loop over a program's share of a range (full
+blocks unmasked, the tail masked), with the bodies ``reduce_block`` and ``copy_block``.
 """
 
 import triton
