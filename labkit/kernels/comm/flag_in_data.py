@@ -66,8 +66,6 @@ epochs started next to their wrap-around, and many captured-graph replays.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
@@ -176,27 +174,10 @@ def fid_one_shot_kernel(
     tl.store(counter, epoch)
 
 
-@dataclasses.dataclass(eq=False)
-class Inbox:
+class Inbox(inbox_call.Inbox):
     """This rank's flag-in-data inbox for all-reduces of up to ``capacity`` elements (see the
-    module's docstring). ``programs`` and ``block`` are fixed here, not per call: the protocol
-    needs every call to map elements to programs alike."""
-
-    buf: symm.SymmBuffer  # T [2, W, capacity] per rank, armed with the sentinel, and its signal pad
-    capacity: int
-    programs: int
-    block: int
-    num_warps: int
-    #: (x address, out address, elements, ()) -> its ``inbox_call.InputLaunch``, oldest first
-    launches: dict = dataclasses.field(default_factory=dict)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.buf.tensor.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.buf.tensor.device
+    module's docstring; the fields are ``inbox_call.Inbox``'s): ``buf`` is T [2, W, capacity] per
+    rank, armed with the sentinel, and its signal pad; the launches' variant is ``()``."""
 
     def epochs(self) -> list[int]:
         """Every program's epoch counter on this rank (calls made, modulo 2^30)."""

@@ -1,5 +1,6 @@
 """What the one-shot protocols with an inbox (``push``, ``flag_in_data``) share on the host: the
-checks of a call, the one-shot kernel's launch (``one_shot_launch``: both kernels take the same
+``Inbox`` both protocols' inboxes derive from (the buffer, the fixed launch, the kept launches),
+the checks of a call, the one-shot kernel's launch (``one_shot_launch``: both kernels take the same
 arguments), and the call's launch kept on the inbox, so that a repeated call costs one dict
 lookup and a few compares before Triton's compiled launcher.
 
@@ -21,6 +22,8 @@ overlap checks give the answer they gave.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from labkit.kernels.comm import symm
@@ -32,6 +35,30 @@ from labkit.workbench.guard import on_device
 #: launches kept per inbox (one per input address, output address, size and variant); the oldest
 #: is dropped first
 MAX_LAUNCHES = 16
+
+
+@dataclasses.dataclass(eq=False)
+class Inbox:
+    """This rank's inbox of one protocol for all-reduces of up to ``capacity`` elements; each
+    protocol derives its own (``push.Inbox``, ``flag_in_data.Inbox``: what its pad rows hold, its
+    counters). ``programs`` and ``block`` are fixed here, not per call: both protocols need every
+    call to map elements to programs alike."""
+
+    buf: symm.SymmBuffer  # T [2, W, capacity] per rank, and its signal pad (the protocol's rows)
+    capacity: int
+    programs: int
+    block: int
+    num_warps: int
+    #: (x address, out address, elements, the protocol's variant) -> its ``InputLaunch``, oldest first
+    launches: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.buf.tensor.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.buf.tensor.device
 
 
 def check_call(x, box, out, inbox_type: type, made_by: str) -> torch.Tensor:
@@ -223,6 +250,7 @@ class InputLaunch(KernelLaunch):
 
 __all__ = [
     "MAX_LAUNCHES",
+    "Inbox",
     "OUT",
     "X",
     "InputLaunch",

@@ -10,6 +10,10 @@ Barrier semantics:
 * end: program b of every rank has finished reading. Without it a fast rank returns, its
   caller writes the next input into its buffer, and a slow peer still summing reads the new
   data (the ``no_end_barrier`` variant).
+
+The device helpers the other collectives' kernels share live here too: ``peer_ptr``,
+``sum_peers``, and ``for_each_block``, the one loop over a program's share of a range (full
+blocks unmasked, the tail masked), with the bodies ``reduce_block`` and ``copy_block``.
 """
 
 import triton
@@ -41,6 +45,46 @@ def sum_peers(
 
 
 @triton.jit
+def for_each_block(lo, hi, pid, nprog, BODY: tl.constexpr, body_args, BLOCK: tl.constexpr, ALIGN: tl.constexpr):
+    """Program ``pid`` of ``nprog``'s share of elements [lo, hi) (every collective's loop over its
+    shard): blocks of BLOCK, its first at lo + pid x BLOCK, then one in every ``nprog``, and
+    ``BODY(offs, rel, mask, MASKED, *body_args)`` on each, ``rel`` = ``offs - lo`` (the
+    positions inside [lo, hi); a body that does not use it costs nothing). A full block runs
+    unmasked (mask None, MASKED False: vectorisable); only the tail is masked to ``offs < hi``.
+    ``ALIGN``: the multiple every block's start is declared to be (``tl.multiple_of``: vector
+    loads and stores where the addresses allow them); 0 declares nothing. The kernel passes
+    ``pid`` and ``nprog``, read once at its start: where they are read changes the code."""
+    for start in range(lo + pid * BLOCK, hi, nprog * BLOCK):
+        if ALIGN > 0:
+            offs = tl.multiple_of(start, ALIGN) + tl.arange(0, BLOCK)
+        else:
+            offs = start + tl.arange(0, BLOCK)
+        rel = offs - lo
+        if start + BLOCK <= hi:
+            BODY(offs, rel, None, False, *body_args)
+        else:
+            BODY(offs, rel, offs < hi, True, *body_args)
+
+
+@triton.jit
+def reduce_block(
+    offs, rel, mask, MASKED: tl.constexpr, data_ptrs, src_offset, dst, WORLD: tl.constexpr, ELEM: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """A ``for_each_block`` body: ``dst[offs]`` = the sum over ranks of ``src_offset + offs``."""
+    acc = sum_peers(data_ptrs, src_offset + offs, mask, WORLD, ELEM, BLOCK, MASKED)
+    tl.store(dst + offs, acc.to(ELEM), mask=mask)
+
+
+@triton.jit
+def copy_block(offs, rel, mask, MASKED: tl.constexpr, src, dst, row, row_len):
+    """A ``for_each_block`` body: ``dst[row x row_len + offs] = src[offs]`` (row 0 of length 0:
+    ``dst[offs]``). The row's start is computed here, next to its use, not by the caller: where
+    it sits changes the generated code."""
+    tl.store(dst + row * row_len + offs, tl.load(src + offs, mask=mask), mask=mask)
+
+
+@triton.jit
 def one_shot_all_reduce_kernel(
     data_ptrs,  # int64 [W]: every rank's symmetric buffer (N elements each)
     pad_ptrs,  # int64 [W]: every rank's signal pad
@@ -60,14 +104,6 @@ def one_shot_all_reduce_kernel(
     ELEM = out_ptr.dtype.element_ty
     block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
     slow_down(pad_ptrs, rank, DELAY, SLOW_RANK)
-    for start in range(pid * BLOCK, n, nprog * BLOCK):
-        offs = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
-        if start + BLOCK <= n:  # full block: unmasked, vectorisable
-            acc = sum_peers(data_ptrs, offs, None, WORLD, ELEM, BLOCK, False)
-            tl.store(out_ptr + offs, acc.to(ELEM))
-        else:  # the tail
-            mask = offs < n
-            acc = sum_peers(data_ptrs, offs, mask, WORLD, ELEM, BLOCK, True)
-            tl.store(out_ptr + offs, acc.to(ELEM), mask=mask)
+    for_each_block(0, n, pid, nprog, reduce_block, (data_ptrs, 0, out_ptr, WORLD, ELEM, BLOCK), BLOCK, BLOCK)
     if END_BARRIER:
         block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)

@@ -76,8 +76,6 @@ record carries its time over that one (``count_check_ratio``).
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import triton
 import triton.language as tl
@@ -236,27 +234,11 @@ def push_one_shot_kernel(
     tl.store(counter, epoch)
 
 
-@dataclasses.dataclass(eq=False)
-class Inbox:
+class Inbox(inbox_call.Inbox):
     """This rank's inbox for push all-reduces of up to ``capacity`` elements (see the module's
-    docstring). ``programs`` and ``block`` are fixed here, not per call: the protocol needs every
-    call to map elements to programs alike."""
-
-    buf: symm.SymmBuffer  # T [2, W, capacity] per rank; its signal pad (2 x programs rows) holds the epochs and counts
-    capacity: int
-    programs: int
-    block: int
-    num_warps: int
-    #: (x address, out address, elements, (slots, delay, slow rank, counts)) -> its ``inbox_call.InputLaunch``
-    launches: dict = dataclasses.field(default_factory=dict)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.buf.tensor.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.buf.tensor.device
+    docstring; the fields are ``inbox_call.Inbox``'s): ``buf`` is T [2, W, capacity] per rank, and
+    its signal pad (2 x programs rows) holds the epochs and counts; the launches' variant is
+    (slots, delay, slow rank, counts)."""
 
     def epochs(self) -> list[int]:
         """Every program's epoch counter on this rank (calls made, modulo 2^30): all equal, and

@@ -12,7 +12,7 @@ Both: a start barrier (inputs written) and an end barrier (no buffer reused whil
 import triton
 import triton.language as tl
 
-from labkit.kernels.comm.one_shot import peer_ptr, sum_peers
+from labkit.kernels.comm.one_shot import copy_block, for_each_block, peer_ptr, reduce_block
 from labkit.kernels.comm.signals import block_barrier, slow_down
 
 
@@ -36,16 +36,8 @@ def reduce_scatter_kernel(
     ELEM = out_ptr.dtype.element_ty
     block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
     slow_down(pad_ptrs, rank, DELAY, SLOW_RANK)
-    lo = rank * shard
-    for start in range(pid * BLOCK, shard, nprog * BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        if start + BLOCK <= shard:
-            acc = sum_peers(data_ptrs, lo + offs, None, WORLD, ELEM, BLOCK, False)
-            tl.store(out_ptr + offs, acc.to(ELEM))
-        else:
-            mask = offs < shard
-            acc = sum_peers(data_ptrs, lo + offs, mask, WORLD, ELEM, BLOCK, True)
-            tl.store(out_ptr + offs, acc.to(ELEM), mask=mask)
+    # [0, S) of the output from [r S, (r+1) S) of every buffer
+    for_each_block(0, shard, pid, nprog, reduce_block, (data_ptrs, rank * shard, out_ptr, WORLD, ELEM, BLOCK), BLOCK, 0)
     if END_BARRIER:
         block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
 
@@ -82,12 +74,6 @@ def all_gather_kernel(
         else:  # the naive order: at step k every rank reads rank k's shard, all at once
             s = k
         src = peer_ptr(data_ptrs, s, ELEM)
-        for start in range(pid * BLOCK, shard, nprog * BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            if start + BLOCK <= shard:
-                tl.store(out_ptr + s * shard + offs, tl.load(src + offs))
-            else:
-                mask = offs < shard
-                tl.store(out_ptr + s * shard + offs, tl.load(src + offs, mask=mask), mask=mask)
+        for_each_block(0, shard, pid, nprog, copy_block, (src, out_ptr, s, shard), BLOCK, 0)
     if END_BARRIER:
         block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)

@@ -16,10 +16,12 @@ after the wait extends the ordering from the one thread that does the atomic to 
 program (the release is cumulative over what the CTA barrier made it observe).
 
 ``SEM`` is constexpr: 0 is the correct acquire/release pair; 1 is the deliberately broken
-variant with ``relaxed`` atomics, which still synchronises *time* but no longer orders memory;
+variant with ``relaxed`` atomics, which still synchronises *time* but does not order memory;
 2 is acquire/release at ``gpu`` scope, another broken variant: the ordering is promised only to
 threads of the same GPU, too narrow a scope for a peer on another GPU (lab 06's scope lesson;
-in the emulated world every scope behaves alike).
+in the emulated world every scope behaves alike). ``send_sem``, ``wait_sem`` and
+``signal_scope`` turn it into the ``sem=`` and ``scope=`` strings of the atomics, at compile
+time: every atomic below takes them, none branches on ``SEM``.
 
 ``slow_down`` is lab 06's stress: a delay on one rank between a barrier and the reads it guards,
 a constexpr that compiles to nothing when 0.
@@ -50,30 +52,35 @@ def pad_slot(pad_ptrs, rank_of_pad, channel, block, src, WORLD: tl.constexpr, MA
     return pad + (channel * MAX_BLOCKS + block) * WORLD + src
 
 
+@triton.constexpr_function
+def send_sem(SEM):
+    """The memory order of a send for ``SEM``: ``release``, or ``relaxed`` for the broken variant."""
+    return "release" if SEM in (SEM_ACQ_REL, SEM_GPU_SCOPE) else "relaxed"
+
+
+@triton.constexpr_function
+def wait_sem(SEM):
+    """The memory order of a wait for ``SEM``: ``acquire``, or ``relaxed`` for the broken variant."""
+    return "acquire" if SEM in (SEM_ACQ_REL, SEM_GPU_SCOPE) else "relaxed"
+
+
+@triton.constexpr_function
+def signal_scope(SEM):
+    """The scope of every signal's atomic for ``SEM``: ``sys`` (the peers are other GPUs), or
+    ``gpu`` for the too-narrow variant."""
+    return "gpu" if SEM == SEM_GPU_SCOPE else "sys"
+
+
 @triton.jit
 def send(addr, SEM: tl.constexpr):
-    if SEM == 0:
-        while tl.atomic_cas(addr, 0, 1, sem="release", scope="sys") != 0:
-            pass
-    elif SEM == 2:
-        while tl.atomic_cas(addr, 0, 1, sem="release", scope="gpu") != 0:
-            pass
-    else:
-        while tl.atomic_cas(addr, 0, 1, sem="relaxed", scope="sys") != 0:
-            pass
+    while tl.atomic_cas(addr, 0, 1, sem=send_sem(SEM), scope=signal_scope(SEM)) != 0:
+        pass
 
 
 @triton.jit
 def wait(addr, SEM: tl.constexpr):
-    if SEM == 0:
-        while tl.atomic_cas(addr, 1, 0, sem="acquire", scope="sys") != 1:
-            pass
-    elif SEM == 2:
-        while tl.atomic_cas(addr, 1, 0, sem="acquire", scope="gpu") != 1:
-            pass
-    else:
-        while tl.atomic_cas(addr, 1, 0, sem="relaxed", scope="sys") != 1:
-            pass
+    while tl.atomic_cas(addr, 1, 0, sem=wait_sem(SEM), scope=signal_scope(SEM)) != 1:
+        pass
 
 
 @triton.jit
@@ -105,23 +112,13 @@ def block_barrier(pad_ptrs, rank, block, WORLD: tl.constexpr, MAX_BLOCKS: tl.con
     never = tl.full([8], -1, tl.int32)  # a compare value no slot ever holds
     done = lanes >= WORLD
     while tl.sum((done == 0).to(tl.int32), axis=0) > 0:
-        if SEM == 0:
-            old = tl.atomic_cas(send_at, tl.where(done, never, zero), one, sem="release", scope="sys")
-        elif SEM == 2:
-            old = tl.atomic_cas(send_at, tl.where(done, never, zero), one, sem="release", scope="gpu")
-        else:
-            old = tl.atomic_cas(send_at, tl.where(done, never, zero), one, sem="relaxed", scope="sys")
+        old = tl.atomic_cas(send_at, tl.where(done, never, zero), one, sem=send_sem(SEM), scope=signal_scope(SEM))
         done = done | (old == 0)
     local = tl.load(pad_ptrs + rank).to(tl.pointer_type(tl.int32))
     wait_at = local + block * WORLD + peer  # channel 0, slot (block, peer) on mine
     done = lanes >= WORLD
     while tl.sum((done == 0).to(tl.int32), axis=0) > 0:
-        if SEM == 0:
-            old = tl.atomic_cas(wait_at, tl.where(done, never, one), zero, sem="acquire", scope="sys")
-        elif SEM == 2:
-            old = tl.atomic_cas(wait_at, tl.where(done, never, one), zero, sem="acquire", scope="gpu")
-        else:
-            old = tl.atomic_cas(wait_at, tl.where(done, never, one), zero, sem="relaxed", scope="sys")
+        old = tl.atomic_cas(wait_at, tl.where(done, never, one), zero, sem=wait_sem(SEM), scope=signal_scope(SEM))
         done = done | (old == 1)
     tl.debug_barrier()
 

@@ -21,7 +21,7 @@ a second symmetric buffer (``into.all_reduce_into``), out of place.
 import triton
 import triton.language as tl
 
-from labkit.kernels.comm.one_shot import peer_ptr, sum_peers
+from labkit.kernels.comm.one_shot import copy_block, for_each_block, peer_ptr, reduce_block, sum_peers
 from labkit.kernels.comm.signals import block_barrier, slow_down
 
 
@@ -52,15 +52,8 @@ def two_shot_all_reduce_kernel(
     block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
     lo = rank * shard
     hi = tl.minimum(lo + shard, n)
-    for start in range(lo + pid * BLOCK, hi, nprog * BLOCK):  # shot one: reduce my shard
-        offs = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
-        if start + BLOCK <= hi:
-            acc = sum_peers(data_ptrs, offs, None, WORLD, ELEM, BLOCK, False)
-            tl.store(mine + offs, acc.to(ELEM))
-        else:
-            mask = offs < hi
-            acc = sum_peers(data_ptrs, offs, mask, WORLD, ELEM, BLOCK, True)
-            tl.store(mine + offs, acc.to(ELEM), mask=mask)
+    # shot one: reduce my shard, in place
+    for_each_block(lo, hi, pid, nprog, reduce_block, (data_ptrs, 0, mine, WORLD, ELEM, BLOCK), BLOCK, BLOCK)
     block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
     slow_down(pad_ptrs, rank, DELAY, SLOW_RANK)  # before the reads the end barrier protects
     for k in tl.static_range(WORLD):  # shot two: gather every reduced shard
@@ -68,13 +61,7 @@ def two_shot_all_reduce_kernel(
         src = peer_ptr(data_ptrs, s, ELEM)
         s_lo = s * shard
         s_hi = tl.minimum(s_lo + shard, n)
-        for start in range(s_lo + pid * BLOCK, s_hi, nprog * BLOCK):
-            offs = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
-            if start + BLOCK <= s_hi:
-                tl.store(out_ptr + offs, tl.load(src + offs))
-            else:
-                mask = offs < s_hi
-                tl.store(out_ptr + offs, tl.load(src + offs, mask=mask), mask=mask)
+        for_each_block(s_lo, s_hi, pid, nprog, copy_block, (src, out_ptr, 0, 0), BLOCK, BLOCK)
     if END_BARRIER:
         block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
 
@@ -89,6 +76,17 @@ def store_everywhere(data_ptrs, offs, value, mask, rank, WORLD: tl.constexpr, EL
             tl.store(dst, value, mask=mask)
         else:
             tl.store(dst, value)
+
+
+@triton.jit
+def push_block(
+    offs, rel, mask, MASKED: tl.constexpr, data_ptrs, dest_ptrs, rank, WORLD: tl.constexpr, ELEM: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    """A ``for_each_block`` body: the sum over ``data_ptrs`` of ``offs``, stored at ``offs`` of
+    every ``dest_ptrs`` buffer."""
+    acc = sum_peers(data_ptrs, offs, mask, WORLD, ELEM, BLOCK, MASKED).to(ELEM)
+    store_everywhere(dest_ptrs, offs, acc, mask, rank, WORLD, ELEM, MASKED)
 
 
 @triton.jit
@@ -183,17 +181,29 @@ def reduce_and_push(
     slow_down(pad_ptrs, rank, DELAY, SLOW_RANK)
     lo = rank * shard
     hi = tl.minimum(lo + shard, n)
-    for start in range(lo + pid * BLOCK, hi, nprog * BLOCK):
-        offs = tl.multiple_of(start, BLOCK) + tl.arange(0, BLOCK)
-        if start + BLOCK <= hi:
-            acc = sum_peers(data_ptrs, offs, None, WORLD, ELEM, BLOCK, False).to(ELEM)
-            store_everywhere(dest_ptrs, offs, acc, None, rank, WORLD, ELEM, False)
-        else:
-            mask = offs < hi
-            acc = sum_peers(data_ptrs, offs, mask, WORLD, ELEM, BLOCK, True).to(ELEM)
-            store_everywhere(dest_ptrs, offs, acc, mask, rank, WORLD, ELEM, True)
+    for_each_block(lo, hi, pid, nprog, push_block, (data_ptrs, dest_ptrs, rank, WORLD, ELEM, BLOCK), BLOCK, BLOCK)
     if END_BARRIER:
         block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
+
+
+@triton.jit
+def ce_block(
+    offs, rel, mask, MASKED: tl.constexpr, mine, received, shard, out_ptrs, rank, WORLD: tl.constexpr,
+    ELEM: tl.constexpr,
+):  # fmt: skip
+    """A ``for_each_block`` body of ``two_shot_ce_kernel``: my shard's ``offs`` plus the W-1
+    received copies of them (slot s of ``received``: rank s's), stored at ``offs`` of every
+    ``out_ptrs`` buffer."""
+    # rel: the position inside the shard, where each slot of the workspace holds it
+    if MASKED:
+        acc = tl.load(mine + offs, mask=mask, other=0.0).to(tl.float32)
+        for k in tl.static_range(1, WORLD):
+            acc += tl.load(received + ((rank + k) % WORLD) * shard + rel, mask=mask, other=0.0).to(tl.float32)
+    else:
+        acc = tl.load(mine + offs).to(tl.float32)
+        for k in tl.static_range(1, WORLD):
+            acc += tl.load(received + ((rank + k) % WORLD) * shard + rel).to(tl.float32)
+    store_everywhere(out_ptrs, offs, acc.to(ELEM), mask, rank, WORLD, ELEM, MASKED)
 
 
 @triton.jit
@@ -240,19 +250,6 @@ def two_shot_ce_kernel(
     slow_down(pad_ptrs, rank, DELAY, SLOW_RANK)
     lo = rank * shard
     hi = tl.minimum(lo + shard, n)
-    for start in range(lo + pid * BLOCK, hi, nprog * BLOCK):
-        offs = tl.multiple_of(start, UNIT) + tl.arange(0, BLOCK)
-        rel = offs - lo  # position inside the shard: where each slot of the workspace holds it
-        if start + BLOCK <= hi:
-            acc = tl.load(mine + offs).to(tl.float32)
-            for k in tl.static_range(1, WORLD):
-                acc += tl.load(received + ((rank + k) % WORLD) * shard + rel).to(tl.float32)
-            store_everywhere(out_ptrs, offs, acc.to(ELEM), None, rank, WORLD, ELEM, False)
-        else:
-            mask = offs < hi
-            acc = tl.load(mine + offs, mask=mask, other=0.0).to(tl.float32)
-            for k in tl.static_range(1, WORLD):
-                acc += tl.load(received + ((rank + k) % WORLD) * shard + rel, mask=mask, other=0.0).to(tl.float32)
-            store_everywhere(out_ptrs, offs, acc.to(ELEM), mask, rank, WORLD, ELEM, True)
+    for_each_block(lo, hi, pid, nprog, ce_block, (mine, received, shard, out_ptrs, rank, WORLD, ELEM), BLOCK, UNIT)
     if END_BARRIER:
         block_barrier(pad_ptrs, rank, pid, WORLD, MAX_BLOCKS, SEM)
