@@ -330,3 +330,33 @@ def test_no_two_test_files_share_a_basename():
     for p in TESTS.rglob("test_*.py"):
         seen.setdefault(p.name, []).append(str(p.relative_to(TESTS)))
     assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def _is_kernel(fn: ast.FunctionDef) -> bool:
+    """A ``@triton.jit`` function (kernels and their helpers are exempt from the length rule)."""
+    for d in fn.decorator_list:
+        target = d.func if isinstance(d, ast.Call) else d
+        if isinstance(target, ast.Attribute) and target.attr == "jit":
+            return True
+    return False
+
+
+def _body_lines(fn: ast.FunctionDef) -> int:
+    body = fn.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring does not count
+    return body[-1].end_lineno - body[0].lineno + 1 if body else 0
+
+
+def test_modules_and_functions_are_a_sitting_long():
+    """docs/layout.md, convention 9: no module over 600 lines, no function body over 80 (docstring
+    excluded; Triton kernels exempt)."""
+    long_modules = [
+        f"{p.relative_to(ROOT)}: {n}" for p in MODULES.values() if (n := len(p.read_text().splitlines())) > 600
+    ]
+    long_functions = []
+    for path in MODULES.values():
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and not _is_kernel(fn) and _body_lines(fn) > 80:
+                long_functions.append(f"{path.relative_to(ROOT)}:{fn.lineno} {fn.name}: {_body_lines(fn)} lines")
+    assert long_modules == [] and long_functions == []
