@@ -44,7 +44,8 @@ def cpu_records():
 
 
 def test_registered_with_its_required_fields():
-    assert benchmarks.BENCHMARKS["fp8"] == ("labkit.labs.fp8_dispatch.bench", "benchmark", "REQUIRED")
+    generator, _, required = benchmarks.BENCHMARKS["fp8_dispatch"]
+    assert generator == "labkit.labs.fp8_dispatch.bench.benchmark" and required() == bench.REQUIRED
     assert bench.REQUIRED == ("placement", "mode", "mechanism", "outcome", "rel_err_vs_bf16", "forward_ms")
 
 
