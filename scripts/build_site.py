@@ -53,7 +53,15 @@ class SiteError(Exception):
 
 
 def notebook_names(root: Path = ROOT) -> list[str]:
+    """The notebooks' file stems (``03_stream_races``): the site keeps the files' names."""
     return sorted(p.stem for p in (root / "notebooks").glob("*.ipynb"))
+
+
+def run_name(stem: str) -> str:
+    """The name a run's summary knows the notebook ``stem`` by (its lab's: ``stream_races``)."""
+    from labkit.app.runner.notebooks import notebook_name
+
+    return notebook_name(stem)
 
 
 def run_problem(run_dir: Path, names: list[str]) -> str | None:
@@ -70,7 +78,7 @@ def run_problem(run_dir: Path, names: list[str]) -> str | None:
         return f"{run_dir} ran the exercises' solutions or the exercises alone: the site shows the learner's notebooks"
     ran = {r["name"]: r for r in doc.get("results", [])}
     for name in names:
-        r = ran.get(name)
+        r = ran.get(run_name(name))
         if r is None or r.get("status") != "ran":
             outcome = "was not run" if r is None else f"{r['status']}: {r.get('detail')}"
             return f"{run_dir}: notebook {name} {outcome}"
@@ -274,7 +282,7 @@ def stage_sources(folder: Path, run_dir: Path, root: Path = ROOT) -> dict:
     outputs = {r["name"]: run_dir / r["output"] for r in summary["results"]}
     counts = {}
     for name in notebook_names(root):
-        counts[name] = stage.write_notebook(f"notebooks/{name}.ipynb", outputs[name])
+        counts[name] = stage.write_notebook(f"notebooks/{name}.ipynb", outputs[run_name(name)])
     write_api(stage, module_files(root))
     return {"notebooks": counts, "copied": sorted(stage.copied), "raw": sorted(stage.raw)}
 

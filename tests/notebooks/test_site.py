@@ -47,7 +47,7 @@ def _stamp(day: int) -> str:
 def _fake_run(runs: Path, stamp: str, profile="cpu", complete=True, names=NAMES, status="ran") -> Path:
     run = runs / f"{stamp}_{profile}"
     results = []
-    for n in names:
+    for n in map(build_site.run_name, names):
         (run / n).mkdir(parents=True)
         (run / n / f"{n}.ipynb").write_text("{}")
         results.append({"name": n, "status": status, "output": f"{n}/{n}.ipynb", "figures": []})
