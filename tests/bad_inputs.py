@@ -1288,3 +1288,72 @@ def fp8_autocast_once():
     """Iterate once inside an entered fp8_autocast (for lambdas)."""
     with fp8_autocast():
         yield None
+
+
+# --- reliability review, parameters (findings 8, 16) -----------------------------------------
+
+
+def _alias_bomb() -> str:
+    """Section 8's 257 bytes: eight levels of aliases, each nine references to the level below
+    (43 million items once expanded)."""
+    text = "[1,1,1,1,1,1,1,1,1]"
+    for name in "abcdefg":
+        text = f"[&{name} {text}," + ",".join([f"*{name}"] * 8) + "]"
+    return _scratch("bomb.yml", f"collectives:\n  SWEEP_SIZES: &h {text}\n")
+
+
+def _resolved(notebook: str, params_text: str | None = None, sets=()) -> dict:
+    """The parameters ``labkit run`` would give ``notebook`` (nothing is executed)."""
+    from labkit.app.runner.execute import resolve_jobs
+
+    params_file = _scratch("p.yml", params_text) if params_text is not None else None
+    _, jobs = resolve_jobs(only=[notebook], profile="cpu", params_file=params_file, sets=list(sets))
+    return jobs[0][2]
+
+
+PARAMETER_CASES = [
+    Case(
+        1000 + 110,
+        "--params a 257-byte alias bomb",
+        lambda: cli("run", "--profile", "cpu", "--params", _alias_bomb()),
+        X(2, r"--params: .*bomb\.yml: anchor &h: anchors and aliases are not accepted"),
+        function="labkit run --params",
+        finding="N110 (reliability 8)",
+    ),
+    Case(
+        1000 + 87,
+        "--set REPS=010 (YAML 1.1 octal)",
+        lambda: cli("run", "--profile", "cpu", "--only", "start_here", "--set", "start_here.REPS=010"),
+        X(2, r"--set 'start_here\.REPS=010': 010: a leading zero: write 10 or 8"),
+        function="labkit run --set",
+        finding="N87 (reliability 16)",
+    ),
+    Case(
+        1000 + 91,
+        "--set HANG_TIMEOUT_S=1e9 and --params 1e-300 (exponents, no dot)",
+        lambda: (
+            _resolved("start_here", sets=["start_here.HANG_TIMEOUT_S=1e9"])["HANG_TIMEOUT_S"],
+            _resolved("start_here", "start_here:\n  HANG_TIMEOUT_S: 1e-300\n")["HANG_TIMEOUT_S"],
+        ),
+        R(lambda v: v == (1e9, 1e-300) and all(type(x) is float for x in v)),
+        function="labkit run --set/--params",
+        finding="N91 (reliability 16)",
+    ),
+    Case(
+        1000 + 98,
+        "--params with a key given twice (accepted: the last wins)",
+        lambda: _resolved("start_here", "start_here:\n  REPS: 1\n  REPS: 3\n")["REPS"],
+        R(lambda v: v == 3),
+        function="labkit run --params",
+        finding="N98 (reliability 16, accepted)",
+    ),
+    Case(
+        1000 + 105,
+        "--set REPS twice (accepted: the last wins)",
+        lambda: _resolved("start_here", sets=["start_here.REPS=1", "start_here.REPS=3"])["REPS"],
+        R(lambda v: v == 3),
+        function="labkit run --set",
+        finding="N105 (reliability 16, accepted)",
+    ),
+]
+CASES += PARAMETER_CASES

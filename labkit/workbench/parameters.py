@@ -9,6 +9,11 @@ neither the parameter nor the notebook.
 Each lab keeps its notebook's rules beside its story code (``labkit.labs.<lab>.parameters``,
 ``PARAMETERS``, built from the rules here, named by the lab's manifest); the runner applies them
 (:mod:`labkit.app.runner.schema`). A rule takes a value and returns what is wrong with it, or "".
+
+Every list rule bounds its length (``list_of``'s ``max_len`` has no default) and its items'
+values: a list parameter is a loop in the notebook, and an unbounded one (``SWEEP_SIZES`` of 43
+million items, ``COPY_SIZES_BYTES=[10**21]``) fails minutes later, or not at all, far from the
+parameter that caused it.
 """
 
 from __future__ import annotations
@@ -30,26 +35,28 @@ def _is_number(v) -> bool:
 
 def at_least(low: int) -> Rule:
     """An int >= low."""
-    return lambda v: "" if _is_int(v) and v >= low else f"expected an int >= {low}, got {v!r}"
+    return lambda v: "" if _is_int(v) and v >= low else f"expected an int >= {low}, got {_short(v)}"
 
 
-def int_range(low: int, high: Callable[[], int]) -> Rule:
-    """An int from low to high() (high computed when checked: it may need an import)."""
+def int_range(low: int, high: int | Callable[[], int]) -> Rule:
+    """An int from low to high (or to high(), computed when checked: it may need an import)."""
 
     def rule(v):
-        top = high()
-        return "" if _is_int(v) and low <= v <= top else f"expected an int from {low} to {top}, got {v!r}"
+        top = high() if callable(high) else high
+        return "" if _is_int(v) and low <= v <= top else f"expected an int from {low} to {top}, got {_short(v)}"
 
     return rule
 
 
-def number(low: float, *, strict: bool = False) -> Rule:
-    """A finite number >= low (> low when strict)."""
+def number(low: float, high: float | None = None, *, strict: bool = False) -> Rule:
+    """A finite number >= low (> low when strict), and <= high where given."""
     sign = ">" if strict else ">="
+    top = "" if high is None else f" and <= {high:g}"
 
     def rule(v):
         ok = _is_number(v) and math.isfinite(v) and (v > low if strict else v >= low)
-        return "" if ok else f"expected a finite number {sign} {low:g}, got {v!r}"
+        ok = ok and (high is None or v <= high)
+        return "" if ok else f"expected a finite number {sign} {low:g}{top}, got {_short(v)}"
 
     return rule
 
@@ -64,21 +71,30 @@ def one_of(*choices, values: Callable[[], tuple] | None = None) -> Rule:
     return rule
 
 
-def list_of(item: Rule, *, non_empty: bool = False) -> Rule:
-    """A list whose every item passes ``item``."""
+def list_of(item: Rule, *, max_len: int, non_empty: bool = False) -> Rule:
+    """A list of at most ``max_len`` items (at least one when ``non_empty``), each passing ``item``."""
 
     def rule(v):
         if not isinstance(v, (list, tuple)):
-            return f"expected a list, got {v!r}"
+            return f"expected a list, got {_short(v)}"
         if non_empty and not v:
             return "expected at least one item, got []"
+        if len(v) > max_len:
+            return f"expected at most {max_len} items, got {len(v)}"
         for i, x in enumerate(v):
             bad = item(x)
             if bad:
                 return f"item {i}: {bad}"
         return ""
 
+    rule.max_len = max_len  # for the test that every list rule refuses max_len + 1 items
     return rule
+
+
+def _short(v) -> str:
+    """``repr(v)``, cut to a line (a refused value may be large)."""
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def optional(rule: Rule) -> Rule:
@@ -87,12 +103,12 @@ def optional(rule: Rule) -> Rule:
 
 
 def _text(v) -> str:
-    return "" if isinstance(v, str) and v else f"expected a non-empty string, got {v!r}"
+    return "" if isinstance(v, str) and v else f"expected a non-empty string, got {_short(v)}"
 
 
 COMMON: dict[str, Rule] = {
     "PROFILE": one_of("auto", "cpu", "gpu"),
-    "REFERENCE_MACHINES": list_of(_text),
+    "REFERENCE_MACHINES": list_of(_text, max_len=64),
 }
 TRIALS = at_least(1)  # a check or measurement over 0 trials would show nothing, silently
 SECONDS = number(0, strict=True)

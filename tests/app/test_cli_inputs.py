@@ -82,3 +82,14 @@ def test_run_prints_its_table_and_index(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "start_here" in out and "1 ran, 0 skipped, 0 failed" in out
     assert out.rstrip().splitlines()[-1] == f"index: {tmp_path / 'run' / 'index.html'}"
+
+
+def test_params_alias_bomb_and_octal_are_one_line(tmp_path):
+    """257 bytes of YAML aliases expand to 43 million items; ``010`` is YAML 1.1's octal 8."""
+    text = "[1,1,1,1,1,1,1,1,1]"
+    for name in "abcdefg":
+        text = f"[&{name} {text}," + ",".join([f"*{name}"] * 8) + "]"
+    bomb = tmp_path / "bomb.yml"
+    bomb.write_text(f"collectives:\n  SWEEP_SIZES: &h {text}\n")
+    _one_line(_cli("run", "--params", str(bomb)), "anchors and aliases are not accepted here (write the value out)")
+    _one_line(_cli("run", "--only", "start_here", "--set", "start_here.REPS=010"), "010: a leading zero: write 10 or 8")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import operator
 import re
 import sys
 from pathlib import Path
@@ -100,14 +101,42 @@ def parameters(nb_or_path) -> dict[str, Parameter]:
         else:
             continue
         try:
-            default = ast.literal_eval(value)
+            default = _constant(value)
             kind = ann if ann in _ANNOTATIONS else type(default).__name__
         except ValueError:
             default, kind = None, "any"
-        line = lines[node.lineno - 1]
+        # the comment on the first line, or on the last of a value written over several
+        line = next((x for x in (lines[node.lineno - 1], lines[node.end_lineno - 1]) if "#" in x), "")
         help_text = line.split("#", 1)[1].strip() if "#" in line else ""
         found[name] = Parameter(name, default, kind, help_text)
     return found
+
+
+_ARITHMETIC = {ast.LShift: operator.lshift, ast.Mult: operator.mul, ast.Add: operator.add, ast.Sub: operator.sub}
+
+
+def _constant(node: ast.expr):
+    """A literal's value, or a list, tuple or dict of literals and integer arithmetic on them
+    (``[4 << 10, 16 << 20]``: bytes written as the notebook's reader thinks of them). ValueError
+    for anything else (a name, a call): the parameter's type is then unknown ("any")."""
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        pass
+    if isinstance(node, (ast.List, ast.Tuple)):
+        items = [_constant(x) for x in node.elts]
+        return items if isinstance(node, ast.List) else tuple(items)
+    if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+        left, right = _constant(node.left), _constant(node.right)
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in (left, right)):
+            return _ARITHMETIC[type(node.op)](left, right)
+    raise ValueError(f"not a constant: {ast.unparse(node)}")
+
+
+def _short(value) -> str:
+    """``repr(value)`` cut to a line: a refused value may be a list of thousands."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def check_value(notebook: str, p: Parameter, value) -> None:
@@ -123,7 +152,7 @@ def check_value(notebook: str, p: Parameter, value) -> None:
     if not ok(value):
         raise RunError(
             f"notebook {notebook}: parameter {p.name} expects {p.type} "
-            f"(default {p.default!r}), got {type(value).__name__} {value!r}"
+            f"(default {p.default!r}), got {type(value).__name__} {_short(value)}"
         )
 
 

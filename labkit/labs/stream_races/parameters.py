@@ -6,7 +6,8 @@ from labkit.workbench.parameters import TRIALS, at_least, list_of, number, optio
 
 PARAMETERS = {
     "RACE_TRIALS": TRIALS,
-    "RACE_SLEEPS_MS": list_of(number(0), non_empty=True),
+    # a side stream busy for up to 10 s per trial (the notebook's longest: 25 ms)
+    "RACE_SLEEPS_MS": list_of(number(0, 10_000), max_len=64, non_empty=True),
     "RACE_NUMEL": optional(at_least(1)),
     "WGRAD_TRIALS": TRIALS,
     "SANITIZER_TRIALS": TRIALS,
