@@ -1357,3 +1357,185 @@ PARAMETER_CASES = [
     ),
 ]
 CASES += PARAMETER_CASES
+
+# --- reliability review, records (findings 2, 11) ------------------------------------------------
+
+from labkit.workbench.findings import ReportError  # noqa: E402  (this block's own verdicts)
+
+
+def _bad_reference(name: str, change) -> Path:
+    """A scratch copy of reference/ whose file ``name`` (``"h200x1/stream_races.json"``) holds
+    ``change(document)``: what a hand edit or a corruption leaves."""
+    import json
+    import shutil
+
+    from labkit.workbench import results
+
+    root = Path(tempfile.mkdtemp(dir=SCRATCH.name)) / "reference"
+    shutil.copytree(results.REFERENCE_DIR, root)
+    path = root / name
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps(change(doc)))
+    return root
+
+
+def _every(field: str, value, kind: str | None = None):
+    """A change setting ``field`` to ``value`` in every record that has it (of ``kind``, if given)."""
+
+    def change(doc):
+        for r in doc["records"]:
+            if field in r and (kind is None or r.get("kind") == kind):
+                r[field] = value
+        return doc
+
+    return change
+
+
+def _render_bad(block: str, name: str, change):
+    from labkit.app import report
+
+    return report.render(block, report.Reference(_bad_reference(name, change)))
+
+
+def _report_cli_bad(mode: str, name: str, change):
+    """``labkit report MODE`` over a corrupted copy of reference/; ``--write`` on a scratch copy of
+    docs/labs.md, which must be left as it was."""
+    import shutil
+
+    from labkit.workbench import results
+
+    saved = results.REFERENCE_DIR, results.REPO_ROOT
+    root = Path(tempfile.mkdtemp(dir=SCRATCH.name))
+    (root / "docs").mkdir()
+    doc = shutil.copy(results.REPO_ROOT / "docs" / "labs.md", root / "docs" / "labs.md")
+    before = Path(doc).read_text()
+    results.REFERENCE_DIR = _bad_reference(name, change)
+    if mode == "--write":
+        results.REPO_ROOT = root
+    try:
+        out = cli("report", mode)
+    finally:
+        results.REFERENCE_DIR, results.REPO_ROOT = saved
+    assert Path(doc).read_text() == before, "labkit report --write changed a document from a bad record"
+    return out
+
+
+def _number(x):
+    from labkit.app import report
+
+    return report.number(x)
+
+
+RACES = "h200x1/stream_races.json"
+_BAD_RACE = r"reference/h200x1/stream_races\.json: record 0 \(kind='race'\): field "
+RECORDS_CASES = [
+    Case(
+        1121,
+        "reference file whose top level is a list",
+        lambda: _render_bad("stream_races.race", RACES, lambda d: [d]),
+        E(ReportError, r"reference/h200x1/stream_races\.json: expected a JSON object at the top, got list"),
+        function="report.render",
+        finding="N121 (reliability 11)",
+    ),
+    Case(
+        1122,
+        "reference file whose records are a dict",
+        lambda: _render_bad("stream_races.race", RACES, lambda d: {**d, "records": {"a": {}}}),
+        E(ReportError, r"stream_races\.json: 'records' must be a list of objects, got dict"),
+        function="report.render",
+        finding="N122 (reliability 11)",
+    ),
+    Case(
+        1123,
+        "reference file whose records are [1, 2]",
+        lambda: _render_bad("stream_races.race", RACES, lambda d: {**d, "records": [1, 2]}),
+        E(ReportError, r"stream_races\.json: record 0 must be an object, got int 1"),
+        function="report.render",
+        finding="N123 (reliability 11)",
+    ),
+    Case(
+        1124,
+        "labkit report --check, NaN in every corrupted_elems",
+        lambda: _report_cli_bad("--check", RACES, _every("corrupted_elems", nan)),
+        X(2, _BAD_RACE + "'corrupted_elems' is nan; expected a count"),
+        function="labkit report --check",
+        finding="N124 (reliability 2)",
+    ),
+    Case(
+        1125,
+        "labkit report --write, null in every race's corrupted_elems",
+        lambda: _report_cli_bad("--write", RACES, _every("corrupted_elems", None, "race")),
+        X(2, r"reference/h200x1/stream_races\.json: record 0 holds null in field 'corrupted_elems'"),
+        function="labkit report --write",
+        finding="N125 (reliability 2)",
+    ),
+    Case(
+        1126,
+        "negative corrupted_elems (-5)",
+        lambda: _render_bad("stream_races.headline", RACES, _every("corrupted_elems", -5)),
+        E(ReportError, _BAD_RACE + "'corrupted_elems' is -5; expected a count"),
+        function="report.render",
+        finding="N126 (reliability 2)",
+    ),
+    Case(
+        1127,
+        "corrupted_fraction 7.5",
+        lambda: _render_bad("stream_races.race", RACES, _every("corrupted_fraction", 7.5)),
+        E(ReportError, _BAD_RACE + r"'corrupted_fraction' is 7\.5; expected a fraction in \[0, 1\]"),
+        function="report.render",
+        finding="N127 (reliability 2)",
+    ),
+    Case(
+        1128,
+        "a number as a string (sleep_ms 'fast')",
+        lambda: _render_bad("stream_races.race", RACES, _every("sleep_ms", "fast")),
+        E(ReportError, _BAD_RACE + "'sleep_ms' is 'fast'; expected a finite number >= 0"),
+        function="report.render",
+        finding="N128 (reliability 11)",
+    ),
+    Case(
+        1129,
+        "NaN in us, graph_us and world_size of h200x2/collectives.json",
+        lambda: _render_bad(
+            "collectives.small-messages",
+            "h200x2/collectives.json",
+            lambda d: _every("graph_us", nan)(_every("us", nan)(_every("world_size", nan)(d))),
+        ),
+        E(ReportError, r"reference/h200x2/collectives\.json: record 0 .*field '(us|graph_us|world_size)' is nan"),
+        function="report.render",
+        finding="N129 (reliability 2)",
+    ),
+    Case(
+        1130,
+        "tokens NaN in h100x1/grouped_gemm.json",
+        lambda: _render_bad("grouped_gemm.backward", "h100x1/grouped_gemm.json", _every("tokens", nan)),
+        E(ReportError, r"reference/h100x1/grouped_gemm\.json: record 0 .*field 'tokens' is nan; expected a count"),
+        function="report.render",
+        finding="N130 (reliability 11)",
+    ),
+    Case(
+        1131,
+        "experts '8' in h100x1/grouped_gemm.json",
+        lambda: _render_bad("grouped_gemm.backward", "h100x1/grouped_gemm.json", _every("experts", "8")),
+        E(ReportError, r"reference/h100x1/grouped_gemm\.json: record 0 .*field 'experts' is '8'; expected a count"),
+        function="report.render",
+        finding="N131 (reliability 11)",
+    ),
+    Case(
+        1134,
+        "number(float('nan'))",
+        lambda: _number(nan),
+        E(ReportError, "number: x must be a finite number, got nan"),
+        function="report.number",
+        finding="N134 (reliability 2)",
+    ),
+    Case(
+        1136,
+        "number(True)",
+        lambda: _number(True),
+        E(ReportError, "number: x must be a number, got True"),
+        function="report.number",
+        finding="N136 (reliability 2)",
+    ),
+]
+CASES += RECORDS_CASES

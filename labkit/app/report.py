@@ -10,7 +10,10 @@ A document holds each generated block between two HTML comments (invisible once 
 names each block whose text differs from what its renderer gives now and exits 1; ``--figures``
 draws the figures in ``FIGURES`` into ``docs/figures/``. A renderer takes a
 :class:`~labkit.workbench.findings.Reference` and returns Markdown; a missing file, record or field
-is a :class:`~labkit.workbench.findings.ReportError` naming it.
+is a :class:`~labkit.workbench.findings.ReportError` naming it, and so is a bad value (a number of the
+wrong type, NaN, a negative count, a fraction outside [0, 1], a null the renderer needs): the file, the
+record's index and the field. ``--write`` renders every block before it writes any document, so a bad
+record leaves every document as it was; the command prints that one line and exits 2.
 
 In a notebook the blocks live in Markdown cells (JupyterLab hides the comments too).
 
@@ -71,7 +74,10 @@ def render(name: str, reference: Reference | None = None) -> str:
     """The Markdown of block ``name`` (a key of RENDERERS), ending in a newline."""
     if name not in RENDERERS:
         raise ReportError(f"report: no renderer named {name!r}; known: {', '.join(RENDERERS)}")
-    text = RENDERERS[name](reference or Reference())
+    try:
+        text = RENDERERS[name](reference or Reference())
+    except results.ResultsError as e:  # a file a renderer read through results itself (load_references)
+        raise ReportError(f"report: {e}") from None
     return text.rstrip("\n") + "\n"
 
 
@@ -137,22 +143,28 @@ def write(root: str | Path | None = None, reference: Reference | None = None) ->
 
 
 def _write_once(root: str | Path | None, reference: Reference) -> list[Path]:
-    changed = []
+    """Render every document's blocks, then write those that changed: a bad reference record stops the
+    pass before any document is written."""
+    pending = []
     for doc in documents(root):
-        if doc.suffix == ".ipynb":
-            if _rewrite_notebook(doc, reference):
-                changed.append(doc)
-            continue
-        text = doc.read_text()
-        new = rewrite(text, reference)
-        if new != text:
-            results.atomic_write_text(doc, new)
-            changed.append(doc)
-    return changed
+        text = _rewritten_notebook(doc, reference) if doc.suffix == ".ipynb" else _rewritten_text(doc, reference)
+        if text is not None:
+            pending.append((doc, text))
+    for doc, text in pending:
+        results.atomic_write_text(doc, text)
+    return [doc for doc, _ in pending]
 
 
-def _rewrite_notebook(doc: Path, reference: Reference) -> bool:
-    """Re-render the blocks of a notebook's Markdown cells, touching nothing else; True if any changed."""
+def _rewritten_text(doc: Path, reference: Reference) -> str | None:
+    """The text of a Markdown document with its blocks rendered afresh; None if that changes nothing."""
+    text = doc.read_text()
+    new = rewrite(text, reference)
+    return new if new != text else None
+
+
+def _rewritten_notebook(doc: Path, reference: Reference) -> str | None:
+    """A notebook with the blocks of its Markdown cells rendered afresh, nothing else touched; None if
+    that changes nothing."""
     import nbformat
 
     nb = nbformat.read(doc, as_version=4)
@@ -162,9 +174,7 @@ def _rewrite_notebook(doc: Path, reference: Reference) -> bool:
             new = rewrite(c.source, reference)
             changed |= new != c.source
             c.source = new
-    if changed:
-        results.atomic_write_text(doc, nbformat.writes(nb) + "\n")
-    return changed
+    return nbformat.writes(nb) + "\n" if changed else None
 
 
 def draw_figures(root: str | Path | None = None, reference: Reference | None = None) -> list[Path]:

@@ -124,6 +124,12 @@ def test_two_records_where_one_is_asked_for_is_an_error(tmp_path):
         report.Reference(tmp_path).value("m/x.json", "us", kind="a")
 
 
+def test_a_null_value_is_named_with_the_records_index(tmp_path):
+    _write(tmp_path, "m/x.json", [{"kind": "a", "us": 1.0}, {"kind": "b", "us": None}])
+    with pytest.raises(report.ReportError, match=r"reference/m/x\.json: record 1 holds null in field 'us'"):
+        report.Reference(tmp_path).value("m/x.json", "us", kind="b")
+
+
 def test_check_names_a_stale_block_and_write_renders_it(tmp_path, monkeypatch):
     for name, w in zip(collectives_findings.SMALL_REFERENCES, (2, 4)):
         _write(tmp_path / "reference", name, _collectives_records(w=w))
@@ -159,6 +165,79 @@ def test_number_keeps_three_significant_figures(x, text):
 def test_number_refuses_what_is_not_a_number():
     with pytest.raises(report.ReportError, match="number: x must be a number"):
         report.number("4.36")
+    with pytest.raises(report.ReportError, match="number: x must be a number, got True"):
+        report.number(True)
+    for x in (float("nan"), float("inf"), -float("inf")):
+        with pytest.raises(report.ReportError, match="number: x must be a finite number"):
+            report.number(x)
+
+
+def _race(sleep_ms, corrupted_elems, **extra):
+    return {
+        "kind": "race",
+        "allocator": "raw",
+        "sleep_ms": sleep_ms,
+        "corrupted_elems": corrupted_elems,
+        "block_reused": True,
+        "corrupted_fraction": 0.5 if corrupted_elems else 0.0,
+        **extra,
+    }
+
+
+def test_a_bad_value_is_refused_naming_file_record_and_field(tmp_path):
+    name = stream_findings.DOCS_REFERENCE
+    _write(tmp_path, name, [_race(0.0, 0), _race(5.0, 4)])
+    assert "| raw | 5 | 1 of 1 |" in report.render("stream_races.race", report.Reference(tmp_path))
+    for value, what in ((float("nan"), "is nan"), (-5, "is -5"), ("12", "is '12'")):
+        _write(tmp_path, name, [_race(0.0, 0), _race(5.0, value)])
+        with pytest.raises(
+            report.ReportError, match=rf"reference/{name}: record 1 \(kind='race'\): field 'corrupted_elems' {what}"
+        ):
+            report.render("stream_races.race", report.Reference(tmp_path))
+
+
+def test_a_null_the_renderer_needs_is_refused_not_counted_as_zero(tmp_path):
+    """A null corrupted_elems in a race record, counted as 0, would make a corrupted trial a clean one.
+    null passes the file's check (a record of another kind has none), not the renderer that needs it."""
+    name = stream_findings.DOCS_REFERENCE
+    _write(tmp_path, name, [_race(5.0, 4), _race(5.0, None), {"kind": "alloc_time", "corrupted_elems": None}])
+    for block in ("stream_races.race", "stream_races.headline"):
+        with pytest.raises(
+            report.ReportError, match=rf"reference/{name}: record 1 holds null in field 'corrupted_elems'"
+        ):
+            report.render(block, report.Reference(tmp_path))
+
+
+def test_write_refuses_a_bad_record_before_it_writes_any_document(tmp_path):
+    for name, w in zip(collectives_findings.SMALL_REFERENCES, (2, 4)):
+        _write(tmp_path / "reference", name, _collectives_records(w=w))
+    _write(tmp_path / "reference", stream_findings.DOCS_REFERENCE, [_race(5.0, float("nan"))])
+    (tmp_path / "docs").mkdir()
+    a, b = tmp_path / "docs" / "a.md", tmp_path / "docs" / "b.md"  # a's block is good, b's file is bad
+    a.write_text("<!-- report:collectives.small-messages -->\nold\n<!-- /report -->\n")
+    b.write_text("<!-- report:stream_races.race -->\nold\n<!-- /report -->\n")
+    with pytest.raises(report.ReportError, match="field 'corrupted_elems' is nan"):
+        report.write(tmp_path, report.Reference(tmp_path / "reference"))
+    assert a.read_text().endswith("\nold\n<!-- /report -->\n") and b.read_text().endswith("\nold\n<!-- /report -->\n")
+
+
+@pytest.mark.parametrize("mode", ["--write", "--check"])
+def test_the_cli_refuses_a_bad_file_in_one_line(tmp_path, monkeypatch, capsys, mode):
+    from labkit.app import cli
+
+    _write(tmp_path / "reference", stream_findings.DOCS_REFERENCE, [_race(5.0, -5)])
+    (tmp_path / "docs").mkdir()
+    doc = tmp_path / "docs" / "page.md"
+    doc.write_text("<!-- report:stream_races.race -->\nold\n<!-- /report -->\n")
+    monkeypatch.setattr(results, "REFERENCE_DIR", tmp_path / "reference")
+    monkeypatch.setattr(results, "REPO_ROOT", tmp_path)
+    assert cli.main(["report", mode]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "labkit report: error: report: reference/h200x1/stream_races.json: record 0 (kind='race'): "
+        "field 'corrupted_elems' is -5; expected a count (a whole number >= 0)"
+    ]
+    assert doc.read_text() == "<!-- report:stream_races.race -->\nold\n<!-- /report -->\n"
 
 
 def test_the_cli_check_exits_1_naming_the_block(tmp_path, monkeypatch, capsys):

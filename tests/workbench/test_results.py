@@ -1,4 +1,5 @@
-"""Results files: schema, required fields, atomic writes, references, output folders."""
+"""Results files: schema, required fields, field types and ranges, atomic writes, references, output
+folders."""
 
 import json
 import os
@@ -80,13 +81,94 @@ def test_references_are_found_per_machine(tmp_path):
 
 
 def test_committed_reference_files_are_valid():
-    """Every file under reference/ loads, names its generator, and was made on a GPU machine."""
+    """Every file under reference/ loads (its fields pass FIELD_RULES), names its generator, and was
+    made on a GPU machine."""
     files = sorted(results.REFERENCE_DIR.glob("*/*.json"))
     for path in files:
         rs = results.load_results(path)
         assert rs.generator.startswith("labkit."), path
         assert rs.env["gpus"], f"{path}: reference results must come from a GPU machine"
         assert path.parent.name == rs.env["machine"], path
+
+
+def _doc(records, lab="demo", **extra) -> dict:
+    return {"schema": results.SCHEMA, "lab": lab, "generator": "t", "env": {}, "records": records, **extra}
+
+
+def _load(tmp_path, doc):
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(doc))
+    return results.load_results(p)
+
+
+@pytest.mark.parametrize(
+    "doc, match",
+    [
+        ([1], "expected a JSON object at the top, got list"),
+        (_doc({"a": {}}), "'records' must be a list of objects, got dict"),
+        (_doc("abc"), "'records' must be a list of objects, got str"),
+        (_doc([1, 2]), "record 0 must be an object, got int 1"),
+        (_doc([{}], required="us"), "'required' must be a list of field names"),
+        ({**_doc([]), "env": []}, "'env' must be an object, got list"),
+        ({**_doc([]), "lab": 3}, "'lab' must be a string, got int"),
+    ],
+)
+def test_a_document_of_the_wrong_shape_is_refused(tmp_path, doc, match):
+    with pytest.raises(ResultsError, match=match):
+        _load(tmp_path, doc)
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("corrupted_elems", float("nan"), r"is nan; expected a count \(a whole number >= 0\)"),
+        ("corrupted_elems", -5, "is -5; expected a count"),
+        ("corrupted_elems", "12", "is '12'; expected a count"),
+        ("corrupted_elems", True, "is True; expected a count"),
+        ("corrupted_elems", 12.0, "is 12.0; expected a count"),
+        ("world_size", 0, r"expected a whole number >= 1"),
+        ("corrupted_fraction", 7.5, r"expected a fraction in \[0, 1\]"),
+        ("us", float("inf"), "is inf; expected a finite number >= 0"),
+        ("us", -1.0, "expected a finite number >= 0"),
+        ("sleep_ms", "fast", "expected a finite number >= 0"),
+        ("rel_err_vs_bf16", -0.1, "expected a number >= 0"),
+        ("impl", 3, "expected a string"),
+        ("correct", 1, "expected true or false"),
+        ("no_rule_for_me", float("nan"), "expected a finite number"),
+    ],
+)
+def test_a_field_of_the_wrong_type_or_range_is_refused_naming_file_record_and_field(tmp_path, field, value, expected):
+    records = [{"kind": "race", "impl": "raw", "us": 1.0}, {"kind": "race", "impl": "raw", field: value}]
+    with pytest.raises(ResultsError, match=rf"bad\.json: record 1 \(kind='race'.*\): field '{field}' .*{expected}"):
+        _load(tmp_path, _doc(records))
+
+
+def test_null_measured_nans_and_a_labs_own_kinds_pass(tmp_path):
+    """null is a field that does not apply to the record's kind (a renderer refuses it where it needs
+    the value); a measured error may be NaN or inf (the output was); wrong_device's tokens are ids."""
+    records = [{"corrupted_elems": None, "us": None, "rel_err_vs_bf16": float("nan"), "err_x": float("inf")}]
+    assert _load(tmp_path, _doc(records)).records[0]["corrupted_elems"] is None
+    assert _load(tmp_path, _doc([{"tokens": [26, 89]}], lab="wrong_device")).records[0]["tokens"] == [26, 89]
+    with pytest.raises(ResultsError, match="field 'tokens'"):
+        _load(tmp_path, _doc([{"tokens": [26, 89]}], lab="grouped_gemm"))
+
+
+def test_a_file_is_named_relative_to_the_repository_or_as_asked(tmp_path):
+    assert (
+        results._shown(results.REFERENCE_DIR / "h200x1" / "stream_races.json") == "reference/h200x1/stream_races.json"
+    )
+    p = tmp_path / "x.json"
+    p.write_text("[]")
+    with pytest.raises(ResultsError, match=r"^reference/h200x1/x\.json: expected a JSON object"):
+        results.load_results(p, name="reference/h200x1/x.json")
+    p.write_bytes(b"\xff\xfe")
+    with pytest.raises(ResultsError, match="not UTF-8 text"):
+        results.load_results(p)
+    p.write_text("[" * 100_000)
+    with pytest.raises(ResultsError, match="not valid JSON"):
+        results.load_results(p)
+    with pytest.raises(ResultsError, match="cannot read it"):
+        results.load_results(tmp_path)
 
 
 def test_output_dir_follows_the_runner(monkeypatch, tmp_path):

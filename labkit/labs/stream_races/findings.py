@@ -7,11 +7,17 @@ from labkit.labs.stream_races.plots import plot_race, race_markdown, race_summar
 
 #: the one-GPU reference the docs and the README's figure are rendered from
 DOCS_REFERENCE = "h200x1/stream_races.json"
+#: what the race's summary reads of each race record: a null in one is refused, not counted as 0
+RACE_FIELDS = ("allocator", "sleep_ms", "corrupted_elems", "block_reused", "corrupted_fraction")
+
+
+def _race_records(reference) -> list[dict]:
+    return reference.records_with(DOCS_REFERENCE, RACE_FIELDS, kind="race")
 
 
 def race_table(reference) -> str:
     """docs block ``stream_races.race``: trials corrupted per allocator and side-stream delay."""
-    records = reference.records(DOCS_REFERENCE, kind="race")
+    records = _race_records(reference)
     return (
         race_markdown(records)
         + f"\n\nOne H200: `reference/{DOCS_REFERENCE}`, kind `race` (`allocator`, `sleep_ms`, `corrupted_elems`, "
@@ -24,7 +30,7 @@ def race_figure(reference):
     Returns (figure, the reference file it drew)."""
     import matplotlib.pyplot as plt
 
-    records = reference.records(DOCS_REFERENCE, kind="race")
+    records = _race_records(reference)
     fig, ax = plt.subplots(figsize=(7.0, 4.0))
     plot_race(records, ax, f"a side stream writes into freed, reused memory (RECORDED: reference/{DOCS_REFERENCE})")
     fig.subplots_adjust(bottom=0.24)
@@ -58,7 +64,7 @@ def race_in_words(records: list[dict]) -> str:
 
 def headline(reference) -> str:
     """Notebook 03's first screen: the recorded race in words, beside the README's figure of it."""
-    words = race_in_words(reference.records("h200x1/stream_races.json", kind="race"))
+    words = race_in_words(_race_records(reference))
     return (
         f"Corrupted trials per allocator: {words}\n\n"
         "![the race, recorded on one H200](../docs/figures/stream_races.race.png)\n\n"
