@@ -7,7 +7,7 @@ import dataclasses
 import statistics
 from collections import defaultdict
 
-from labkit.workbench import hardware
+from labkit.workbench import hardware, results
 
 COLORS = {"raw": "tab:red", "views": "tab:orange", "views+record_stream": "tab:green"}
 
@@ -26,10 +26,17 @@ def of_kind(panels: list, kind: str, allocators=None) -> list:
 
 
 def race_summary(records: list[dict], kind: str = "race") -> list[dict]:
-    """Per (allocator, sleep): trials, trials that corrupted, blocks reused, mean corrupted share."""
+    """Per (allocator, sleep): trials, trials that corrupted, blocks reused, mean corrupted share.
+    A trial whose ``corrupted_elems`` is missing or null is refused (a ResultsError naming the
+    record): counted, it would read as a clean trial."""
     groups = defaultdict(list)
-    for r in records:
+    for i, r in enumerate(records):
         if r.get("kind") == kind:
+            if not isinstance(r.get("corrupted_elems"), int) or isinstance(r.get("corrupted_elems"), bool):
+                raise results.ResultsError(
+                    f"race_summary: record {i} ({kind}, {r.get('allocator')}) holds corrupted_elems="
+                    f"{r.get('corrupted_elems')!r}: expected a count"
+                )
             groups[(r["allocator"], r.get("sleep_ms"))].append(r)
     rows = []
     for (allocator, sleep), rs in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
@@ -38,7 +45,7 @@ def race_summary(records: list[dict], kind: str = "race") -> list[dict]:
                 "allocator": allocator,
                 "sleep_ms": sleep,
                 "trials": len(rs),
-                "corrupted_trials": sum(1 for r in rs if (r["corrupted_elems"] or 0) > 0),
+                "corrupted_trials": sum(1 for r in rs if r["corrupted_elems"] > 0),
                 "reused": sum(1 for r in rs if r.get("block_reused")),
                 "mean_corrupted_fraction": statistics.mean(r.get("corrupted_fraction") or 0.0 for r in rs),
                 "numel": rs[0].get("numel"),

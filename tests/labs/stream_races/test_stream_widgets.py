@@ -234,3 +234,17 @@ def test_of_kind_keeps_panels_with_records_of_that_kind():
     assert [p.machine for p in kept] == ["x"] and kept[0].records == [{"kind": "timeline", "allocator": "views"}]
     assert stream_plots.of_kind(panels, "timeline", allocators=("raw",)) == []
     assert len(panels[1].records) == 2  # the panels given are not changed
+
+
+def test_a_race_record_without_a_count_is_refused_not_read_as_clean():
+    """A null (or missing) corrupted_elems would count as a clean trial: the summary refuses it."""
+    import pytest
+
+    from labkit.labs.stream_races import plots
+    from labkit.workbench import results
+
+    good = {"kind": "race", "allocator": "raw", "sleep_ms": 5, "corrupted_elems": 3, "corrupted_fraction": 0.5}
+    assert plots.race_summary([good])[0]["corrupted_trials"] == 1
+    for bad in (None, float("nan"), "12", True):
+        with pytest.raises(results.ResultsError, match="record 1 .*corrupted_elems"):
+            plots.race_summary([good, dict(good, corrupted_elems=bad)])
