@@ -67,6 +67,7 @@ import triton
 
 from labkit.kernels.comm.agreement import CONTRACT as CONTRACT
 from labkit.kernels.comm.agreement import agree as agree
+from labkit.kernels.comm.agreement import call_made as call_made
 from labkit.kernels.comm.agreement import fingerprint as fingerprint
 from labkit.kernels.comm.direct_launch import record_launch
 from labkit.kernels.comm.graph_launch import GraphReplay
