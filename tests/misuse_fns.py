@@ -76,9 +76,10 @@ def ranks_disagree(ctx, n: int = 4096) -> dict:
     same UsageError on every rank (the plan's agreement check) instead of hanging; after each, the
     same call on every rank still sums right. Every case takes buffers of its own, on which no
     rank has called anything yet: the check runs where a buffer meets a set of arguments for the
-    first time on every rank (a rank reusing arguments its buffer already agreed on skips it; see
-    ``labkit.kernels.comm.plan.agree``). Also counts the exchanges: one per new set of arguments
-    on a buffer, none per call."""
+    first time on every rank (on GPUs a rank reusing arguments its buffer already agreed on skips
+    it; see ``labkit.kernels.comm.agreement``). Also counts the exchanges: one per new set of
+    arguments on a buffer (in the emulated world: per call that differs from the last), none per
+    repeated call."""
     from labkit.kernels.comm import collectives as C
     from labkit.kernels.comm import symm
     from labkit.labs.collectives import experiments
