@@ -21,6 +21,7 @@ import dataclasses
 import io
 import os
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -1539,3 +1540,180 @@ RECORDS_CASES = [
     ),
 ]
 CASES += RECORDS_CASES
+
+# --- reliability review, ranks (findings 9, 13, 15, 17) -------------------------------------
+
+
+def _ranks(fn, world_size, *args, timeout):
+    from labkit.kernels.comm.ranks import run_ranks
+
+    old = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), old) if p)  # the ranks import rank_fns
+    try:
+        return run_ranks(fn, world_size, *args, timeout=timeout)
+    finally:
+        os.environ["PYTHONPATH"] = old
+
+
+def _a_rank_catches_its_error():
+    res = _ranks("rank_fns:rank_0_catches_its_error", 2, timeout=20)
+    return res.seconds < 15 and "a peer left (returned or failed) without making it" in res.results[1].value
+
+
+def _b_algorithm_after_agreeing():
+    res = _ranks("misuse_fns:algo_mismatch_after_agreed", 2, timeout=60)
+    said = "the ranks disagree on algorithm (rank 0: 'one_shot', rank 1: 'two_shot')"
+    r0, r1 = res.results
+    return res.seconds < 30 and r1.status == "exception" and said in r1.message and said in r0.message
+
+
+def _c_a_rank_skips_a_call():
+    res = _ranks("rank_fns:last_rank_skips_a_call", 3, timeout=8)
+    return [r.status for r in res.results] == ["timeout", "timeout", "ok"] and all(
+        "in all_reduce (one_shot), call 2" in r.message for r in res.results[:2]
+    )
+
+
+def _float64_on_rank_0():
+    r0, r1 = _ranks("rank_fns:float64_on_rank_0", 2, timeout=60).results
+    return r0.status == "exception" and r1.status == "aborted" and "rank 0 failed first" in r1.message
+
+
+def _collective(**kw):
+    from labkit import check
+    from labkit.labs.collectives import catch as c2
+
+    return check.collective(c2.one_shot_fixed, 2, c2.inputs, **kw)
+
+
+def _launcher_signalled(sig):
+    """A launcher running a world of 2 sleeping ranks gets ``sig``: what it leaves in its TMPDIR."""
+    import signal
+    import subprocess
+    import sys
+
+    tmp = tempfile.mkdtemp(prefix="labkit-test-")
+    script = (
+        "import labkit\nfrom labkit.kernels.comm.ranks import run_ranks\n"
+        "if __name__ == '__main__':\n    run_ranks('rank_fns:sleeps_then_returns', 2, 60, timeout=60)\n"
+    )
+    env = {**os.environ, "TMPDIR": tmp, "PYTHONPATH": os.pathsep.join([str(HERE.parent), str(HERE)])}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list(Path(tmp).glob("labkit-ranks-*/rank1.where")):
+        time.sleep(0.1)
+    proc.send_signal(getattr(signal, sig))
+    proc.wait(30)
+    time.sleep(2)  # a SIGKILLed launcher's ranks notice it and leave
+    left = [p.name for p in Path(tmp).glob("labkit-ranks-*")]
+    shutil.rmtree(tmp, ignore_errors=True)
+    return left
+
+
+RANKS_CASES = [
+    Case(
+        1000 + 148,
+        "world_size 10**6",
+        lambda: _ranks("rank_fns:sleeps_then_returns", 10**6, 0, timeout=5),
+        E(UsageError, r"world_size=1000000: at most \d+ ranks"),
+        function="ranks.run_ranks",
+        finding="N148 (reliability 9)",
+    ),
+    Case(
+        1000 + 149,
+        "world_size 4 x cores + 1, timeout 5",
+        lambda: _ranks("rank_fns:sleeps_then_returns", 4 * (os.cpu_count() or 1) + 1, 0, timeout=5),
+        E(UsageError, r"world_size=\d+: at most \d+ ranks on this machine's"),
+        function="ranks.run_ranks",
+        finding="N149 (reliability 9)",
+    ),
+    Case(
+        1000 + 137,
+        "a rank catches its own error and returns",
+        _a_rank_catches_its_error,
+        R(bool),
+        marks=(NO_CUDA,),
+        function="collectives.all_reduce",
+        finding="N137 (reliability 15 a)",
+    ),
+    Case(
+        1000 + 138,
+        "algorithm differs after an agreed call",
+        _b_algorithm_after_agreeing,
+        R(bool),
+        marks=(NO_CUDA,),
+        function="collectives.all_reduce",
+        finding="N138 (reliability 15 b)",
+    ),
+    Case(
+        1000 + 139,
+        "a rank of 3 skips the second call",
+        _c_a_rank_skips_a_call,
+        R(bool),
+        marks=(NO_CUDA,),
+        function="collectives.all_reduce",
+        finding="N139 (reliability 15 c)",
+    ),
+    Case(
+        1000 + 142,
+        "float64 on rank 0 only in symm.empty",
+        _float64_on_rank_0,
+        R(bool),
+        marks=(NO_CUDA,),
+        function="ranks.run_ranks",
+        finding="N142 (reliability 17)",
+    ),
+    Case(
+        1000 + 43,
+        "check.collective timeout 0.01",
+        lambda: _collective(timeout=0.01),
+        R(lambda r: r.outcome == "world did not start" and "did not start within the timeout" in r.message),
+        function="check.collective",
+        finding="N43 (reliability 17)",
+    ),
+    Case(
+        1000 + 45,
+        "check.collective reference all_gather on an all_reduce",
+        lambda: _collective(reference="all_gather", rounds=1, hold_s=0),
+        R(
+            lambda r: (
+                r.outcome == "wrong elements"
+                and re.search(r"has (\d+) elements and the all_gather reference", r.message)
+            )
+        ),
+        marks=(NO_CUDA,),
+        function="check.collective",
+        finding="N45 (reliability 17)",
+    ),
+    Case(
+        1000 + 152,
+        "a rank returns a threading.Lock",
+        lambda: _ranks("rank_fns:returns_a_lock", 2, timeout=60),
+        R(
+            lambda res: all(
+                r.error_type.endswith("ResultNotPicklable") and "its return value" in r.message for r in res.results
+            )
+        ),
+        function="ranks.run_ranks",
+        finding="unpicklable return value (reliability 17, no N)",
+    ),
+    Case(
+        1000 + 150,
+        "the launcher gets SIGTERM",
+        lambda: _launcher_signalled("SIGTERM"),
+        R(lambda left: left == []),
+        marks=(LINUX,),
+        function="ranks.run_ranks",
+        finding="N150 (reliability 13)",
+    ),
+    Case(
+        1000 + 151,
+        "the launcher gets SIGKILL",
+        lambda: _launcher_signalled("SIGKILL"),
+        R(lambda left: left == []),
+        marks=(LINUX,),
+        function="ranks.run_ranks",
+        finding="N151 (reliability 13)",
+    ),
+]
+CASES += RANKS_CASES

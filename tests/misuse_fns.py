@@ -76,9 +76,10 @@ def ranks_disagree(ctx, n: int = 4096) -> dict:
     same UsageError on every rank (the plan's agreement check) instead of hanging; after each, the
     same call on every rank still sums right. Every case takes buffers of its own, on which no
     rank has called anything yet: the check runs where a buffer meets a set of arguments for the
-    first time on every rank (a rank reusing arguments its buffer already agreed on skips it; see
-    ``labkit.kernels.comm.plan.agree``). Also counts the exchanges: one per new set of arguments
-    on a buffer, none per call."""
+    first time on every rank (on GPUs a rank reusing arguments its buffer already agreed on skips
+    it; see ``labkit.kernels.comm.agreement``). Also counts the exchanges: one per new set of
+    arguments on a buffer (in the emulated world: per call that differs from the last), none per
+    repeated call."""
     from labkit.kernels.comm import collectives as C
     from labkit.kernels.comm import symm
     from labkit.labs.collectives import experiments
@@ -150,22 +151,28 @@ def ranks_disagree(ctx, n: int = 4096) -> dict:
     )
 
     # the exchange runs once per new set of arguments on a buffer: not per call, nor per plan
-    exchanges = []
+    from labkit.kernels.comm import agreement
+
+    gathered = []
     real = symm.gather
-    symm.gather = lambda mine: exchanges.append(mine) or real(mine)
+    symm.gather = lambda mine: gathered.append(mine) or real(mine)
+
+    def exchanges():  # on GPUs through symm.gather, in the emulated world through the store
+        return len(gathered) + agreement.exchanges
+
     try:
         fresh = mk()
-        made = len(exchanges)  # the allocation's own check
+        made = exchanges()  # the allocation's own check
         for _ in range(3):
             fresh.tensor.copy_(x)
             C.all_reduce(fresh, torch.empty(n, device=dev), algorithm="two_shot")  # a new out: a new plan
         p = C.all_reduce_plan(fresh, torch.empty(n, device=dev), algorithm="two_shot")
         for _ in range(3):
             p()
-        found["exchanges, one set of arguments"] = len(exchanges) - made
+        found["exchanges, one set of arguments"] = exchanges() - made
         C.all_reduce(fresh, algorithm="one_shot")
         C.all_reduce(fresh, algorithm="one_shot")
-        found["exchanges, a second set"] = len(exchanges) - made
+        found["exchanges, a second set"] = exchanges() - made
     finally:
         symm.gather = real
     _sync(ctx)
@@ -275,3 +282,31 @@ def planted_scratch(ctx, n: int = 64) -> dict:
     )
     del buf, again
     return found
+
+
+def algo_mismatch_after_agreed(ctx, n: int = 4096) -> list:
+    """Both ranks agree on ``algorithm="one_shot"`` once; then rank 0 repeats it (its kept plan)
+    while rank 1 asks ``"two_shot"`` (reliability review, finding 15 b)."""
+    from labkit.kernels.comm import collectives as C
+    from labkit.kernels.comm import symm
+
+    buf = symm.empty(n, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    buf.tensor.fill_(1.0)
+    C.all_reduce(buf, algorithm="one_shot")
+    return C.all_reduce(buf, algorithm="one_shot" if ctx.rank == 0 else "two_shot").tolist()[:2]
+
+
+def alternate_calls(ctx, n: int = 1024) -> list:
+    """The same calls on every rank, alternating algorithms and buffers: every call whose
+    fingerprint differs from the last exchanges (emulated world), and every sum is right."""
+    from labkit.kernels.comm import agreement, symm
+    from labkit.kernels.comm import collectives as C
+
+    bufs = [symm.empty(n, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir) for _ in range(2)]
+    sums = []
+    before = agreement.exchanges
+    for i in range(4):
+        b = bufs[i % 2]
+        b.tensor.fill_(float(ctx.rank + 1))
+        sums.append(C.all_reduce(b, algorithm=("one_shot", "two_shot")[i // 2 % 2])[0].item())
+    return [sums, agreement.exchanges - before]

@@ -7,6 +7,7 @@ ranks get the launcher's sys.path, where pytest has put tests/ (as for ``helpers
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import torch
@@ -134,3 +135,51 @@ def check_each(ctx, cases, seed: int) -> list[dict]:
     from labkit.labs.collectives import experiments
 
     return [r for n, dtype in cases for r in experiments.check_algorithms(ctx, n, dtype, seed)]
+
+
+# --- the reliability review's rows (tests/bad_inputs.py) and their unit tests ------------------
+
+
+def returns_a_lock(ctx):
+    """A return value that cannot be pickled back to the launcher."""
+    return threading.Lock()
+
+
+def sleeps_then_returns(ctx, seconds: float) -> int:
+    time.sleep(seconds)
+    return ctx.rank
+
+
+def float64_on_rank_0(ctx):
+    """Rank 0 asks symm.empty for float64 (refused there), rank 1 for float32."""
+    from labkit.kernels.comm import symm
+
+    dtype = torch.float64 if ctx.rank == 0 else torch.float32
+    return symm.empty(256, dtype, device=ctx.device, scratch_dir=ctx.scratch_dir).tensor.numel()
+
+
+def rank_0_catches_its_error(ctx, n: int = 1024):
+    """Rank 0's call fails its local check (an out of another length), it catches the error and
+    returns; rank 1 makes the call (reliability 15 a)."""
+    from labkit.kernels.comm import collectives as C
+    from labkit.kernels.comm import symm
+
+    buf = symm.empty(n, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    out = torch.empty(n // 2 if ctx.rank == 0 else n)
+    try:
+        C.all_reduce(buf, out, algorithm="one_shot")
+    except (ValueError, TypeError) as e:
+        return f"caught {type(e).__name__}: {e}"
+    return "returned"
+
+
+def last_rank_skips_a_call(ctx, n: int = 1024):
+    """Every rank calls all_reduce twice, but the last rank only once (reliability 15 c)."""
+    from labkit.kernels.comm import collectives as C
+    from labkit.kernels.comm import symm
+
+    buf = symm.empty(n, torch.float32, device=ctx.device, scratch_dir=ctx.scratch_dir)
+    C.all_reduce(buf, algorithm="one_shot")
+    if ctx.rank != ctx.world_size - 1:
+        C.all_reduce(buf, algorithm="one_shot")
+    return "done"

@@ -62,11 +62,20 @@ def _compare(y, xs, reference, rank, dtype) -> tuple[int, float] | None:
     want = expected(reference, xs, rank)
     scale = expected(reference, [x.abs() for x in xs], rank)
     got = y.detach().double().cpu().reshape(-1)
-    if got.numel() != want.numel():
-        return (want.numel(), float("inf"))
+    if got.numel() != want.numel():  # no element to compare with: say so (``_wrong_line``)
+        return (-want.numel(), float("inf"))
     err = (got - want.reshape(-1)).abs()
     bad = ~(err <= _tolerance(dtype, len(xs)) * scale.reshape(-1) + 1e-30)
     return (int(bad.sum()), float(err.max())) if bool(bad.any()) else None
+
+
+def _wrong(bad: tuple[int, float], of: int, reference: str) -> str:
+    """What ``_compare`` found, in words: "N of M elements wrong (max |error| E)", or, where the
+    lengths differ (a negative count: the reference's length), both lengths."""
+    wrong, max_error = bad
+    if wrong < 0:
+        return f"the result has {of} elements and the {reference} reference {-wrong}"
+    return f"{wrong} of {of} elements wrong (max |error| {max_error:.3g})"
 
 
 def _rank(ctx, fn_spec: str, inputs_spec: str, rounds: int, late_ms: float, reference: str, hold_s: float) -> dict:
@@ -300,13 +309,29 @@ def collective(
         beside, beside_failed = held_rounds_emulated(specs, world_size, reference, hold_s, timeout)
     if not res.ok:
         first = res.first_failure
-        if any(r.status == "timeout" for r in res.results):
+        not_started = [
+            r for r in res.results if r.status == "timeout" and r.where in (None, "starting", "init_process_group")
+        ]
+        if not_started:
+            return R.Report(
+                NAME,
+                target,
+                "error",
+                "world did not start",
+                f"the world did not start within the timeout ({timeout:g} s, {world}): rank "
+                f"{not_started[0].rank} {not_started[0].message}; the check never ran fn: give a longer timeout",
+                res.summary().splitlines(),
+            )
+        hung = [r for r in res.results if r.status == "timeout"]
+        if hung:
+            doing = f"; rank {hung[0].rank} in {hung[0].where}" if hung[0].where not in (None, "fn") else ""
             return R.Report(
                 NAME,
                 target,
                 "failed",
                 "hang",
-                f"no result within {timeout:g} s ({world}): a rank waits for a peer that never signals",
+                f"no result within {timeout:g} s ({world}{doing}): a rank waits for a peer that never signals "
+                "(or the rounds need a longer timeout)",
                 res.summary().splitlines(),
             )
         if first.status == "exception" and (first.error_type or "").endswith("UsageError"):
@@ -318,20 +343,22 @@ def collective(
         for w in value["wrong"]:
             late = f"rank {w['late']} late" if w["late"] is not None else "no rank late"
             lines.append(
-                f"round {w['round']} ({late}): rank {value['rank']}: {w['wrong']} of {w['of']} elements "
-                f"wrong (max |error| {w['max_error']:.3g}) against fp64"
+                f"round {w['round']} ({late}): rank {value['rank']}: "
+                f"{_wrong((w['wrong'], w['max_error']), w['of'], reference)} against fp64"
             )
         if value["graph"]:
             g = value["graph"]
-            graph_bad.append(f"graph replay: rank {value['rank']}: {g['wrong']} of {g['of']} elements wrong")
+            graph_bad.append(
+                f"graph replay: rank {value['rank']}: {_wrong((g['wrong'], g['max_error']), g['of'], reference)}"
+            )
     where = " in the emulated world beside the GPUs" if on_gpu else ""
     for value in res.values + beside:
         for h in value["held"]:
             if h["wrong"]:
                 lines.append(
                     f"held round (rank {h['held_rank']}'s reads of its peers held until they wrote their next "
-                    f"inputs{where}): rank {value['rank']}: {h['wrong']} of {h['of']} elements wrong (max |error| "
-                    f"{h['max_error']:.3g}) against fp64"
+                    f"inputs{where}): rank {value['rank']}: "
+                    f"{_wrong((h['wrong'], h['max_error']), h['of'], reference)} against fp64"
                 )
     if lines or graph_bad:
         outcome = "wrong elements" if lines else "graph replay wrong"

@@ -598,6 +598,23 @@ def test_collective_refuses_bad_input(monkeypatch):
 
 
 @TWO_RANKS
+def test_collective_says_when_the_world_did_not_start_within_the_timeout():
+    """A timeout too short for the world to start was reported as the user's hang."""
+    r = check.collective(c2.one_shot_fixed, 2, c2.inputs, timeout=0.01)
+    assert r.status == "error" and r.outcome == "world did not start", r
+    assert "the world did not start within the timeout (0.01 s" in r.message and "hang" not in r.message, r
+
+
+@TWO_RANKS
+def test_collective_says_the_lengths_when_the_result_and_the_reference_differ_in_length():
+    """reference="all_gather" on an all_reduce said "8192 of 4096 elements wrong (max |error| inf)"."""
+    r = check.collective(c2.one_shot_fixed, 2, c2.inputs, reference="all_gather", rounds=1, hold_s=0)
+    assert r.outcome == "wrong elements", r
+    n = c2.NUMEL
+    assert f"the result has {n} elements and the all_gather reference {2 * n}" in r.message, r
+
+
+@TWO_RANKS
 def test_collective_reports_an_exception_in_fn():
     r = check.collective(fn("raises"), 2, fn("coll_inputs"), rounds=1)
     assert r.status == "failed" and r.outcome == "exception" and "planted failure" in r.message, r

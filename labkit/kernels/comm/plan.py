@@ -18,9 +18,10 @@ on the buffer (``kept``, ``keep``), so a plain call gets most of the saving too.
 What a plan fixes when it is made (the full checks of the eager call run then, and only then):
 the buffer, the output's shape, dtype and device, in place or not, the algorithm, the launch
 configuration, the grid and every kernel argument. Making a plan also checks that every rank is
-making the same one (``agree``: the first time a buffer sees a set of arguments, the ranks
-exchange a fingerprint of what they will launch and all raise if it differs: ``agreement``);
-calls never do.
+making the same one (``agree``: on GPUs the first time a buffer sees a set of arguments, the
+ranks exchange a fingerprint of what they will launch and all raise if it differs; calls never
+do. In the emulated world every eager call posts its fingerprint and one that differs from the
+rank's last call's is compared with its peers': ``agreement``).
 What it checks on every call, because it can change behind the plan's back and would otherwise
 give a wrong answer silently:
 
@@ -67,6 +68,7 @@ import triton
 
 from labkit.kernels.comm.agreement import CONTRACT as CONTRACT
 from labkit.kernels.comm.agreement import agree as agree
+from labkit.kernels.comm.agreement import call_made as call_made
 from labkit.kernels.comm.agreement import fingerprint as fingerprint
 from labkit.kernels.comm.direct_launch import record_launch
 from labkit.kernels.comm.graph_launch import GraphReplay

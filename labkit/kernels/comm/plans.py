@@ -61,6 +61,8 @@ def cached_call(op: str, buf, out, arguments: tuple, make) -> torch.Tensor:
             key = None
         else:
             if kept is not None:
+                if buf.emulated:  # every call counts there (``agreement``)
+                    plan.call_made(kept)
                 return kept._launch(out)
     made = make(buf, out, *arguments, keep=False, fast=key is not None)
     if key is not None:

@@ -12,6 +12,7 @@ import inspect
 import multiprocessing
 import os
 import pickle
+import shutil
 import sys
 import threading
 import time
@@ -20,18 +21,21 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from labkit.kernels.comm.ranks import RankContext, _result_path
+from labkit.kernels.comm import rank_results
+from labkit.kernels.comm.ranks import RankContext, _result_path, _where_path, note_call
 
 
 def rank_main(call: dict) -> None:
     """A rank's life: run fn with the process group up, leave the outcome in a file, exit."""
     rank = call["rank"]
     _redirect_output(call["run_dir"], rank)
+    rank_results._where_file = _where_path(call["run_dir"], rank)
+    note_call("starting")
     faulthandler.enable()  # a segfault prints the Python stack into the rank's stderr file
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0:  # a forked rank's torch read it in the server
         torch.set_num_threads(int(threads))
-    _exit_with_launcher()
+    _exit_with_launcher(call["run_dir"])
     try:
         fn = importlib.import_module(call["module"])
         for part in call["qualname"].split("."):
@@ -41,11 +45,15 @@ def rank_main(call: dict) -> None:
         ctx = RankContext(rank, call["world_size"], device, call["backend"], call["scratch_dir"])
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        note_call("init_process_group")
         _init_process_group(ctx, call["timeout"])
         dist.distributed_c10d._get_default_store().add(_INITIALIZED_KEY, 1)
-        ok, blob = True, pickle.dumps({"status": "ok", "value": fn(ctx, *args, **kwargs)})
+        note_call("fn")
+        value = fn(ctx, *args, **kwargs)
     except BaseException as e:
         ok, blob = False, _exception_blob(e)
+    else:
+        ok, blob = _value_blob(value, call)
     path = _result_path(call["run_dir"], rank)
     with open(path + ".tmp", "wb") as f:
         f.write(blob)
@@ -87,12 +95,14 @@ def _redirect_output(run_dir: str, rank: int) -> None:
     sys.stdout.reconfigure(line_buffering=True)  # what was printed before a kill is kept
 
 
-def _exit_with_launcher() -> None:
-    """Exit when the launcher dies: in its own session, a rank would outlive a kernel restart."""
+def _exit_with_launcher(run_dir: str) -> None:
+    """Exit when the launcher dies: in its own session, a rank would outlive a kernel restart.
+    The world's folder goes too: a launcher killed by SIGKILL never reaches its own removal."""
     launcher = multiprocessing.parent_process()
 
     def watch():
         launcher.join()
+        shutil.rmtree(run_dir, ignore_errors=True)
         os._exit(1)
 
     if launcher is not None:
@@ -110,6 +120,26 @@ def _init_process_group(ctx: RankContext, timeout: float) -> None:
     if ctx.backend == "nccl" and "device_id" in inspect.signature(dist.init_process_group).parameters:
         kwargs["device_id"] = ctx.device
     dist.init_process_group(**kwargs)  # env://: MASTER_ADDR and MASTER_PORT from _rank_env
+
+
+def _value_blob(value, call: dict) -> tuple[bool, bytes]:
+    """(ok, the pickled result) of a fn that returned; a value that cannot be pickled is reported
+    as such (``sandbox.ResultNotPicklable``, as ``run_isolated`` reports it), not as if fn raised."""
+    try:
+        return True, pickle.dumps({"status": "ok", "value": value})
+    except Exception as e:
+        kind = type(value)
+        message = (
+            f"{call['module']}.{call['qualname']} returned normally, but its return value (a "
+            f"{kind.__module__}.{kind.__qualname__}) cannot be pickled to send back: {type(e).__name__}: {e}"
+        )
+        payload = {
+            "status": "exception",
+            "type": "labkit.workbench.sandbox.ResultNotPicklable",
+            "message": message,
+            "traceback": traceback.format_exc(),
+        }
+        return False, pickle.dumps(payload)
 
 
 def _exception_blob(e: BaseException) -> bytes:

@@ -42,6 +42,7 @@ How it works, and why:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import multiprocessing
@@ -56,21 +57,35 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing
 
 import labkit
+from labkit.kernels.comm.rank_results import (  # noqa: F401  (re-exported: the public names and the tests' helpers)
+    _HANG_HINT,
+    _PEER_LOST,
+    STATUSES,
+    RankFailure,
+    RankResult,
+    RanksResult,
+    _first_failed,
+    _load_payload,
+    _name_the_first_failure,
+    _never_started,
+    _peer_lost,
+    _rank_result,
+    _read_where,
+    _result_path,
+    _timeout_message,
+    _where_path,
+    note_call,
+)
 from labkit.workbench.errors import UsageError
 from labkit.workbench.gates import HardwareUnavailable
-from labkit.workbench.sandbox import SandboxError, _target, classify
+from labkit.workbench.sandbox import SandboxError, _target
 
-STATUSES = ("ok", "exception", "illegal_memory_access", "cuda_error", "signal", "exit", "timeout", "aborted")
-_HANG_HINT = "(hung? e.g. a spin barrier waiting for a peer that died)"
-_TAIL = 20_000  # characters of each rank's stdout/stderr kept in its result
 _POLL_S = 0.1  # how often the launcher looks for result files between exits
 _TEARDOWN_S = 5.0  # how long a rank that has left its result may take to exit
 
@@ -127,14 +142,6 @@ _worlds_running = 0
 _server_lock = threading.Lock()
 
 
-class RankFailure(RuntimeError):
-    """At least one rank did not return; ``.result`` holds every rank's outcome."""
-
-    def __init__(self, message: str, result: RanksResult | None = None):
-        super().__init__(message)
-        self.result = result
-
-
 @dataclasses.dataclass
 class RankContext:
     """What each rank's function receives as its first argument."""
@@ -151,86 +158,6 @@ class RankContext:
             dist.barrier(device_ids=[self.device.index])
         else:
             dist.barrier()
-
-
-@dataclasses.dataclass
-class RankResult:
-    rank: int
-    status: str
-    value: Any = None
-    error_type: str | None = None
-    message: str | None = None
-    traceback: str | None = dataclasses.field(default=None, repr=False)
-    seconds: float = 0.0  # from the launch until the rank exited or was killed
-    signal: str | None = None  # "SIGSEGV", ... when status is "signal"
-    returncode: int | None = None
-    stdout: str = dataclasses.field(default="", repr=False)  # tails of what the rank printed
-    stderr: str = dataclasses.field(default="", repr=False)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-    def summary(self) -> str:
-        """One line: the rank, its outcome and the most telling detail."""
-        t = f"({self.seconds:.1f} s)"
-        if self.status == "ok":
-            return f"rank {self.rank} ok {t}"
-        if self.status == "timeout":
-            return f"rank {self.rank} {self.message}"
-        if self.status == "signal":
-            return f"rank {self.rank} signal: killed by {self.signal} {t}"
-        lines = (self.message or "").strip().splitlines()
-        first = lines[0] if lines else ""
-        if self.status == "exit":
-            detail = f"code {self.returncode} and no result" + (f"; {first}" if first else "")
-        else:
-            detail = f"{self.error_type}: {first}" if self.error_type else first
-        return f"rank {self.rank} {self.status}: {detail} {t}"
-
-
-@dataclasses.dataclass
-class RanksResult:
-    results: list[RankResult]
-    seconds: float
-    world_size: int
-    backend: str = ""
-    timeout: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return all(r.ok for r in self.results)
-
-    @property
-    def values(self) -> list:
-        """Every rank's return value in rank order (None where a rank did not return)."""
-        return [r.value for r in self.results]
-
-    @property
-    def failed(self) -> list[RankResult]:
-        return [r for r in self.results if not r.ok]
-
-    @property
-    def first_failure(self) -> RankResult | None:
-        """The likeliest root cause: the first rank to fail on its own (the ranks aborted because
-        of it come last), or None if every rank returned."""
-        return min(self.failed, key=lambda r: (r.status == "aborted", r.seconds), default=None)
-
-    def summary(self) -> str:
-        return "\n".join(r.summary() for r in self.results)
-
-    def unwrap(self) -> list:
-        """The values if every rank returned, else raise RankFailure naming each failed rank."""
-        if self.ok:
-            return self.values
-        head = f"{len(self.failed)} of {self.world_size} ranks failed (backend {self.backend}, {self.seconds:.1f} s):"
-        lines = [head]
-        lines += [f"  {r.summary()}" for r in self.failed]
-        # The root cause is the first rank to fail on its own; the aborted ones only followed.
-        causes = sorted((r for r in self.failed if r.traceback), key=lambda r: r.seconds)
-        if causes:
-            lines.append(f"--- rank {causes[0].rank} traceback ---\n{causes[0].traceback}")
-        raise RankFailure("\n".join(lines), self)
 
 
 def start_fork_server() -> bool:
@@ -259,19 +186,31 @@ def run_ranks(
 
     fn:         a module-level function or "module:function"; args, kwargs and return values
                 travel by pickle. ``ctx`` is a :class:`RankContext`.
+    world_size: at most ``RANKS_PER_CORE`` (4) ranks per CPU core with gloo, one GPU per rank
+                with nccl; a larger world is refused before any process starts.
     timeout:    seconds for the whole run, process start-up included (a torch rank takes a few
-                seconds to start); ranks still running then are killed and marked "timeout".
+                seconds to start; ranks not started by then never are); ranks still running then
+                are killed and marked "timeout", each line saying what the rank was doing
+                (``RankResult.where``: starting, in init_process_group, in fn, or the collective
+                call it was in, ``note_call``).
     backend:    "auto" (nccl on the GPU tier with a GPU per rank, else gloo), "nccl" or "gloo".
     env:        extra environment variables for every rank, set before it imports labkit or
                 torch; the rank variables (RANK, MASTER_PORT, ...) and labkit's multicast-off
                 variables take precedence. Unless this or the caller's environment sets
                 OMP_NUM_THREADS, each rank gets ``rank_threads(world_size)`` (the cores shared out).
-    If one rank fails, the others are killed at once and marked "aborted".
+    If one rank fails, the others are killed at once and marked "aborted", naming that rank and
+    its error (so is a rank whose own error only says its peer is gone: gloo's "Connection closed
+    by peer"). A return value that cannot be pickled is reported as such
+    (``labkit.workbench.sandbox.ResultNotPicklable``). While it runs in the main thread, SIGTERM
+    raises in the launcher, so that the ranks are killed and their folder (``labkit-ranks-*``)
+    removed before the process ends as SIGTERM ends it; ranks whose launcher died (SIGKILL)
+    remove the folder as they exit.
     """
     _check_arguments(world_size, timeout, env)
     module, qualname = _check_fn(fn)
     world_size = int(world_size)
     backend, device_type = _choose_backend(backend, world_size)
+    _check_world_size(world_size, device_type)
     try:
         call_args = pickle.dumps((args, kwargs))
     except (pickle.PicklingError, TypeError, AttributeError) as e:
@@ -284,12 +223,52 @@ def run_ranks(
         timeout=timeout,
         env=env,
     )
-    result, port = _run_world(**world)
-    if _port_taken(result, port):
-        # the rendezvous port was free when chosen and taken before rank 0 bound it: no rank ran
-        # ``fn`` yet (each failed in init_process_group), so the world starts once more on another
-        result, _ = _run_world(**world)
+    with _removing_on_sigterm():
+        result, port = _run_world(**world)
+        if _port_taken(result, port):
+            # the rendezvous port was free when chosen and taken before rank 0 bound it: no rank ran
+            # ``fn`` yet (each failed in init_process_group), so the world starts once more on another
+            result, _ = _run_world(**world)
     return result
+
+
+class Terminated(BaseException):
+    """SIGTERM reached the launcher while ``run_ranks`` ran (``_removing_on_sigterm``)."""
+
+
+@contextlib.contextmanager
+def _removing_on_sigterm():
+    """While ``run_ranks`` runs in the main thread: SIGTERM raises ``Terminated``, so that the
+    world's ``finally`` kills the ranks and removes their folder (``labkit-ranks-*``), which the
+    default SIGTERM (exit at once) would leave behind; the previous handler is restored after.
+    Another thread cannot install a handler: there, the default stays."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum, frame):
+        raise Terminated(f"run_ranks: the launcher got {_signal.Signals(signum).name}")
+
+    try:
+        previous = _signal.getsignal(_signal.SIGTERM)
+        if previous is _signal.SIG_IGN:  # the caller ignores SIGTERM: so does the world
+            previous = None
+        else:
+            _signal.signal(_signal.SIGTERM, raise_terminated)
+    except (ValueError, OSError):  # no signals here (an embedded interpreter)
+        previous = None
+    if previous is None:
+        yield
+        return
+    try:
+        yield
+    except Terminated:
+        # the ranks are gone and their folder removed: now what SIGTERM would have done
+        _signal.signal(_signal.SIGTERM, previous)
+        os.kill(os.getpid(), _signal.SIGTERM)
+        raise
+    finally:
+        _signal.signal(_signal.SIGTERM, previous)
 
 
 def _port_taken(result: RanksResult, port: int) -> bool:
@@ -320,7 +299,10 @@ def _run_world(
         context = torch.multiprocessing.get_context(method)
         base = dict(os.environ) if method == "forkserver" else None
         start = time.monotonic()
+        deadline = start + timeout
         for rank in range(world_size):
+            if time.monotonic() >= deadline:  # the timeout covers the start-up too
+                break
             call = {
                 "rank": rank,
                 "world_size": world_size,
@@ -337,13 +319,16 @@ def _run_world(
             proc = context.Process(target=exec, args=(_BOOTSTRAP, bootstrap), name=f"labkit-rank{rank}")
             proc.start()
             procs.append(proc)
-        ended, first_failed = _watch(procs, run_dir, start, start + timeout)
+        ended, first_failed = _watch(procs, run_dir, start, deadline)
         killed_at = time.monotonic() - start
         _kill_all(procs)
         results = [
             _rank_result(rank, proc, run_dir, ended.get(rank, killed_at), rank in ended, first_failed, timeout)
             for rank, proc in enumerate(procs)
         ]
+        results += [_never_started(rank, killed_at, timeout) for rank in range(len(procs), world_size)]
+        if first_failed is not None:
+            results = _name_the_first_failure(results, first_failed)
         return RanksResult(results, time.monotonic() - start, world_size, backend, float(timeout)), port
     finally:
         _kill_all(procs)  # also on KeyboardInterrupt in the notebook: no rank outlives the call
@@ -379,6 +364,22 @@ def _check_arguments(world_size, timeout, env) -> None:
         raise UsageError(f"timeout={timeout!r}: expected a positive number of seconds")
     if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) for k in env)):
         raise UsageError(f"env={env!r}: expected a dict of environment variable names to values")
+
+
+#: ranks per CPU core an emulated world may have: beyond it a world takes minutes to start and
+#: its ranks fight for the cores (every rank is a process with torch in it)
+RANKS_PER_CORE = 4
+
+
+def _check_world_size(world_size: int, device_type: str) -> None:
+    """At most ``RANKS_PER_CORE`` ranks per CPU core on the CPU (NCCL's one GPU per rank is
+    ``_choose_backend``'s)."""
+    cores = os.cpu_count() or 1
+    if device_type == "cpu" and world_size > RANKS_PER_CORE * cores:
+        raise UsageError(
+            f"world_size={world_size}: at most {RANKS_PER_CORE * cores} ranks on this machine's {cores} CPU "
+            f"core{'s' if cores != 1 else ''} ({RANKS_PER_CORE} per core: each rank is a process with torch)"
+        )
 
 
 def _choose_backend(backend: str, world_size: int) -> tuple[str, str]:
@@ -496,22 +497,6 @@ def _rank_env(rank: int, world_size: int, port: int, env: dict | None) -> dict[s
     return out
 
 
-def _result_path(run_dir: str, rank: int) -> str:
-    return os.path.join(run_dir, f"rank{rank}.pkl")
-
-
-def _load_payload(run_dir: str, rank: int) -> dict | None:
-    """The outcome rank left in its file, or None when it left none (yet)."""
-    path = _result_path(run_dir, rank)
-    if not os.path.exists(path):
-        return None
-    try:
-        with open(path, "rb") as f:
-            return pickle.load(f)
-    except Exception as e:
-        return {"status": "exception", "type": type(e).__name__, "message": f"could not read rank {rank}'s result: {e}"}
-
-
 def _watch(procs: list, run_dir: str, start: float, deadline: float) -> tuple[dict, int | None]:
     """Wait until every rank is done, one has failed, or the deadline has passed.
 
@@ -529,9 +514,9 @@ def _watch(procs: list, run_dir: str, start: float, deadline: float) -> tuple[di
         for rank in range(len(procs)):  # a rank writes its file before it exits
             if rank not in payloads and (p := _load_payload(run_dir, rank)) is not None:
                 payloads[rank] = p
-        for rank in range(len(procs)):
-            if (rank in payloads and payloads[rank].get("status") != "ok") or (rank in ended and rank not in payloads):
-                return ended, rank
+        first = _first_failed(procs, ended, payloads)
+        if first is not None:
+            return ended, first
         # Every rank has returned, but one is still leaving (destroy_process_group can block
         # when a peer is gone): its result is safe, so wait a little, then kill it.
         if len(payloads) == len(procs):
@@ -552,31 +537,3 @@ def _kill_all(procs: list) -> None:
             proc.kill()  # a rank that has not reached its os.setsid() yet is in our group
     for proc in procs:
         proc.join()
-
-
-def _rank_result(
-    rank: int, proc, run_dir: str, seconds: float, exited: bool, first_failed: int | None, timeout: float
-) -> RankResult:
-    """Decide one rank's status from its result file, its exit, and why the launcher stopped."""
-    out, err = (_tail(os.path.join(run_dir, f"rank{rank}.{ext}")) for ext in ("out", "err"))
-    common = {"rank": rank, "seconds": seconds, "returncode": proc.exitcode, "stdout": out or "", "stderr": err or ""}
-    payload = _load_payload(run_dir, rank)
-    if payload is None and not exited:  # the launcher killed it
-        if first_failed is not None:
-            return RankResult(status="aborted", **common, message=f"killed because rank {first_failed} failed first")
-        return RankResult(status="timeout", **common, message=f"did not finish within {timeout:g} s {_HANG_HINT}")
-    fields = classify(proc.exitcode, payload, err or "", timed_out=False)
-    if payload is None and err is None:  # no output file: it died before rank_main began
-        fields["message"] = (
-            "died while starting, before its rank code ran (see the launcher's "
-            "stderr; a script must guard its top-level code with "
-            "`if __name__ == '__main__':`)"
-        )
-    return RankResult(**common, **fields)
-
-
-def _tail(path: str) -> str | None:
-    try:
-        return Path(path).read_text(errors="replace")[-_TAIL:]
-    except FileNotFoundError:
-        return None

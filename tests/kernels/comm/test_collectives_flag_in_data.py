@@ -109,18 +109,18 @@ def alternating(ctx, n: int, dtype_name: str, seed: int, late_s: float) -> dict:
         "above the limit, in place": big._plans[_auto_key(big.tensor)].algorithm,
     }
 
-    # ranks that disagree on calls they have each made before (plans kept, nothing exchanged):
-    # the protocol sees the counts differ, every rank's output is NaN, the inbox counts it
+    # ranks that disagree on calls they have each made before, through held plans (whose calls
+    # exchange nothing; an eager call that differs from the rank's last is exchanged in the
+    # emulated world): the protocol sees the counts differ, every rank's output is NaN, the inbox
+    # counts it
+    small_plan = C.all_reduce_plan(buf, out, algorithm="flag_in_data")
+    big_plan = C.all_reduce_plan(big, big_out, algorithm="flag_in_data")
     big.tensor.copy_(big_inputs[0][0])
-    C.all_reduce(big, big_out, algorithm="flag_in_data")  # agreed on both buffers now
+    big_plan()  # agreed on both buffers now
     before = box.disagreements()
     t.copy_(inputs[0][0])
     big.tensor.copy_(big_inputs[0][0])
-    y = (
-        C.all_reduce(buf, out, algorithm="flag_in_data")
-        if ctx.rank == 0
-        else C.all_reduce(big, big_out, algorithm="flag_in_data")
-    )
+    y = small_plan() if ctx.rank == 0 else big_plan()
     found["mismatch all NaN"] = bool(torch.isnan(y).all())
     found["mismatch counted"] = box.disagreements() - before
     t.copy_(inputs[1][0])  # and the next agreeing call sums right

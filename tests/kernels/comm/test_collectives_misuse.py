@@ -3,9 +3,11 @@ give an error naming the function and the argument, never a hang, a crash or a s
 answer. The rank functions are in tests/misuse_fns.py."""
 
 import re
+import time
 
 import misuse_fns
 import pytest
+import rank_fns
 from worlds import skip_without_a_world
 
 import labkit  # noqa: F401  (picks the tier first)
@@ -165,3 +167,42 @@ def test_a_taken_scratch_name_is_an_error_on_every_rank(planted):
             rank,
             found["names taken"],
         )
+
+
+def test_a_rank_asking_something_new_while_its_peer_repeats_fails_at_once():
+    """Both ranks agree on one_shot once; then rank 0 repeats it (its kept plan, no exchange on
+    GPUs) while rank 1 asks two_shot: both waited until the world's timeout (reliability 15 b).
+    In the emulated world every call posts its fingerprint, and a call that differs from the
+    rank's last reads its peers' posts: rank 1 raises, rank 0 (in the kernel) is aborted, naming it."""
+    skip_without_a_world()
+    if not tier.interpreted():
+        pytest.skip("the per-call posts are the emulated world's")
+    t0 = time.monotonic()
+    res = run_ranks(misuse_fns.algo_mismatch_after_agreed, 2, timeout=120)
+    assert time.monotonic() - t0 < 60, res.summary()
+    said = "all_reduce: the ranks disagree on algorithm (rank 0: 'one_shot', rank 1: 'two_shot'); every rank must"
+    r0, r1 = res.results
+    assert r1.status == "exception" and r1.message.startswith(said), res.summary()
+    assert r0.status == "aborted" and said in r0.message, res.summary()
+
+
+def test_calls_that_alternate_alike_on_every_rank_exchange_and_sum_right():
+    skip_without_a_world()
+    if not tier.interpreted():
+        pytest.skip("the per-call posts are the emulated world's")
+    for sums, exchanges in run_ranks(misuse_fns.alternate_calls, 2, timeout=120).unwrap():
+        assert sums == [3.0] * 4
+        assert exchanges == 4  # each call's fingerprint (buffer, algorithm) differs from the last
+
+
+def test_a_rank_that_skips_a_call_is_named_in_the_timeout_lines():
+    """Reliability 15 a and c: bounded, and saying what happened."""
+    skip_without_a_world()
+    if not tier.interpreted():
+        pytest.skip("the per-call posts are the emulated world's")
+    res = run_ranks(rank_fns.rank_0_catches_its_error, 2, timeout=60)
+    assert res.values[0].startswith("caught") and "a peer left (returned or failed) without making it" in res.values[1]
+    res = run_ranks(rank_fns.last_rank_skips_a_call, 3, timeout=8)
+    assert [r.status for r in res.results] == ["timeout", "timeout", "ok"], res.summary()
+    for r in res.results[:2]:
+        assert r.where == "all_reduce (one_shot), call 2", r

@@ -208,7 +208,8 @@ def test_a_hung_rank_becomes_a_timeout_and_the_run_ends_soon_after():
     hung = res.results[1]
     assert hung.status == "timeout" and hung.value is None
     assert "did not finish within 8 s" in hung.summary()
-    with pytest.raises(RankFailure, match=r"rank 1 did not finish within 8 s \(hung\?"):
+    assert hung.where == "fn"  # what it was doing when killed: its fn, no collective call
+    with pytest.raises(RankFailure, match=r"rank 1 did not finish within 8 s, in fn \(hung\?"):
         res.unwrap()
 
 
@@ -327,3 +328,103 @@ def test_rendezvous_ports_are_drawn_below_the_ephemeral_range():
 
     ports = {R._free_port() for _ in range(5)}
     assert all(20000 <= p < 32768 for p in ports)
+
+
+# --- the reliability review: world sizes, start-up, timeout lines, messages, SIGTERM ----------
+
+
+def test_a_world_larger_than_four_ranks_per_core_is_refused_before_any_process_starts(monkeypatch):
+    """``run_ranks(fn, 10**6, timeout=5)`` started interpreters one after another for minutes."""
+    from labkit.kernels.comm import ranks
+
+    monkeypatch.setattr(torch.multiprocessing, "get_context", None)
+    monkeypatch.setattr(ranks.os, "cpu_count", lambda: 2)
+    for size in (9, 10**6):
+        with pytest.raises(UsageError, match=rf"world_size={size}: at most 8 ranks on this machine's 2 CPU cores"):
+            run_ranks(rank_fns.report, size, 0, N, backend="gloo")
+
+
+def test_the_timeout_covers_the_start_up(monkeypatch):
+    """Ranks still to start when the timeout passes are never started, and said so."""
+    from labkit.kernels.comm import ranks
+
+    real = ranks._rank_env
+
+    def slow_env(*a, **k):  # each rank's start takes 0.6 s
+        time.sleep(0.6)
+        return real(*a, **k)
+
+    monkeypatch.setattr(ranks, "_rank_env", slow_env)
+    t0 = time.monotonic()
+    res = run_ranks(rank_fns.sleeps_then_returns, 4, 0.0, timeout=1.0)
+    assert time.monotonic() - t0 < 10, res.summary()
+    assert [r.status for r in res.results][2:] == ["timeout", "timeout"], res.summary()
+    assert "never started: starting the ranks before it took the whole timeout (1 s)" in res.results[3].message
+
+
+@pytest.mark.parametrize(
+    "where, says",
+    [
+        (None, "did not start within 5 s (still importing"),
+        ("starting", "did not start within 5 s (still importing"),
+        ("init_process_group", "did not start within 5 s: still in init_process_group"),
+        ("fn", "did not finish within 5 s, in fn (hung?"),
+        ("all_reduce (one_shot), call 3", "did not finish within 5 s, in all_reduce (one_shot), call 3 (hung?"),
+    ],
+)
+def test_the_timeout_line_says_what_the_rank_was_doing(where, says):
+    from labkit.kernels.comm.ranks import _timeout_message
+
+    assert _timeout_message(where, 5.0).startswith(says)
+
+
+def test_an_unpicklable_return_value_is_said_to_be_the_return_value():
+    res = run_ranks(rank_fns.returns_a_lock, 2, timeout=60)
+    for r in res.results:
+        assert r.status == "exception" and r.error_type == "labkit.workbench.sandbox.ResultNotPicklable", r
+        assert r.message.startswith("rank_fns.returns_a_lock returned normally, but its return value (a _thread.lock)")
+
+
+def test_a_rank_whose_peer_failed_first_is_aborted_naming_the_peers_error():
+    """Rank 1 reported gloo's "Connection closed by peer ... GLHF!" as its own exception."""
+    res = run_ranks(rank_fns.float64_on_rank_0, 2, timeout=60)
+    cause, victim = res.results
+    assert cause.status == "exception" and "dtype: torch.float64" in cause.message
+    assert res.first_failure is cause
+    if victim.status != "ok":  # it may have been killed before its own error
+        assert victim.status == "aborted", victim
+        assert "rank 0 failed first (exception: builtins.TypeError: dtype: torch.float64" in victim.message
+
+
+def test_peer_lost_errors_are_told_from_a_ranks_own():
+    from labkit.kernels.comm.ranks import _first_failed, _peer_lost
+
+    gone = {"status": "exception", "message": "[pair.cc:553] Connection closed by peer [127.0.0.1]:1"}
+    own = {"status": "exception", "message": "dtype: torch.float64 is not supported"}
+    assert _peer_lost(gone) and not _peer_lost(own) and not _peer_lost(None)
+    assert _first_failed([None, None], {}, {0: gone, 1: own}) == 1
+    assert _first_failed([None, None], {}, {0: gone}) == 0
+    assert _first_failed([None, None], {}, {0: {"status": "ok"}}) is None
+
+
+def test_sigterm_raises_while_run_ranks_runs_and_the_previous_handler_comes_back():
+    import signal
+
+    from labkit.kernels.comm import ranks
+
+    def mine(signum, frame):
+        pass
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        with ranks._removing_on_sigterm():
+            installed = signal.getsignal(signal.SIGTERM)
+        assert installed is not mine and callable(installed)
+        with pytest.raises(ranks.Terminated):
+            installed(signal.SIGTERM, None)
+        assert signal.getsignal(signal.SIGTERM) is mine
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with ranks._removing_on_sigterm():  # an ignored SIGTERM stays ignored
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)
