@@ -182,9 +182,12 @@ def all_reduce(
     must match. Checked when a plan is made, the first time the buffer sees these arguments
     (``plan.agree``: the ranks exchange what they are about to launch, once, over the default
     process group): ranks that differ all raise a UsageError naming the argument and each rank's
-    value. Not checked, and still waiting until the world's timeout (``run_ranks``' timeout, the
-    process group's under torchrun): a rank that never makes the call, and a rank whose arguments
-    are new to the buffer while its peers repeat arguments the buffer already agreed on.
+    value. In the emulated world every eager call whose arguments differ from the rank's last call
+    is compared with its peers' call of the same number (``agreement``), so a rank asking new
+    arguments while its peers repeat agreed ones fails at once too. Not checked, and waiting until
+    the world's timeout (``run_ranks``' timeout, the process group's under torchrun): a rank that
+    never makes the call, and, on GPUs, a rank whose arguments are new to the buffer while its
+    peers repeat arguments the buffer already agreed on.
 
     The checks and choices of a call are made once per buffer and set of arguments and kept on the
     buffer as a plan (``labkit.kernels.comm.plan``, under ``plan_key``; ``all_reduce_plan`` makes
