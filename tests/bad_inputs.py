@@ -1717,3 +1717,143 @@ RANKS_CASES = [
     ),
 ]
 CASES += RANKS_CASES
+
+# --- reliability review, runner (findings 7, 13, 14) -----------------------------------------
+
+
+def _run_with_garbage_records():
+    """Two notebooks; the first writes bad lines into its exercises.jsonl and skips.jsonl."""
+    from helpers import fixture_workbook
+
+    from labkit.app.runner import execute
+    from labkit.workbench import sandbox
+
+    base = Path(_scratch("garbage", folder=True))
+    folder, prof = fixture_workbook(base / "notebooks")
+
+    def writes_garbage(*args, **kwargs):
+        out = Path(kwargs["env"]["LABKIT_OUTPUT_DIR"])
+        if out.name == "ok":
+            (out / "exercises.jsonl").write_text('not json\n{"exercise": "01.guard", "passed": true}\n')
+            (out / "skips.jsonl").write_text("[1]\n")
+        return sandbox.SandboxResult(status="ok", value={"status": "ran"})
+
+    saved, execute.sandbox.run_isolated = execute.sandbox.run_isolated, writes_garbage
+    try:
+        return execute.run(
+            only=["ok", "fails"],
+            profile="cpu",
+            runs_dir=base / "runs",
+            notebooks_dir=folder,
+            profiles_file=prof,
+            progress=False,
+        )
+    finally:
+        execute.sandbox.run_isolated = saved
+
+
+def _garbage_left_out(report) -> bool:
+    ok, fails = report.results
+    return (
+        [ok.status, fails.status] == ["ran", "ran"]
+        and ok.exercises == [{"exercise": "01.guard", "passed": True}]
+        and ok.bad_lines
+        == [
+            "skips.jsonl line 1: not a skipped part",
+            "exercises.jsonl line 1: not JSON (Expecting value)",
+        ]
+    )
+
+
+def _record_skip_through_a_link():
+    """record_skip in an output folder where skips.jsonl is a link to another file."""
+    from labkit.workbench import gates, results
+
+    out = Path(_scratch("out", folder=True))
+    victim = Path(_scratch("victim", "mine\n"))
+    (out / gates.SKIPS_FILE).symlink_to(victim)
+    saved = os.environ.get(results.OUTPUT_ENV)
+    os.environ[results.OUTPUT_ENV] = str(out)
+    try:
+        gates.record_skip("a part", "a reason")
+    finally:
+        if saved is None:
+            del os.environ[results.OUTPUT_ENV]
+        else:
+            os.environ[results.OUTPUT_ENV] = saved
+        assert victim.read_text() == "mine\n", "record_skip wrote through the link"
+
+
+def _stop_labkit_run(signum: int):
+    """``labkit run`` stopped mid-notebook by ``signum``: (exit status, stderr), once nothing is
+    left in its private TMPDIR and its summary says what stopped it."""
+    import stopped_runs
+
+    got = stopped_runs.stop_mid_notebook(Path(_scratch("stopped", folder=True)), signum)
+    assert got["left"] == [], f"left in TMPDIR: {got['left']}"
+    assert not (got["run_dir"] / ".jupyter-runtime").exists(), "the kernels' connection files stayed"
+    said = {2: "interrupted (SIGINT)", 15: "terminated (SIGTERM)"}[signum]
+    assert got["summary"]["stopped_by"] == said, got["summary"]
+    return got["returncode"], got["stderr"]
+
+
+def _kill_labkit_run_then_run_again():
+    """SIGKILL runs no handler: the watchdogs clean TMPDIR, the next run the stale connection file."""
+    import signal
+
+    import stopped_runs
+
+    base = Path(_scratch("killed", folder=True))
+    got = stopped_runs.stop_mid_notebook(base, signal.SIGKILL)
+    stale = Path(got["connection_file"])
+    left_by_kill = {"left": got["left"], "connection_file_stayed": stale.exists()}
+    second = stopped_runs.run_skipped(base)
+    return {**left_by_kill, "second_rc": second.returncode, "stale_after_next_run": stale.parent.exists()}
+
+
+RUNNER_CASES = [
+    Case(
+        1000 + 115,
+        "bad lines in a notebook's exercises.jsonl and skips.jsonl",
+        _run_with_garbage_records,
+        R(_garbage_left_out),
+        function="runner.execute.run",
+        finding="N115 (reliability 7)",
+    ),
+    Case(
+        1000 + 86,
+        "skips.jsonl planted as a symbolic link",
+        _record_skip_through_a_link,
+        E(UsageError, r"skips\.jsonl: is a symbolic link; labkit appends only to a plain file there"),
+        function="gates.record_skip",
+        finding="N86 (reliability 14)",
+    ),
+    Case(
+        1000 + 111,
+        "SIGINT to labkit run mid-notebook",
+        lambda: _stop_labkit_run(2),
+        X(130, r"^labkit run: interrupted \(SIGINT\); the run folder holds what finished: "),
+        marks=(LINUX,),
+        function="labkit run",
+        finding="N111 (reliability 13)",
+    ),
+    Case(
+        1000 + 112,
+        "SIGTERM to labkit run mid-notebook",
+        lambda: _stop_labkit_run(15),
+        X(143, r"^labkit run: terminated \(SIGTERM\); the run folder holds what finished: "),
+        marks=(LINUX,),
+        function="labkit run",
+        finding="N112 (reliability 13)",
+    ),
+    Case(
+        1000 + 113,
+        "SIGKILL to labkit run mid-notebook, then another run",
+        _kill_labkit_run_then_run_again,
+        R(lambda v: v == {"left": [], "connection_file_stayed": True, "second_rc": 0, "stale_after_next_run": False}),
+        marks=(LINUX,),
+        function="labkit run",
+        finding="N113 (reliability 13)",
+    ),
+]
+CASES += RUNNER_CASES

@@ -70,3 +70,30 @@ class _ExplodesInParent:
 
 def returns_what_the_parent_cannot_unpickle():
     return _ExplodesInParent()
+
+
+def sleep_in_a_sandbox_of_its_own(started: str) -> None:
+    """A call that makes a sandbox call of its own (as a notebook does under ``labkit run``),
+    whose child writes ``started`` and then sleeps."""
+    from labkit.workbench import sandbox
+
+    sandbox.run_isolated("sandbox_fns:write_and_sleep", started, timeout=600)
+
+
+def write_and_sleep(path: str) -> None:
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+
+
+def hold_a_named_folder(path_file: str) -> None:
+    """Make a ``labkit-`` temporary folder, name it with ``remove_with_call``, write its path, hang."""
+    import tempfile
+
+    from labkit.workbench import sandbox
+
+    folder = tempfile.mkdtemp(prefix="labkit-test-")
+    sandbox.remove_with_call(folder)
+    with open(path_file, "w") as f:
+        f.write(folder)
+    time.sleep(600)

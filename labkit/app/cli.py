@@ -243,21 +243,32 @@ def _dispatch(args) -> int:
         print(doctor.to_json(rep) if args.json else doctor.format_text(rep))
         return 0
     if args.command == "run":
-        from labkit.app.runner import run
+        from labkit.app.runner import execute, run
+        from labkit.workbench.sandbox import signals_raise
 
-        report = run(
-            only=args.only,
-            profile=args.profile,
-            params_file=args.params,
-            sets=args.sets,
-            runs_dir=args.runs_dir,
-            timeout_s=args.timeout,
-            progress=not args.no_progress,
-            solutions=args.solutions,
-            exercises_only=args.exercises_only,
-        )
-        print(report.table())
-        print(f"index: {report.run_dir / 'index.html'}")
+        # SIGINT and SIGTERM raise, so the run's cleanup and summary happen; then one line
+        with signals_raise():
+            try:
+                report = run(
+                    only=args.only,
+                    profile=args.profile,
+                    params_file=args.params,
+                    sets=args.sets,
+                    runs_dir=args.runs_dir,
+                    timeout_s=args.timeout,
+                    progress=not args.no_progress,
+                    solutions=args.solutions,
+                    exercises_only=args.exercises_only,
+                )
+                print(report.table())
+                print(f"index: {report.run_dir / 'index.html'}")
+            except (KeyboardInterrupt, SystemExit) as e:
+                why = execute.stopped_by(e)
+                if not why.startswith(("interrupted (", "terminated (")):
+                    raise
+                where = f"; the run folder holds what finished: {e.run_dir}" if hasattr(e, "run_dir") else ""
+                print(f"labkit run: {why}{where}", file=sys.stderr)
+                return 130 if isinstance(e, KeyboardInterrupt) else e.code
         return report.exit_code
     if args.command == "bench":
         from labkit.app import benchmarks

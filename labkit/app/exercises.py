@@ -27,7 +27,10 @@ How the parts fit:
    answer cell's text, solved. ``labkit run --solutions`` puts it in place of the starter
    (:func:`inject_solutions`) before the notebook runs; the learner's notebook never holds it.
 5. Where ``labkit run`` executes a notebook, every check also appends its verdict to
-   ``exercises.jsonl`` in the notebook's output folder, and the run summary counts them.
+   ``exercises.jsonl`` in the notebook's output folder, and the run summary counts them. The file
+   is opened without following a symbolic link (one at that name is refused, and the verdict is
+   not recorded); a line that is not a verdict is left out of the count and named in the summary.
+   Notebook code can append to the file as well as a check can: the count is a report, not a grade.
 
 Example::
 
@@ -39,11 +42,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 from labkit.app import catalogue
-from labkit.workbench import results
+from labkit.workbench import gates, results
 from labkit.workbench.errors import UsageError
 from labkit.workbench.exercises import NAME, Exercise, Wrong, registered
 
@@ -131,17 +135,30 @@ def check(name: str, answer: Any) -> bool:
     print(line)
     out = os.environ.get(results.OUTPUT_ENV)
     if out and Path(out).is_dir():
-        with open(Path(out) / VERDICTS_FILE, "a") as f:
-            f.write(json.dumps({"exercise": name, "passed": passed, "line": line}) + "\n")
+        record = json.dumps({"exercise": name, "passed": passed, "line": line}) + "\n"
+        try:
+            gates.append_line(Path(out) / VERDICTS_FILE, record)
+        except gates.UnsafeFile as e:  # check never raises: say it, on one line
+            print(f"labkit: verdict of {name} not recorded: {e}", file=sys.stderr)
     return passed
 
 
-def read_verdicts(folder: str | os.PathLike) -> list[dict]:
-    """The verdicts a notebook's checks wrote into its output folder (empty if none ran)."""
-    path = Path(folder) / VERDICTS_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def _is_verdict(record) -> bool:
+    return (
+        isinstance(record, dict)
+        and isinstance(record.get("exercise"), str)
+        and isinstance(record.get("passed"), bool)
+        and isinstance(record.get("line", ""), str)
+    )
+
+
+def read_verdicts(folder: str | os.PathLike, bad_lines: list | None = None) -> list[dict]:
+    """The verdicts a notebook's checks wrote into its output folder (empty if none ran).
+
+    A line that is not a verdict (not JSON, or not ``{"exercise": str, "passed": bool, "line":
+    str}``) is left out; ``bad_lines``, if given, gets one entry per such line, naming the file,
+    the line's number and what is wrong. So does a file that is a symbolic link (not read)."""
+    return gates.read_jsonl(Path(folder) / VERDICTS_FILE, _is_verdict, "a verdict", bad_lines)
 
 
 def answer_cells(nb) -> dict[str, Any]:

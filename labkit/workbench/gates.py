@@ -10,15 +10,23 @@ The same gate serves three callers:
 * notebooks: ``if gate.announce("the live matrix"):`` prints one clear line when it cannot
   run and records the skip, so ``labkit run`` lists it in its summary;
 * code: ``gate.check()`` raises :class:`HardwareUnavailable` with the reason.
+
+The skips go to ``skips.jsonl`` in the notebook's output folder. That file and the run's other
+JSON-lines records (``exercises.jsonl``, a bench's progress file) are appended with
+:func:`append_line`, which refuses a symbolic link at the name, and read with :func:`read_jsonl`,
+which leaves out (and names) each line that is not a record.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
+import stat
 
 from labkit.workbench import hardware, tier
+from labkit.workbench.errors import UsageError
 
 
 class HardwareUnavailable(RuntimeError):
@@ -103,18 +111,83 @@ REQUIRES_KEYS = ("gpus", "capability", "peer_access", "memory_gib", "compiled")
 SKIPS_FILE = "skips.jsonl"
 
 
+class UnsafeFile(UsageError):
+    """A run's record file that labkit refuses to write or read: a symbolic link at its name
+    (a planted one would send the record into another file)."""
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Append ``line`` to the file ``path`` (created 0666 less the umask), never through a
+    symbolic link at that name: one there is :class:`UnsafeFile`, naming the path.
+
+    The records a notebook writes into a run (``skips.jsonl``, ``exercises.jsonl``, a bench's
+    progress file) go through here: an output folder can persist between sessions
+    (``runs/interactive/``), and a link planted in it would append to whatever it points to."""
+    refused = f"{path}: is {{}}; labkit appends only to a plain file there"
+    try:  # O_NONBLOCK: a FIFO at the name is refused below rather than waited on
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENXIO):
+            raise UnsafeFile(refused.format("a symbolic link" if e.errno == errno.ELOOP else "a FIFO")) from None
+        raise
+    with os.fdopen(fd, "a") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafeFile(refused.format("not a plain file"))
+        f.write(line)
+
+
+def read_jsonl(path: str | os.PathLike, valid, what: str, bad_lines: list | None = None) -> list:
+    """The records of a JSON-lines file that ``valid(record)`` accepts (empty if there is none).
+
+    Each line that is not JSON, or not ``what`` (a record ``valid`` refuses), is left out, and
+    ``bad_lines`` (if given) gets one entry naming the file, the line's number and the fault; a
+    symbolic link at ``path`` is not read, and gets one entry too."""
+    name = os.path.basename(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        if bad_lines is not None:
+            bad_lines.append(f"{name}: not read ({'a symbolic link' if e.errno == errno.ELOOP else e.strerror})")
+        return []
+    with os.fdopen(fd, errors="replace") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            if bad_lines is not None:
+                bad_lines.append(f"{name}: not read (not a plain file)")
+            return []
+        text = f.read()
+    records, bad = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            bad.append(f"{name} line {number}: not JSON ({e.msg})")
+            continue
+        if valid(record):
+            records.append(record)
+        else:
+            bad.append(f"{name} line {number}: not {what}")
+    if bad_lines is not None:
+        bad_lines.extend(bad)
+    return records
+
+
 def record_skip(part: str, reason: str) -> None:
-    """Append a skipped part to the notebook's output folder, where ``labkit run`` collects it."""
+    """Append a skipped part to the notebook's output folder, where ``labkit run`` collects it
+    (:func:`append_line`: never through a symbolic link)."""
     from labkit.workbench import results
 
-    path = results.output_dir() / SKIPS_FILE
-    with open(path, "a") as f:
-        f.write(json.dumps({"part": part, "reason": reason}) + "\n")
+    append_line(results.output_dir() / SKIPS_FILE, json.dumps({"part": part, "reason": reason}) + "\n")
 
 
-def read_skips(folder: str | os.PathLike) -> list[dict]:
-    path = os.path.join(folder, SKIPS_FILE)
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def _is_skip(record) -> bool:
+    return isinstance(record, dict) and isinstance(record.get("part"), str) and isinstance(record.get("reason"), str)
+
+
+def read_skips(folder: str | os.PathLike, bad_lines: list | None = None) -> list[dict]:
+    """The skipped parts a notebook recorded in ``folder``; lines that are not ``{"part": str,
+    "reason": str}`` are left out and named in ``bad_lines`` (see :func:`read_jsonl`)."""
+    return read_jsonl(os.path.join(folder, SKIPS_FILE), _is_skip, "a skipped part", bad_lines)

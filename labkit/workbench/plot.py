@@ -7,6 +7,9 @@ writes one line per source under the axes ("your run: h100x1 (1x NVIDIA H100 ...
 
 from __future__ import annotations
 
+import contextlib
+import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -65,10 +68,22 @@ def caption(fig, yours: dict | None = None, refs: dict | None = None, adjust: bo
 def save(fig, name: str, folder: str | Path | None = None) -> Path:
     """Save a figure as PNG in the notebook's output folder (see labkit.workbench.results.output_dir).
 
-    In a notebook the figure is also shown, once: the PNG just written (see :func:`show`)."""
+    In a notebook the figure is also shown, once: the PNG just written (see :func:`show`). The
+    PNG is written to a temporary file in the folder and renamed onto ``name``.png, so a symbolic
+    link planted at that name is replaced, never written through."""
     folder = Path(folder) if folder else results.output_dir()
     path = folder / f"{name}.png"
-    fig.savefig(path, dpi=110)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")  # beside it: one filesystem
+    # O_EXCL | O_NOFOLLOW: a new file of this process's own (0666 less the umask, as savefig's)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, dpi=110, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     show(fig, path)
     return path
 

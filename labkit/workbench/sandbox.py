@@ -14,19 +14,27 @@ The child runs in its own process group (session), so on timeout the whole group
 including any ranks the experiment started, and so is every process below the child that made a
 session of its own (a Jupyter kernel under papermill: ``labkit run`` executes notebooks this
 way). Being in its own session, the child would outlive a parent stopped by SIGTERM (``timeout``,
-a batch scheduler, ``kill``): a notebook that ``labkit run`` was executing went on running on the
-GPUs, unseen, beside the next job. So while it waits, the parent turns SIGTERM into
-``SystemExit`` (from the main thread), which kills the child's group before the parent leaves.
+a batch scheduler, ``kill``): a notebook that ``labkit run`` was executing would go on running on
+the GPUs, unseen, beside the next job. So while it waits, the parent turns SIGTERM into
+``SystemExit`` (from the main thread, :func:`signals_raise`), which kills the child's group
+before the parent leaves.
 
 Nothing the child started outlives the call, however the call ends (Linux, where /proc is read):
-the child's environment carries a variable unique to the call, ``LABKIT_SANDBOX_<token>=1``,
-which every process below it inherits (a Jupyter kernel too), even one that left the child's
-session or was re-parented away (a daemon). A small watchdog process (``python -I -S``, in a
-session of its own) waits on a pipe from the parent; when the pipe closes, because the call
-returned or because the parent died (SIGKILL of ``labkit run`` runs no handler), it kills every
-process whose environment holds that variable (and, if the parent died, removes the call's
-``labkit-sandbox-*`` temporary folder). Not covered: a process that clears its
+the child's environment carries a variable unique to the call, ``LABKIT_SANDBOX_<token>=<the
+call's temporary folder>``, which every process below it inherits (a Jupyter kernel too), even
+one that left the child's session or was re-parented away (a daemon). A small watchdog process
+(``python -I -S``, in a session of its own) waits on a pipe from the parent; when the pipe closes,
+because the call returned or because the parent died (SIGKILL of ``labkit run`` runs no handler),
+it kills every process whose environment holds that variable (and, if the parent died, removes
+the call's ``labkit-sandbox-*`` temporary folder). Not covered: a process that clears its
 environment when it starts (``env -i``), or one of another user.
+
+Nor does a temporary folder of a process below the child outlive the call: the group kill gives
+that process no time to remove it (a notebook's own ``run_isolated`` call under ``labkit run``,
+whose kernel is killed when ``labkit run`` is stopped). A process names such a folder with
+:func:`remove_with_call` (``run_isolated`` names its own); it is written into the temporary folder
+of every call above it (``remove-after``), and each of those calls removes it when it ends (or its
+watchdog does, if the parent died). Only folders whose name starts with ``labkit-`` are removed.
 
 Outcomes, in the order they are decided:
 
@@ -47,6 +55,7 @@ exit                     exited with a non-zero code and no result
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import faulthandler
 import importlib
@@ -54,10 +63,12 @@ import os
 import pickle
 import re
 import secrets
+import shutil
 import signal as _signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -91,13 +102,16 @@ class ResultNotPicklable(Exception):
 
 #: prefix of the variable that marks every process below one call's child (see the docstring)
 TOKEN_PREFIX = "LABKIT_SANDBOX_"
+#: the file, in a call's temporary folder, naming folders to remove when the call ends
+REMOVE_AFTER = "remove-after"
 #: the watchdog: waits for EOF on stdin, then kills every process whose environment holds the
-#: variable named by argv[1] (three passes, for processes started during the first); if its
-#: parent (argv[3]) is gone, it also removes the call's temporary folder (argv[2]), which the
-#: parent's own cleanup would have removed
+#: variable named by argv[1] (three passes, for processes started during the first); unless the
+#: parent said "returned" before closing the pipe (it died, or is exiting without its
+#: cleanup), it also removes the call's temporary folder (argv[2]) and the folders named in its
+#: REMOVE_AFTER file, which the parent's own cleanup would have removed
 _WATCHDOG = r"""
 import os, shutil, signal, sys
-sys.stdin.buffer.read()
+returned = sys.stdin.buffer.read() == b"returned"
 mark, me = sys.argv[1].encode() + b"=", os.getpid()
 for _ in range(3):
     found = []
@@ -116,12 +130,15 @@ for _ in range(3):
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-parent = int(sys.argv[3])
-try:  # a dying parent closes its files before its children are re-parented: look at its state too
-    gone = os.getppid() != parent or open(f"/proc/{parent}/stat").read().rsplit(")", 1)[1].split()[0] in "ZX"
-except OSError:
-    gone = True
-if gone and os.path.basename(sys.argv[2]).startswith("labkit-sandbox-"):
+if not returned and os.path.basename(sys.argv[2]).startswith("labkit-sandbox-"):
+    try:
+        with open(os.path.join(sys.argv[2], "remove-after"), errors="replace") as f:
+            named = f.read().splitlines()
+    except OSError:
+        named = []
+    for path in named:
+        if os.path.isabs(path) and os.path.basename(path).startswith("labkit-"):
+            shutil.rmtree(path, ignore_errors=True)
     shutil.rmtree(sys.argv[2], ignore_errors=True)
 """
 
@@ -257,8 +274,9 @@ def run_isolated(
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH")) if p)
     child_env["PYTHONUNBUFFERED"] = "1"
     token = f"{TOKEN_PREFIX}{secrets.token_hex(8)}"
-    child_env[token] = "1"
     with tempfile.TemporaryDirectory(prefix="labkit-sandbox-") as tmp:
+        remove_with_call(tmp)  # by the calls above this one, should this process be killed
+        child_env[token] = tmp
         call_file, result_file = os.path.join(tmp, "call.pkl"), os.path.join(tmp, "result.pkl")
         try:
             with open(call_file, "wb") as f:
@@ -268,27 +286,26 @@ def run_isolated(
         out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         start = time.monotonic()
         watchdog = _start_watchdog(token, tmp)
-        with open(out_path, "w") as out_f, open(err_path, "w") as err_f:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "labkit.workbench.sandbox", call_file, result_file],
-                stdout=out_f,
-                stderr=err_f,
-                stdin=subprocess.DEVNULL,
-                env=child_env,
-                cwd=cwd,
-                start_new_session=True,
-            )
-            timed_out = False
-            previous = _exit_on_sigterm()
+        with open(out_path, "w") as out_f, open(err_path, "w") as err_f, signals_raise(_signal.SIGTERM):
+            proc, timed_out = None, False
             try:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "labkit.workbench.sandbox", call_file, result_file],
+                    stdout=out_f,
+                    stderr=err_f,
+                    stdin=subprocess.DEVNULL,
+                    env=child_env,
+                    cwd=cwd,
+                    start_new_session=True,
+                )
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
             finally:
-                _kill_group(proc)  # also reaps ranks or kernels the child left behind
+                if proc is not None:
+                    _kill_group(proc)  # also reaps ranks or kernels the child left behind
                 _stop_watchdog(watchdog)  # and what left the tree: daemons, re-parented orphans
-                if previous is not None:
-                    _signal.signal(_signal.SIGTERM, previous)
+                _remove_named(tmp)  # the temporary folders of what was killed
         seconds = time.monotonic() - start
         payload = None
         if not timed_out and os.path.exists(result_file):
@@ -315,7 +332,7 @@ def _start_watchdog(token: str, folder: str) -> subprocess.Popen | None:
         return None
     env = {k: v for k, v in os.environ.items() if not k.startswith(TOKEN_PREFIX)}
     return subprocess.Popen(
-        [sys.executable, "-I", "-S", "-c", _WATCHDOG, token, folder, str(os.getpid())],
+        [sys.executable, "-I", "-S", "-c", _WATCHDOG, token, folder],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -330,26 +347,95 @@ def _stop_watchdog(watchdog: subprocess.Popen | None) -> None:
     if watchdog is None:
         return
     try:
-        watchdog.stdin.close()
+        # "returned": this process lives on and removes the folder itself; EOF alone means it died
+        # (a dying process closes its files before it is a zombie: /proc cannot tell in time)
+        with contextlib.suppress(OSError):
+            watchdog.stdin.write(b"returned")
+        with contextlib.suppress(OSError):
+            watchdog.stdin.close()
         watchdog.wait(timeout=30)
     except subprocess.TimeoutExpired:
         watchdog.kill()
         watchdog.wait()
 
 
-def _exit_on_sigterm():
-    """Make SIGTERM raise SystemExit(143) in this process, so ``finally`` blocks (the child's
-    group kill) run; returns the handler to put back, or None where signals cannot be set (a
-    thread other than the main one)."""
-    import threading
+class _Stopping:
+    """Whether a signal of :func:`signals_raise` has fired, and how many blocks are open."""
 
+    fired: int | None = None
+    depth = 0
+
+
+@contextlib.contextmanager
+def signals_raise(*signums: int):
+    """While the block runs, make the signals ``signums`` (default SIGINT and SIGTERM) raise, so
+    ``finally`` blocks run (the child's group kill, temporary folders): SIGINT raises
+    KeyboardInterrupt, any other signal SystemExit(128 + its number), as a shell reports it.
+
+    Once one has fired, every later signal of an open block is ignored until the outermost block
+    ends: a second Ctrl+C or ``kill`` cannot cut the cleanup short. A signal that this process
+    ignores (``nohup``, a background job's SIGINT) stays ignored; outside the main thread, where
+    handlers cannot be set, the block changes nothing. ``run_isolated`` waits inside
+    ``signals_raise(SIGTERM)``, ``labkit run`` runs inside ``signals_raise()``."""
+    signums = signums or (_signal.SIGINT, _signal.SIGTERM)
     if threading.current_thread() is not threading.main_thread():
-        return None
+        yield
+        return
 
-    def leave(signum, frame):
+    def stop(signum, frame):
+        if _Stopping.fired is not None:
+            return  # the cleanup of the first one is under way
+        _Stopping.fired = signum
+        if signum == _signal.SIGINT:
+            raise KeyboardInterrupt
         raise SystemExit(128 + signum)
 
-    return _signal.signal(_signal.SIGTERM, leave)
+    previous = {}
+    for signum in signums:
+        if _signal.getsignal(signum) is not _signal.SIG_IGN:
+            previous[signum] = _signal.signal(signum, stop)
+    _Stopping.depth += 1
+    try:
+        yield
+    finally:
+        _Stopping.depth -= 1
+        for signum, handler in previous.items():
+            _signal.signal(signum, handler if handler is not None else _signal.SIG_DFL)
+        if _Stopping.depth == 0:
+            _Stopping.fired = None
+
+
+def remove_with_call(folder: str | os.PathLike) -> None:
+    """Have every ``run_isolated`` call this process runs under remove ``folder`` when it ends.
+
+    For a temporary folder (its name starting with ``labkit-``) that this process removes itself
+    when it ends normally, and that must not outlive it when it is killed with the call's group
+    (see the module docstring). Outside any call, nothing happens."""
+    folder = os.path.abspath(folder)
+    if not os.path.basename(folder).startswith("labkit-") or "\n" in folder:
+        raise SandboxError(f"folder={folder!r}: expected a folder whose name starts with 'labkit-'")
+    for name, call_dir in os.environ.items():
+        if name.startswith(TOKEN_PREFIX) and os.path.isabs(call_dir) and call_dir != folder:
+            try:
+                fd = os.open(
+                    os.path.join(call_dir, REMOVE_AFTER), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600
+                )
+            except OSError:
+                continue  # that call has ended (its folder is gone), or is not one of ours
+            with os.fdopen(fd, "a") as f:
+                f.write(folder + "\n")
+
+
+def _remove_named(call_dir: str) -> None:
+    """Remove the folders named with :func:`remove_with_call` in the call's folder."""
+    try:
+        with open(os.path.join(call_dir, REMOVE_AFTER), errors="replace") as f:
+            named = f.read().splitlines()
+    except OSError:
+        return
+    for path in named:
+        if os.path.isabs(path) and os.path.basename(path).startswith("labkit-"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _descendants(pid: int) -> list[int]:

@@ -249,3 +249,36 @@ def test_exercises_only_keeps_every_exercise_and_drops_the_story(lab):
     assert set(exercises.answer_cells(nbformat.v4.new_notebook(cells=kept))) == set(names)
     calls = [c for c in kept if "exercises.check(" in c.source]
     assert len(calls) >= len(names) and len(kept) < len(nb.cells)
+
+
+def test_check_appends_its_verdict_and_read_verdicts_leaves_bad_lines_out(output_dir, capsys):
+    """A check's verdict goes to exercises.jsonl; lines that are not verdicts (a notebook can write
+    anything there) are left out and named, never a crash of the run (N115)."""
+    some = sorted(EXERCISES)[0]
+    output_dir.mkdir()
+    (output_dir / exercises.VERDICTS_FILE).write_text('garbage\n{"exercise": 1, "passed": true}\n')
+    assert exercises.check(some, ...) is False
+    bad = []
+    (got,) = exercises.read_verdicts(output_dir, bad)
+    assert got["exercise"] == some and got["passed"] is False and got["line"].startswith("FAIL ")
+    assert bad == ["exercises.jsonl line 1: not JSON (Expecting value)", "exercises.jsonl line 2: not a verdict"]
+    assert exercises.read_verdicts(output_dir / "none") == []
+
+
+def test_check_never_writes_its_verdict_through_a_symbolic_link(output_dir, tmp_path, capsys):
+    """A link planted at exercises.jsonl (N86): the victim is untouched, the check still answers
+    on stdout, and one line on stderr names the file."""
+    some = sorted(EXERCISES)[0]
+    output_dir.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine\n")
+    (output_dir / exercises.VERDICTS_FILE).symlink_to(victim)
+    assert exercises.check(some, ...) is False
+    out, err = capsys.readouterr()
+    assert out.startswith(f"FAIL {some}: ") and victim.read_text() == "mine\n"
+    assert err.strip().splitlines() == [
+        f"labkit: verdict of {some} not recorded: {output_dir / exercises.VERDICTS_FILE}: is a symbolic link;"
+        " labkit appends only to a plain file there"
+    ]
+    bad = []
+    assert exercises.read_verdicts(output_dir, bad) == [] and bad == ["exercises.jsonl: not read (a symbolic link)"]

@@ -88,3 +88,60 @@ def test_machine_tag_cpu():
     from labkit.workbench.hardware import machine_tag
 
     assert machine_tag(Hardware.fake(0)) == "cpu"
+
+
+def test_append_line_appends_to_a_plain_file(tmp_path):
+    path = tmp_path / "records.jsonl"
+    gates.append_line(path, "one\n")
+    gates.append_line(path, "two\n")
+    assert path.read_text() == "one\ntwo\n"
+
+
+def test_append_line_refuses_a_symbolic_link_naming_the_path(tmp_path):
+    """A link planted at a record's name (N86) would send the record into its target."""
+    victim = tmp_path / "victim"
+    victim.write_text("mine\n")
+    link = tmp_path / "skips.jsonl"
+    link.symlink_to(victim)
+    with pytest.raises(gates.UnsafeFile, match=rf"^{link}: is a symbolic link; labkit appends only to a plain file"):
+        gates.append_line(link, "x\n")
+    dangling = tmp_path / "dangling.jsonl"
+    dangling.symlink_to(tmp_path / "would-be-created")
+    with pytest.raises(gates.UnsafeFile, match="is a symbolic link"):
+        gates.append_line(dangling, "x\n")
+    assert victim.read_text() == "mine\n" and not (tmp_path / "would-be-created").exists()
+
+
+def test_append_line_refuses_a_fifo_rather_than_waiting_on_it(tmp_path):
+    import os
+
+    fifo = tmp_path / "skips.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(gates.UnsafeFile, match=rf"^{fifo}: is a FIFO"):
+        gates.append_line(fifo, "x\n")
+    bad = []
+    assert gates.read_jsonl(fifo, bool, "a record", bad) == [] and bad == ["skips.jsonl: not read (not a plain file)"]
+
+
+def test_record_skip_refuses_a_symbolic_link(output_dir, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("")
+    output_dir.mkdir()
+    (output_dir / gates.SKIPS_FILE).symlink_to(victim)
+    with pytest.raises(gates.UnsafeFile, match="skips.jsonl: is a symbolic link"):
+        gates.record_skip("a part", "a reason")
+    assert victim.read_text() == ""
+
+
+def test_read_skips_leaves_bad_lines_out_and_names_them(tmp_path):
+    (tmp_path / gates.SKIPS_FILE).write_bytes(
+        b'{"part": "p", "reason": "r"}\n\n{"part": "p"}\n"text"\n\xff\xfe\n{"part": "q", "reason": "s"}\n'
+    )
+    bad = []
+    assert gates.read_skips(tmp_path, bad) == [{"part": "p", "reason": "r"}, {"part": "q", "reason": "s"}]
+    assert bad == [
+        "skips.jsonl line 3: not a skipped part",
+        "skips.jsonl line 4: not a skipped part",
+        "skips.jsonl line 5: not JSON (Expecting value)",
+    ]
+    assert gates.read_skips(tmp_path / "none") == []

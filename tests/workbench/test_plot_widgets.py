@@ -51,6 +51,26 @@ def test_caption_names_machine_versions_and_references(tmp_path):
     assert path.exists() and path.stat().st_size > 1000
 
 
+def test_save_replaces_a_symbolic_link_at_its_name_never_writes_through_it(tmp_path):
+    """A link planted at ``<name>.png`` in a persistent output folder (N86): the PNG takes its
+    place, its target is untouched, and no temporary file is left."""
+    import os
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "planted.png").symlink_to(victim)
+    fig, ax = plt.subplots()
+    ax.plot([1, 2])
+    path = plot.save(fig, "planted", out)
+    assert path == out / "planted.png" and not path.is_symlink()
+    assert path.read_bytes().startswith(b"\x89PNG") and victim.read_text() == "mine"
+    assert sorted(os.listdir(out)) == ["planted.png"]
+    assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~results._umask())
+    plt.close(fig)
+
+
 def test_save_shows_the_figure_once_and_closes_it(tmp_path, monkeypatch):
     """In a kernel, with a non-interactive backend (MPLBACKEND=Agg inherited) or the inline one,
     save displays the PNG it wrote and closes the figure: matplotlib-inline, which draws every

@@ -296,3 +296,117 @@ def test_a_parent_killed_by_sigkill_takes_its_child_and_grandchild_along(tmp_pat
     while any(f.exists() for f in folders) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(f.exists() for f in folders), f"{folders} left behind"
+
+
+def _caller(code: str, tmp: Path) -> subprocess.Popen:
+    """A Python process that runs ``code``, with ``tmp`` for its TMPDIR (whatever is left there
+    is the call's) and tests/ on its path."""
+    env = {
+        **os.environ,
+        "TMPDIR": str(tmp),
+        "PYTHONPATH": os.pathsep.join([FNS["PYTHONPATH"], os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, seconds: float = 60) -> str:
+    deadline = time.monotonic() + seconds
+    while not (path.exists() and path.read_text()) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        time.sleep(0.1)
+    assert path.exists(), "the call never started"
+    return path.read_text()
+
+
+def _labkit_leftovers(folder: Path) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n.startswith("labkit-"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_caller_leaves_no_sandbox_folder_of_a_call_below_its_child(tmp_path, signum):
+    """Ctrl+C or SIGTERM of `labkit run` kills the notebook's kernel, which held a sandbox call
+    of its own: that call's folder (N111, N112) goes too, though nothing ran in the kernel."""
+    tmp, started = tmp_path / "tmp", tmp_path / "started"
+    tmp.mkdir()
+    code = (
+        "from labkit.workbench.sandbox import run_isolated\n"
+        f"run_isolated('sandbox_fns:sleep_in_a_sandbox_of_its_own', {str(started)!r}, timeout=300)\n"
+    )
+    caller = _caller(code, tmp)
+    inner = int(_wait_for(started, caller))
+    assert len(_labkit_leftovers(tmp)) == 2  # the caller's call and the one below it
+    caller.send_signal(signum)
+    _, err = caller.communicate(timeout=60)
+    assert caller.returncode in (-signum, 128 + signum, 1), (caller.returncode, err[-2000:])
+    assert _labkit_leftovers(tmp) == [], err[-2000:]
+    assert _wait_dead(inner), "the inner call's child outlived its caller"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_timeout_removes_the_folders_named_below_it(tmp_path):
+    tmp, named = tmp_path / "tmp", tmp_path / "named"
+    tmp.mkdir()
+    res = run_isolated("sandbox_fns:hold_a_named_folder", str(named), timeout=5, env={**FNS, "TMPDIR": str(tmp)})
+    assert res.status == "timeout", res.summary() + res.stderr[-2000:]
+    folder = Path(named.read_text())
+    assert folder.parent == tmp and folder.name.startswith("labkit-test-") and not folder.exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_the_watchdog_removes_the_folders_named_below_a_sigkilled_caller(tmp_path):
+    tmp, named = tmp_path / "tmp", tmp_path / "named"
+    tmp.mkdir()
+    code = (
+        "from labkit.workbench.sandbox import run_isolated\n"
+        f"run_isolated('sandbox_fns:hold_a_named_folder', {str(named)!r}, timeout=300)\n"
+    )
+    caller = _caller(code, tmp)
+    folder = Path(_wait_for(named, caller))
+    caller.kill()
+    caller.wait()
+    deadline = time.monotonic() + 10
+    while _labkit_leftovers(tmp) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _labkit_leftovers(tmp) == [] and not folder.exists()
+
+
+def test_remove_with_call_takes_only_labkit_folders_and_outside_a_call_does_nothing(tmp_path):
+    with pytest.raises(SandboxError, match="folder=.*expected a folder whose name starts with 'labkit-'"):
+        sandbox.remove_with_call(tmp_path / "mine")
+    assert not any(k.startswith(sandbox.TOKEN_PREFIX) for k in os.environ)
+    sandbox.remove_with_call(tmp_path / "labkit-x")  # no call above this process: nothing to tell
+
+
+def test_signals_raise_turns_sigterm_and_sigint_into_exceptions_once():
+    """The first signal raises (so finally blocks run); a second one during that cleanup is
+    ignored; the handlers are put back when the block ends."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    cleaned = []
+    with pytest.raises(SystemExit) as stopped:
+        with sandbox.signals_raise():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            finally:
+                os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl+C, impatient
+                time.sleep(0.1)
+                cleaned.append(True)
+    assert stopped.value.code == 143 and cleaned == [True]
+    assert {s: signal.getsignal(s) for s in before} == before
+    with pytest.raises(KeyboardInterrupt):
+        with sandbox.signals_raise(), sandbox.signals_raise(signal.SIGTERM):  # nested, as labkit run
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_signals_raise_leaves_an_ignored_signal_ignored():
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a background job's SIGINT
+    try:
+        with sandbox.signals_raise():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -5,9 +5,17 @@ imports papermill and nbformat but not the rest of the runner; under the ``cpu``
 imports no torch either (``labkit run`` gives it TRITON_INTERPRET=1, ``execute.kernel_env``, from
 which ``labkit.TIER`` is decided without torch), so it is ready for papermill in about a second
 rather than the seconds torch takes. The notebook's own kernel, below papermill, imports what the
-notebook uses."""
+notebook uses.
+
+The kernel's connection file (its ports and HMAC key) goes in Jupyter's runtime folder,
+``JUPYTER_RUNTIME_DIR``: ``labkit run`` gives each child one inside the run folder, which it removes
+when the run ends and the next run removes if a killed run left it (jupyter_client's own default,
+a ``tmp*.json`` in the system's temporary folder, would stay there after a kill)."""
 
 from __future__ import annotations
+
+import os
+import uuid
 
 from labkit.app.runner import notebooks as nbs  # nbformat, as the runner reads it (see there)
 
@@ -37,6 +45,7 @@ def execute(
             # graceful shutdown would wait for the kernel's own teardown (torch, Triton, matplotlib),
             # 1.5 to 3 s a notebook on the 2-core machine, for nothing the notebook keeps.
             shutdown_kernel="immediate",
+            kernel_manager_class=_kernel_manager_class(),
         )
     except pm.PapermillExecutionError as e:
         first = str(e.evalue).strip().splitlines()[0] if str(e.evalue).strip() else ""
@@ -51,6 +60,22 @@ def execute(
         )
         return {"status": "failed", "detail": f"cell {cell} {what}" if cell is not None else what}
     return {"status": "ran"}
+
+
+def _kernel_manager_class() -> type:
+    """nbclient's kernel manager, its connection file in Jupyter's runtime folder (created 0700)."""
+    from jupyter_client import AsyncKernelManager
+    from jupyter_core.paths import jupyter_runtime_dir
+    from traitlets import default
+
+    class RuntimeDirKernelManager(AsyncKernelManager):
+        @default("connection_file")
+        def _connection_file_in_runtime_dir(self) -> str:
+            folder = jupyter_runtime_dir()
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            return os.path.join(folder, f"kernel-{uuid.uuid4()}.json")
+
+    return RuntimeDirKernelManager
 
 
 def running_cell(path: str) -> int | None:

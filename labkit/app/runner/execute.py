@@ -2,16 +2,26 @@
 
 Every notebook runs through :func:`labkit.workbench.sandbox.run_isolated` (papermill inside a child
 process, the notebook's own kernel below that), so a notebook that hangs is stopped at its
-timeout and one that kills its kernel is reported; neither stops the others.
+timeout and one that kills its kernel is reported; neither stops the others. Nor does a notebook
+that writes a bad line into its ``exercises.jsonl`` or ``skips.jsonl``: the line is left out and
+named in the notebook's outcome (``bad_lines``).
+
+A run stopped by SIGINT (Ctrl+C) or SIGTERM writes its summary, ``stopped_by`` saying which
+("interrupted (SIGINT)", "terminated (SIGTERM)"), after the notebook's processes and temporary
+folders are gone; the kernels' connection files live in the run folder (``.jupyter-runtime/``,
+removed when the run ends, and by the next run in the same runs folder if a killed run left it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import html
+import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -44,12 +54,15 @@ class NotebookResult:
     output: str | None = None  # executed notebook, relative to the run folder
     figures: list = dataclasses.field(default_factory=list)
     exercises: list = dataclasses.field(default_factory=list)  # the checks' verdicts (exercises.jsonl)
+    bad_lines: list = dataclasses.field(default_factory=list)  # lines of those files left out, and why
 
     def line(self) -> str:
         checks = ""
         if self.exercises:
             passed = sum(v["passed"] for v in self.exercises)
             checks = f"; exercises {passed} of {len(self.exercises)} passed"
+        if self.bad_lines:
+            checks += f"; {len(self.bad_lines)} bad line(s) left out ({'; '.join(self.bad_lines[:3])})"
         if self.status == "ran" and self.skipped_parts:
             parts = "; ".join(f"{p['part']}: {p['reason']}" for p in self.skipped_parts)
             return f"ran, {len(self.skipped_parts)} part(s) skipped ({parts}){checks}"
@@ -192,13 +205,17 @@ def run(
     (:func:`labkit.workbench.exercises.inject_solutions`); the notebooks on disk are not changed.
     exercises_only: run only each notebook's exercises (``exercises.exercise_cells``: its
     parameters, ``import labkit``, every "Your turn" statement, answer and check cell); answer
-    cells import what they use, so they run without the story around them."""
+    cells import what they use, so they run without the story around them.
+
+    An exception that stops the run (KeyboardInterrupt, SIGTERM's SystemExit) is raised on once
+    the summary is written, carrying the run folder as its ``run_dir`` attribute."""
     profile, jobs = resolve_jobs(only, profile, params_file, sets, notebooks_dir, profiles_file, timeout_s)
     try:
         run_dir = results.new_run_dir(profile, runs_dir)
     except results.ResultsError as e:
         raise RunError(f"--runs-dir {e}") from None
-    tier_env = kernel_env(profile)
+    remove_stale_runtime(run_dir.parent)
+    tier_env = {**kernel_env(profile), "JUPYTER_RUNTIME_DIR": str(run_dir / RUNTIME_DIR)}
     report = RunReport(run_dir, profile, [], solutions=bool(solutions), exercises_only=bool(exercises_only))
     # Until the summary is written the folder says it is incomplete: a run killed outright
     # (SIGKILL runs no handler) leaves running.json and an index marked INCOMPLETE behind.
@@ -208,10 +225,13 @@ def run(
         jobs = _rewritten(jobs, run_dir, solutions, exercises_only)
     results.atomic_write_json(run_dir / RUNNING, {**marker, "argv": sys.argv})
     write_index(report, RUNNING_NOTE.format(**marker))
+    (run_dir / RUNTIME_DIR).mkdir(mode=0o700)  # after the marker: a run's folder, not a stale one
     try:
         _run_jobs(report, jobs, tier_env, progress, RUNNING_NOTE.format(**marker))
     except BaseException as e:  # KeyboardInterrupt, SIGTERM's SystemExit, a bug: say so, then go on
-        write_summary(report, stopped_by=f"{type(e).__name__}: {e}")
+        write_summary(report, stopped_by=stopped_by(e))
+        with contextlib.suppress(AttributeError):
+            e.run_dir = run_dir
         raise
     write_summary(report)
     return report
@@ -240,8 +260,51 @@ def _rewritten(jobs: list, run_dir: Path, solutions: bool, exercises_only: bool)
     return out
 
 
+def stopped_by(e: BaseException) -> str:
+    """What an exception that stopped a run says in its summary: the signal behind it, if any."""
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted (SIGINT)"
+    if isinstance(e, SystemExit) and isinstance(e.code, int) and e.code > 128:
+        try:
+            return f"terminated ({signal.Signals(e.code - 128).name})"
+        except ValueError:
+            pass
+    return f"{type(e).__name__}: {e}"
+
+
+def remove_stale_runtime(runs_dir: Path) -> list[Path]:
+    """Remove the kernels' runtime folders (connection files) that killed runs left in the run
+    folders of ``runs_dir``: those of a run whose process is gone. Returns the folders removed."""
+    removed = []
+    for folder in sorted(Path(runs_dir).glob(f"*/{RUNTIME_DIR}")):
+        if folder.is_symlink() or not folder.is_dir() or _still_running(folder.parent):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _still_running(run_dir: Path) -> bool:
+    """Whether the run of ``run_dir`` may still be running: its marker names a live process."""
+    try:
+        pid = int(json.loads((run_dir / RUNNING).read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # no marker (the run ended) or one that names no process
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return pid > 0
+    return True
+
+
 #: where --solutions puts the solved copies of the notebooks while the run lasts
 SOLVED_DIR = ".solved"
+#: the kernels' runtime folder (JUPYTER_RUNTIME_DIR: their connection files) while the run lasts
+RUNTIME_DIR = ".jupyter-runtime"
 
 #: the marker a run folder holds while its run has not ended (removed with the summary)
 RUNNING = "running.json"
@@ -286,6 +349,7 @@ def _run_jobs(report: RunReport, jobs: list, tier_env: dict, progress: bool, not
             outcome = {"status": "failed", "detail": f"notebook stopped at its {timeout:.0f} s limit{where}"}
         else:
             outcome = {"status": "failed", "detail": f"runner {res.summary()}"}
+        bad_lines: list[str] = []
         report.results.append(
             NotebookResult(
                 name,
@@ -293,10 +357,11 @@ def _run_jobs(report: RunReport, jobs: list, tier_env: dict, progress: bool, not
                 outcome.get("detail", ""),
                 res.seconds,
                 params,
-                gates.read_skips(out_dir),
+                gates.read_skips(out_dir, bad_lines),
                 str(output.relative_to(run_dir)) if output.exists() else None,
                 sorted(str(p.relative_to(run_dir)) for p in out_dir.glob("*.png")),
-                exercises.read_verdicts(out_dir),
+                exercises.read_verdicts(out_dir, bad_lines),
+                bad_lines,
             )
         )
         write_index(report, note)
@@ -318,6 +383,7 @@ def write_summary(report: RunReport, stopped_by: str | None = None) -> None:
     }
     results.atomic_write_json(report.run_dir / "summary.json", doc)
     shutil.rmtree(report.run_dir / SOLVED_DIR, ignore_errors=True)
+    shutil.rmtree(report.run_dir / RUNTIME_DIR, ignore_errors=True)
     write_index(report, None if stopped_by is None else f"INCOMPLETE: the run was stopped ({stopped_by})")
     (report.run_dir / RUNNING).unlink(missing_ok=True)
 

@@ -119,15 +119,17 @@ def time_graph_and_eager(ok: dict, iters: int, ctx, baseline: str | None, warmup
 
 def progress(ctx, line: dict) -> None:
     """Rank 0 appends one JSON line per finished size to $LABKIT_PROGRESS_FILE, if set: a sweep
-    cut short by a time limit still shows how far it got (the ranks' stdout is not streamed)."""
+    cut short by a time limit still shows how far it got (the ranks' stdout is not streamed).
+    A symbolic link at that name is refused (``gates.append_line``)."""
     import json
     import os
     import time
 
+    from labkit.workbench import gates
+
     path = os.environ.get("LABKIT_PROGRESS_FILE")
     if path and ctx.rank == 0:
-        with open(path, "a") as f:
-            f.write(json.dumps({"time": time.time(), "world_size": ctx.world_size, **line}) + "\n")
+        gates.append_line(path, json.dumps({"time": time.time(), "world_size": ctx.world_size, **line}) + "\n")
 
 
 def progress_main(line: dict) -> None:

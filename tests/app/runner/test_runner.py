@@ -267,3 +267,37 @@ def test_bad_requires_metadata_is_refused(tmp_path):
     prof.write_text("cpu:\n  timeout_s: 300\n")
     with pytest.raises(RunError, match="notebook odd: metadata.labkit.requires must be a mapping with keys from gpus"):
         resolve_jobs(profile="cpu", notebooks_dir=folder, profiles_file=prof)
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="the sandbox's cleanup reads /proc (Linux)")
+@pytest.mark.parametrize("signum,code,said", [(2, 130, "interrupted (SIGINT)"), (15, 143, "terminated (SIGTERM)")])
+def test_a_signal_stops_the_run_cleanly(tmp_path, signum, code, said):
+    """Ctrl+C or SIGTERM mid-notebook: one line and 130/143, no traceback; the summary says what
+    stopped the run; no sandbox folder (the notebook's own neither) nor connection file is left."""
+    import stopped_runs
+
+    got = stopped_runs.stop_mid_notebook(tmp_path, signum)
+    assert got["returncode"] == code, got["stderr"][-3000:]
+    lines = got["stderr"].strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"labkit run: {said}; "), got["stderr"][-3000:]
+    assert str(got["run_dir"]) in lines[0]
+    assert got["summary"]["complete"] is False and got["summary"]["stopped_by"] == said
+    assert got["left"] == []
+    # the kernel's connection file was in the run folder, and went with the run
+    assert Path(got["connection_file"]).parent == got["run_dir"] / ".jupyter-runtime"
+    assert not (got["run_dir"] / ".jupyter-runtime").exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="the sandbox's cleanup reads /proc (Linux)")
+def test_the_next_run_removes_the_connection_file_a_killed_run_left(tmp_path):
+    import signal
+
+    import stopped_runs
+
+    got = stopped_runs.stop_mid_notebook(tmp_path, signal.SIGKILL)
+    assert got["returncode"] == -signal.SIGKILL and got["left"] == []
+    stale = Path(got["connection_file"])
+    assert stale.exists() and stale.parent == got["run_dir"] / ".jupyter-runtime"
+    second = stopped_runs.run_skipped(tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert not stale.parent.exists() and (got["run_dir"] / "running.json").exists()
