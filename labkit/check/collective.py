@@ -308,36 +308,7 @@ def collective(
     if res.ok and on_gpu and hold_s > 0:
         beside, beside_failed = held_rounds_emulated(specs, world_size, reference, hold_s, timeout)
     if not res.ok:
-        first = res.first_failure
-        not_started = [
-            r for r in res.results if r.status == "timeout" and r.where in (None, "starting", "init_process_group")
-        ]
-        if not_started:
-            return R.Report(
-                NAME,
-                target,
-                "error",
-                "world did not start",
-                f"the world did not start within the timeout ({timeout:g} s, {world}): rank "
-                f"{not_started[0].rank} {not_started[0].message}; the check never ran fn: give a longer timeout",
-                res.summary().splitlines(),
-            )
-        hung = [r for r in res.results if r.status == "timeout"]
-        if hung:
-            doing = f"; rank {hung[0].rank} in {hung[0].where}" if hung[0].where not in (None, "fn") else ""
-            return R.Report(
-                NAME,
-                target,
-                "failed",
-                "hang",
-                f"no result within {timeout:g} s ({world}{doing}): a rank waits for a peer that never signals "
-                "(or the rounds need a longer timeout)",
-                res.summary().splitlines(),
-            )
-        if first.status == "exception" and (first.error_type or "").endswith("UsageError"):
-            return R.Report(NAME, target, "error", "bad input", R.first_line(Exception(first.message or "")))
-        kind = "exception" if first.status == "exception" else "crash"
-        return R.Report(NAME, target, "failed", kind, first.summary(), res.summary().splitlines())
+        return _failed_world(res, target, timeout, world)
     lines, graph_bad = [], []
     for value in res.values:
         for w in value["wrong"]:
@@ -372,6 +343,41 @@ def collective(
         f"{rounds} back-to-back rounds, a late rank in turn, every result right against fp64 ({world}; "
         f"{_held_note(res.values + beside, hold_s, on_gpu, beside_failed)}; {graph_note})",
     )
+
+
+def _failed_world(res, target: str, timeout: float, world: str) -> R.Report:
+    """The report of a world that did not come back right: it never started, a rank hung, the
+    input was refused, or a rank raised or crashed."""
+    first = res.first_failure
+    not_started = [
+        r for r in res.results if r.status == "timeout" and r.where in (None, "starting", "init_process_group")
+    ]
+    if not_started:
+        return R.Report(
+            NAME,
+            target,
+            "error",
+            "world did not start",
+            f"the world did not start within the timeout ({timeout:g} s, {world}): rank "
+            f"{not_started[0].rank} {not_started[0].message}; the check never ran fn: give a longer timeout",
+            res.summary().splitlines(),
+        )
+    hung = [r for r in res.results if r.status == "timeout"]
+    if hung:
+        doing = f"; rank {hung[0].rank} in {hung[0].where}" if hung[0].where not in (None, "fn") else ""
+        return R.Report(
+            NAME,
+            target,
+            "failed",
+            "hang",
+            f"no result within {timeout:g} s ({world}{doing}): a rank waits for a peer that never signals "
+            "(or the rounds need a longer timeout)",
+            res.summary().splitlines(),
+        )
+    if first.status == "exception" and (first.error_type or "").endswith("UsageError"):
+        return R.Report(NAME, target, "error", "bad input", R.first_line(Exception(first.message or "")))
+    kind = "exception" if first.status == "exception" else "crash"
+    return R.Report(NAME, target, "failed", kind, first.summary(), res.summary().splitlines())
 
 
 def held_rounds_emulated(specs: tuple[str, str], world_size: int, reference: str, hold_s: float, timeout: float):

@@ -318,7 +318,7 @@ def walk_site(site_dir: Path, profile_dir: Path) -> tuple[list[str], str]:
                 counts["images"] += len(found["images"])
                 name = next((n for n, p in manifest["notebooks"].items() if p == rel), None)
                 if name:
-                    want = _executed_images(run / outputs[name])
+                    want = _executed_images(run / outputs[build_site.run_name(name)])
                     if found["outputImages"] != want:
                         problems.append(
                             f"{rel}: {found['outputImages']} figure(s) on the page, {want} in the executed notebook"

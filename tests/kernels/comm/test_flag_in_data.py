@@ -3,6 +3,7 @@ inputs every call, back to back without host barriers, with a rotating late rank
 next to their wrap-around; signed zeros, NaN and inf; ranks whose counts disagree; one captured
 graph replayed many times (GPUs); bad input refused by name."""
 
+import os
 import secrets
 
 import pytest
@@ -129,9 +130,14 @@ def test_bad_input_is_refused_naming_the_argument():
 
 
 @pytest.mark.skipif(not tier.interpreted(), reason="nine ranks: the emulated world of the CPU tier")
-def test_a_world_past_eight_ranks_gets_every_count_header():
+def test_a_world_past_eight_ranks_gets_every_count_header(monkeypatch):
     """The count headers go out 8 lanes a store: a ninth rank's header is the second store's
-    first lane, and without it every peer would wait for it forever (the run's timeout)."""
+    first lane, and without it every peer would wait for it forever (the run's timeout). Nine
+    ranks are more than ``run_ranks`` allows on a 2-core machine (4 a core): the bound is raised
+    for this one world, which is slow there, not wrong."""
+    from labkit.kernels.comm import ranks
+
+    monkeypatch.setattr(ranks, "RANKS_PER_CORE", max(ranks.RANKS_PER_CORE, -(-9 // (os.cpu_count() or 1))))
     seed, parts = _run(9, 9 * 40 + 5, "float32", calls=2)
     assert all(p["wrong"] == [] and p["armed"] for p in parts), f"seed {seed}: {parts}"
     assert all(p["disagreements"] == 0 for p in parts), f"seed {seed}: {parts}"
