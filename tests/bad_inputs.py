@@ -104,6 +104,20 @@ class Case:
     function: str = ""
     finding: str = ""
 
+    def __post_init__(self):
+        # the first sweep's rows name their function at the head of ``what`` ("matmul: NaN row",
+        # "GroupedLinear(0, 16, 8)", "labkit bench nonexistent", "--set REPS=-1")
+        if not self.function:
+            words = self.what.split()
+            if words[0] == "labkit" and len(words) > 1:
+                self.function = f"labkit {words[1]}"
+            elif words[0].startswith("--"):
+                self.function = f"labkit run {words[0].split('=')[0]}"
+            else:
+                self.function = re.match(r"[\w.]+", self.what).group(0) if re.match(r"[\w.]", self.what) else ""
+        if not self.finding and self.row < 1000:
+            self.finding = f"bad-input sweep, row {self.row}"
+
 
 # --- helpers ----------------------------------------------------------------------------------
 
@@ -1812,6 +1826,14 @@ def _kill_labkit_run_then_run_again():
 
 
 RUNNER_CASES = [
+    Case(
+        1000 + 117,
+        "a passing verdict the notebook appends for itself",
+        _run_with_garbage_records,
+        R(lambda report: report.results[0].exercises == [{"exercise": "01.guard", "passed": True}]),
+        function="runner.execute.run",
+        finding="N117 (reliability 7; accepted: a notebook's own cells can grade it, as a learner's can)",
+    ),
     Case(
         1000 + 115,
         "bad lines in a notebook's exercises.jsonl and skips.jsonl",

@@ -14,3 +14,9 @@ def _id(case) -> str:
 @pytest.mark.parametrize("case", [pytest.param(c, id=_id(c), marks=c.marks) for c in CASES])
 def test_bad_input(case):
     case.verdict.check(case.call)
+
+
+def test_every_case_names_its_function_and_finding():
+    """A failing row says what it was given to and why it is here."""
+    unnamed = [(c.row, c.what) for c in CASES if not (c.function and c.finding)]
+    assert unnamed == []
