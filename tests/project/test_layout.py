@@ -360,3 +360,19 @@ def test_modules_and_functions_are_a_sitting_long():
             if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) and not _is_kernel(fn) and _body_lines(fn) > 80:
                 long_functions.append(f"{path.relative_to(ROOT)}:{fn.lineno} {fn.name}: {_body_lines(fn)} lines")
     assert long_modules == [] and long_functions == []
+
+
+#: a recorded file asked for by its benchmark's name: results.panels("stream_races", ...)
+_RESULTS_NAME = re.compile(r"""\b(?:panels|load_references)\(\\?["']([a-z0-9_]+)\\?["']""")
+
+
+def test_every_recorded_file_asked_for_is_a_benchmarks():
+    """A name no benchmark writes finds no file and shows "nothing recorded", silently: every name a
+    notebook or module asks ``results.panels`` / ``load_references`` for is a ``labkit bench`` name."""
+    asked = {}
+    for path in [*MODULES.values(), *sorted((ROOT / "notebooks").glob("*.ipynb"))]:
+        for name in _RESULTS_NAME.findall(path.read_text()):
+            asked.setdefault(name, path.relative_to(ROOT))
+    assert asked, "the pattern finds the notebooks' calls"
+    unknown = {name: str(where) for name, where in asked.items() if name not in benchmarks.BENCHMARKS}
+    assert unknown == {}
