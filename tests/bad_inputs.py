@@ -51,6 +51,10 @@ nan, inf = float("nan"), float("inf")
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="the row is about a machine without CUDA")
 INTERPRETED = pytest.mark.skipif(not tier.interpreted(), reason="the row is about the Triton interpreter")
 LINUX = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+TWO_RANKS = pytest.mark.skipif(
+    not tier.interpreted() and torch.cuda.device_count() < 2,
+    reason="a world of 2 ranks: 2 GPUs on the GPU tier (the CPU tier emulates them)",
+)
 
 
 # --- verdicts ---------------------------------------------------------------------------------
@@ -1684,6 +1688,7 @@ RANKS_CASES = [
         R(lambda r: r.outcome == "world did not start" and "did not start within the timeout" in r.message),
         function="check.collective",
         finding="N43 (reliability 17)",
+        marks=(TWO_RANKS,),
     ),
     Case(
         1000 + 45,
