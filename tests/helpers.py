@@ -50,3 +50,42 @@ def fixture_workbook(folder: Path) -> tuple[Path, Path]:
         "gpu:\n  timeout_s: 300\n  notebooks: {}\n"
     )
     return folder, profiles
+
+
+def pip_installed_copy(tmp_path: Path, timeout: float = 300) -> tuple[Path, str, Path]:
+    """labkit as a user gets it: the distribution copied to ``tmp_path/src`` and pip-installed into a
+    fresh virtualenv (no dependencies: torch, triton, pip and pytest come from this environment
+    through a .pth file). Returns (the venv's python, its site-packages, the copied source); the
+    test is skipped, with the reason, where no virtualenv or install can be made here."""
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+
+    import pytest
+
+    root = Path(__file__).resolve().parents[1]
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, src / name)
+    for pkg in ("labkit", "labkit_pytest"):
+        shutil.copytree(root / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    venv = tmp_path / "venv"
+    made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot make a virtualenv here: {made.stderr.strip()[:200]}")
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
+    ).stdout.strip()
+    (Path(site) / "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    pip = subprocess.run(
+        [str(python), "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "-q", str(src)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if pip.returncode != 0:
+        pytest.skip(f"pip could not install the package here: {pip.stderr.strip()[-300:]}")
+    return python, site, src

@@ -3,13 +3,11 @@ imports nothing from labkit until a test asks for the fixture, also after a plai
 into a fresh virtualenv."""
 
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
-import pytest
+from helpers import pip_installed_copy
 
 from labkit import check
 from labkit.app import cli
@@ -118,29 +116,7 @@ def test_the_plugin_from_the_source_tree(tmp_path):
 def test_the_plugin_after_a_plain_pip_install_into_a_fresh_virtualenv(tmp_path):
     """The distribution as a user gets it: copied, pip-installed (no dependencies: torch and
     triton come from this environment through a .pth file), and found by pytest's entry points."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    for pkg in ("labkit", "labkit_pytest"):
-        shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    venv = tmp_path / "venv"
-    made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot make a virtualenv here: {made.stderr.strip()[:200]}")
-    python = venv / "bin" / "python"
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
-    ).stdout.strip()
-    (Path(site) / "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # torch, triton, pip, pytest
-    pip = subprocess.run(
-        [str(python), "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "-q", str(src)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    if pip.returncode != 0:
-        pytest.skip(f"pip could not install the package here: {pip.stderr.strip()[-300:]}")
+    python, site, src = pip_installed_copy(tmp_path, timeout=300)
     suite = _user_suite(tmp_path / "suite")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TRITON_INTERPRET")}
     env["PYTHONPATH"] = str(suite)

@@ -12,11 +12,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
+from helpers import pip_installed_copy
 
 import labkit  # noqa: F401  (must precede kernel imports)
 from labkit.kernels.comm import collectives as C
@@ -228,29 +227,7 @@ def _answers() -> dict:
 def test_an_installed_copy_without_the_recordings_chooses_as_the_checkout(tmp_path):
     """The package copied without reference/, pip-installed (no dependencies: torch and triton
     come from this environment through a .pth file) and asked from a folder outside the checkout."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    for pkg in ("labkit", "labkit_pytest"):
-        shutil.copytree(ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    venv = tmp_path / "venv"
-    made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot make a virtualenv here: {made.stderr.strip()[:200]}")
-    python = venv / "bin" / "python"
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True
-    ).stdout.strip()
-    (Path(site) / "borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # torch, triton, pip
-    pip = subprocess.run(
-        [str(python), "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "-q", str(src)],
-        capture_output=True,
-        text=True,
-        timeout=150,
-    )
-    if pip.returncode != 0:
-        pytest.skip(f"pip could not install the package here: {pip.stderr.strip()[-300:]}")
+    python, site, src = pip_installed_copy(tmp_path, timeout=150)
     shutil.rmtree(src)
     away = tmp_path / "elsewhere"
     away.mkdir()
