@@ -202,7 +202,7 @@ def run(
     """Validate, then execute the selected notebooks into a new run folder; see ``labkit run -h``.
 
     solutions: put each exercise's solution in place of its starter before the notebook runs
-    (:func:`labkit.workbench.exercises.inject_solutions`); the notebooks on disk are not changed.
+    (:func:`labkit.app.exercises.inject_solutions`); the notebooks on disk are not changed.
     exercises_only: run only each notebook's exercises (``exercises.exercise_cells``: its
     parameters, ``import labkit``, every "Your turn" statement, answer and check cell); answer
     cells import what they use, so they run without the story around them.
